@@ -1,0 +1,53 @@
+# Postern — build, run and test.
+#
+#   make run    build and start an all-in-one cluster in ./.postern-data
+#   make test   every test (race detector on), as CI runs it
+#
+GO        ?= go
+BUILD_DIR ?= build
+DATA_DIR  ?= $(CURDIR)/.postern-data
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X github.com/postern-dev/postern/lib/version.Version=$(VERSION)
+# FUZZTIME bounds each fuzz target's run in `make fuzz` (and CI).
+FUZZTIME  ?= 10s
+
+BINARIES := postern pctl
+
+.PHONY: all build run test test-go test-integration bench fuzz lint clean
+
+all: build
+
+build:
+	@mkdir -p $(BUILD_DIR)
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BUILD_DIR)/ $(addprefix ./tool/,$(BINARIES))
+
+run: build
+	@DATA_DIR="$(DATA_DIR)" BUILD_DIR="$(BUILD_DIR)" ./scripts/run.sh
+
+# test runs the whole suite with the race detector. Integration tests drive
+# real OpenSSH clients; .ci/run installs them.
+test:
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+# bench runs every Go benchmark briefly: BENCHTIME (default 2x; each op of
+# integration/bench moves 64 MiB through a real cluster). With
+# BENCH_OPENSSH=1 it then runs bench/postern-vs-openssh.sh: the OpenSSH
+# client through Postern's proxy vs through an OpenSSH sshd bastion, side by
+# side (setup time, 1 GB each way, PSS per idle -J connection). That needs
+# root (it creates a throwaway user), free ports 2201-2202 and ~10 minutes;
+# RUNS, TP_RUNS, TP_SIZE, MEM_N and PROFILE=1 tune it (see the script).
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(or $(BENCHTIME),2x) -timeout 30m ./...
+	@if [ "$(BENCH_OPENSSH)" = 1 ]; then BUILD_DIR="$(abspath $(BUILD_DIR))" ./bench/postern-vs-openssh.sh; fi
+
+# fuzz runs every fuzz target for FUZZTIME each.
+fuzz:
+	@./scripts/fuzz.sh $(FUZZTIME)
+
+lint:
+	@test -z "$$(gofmt -l lib tool integration 2>/dev/null)" || { gofmt -l lib tool integration; echo "gofmt needed"; exit 1; }
+	$(GO) vet ./...
+
+clean:
+	rm -rf $(BUILD_DIR)

@@ -1,0 +1,401 @@
+#!/bin/bash
+# Postern vs OpenSSH sshd as an `ssh -J` bastion, side by side in one run
+# (issue 4's "benchmark against the anchor").
+#
+# Both arms use the same OpenSSH client, the same certificate from
+# `pctl auth sign`, the same non-root login and the same target: a Postern
+# node process. Only the jump host differs:
+#   sshd arm:    ssh -J <OpenSSH sshd bastion>  postern-node
+#   postern arm: ssh -J <Postern proxy>         postern-node
+# The sshd bastion comes from openssh-baseline.sh (its setup/teardown, its
+# throwaway user); it is told to trust Postern's user CA (a cert-authority
+# line in its authorized_keys), so one certificate logs in on both hops.
+# The Postern cluster is two processes on free loopback ports: auth+proxy,
+# and a node joined with a token. The node is a separate process so that
+# the proxy's memory is measured alone (in an all-in-one process the node's
+# sessions would be counted as proxy memory).
+#
+# Measured, with the arms interleaved where the measurement allows it:
+#   a. session setup: hyperfine of `ssh -J ... true` (ROUNDS rounds of RUNS
+#      runs per arm, order swapped each round), median of all samples;
+#   b. throughput: TP_SIZE of zeros up (`cat >/dev/null`) and down
+#      (`head -c`), TP_RUNS runs per arm, alternating arms, median MB/s;
+#      also with AES-GCM forced on every hop (cipher effect in isolation);
+#   c. memory per idle forwarded connection: MEM_N concurrent idle
+#      `ssh -J ... sleep` sessions; PSS (smaps_rollup) of the bastion's
+#      processes (sshd: listener + every child and grandchild; Postern: the
+#      auth+proxy process) before and after, divided by MEM_N.
+# Then a table with both arms and postern/sshd ratios against issue 4's
+# targets: setup <= 0.8x, throughput >= 1.0x, memory <= 1/20 (0.05x).
+#
+# usage: bench/postern-vs-openssh.sh          (root: it creates a user)
+# env:   RUNS=20 ROUNDS=2 TP_RUNS=3 TP_SIZE=1G MEM_N=50 BASELINE_USER=sshbase
+#        BUILD_DIR=build (postern and pctl are built there first; BUILD=0 reuses them)
+#        PROFILE=1: perf-record the proxy during one Postern upload
+#        KEEP=1: keep the work dir (logs, JSON) instead of removing it
+set -uo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+RUNS=${RUNS:-20}
+ROUNDS=${ROUNDS:-2}
+TP_RUNS=${TP_RUNS:-3}
+TP_SIZE=${TP_SIZE:-1G}
+MEM_N=${MEM_N:-50}
+PROFILE=${PROFILE:-0}
+KEEP=${KEEP:-0}
+BUILD_DIR=${BUILD_DIR:-$REPO/build}
+export BASELINE_USER=${BASELINE_USER:-sshbase}
+BASELINE=${BASELINE:-$HERE/openssh-baseline.sh}
+
+W=$(mktemp -d /tmp/postern-vs-openssh.XXXXXX)
+chmod 755 "$W" # the login's home lives under it
+export P=$W/ssh RUNS TP_RUNS TP_SIZE MEM_N
+CFG=$W/ssh_config
+CFG_AES=$W/ssh_config_aes
+RES=$W/results.tsv
+LOGIN=$BASELINE_USER
+NODENAME=bench-node
+PIDS_POSTERN=()
+CLIENT_PIDS=()
+SLEEP_ARG="4321.$$" # unique, so the node's idle commands are ours to find
+
+log() { printf '\n=== %s\n' "$*"; }
+die() { echo "FATAL: $*" >&2; exit 1; }
+
+cleanup() {
+	local rc=$?
+	log "cleanup"
+	for p in "${CLIENT_PIDS[@]}"; do kill "$p" 2>/dev/null; done
+	kill_sleeps
+	for p in "${PIDS_POSTERN[@]}"; do
+		kill "$p" 2>/dev/null && echo "  stopped postern $p"
+	done
+	for p in "${PIDS_POSTERN[@]}"; do wait "$p" 2>/dev/null; done
+	[ -d "$P" ] && bash "$BASELINE" teardown
+	if [ "$KEEP" = 1 ]; then echo "  kept $W"; else rm -rf "$W" && echo "  removed $W"; fi
+	exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+kill_sleeps() { # the node's `sleep $SLEEP_ARG` processes, by pid
+	local s
+	s=$(pgrep -u "$LOGIN" -f "^sleep $SLEEP_ARG\$" 2>/dev/null | tr '\n' ' ')
+	[ -n "$s" ] && kill $s 2>/dev/null
+	return 0
+}
+
+install_tools() {
+	local missing=()
+	command -v hyperfine >/dev/null || missing+=(hyperfine)
+	[ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+	command -v ssh >/dev/null || missing+=(openssh-client)
+	if [ ${#missing[@]} -gt 0 ]; then
+		log "installing ${missing[*]}"
+		apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null || die "apt-get install ${missing[*]}"
+	fi
+}
+
+build() {
+	if [ "${BUILD:-1}" = 1 ] || [ ! -x "$BUILD_DIR/postern" ] || [ ! -x "$BUILD_DIR/pctl" ]; then
+		log "building postern and pctl into $BUILD_DIR"
+		mkdir -p "$BUILD_DIR"
+		(cd "$REPO" && go build -o "$BUILD_DIR/" ./tool/postern ./tool/pctl) || die "go build"
+	fi
+}
+
+free_ports() { # n -> n distinct free loopback ports
+	python3 - "$1" <<'PY'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+PY
+}
+
+pctl() { "$BUILD_DIR/pctl" --data-dir "$W/auth" "$@"; }
+
+wait_for() { # tries cmd...
+	local n=$1 i
+	shift
+	for i in $(seq "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+	return 1
+}
+
+start_postern() {
+	log "Postern cluster (auth+proxy process, node process) in $W"
+	read -r PA PS PW PD PN PD2 <<<"$(free_ports 6)"
+	"$BUILD_DIR/postern" start --data-dir "$W/auth" --roles auth,proxy --cluster-name bench \
+		--auth-addr "127.0.0.1:$PA" --ssh-addr "127.0.0.1:$PS" --web-addr "127.0.0.1:$PW" \
+		--diag-addr "127.0.0.1:$PD" --nodename bench-proxy >"$W/proxy.log" 2>&1 &
+	PROXY_PID=$!
+	PIDS_POSTERN+=("$PROXY_PID")
+	wait_for 150 pctl users ls || { tail -20 "$W/proxy.log"; die "auth+proxy did not start"; }
+	local out token pin
+	out=$(pctl tokens add --type node) || die "pctl tokens add"
+	token=$(grep -oE -- '--token [^ ]+' <<<"$out" | cut -d' ' -f2)
+	pin=$(grep -oE -- '--ca-pin sha256:[0-9a-f]+' <<<"$out" | cut -d' ' -f2)
+	"$BUILD_DIR/postern" start --data-dir "$W/node" --roles node --nodename "$NODENAME" \
+		--auth-server "127.0.0.1:$PA" --token "$token" --ca-pin "$pin" \
+		--node-addr "127.0.0.1:$PN" --diag-addr "127.0.0.1:$PD2" >"$W/node.log" 2>&1 &
+	NODE_PID=$!
+	PIDS_POSTERN+=("$NODE_PID")
+	printf 'correct horse battery staple\n' | pctl users add alice --logins "$LOGIN" >/dev/null || die "pctl users add"
+	pctl auth sign --user alice --ttl 3h --out "$W/alice" >/dev/null || die "pctl auth sign"
+	wait_for 150 sh -c "'$BUILD_DIR/pctl' --data-dir '$W/auth' nodes ls | grep -q $NODENAME" ||
+		{ tail -20 "$W/node.log"; die "node did not register"; }
+	echo "  proxy pid $PROXY_PID ssh 127.0.0.1:$PS; node pid $NODE_PID ssh 127.0.0.1:$PN"
+}
+
+user_ca_line() { # the CA that signed the certificate, as an authorized_keys cert-authority line
+	python3 - "$W/alice-cert.pub" <<'PY'
+import base64, struct, sys
+blob = base64.b64decode(open(sys.argv[1]).read().split()[1])
+def s(b, o):
+    n = struct.unpack(">I", b[o:o+4])[0]; return b[o+4:o+4+n], o+4+n
+t, o = s(blob, 0)
+if t != b"ssh-ed25519-cert-v01@openssh.com":
+    sys.exit("unexpected certificate type %r" % t)
+_, o = s(blob, o)  # nonce
+_, o = s(blob, o)  # ed25519 public key
+o += 8 + 4          # serial, type
+_, o = s(blob, o)  # key id
+_, o = s(blob, o)  # principals
+o += 16             # valid after, valid before
+_, o = s(blob, o)  # critical options
+_, o = s(blob, o)  # extensions
+_, o = s(blob, o)  # reserved
+ca, o = s(blob, o) # signature key
+kt, _ = s(ca, 0)
+print("cert-authority %s %s postern-user-ca" % (kt.decode(), base64.b64encode(ca).decode()))
+PY
+}
+
+write_ssh_config() {
+	# Host-specific lines first: ssh_config takes the first value it sees.
+	cat >"$CFG" <<EOF
+Host sshd-bastion
+  HostName 127.0.0.1
+  Port 2201
+  UserKnownHostsFile /dev/null
+  StrictHostKeyChecking no
+Host postern-proxy
+  HostName 127.0.0.1
+  Port $PS
+  UserKnownHostsFile /dev/null
+  StrictHostKeyChecking no
+Host via-sshd
+  ProxyJump sshd-bastion
+Host via-postern
+  ProxyJump postern-proxy
+Host via-sshd via-postern direct
+  HostName 127.0.0.1
+  Port $PN
+  HostKeyAlias $NODENAME
+Host *
+  User $LOGIN
+  IdentityFile $W/alice
+  CertificateFile $W/alice-cert.pub
+  IdentitiesOnly yes
+  UserKnownHostsFile $W/alice.known_hosts
+  GlobalKnownHostsFile /dev/null
+  StrictHostKeyChecking yes
+  BatchMode yes
+  LogLevel ERROR
+  ControlMaster no
+  ControlPath none
+EOF
+	sed 's/^Host \*$/Host *\n  Ciphers aes128-gcm@openssh.com/' "$CFG" >"$CFG_AES"
+}
+
+setup() {
+	install_tools
+	build
+	for port in 2201 2202; do
+		ss -Htln "sport = :$port" | grep -q . && die "port $port is busy (openssh-baseline.sh uses it)"
+	done
+	log "OpenSSH sshd bastion (openssh-baseline.sh setup, user $LOGIN)"
+	MEM_N=0 bash "$BASELINE" setup || die "baseline setup"
+	start_postern
+	user_ca_line >>"$P/authorized_keys" || die "reading the user CA from the certificate"
+	write_ssh_config
+	local h
+	for h in direct via-sshd via-postern; do
+		out=$(ssh -F "$CFG" "$h" 'echo ok $(id -un)' 2>&1)
+		[ "$out" = "ok $LOGIN" ] || die "ssh $h: $out"
+	done
+	echo "  direct, via-sshd and via-postern logins OK as $LOGIN"
+	echo "  negotiated (ssh -v; first block = jump hop, second = node):"
+	for h in via-sshd via-postern; do
+		echo "  $h:"
+		ssh -F "$CFG" -v "$h" true 2>&1 | grep -E 'kex: algorithm|kex: (client->server)' |
+			sed -E 's/^debug1: /    /; s/ MAC: <implicit> compression: none//'
+	done
+}
+
+record() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$RES"; } # metric arm value
+
+latency() {
+	log "a. session setup: hyperfine -N, $ROUNDS rounds x $RUNS runs per arm, order swapped each round"
+	local r
+	for r in $(seq "$ROUNDS"); do
+		local a=(-n sshd "ssh -F $CFG via-sshd true" -n postern "ssh -F $CFG via-postern true")
+		[ $((r % 2)) = 0 ] && a=(-n postern "ssh -F $CFG via-postern true" -n sshd "ssh -F $CFG via-sshd true")
+		hyperfine -N --style basic --warmup 2 --runs "$RUNS" --export-json "$W/latency_$r.json" \
+			"${a[@]}" -n direct "ssh -F $CFG direct true" 2>&1 | grep -E '^(Benchmark|  Time)'
+	done
+	python3 - "$W" "$ROUNDS" >>"$RES" <<'PY'
+import json, statistics, sys
+w, rounds = sys.argv[1], int(sys.argv[2])
+times = {}
+for r in range(1, rounds + 1):
+    for res in json.load(open(f"{w}/latency_{r}.json"))["results"]:
+        times.setdefault(res["command"], []).extend(res["times"])
+for name, t in times.items():
+    print(f"setup_ms\t{name}\t{statistics.median(t)*1000:.1f}")
+PY
+}
+
+tp_once() { # cmd -> MB/s
+	local bytes s e
+	bytes=$(numfmt --from=iec "$TP_SIZE")
+	s=$(date +%s%N)
+	bash -c "$1" || { echo "FAILED: $1" >&2; echo 0; return; }
+	e=$(date +%s%N)
+	awk -v b="$bytes" -v s="$s" -v e="$e" 'BEGIN{printf "%.1f\n", b/1e6/((e-s)/1e9)}'
+}
+
+throughput() {
+	log "b. throughput: $TP_SIZE of zeros each way, $TP_RUNS runs per arm, arms alternating (MB = 1e6 bytes)"
+	local cfgname cfg dir i arm order cmd v
+	for cfgname in default aesgcm; do
+		cfg=$CFG
+		[ $cfgname = aesgcm ] && cfg=$CFG_AES
+		for dir in upload download; do
+			for i in $(seq "$TP_RUNS"); do
+				order="sshd postern"
+				[ $((i % 2)) = 0 ] && order="postern sshd"
+				for arm in $order; do
+					if [ $dir = upload ]; then
+						cmd="head -c $TP_SIZE /dev/zero | ssh -F $cfg via-$arm 'cat >/dev/null'"
+					else
+						cmd="ssh -F $cfg via-$arm 'head -c $TP_SIZE /dev/zero' >/dev/null"
+					fi
+					v=$(tp_once "$cmd")
+					printf '  %-8s %-8s %-8s run %d: %7.1f MB/s\n' "$cfgname" "$dir" "$arm" "$i" "$v"
+					record "tp_${dir}_${cfgname}" "$arm" "$v"
+				done
+			done
+		done
+	done
+}
+
+profile() {
+	[ "$PROFILE" = 1 ] || return 0
+	command -v perf >/dev/null || { echo "  perf not installed: no profile"; return 0; }
+	log "profile: perf record of the Postern proxy during one $TP_SIZE upload via postern"
+	perf record -F 499 -g -o "$W/perf.data" -p "$PROXY_PID" -- sleep 1000 >/dev/null 2>&1 &
+	local perfpid=$!
+	sleep 0.5
+	v=$(tp_once "head -c $TP_SIZE /dev/zero | ssh -F $CFG via-postern 'cat >/dev/null'")
+	kill -INT "$perfpid"; wait "$perfpid" 2>/dev/null
+	echo "  upload during profiling: $v MB/s; top symbols of the proxy (self):"
+	perf report -i "$W/perf.data" --no-children --sort symbol --stdio 2>/dev/null |
+		grep -E '^\s+[0-9.]+%' | head -15 | sed 's/^/  /'
+}
+
+descendants() { # pid -> pid and all its descendants
+	local p=$1 c
+	echo "$p"
+	for c in $(pgrep -P "$p"); do descendants "$c"; done
+}
+
+pss_of() { # pids... -> "PSS_KiB RSS_KiB nprocs"
+	local p pss=0 rss=0 n=0 q r
+	for p in "$@"; do
+		q=$(awk '/^Pss:/{print $2}' "/proc/$p/smaps_rollup" 2>/dev/null) || continue
+		r=$(awk '/^Rss:/{print $2}' "/proc/$p/smaps_rollup" 2>/dev/null)
+		pss=$((pss + ${q:-0})); rss=$((rss + ${r:-0})); n=$((n + 1))
+	done
+	echo "$pss $rss $n"
+}
+
+mem_arm() { # arm bastion-root-pid
+	local arm=$1 root=$2 i up pss0 rss0 n0 pss1 rss1 n1 t0
+	read -r pss0 rss0 n0 <<<"$(pss_of $(descendants "$root"))"
+	CLIENT_PIDS=()
+	t0=$(date +%s%N)
+	for i in $(seq "$MEM_N"); do
+		ssh -F "$CFG" "via-$arm" "sleep $SLEEP_ARG" </dev/null >/dev/null 2>&1 &
+		CLIENT_PIDS+=($!)
+		sleep 0.05
+	done
+	for i in $(seq 600); do
+		up=$(pgrep -c -u "$LOGIN" -f "^sleep $SLEEP_ARG\$")
+		[ "${up:-0}" -ge "$MEM_N" ] && break
+		sleep 0.1
+	done
+	sleep 2 # let both bastions settle the same way
+	read -r pss1 rss1 n1 <<<"$(pss_of $(descendants "$root"))"
+	printf '  %-8s %d/%d sessions up in %d ms; bastion procs %d -> %d; PSS %d -> %d KiB (RSS %d -> %d): %.1f KiB PSS per connection\n' \
+		"$arm" "$up" "$MEM_N" $((($(date +%s%N) - t0) / 1000000)) "$n0" "$n1" "$pss0" "$pss1" "$rss0" "$rss1" \
+		"$(awk -v a="$pss0" -v b="$pss1" -v n="$MEM_N" 'BEGIN{print (b-a)/n}')"
+	record mem_kib_per_conn "$arm" "$(awk -v a="$pss0" -v b="$pss1" -v n="$MEM_N" 'BEGIN{printf "%.1f", (b-a)/n}')"
+	[ "${up:-0}" -ge "$MEM_N" ] || echo "  WARNING: only $up of $MEM_N sessions came up"
+	for p in "${CLIENT_PIDS[@]}"; do kill "$p" 2>/dev/null; done
+	for p in "${CLIENT_PIDS[@]}"; do wait "$p" 2>/dev/null; done
+	CLIENT_PIDS=()
+	kill_sleeps
+	# wait until the bastion has let go of them
+	for i in $(seq 100); do
+		[ "$(descendants "$root" | wc -l)" -le "$n0" ] && break
+		sleep 0.1
+	done
+}
+
+memory() {
+	[ "$MEM_N" -gt 0 ] || { log "c. memory: skipped (MEM_N=0)"; return; }
+	log "c. memory per idle forwarded connection: $MEM_N concurrent 'ssh -J ... sleep' sessions per arm"
+	mem_arm sshd "$(cat "$P/sshd_bastion.pid")"
+	mem_arm postern "$PROXY_PID"
+}
+
+table() {
+	log "results (postern/sshd ratios; targets from issue 4)"
+	python3 - "$RES" <<'PY'
+import statistics, sys
+vals = {}
+for line in open(sys.argv[1]):
+    m, arm, v = line.rstrip("\n").split("\t")
+    vals.setdefault(m, {}).setdefault(arm, []).append(float(v))
+rows = [
+    ("session setup, ms (median)", "setup_ms", "<= 0.80", lambda r: r <= 0.8),
+    ("upload MB/s (default ciphers)", "tp_upload_default", ">= 1.00", lambda r: r >= 1.0),
+    ("download MB/s (default ciphers)", "tp_download_default", ">= 1.00", lambda r: r >= 1.0),
+    ("upload MB/s (AES-GCM forced)", "tp_upload_aesgcm", "(info)", None),
+    ("download MB/s (AES-GCM forced)", "tp_download_aesgcm", "(info)", None),
+    ("PSS per idle -J connection, KiB", "mem_kib_per_conn", "<= 0.05", lambda r: r <= 0.05),
+]
+print(f"{'metric':34} {'sshd':>9} {'postern':>9} {'direct':>9} {'ratio':>7}  target   ok")
+for title, key, target, ok in rows:
+    if key not in vals:
+        continue
+    d = vals[key]
+    med = {a: statistics.median(v) for a, v in d.items()}
+    s, p = med.get("sshd"), med.get("postern")
+    ratio = p / s if s and p is not None else float("nan")
+    verdict = "" if ok is None else ("yes" if ok(ratio) else "NO")
+    fmt = lambda x: f"{x:9.1f}" if x is not None else f"{'-':>9}"
+    print(f"{title:34} {fmt(s)} {fmt(p)} {fmt(med.get('direct'))} {ratio:7.3f}  {target:8} {verdict}")
+PY
+}
+
+echo "postern-vs-openssh: $(ssh -V 2>&1); $(date -u '+%F %T UTC'); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
+setup
+latency
+throughput
+profile
+memory
+table

@@ -1,0 +1,281 @@
+package auth
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/services"
+)
+
+// registerRoutes lists every endpoint with the roles allowed to call it.
+// The table is the authorization policy of the API: read it as such.
+func (a *APIServer) registerRoutes() {
+	// The only endpoint reachable without a client certificate.
+	a.joinMux.HandleFunc("POST /v1/join", func(w http.ResponseWriter, r *http.Request) {
+		a.respond(w, r, nil, a.join)
+	})
+
+	a.handle("GET /v1/ping", hostRoles, a.ping)
+	// Nodes: hosts announce themselves; proxies read the inventory.
+	a.handle("PUT /v1/nodes", hostRoles, a.upsertNode)
+	a.handle("GET /v1/nodes", proxyRoles, a.getNodes)
+	a.handle("DELETE /v1/nodes/{cluster}/{uuid}", adminRoles, a.deleteNode)
+	a.handleStream("GET /v1/watch/nodes", proxyRoles, a.watchNodes)
+	// Public CA keys and roles: every host needs them to check users.
+	a.handle("GET /v1/authorities/{type}", hostRoles, a.getCAs)
+	a.handle("GET /v1/authorities/{type}/{cluster}", hostRoles, a.getCA)
+	a.handle("GET /v1/roles", hostRoles, a.getRoles)
+	a.handle("GET /v1/roles/{name}", hostRoles, a.getRole)
+	a.handle("PUT /v1/roles", adminRoles, a.upsertRole)
+	a.handle("DELETE /v1/roles/{name}", adminRoles, a.deleteRole)
+	a.handle("GET /v1/networking", hostRoles, a.getNetworking)
+	a.handle("PUT /v1/networking", adminRoles, a.setNetworking)
+	// Users and tokens: administration only.
+	a.handle("GET /v1/users", adminRoles, a.getUsers)
+	a.handle("POST /v1/users", adminRoles, a.createUser)
+	a.handle("DELETE /v1/users/{name}", adminRoles, a.deleteUser)
+	a.handle("GET /v1/tokens", adminRoles, a.getTokens)
+	a.handle("POST /v1/tokens", adminRoles, a.createToken)
+	a.handle("DELETE /v1/tokens/{name}", adminRoles, a.deleteToken)
+	// Acting for users: proxies (web logins) and admins (pctl auth sign).
+	a.handle("POST /v1/certs/user", proxyRoles, a.generateUserCert)
+	a.handle("POST /v1/login", proxyRoles, a.authenticateUser)
+	a.handle("POST /v1/login/ssh", proxyRoles, a.authenticateSSHUser)
+}
+
+func (a *APIServer) join(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+	var req RegisterRequest
+	if err := readJSON(r, &req); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if err := a.auth.joinLimiter.check("", r.RemoteAddr); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	resp, err := a.auth.RegisterUsingToken(ctx, req)
+	if err != nil {
+		if trace.IsAccessDenied(err) {
+			a.auth.joinLimiter.failure("", r.RemoteAddr)
+		}
+		return nil, trace.Wrap(err)
+	}
+	return resp, nil
+}
+
+// PingResponse answers GET /v1/ping.
+type PingResponse struct {
+	ClusterName string `json:"cluster_name"`
+	// ID and Role echo the caller's identity as the server saw it.
+	ID   string `json:"id"`
+	Role string `json:"role"`
+}
+
+func (a *APIServer) ping(_ context.Context, p *peer, _ *http.Request) (any, error) {
+	return PingResponse{ClusterName: a.auth.cfg.ClusterName, ID: p.ID, Role: p.Role}, nil
+}
+
+// upsertNode records a heartbeat. A node or proxy may only write its own
+// record (UUID = certificate CN) in its own cluster: a compromised node
+// must not be able to hijack another node's name or address in routing.
+func (a *APIServer) upsertNode(ctx context.Context, p *peer, r *http.Request) (any, error) {
+	var node services.Node
+	if err := readJSON(r, &node); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if node.Cluster == "" {
+		node.Cluster = a.auth.cfg.ClusterName
+	}
+	if p.Role == RoleNode || p.Role == RoleProxy {
+		if node.UUID != p.ID {
+			return nil, trace.AccessDenied("%s %q may not announce node %q", p.Role, p.ID, node.UUID)
+		}
+		if node.Cluster != a.auth.cfg.ClusterName {
+			return nil, trace.AccessDenied("%s %q may not announce a node in cluster %q", p.Role, p.ID, node.Cluster)
+		}
+	}
+	return nil, trace.Wrap(a.auth.store.UpsertNode(ctx, node))
+}
+
+func (a *APIServer) getNodes(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+	nodes, err := a.auth.store.GetNodes(ctx, r.URL.Query().Get("cluster"))
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if nodes == nil {
+		nodes = []services.Node{}
+	}
+	return nodes, nil
+}
+
+func (a *APIServer) deleteNode(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+	return nil, trace.Wrap(a.auth.store.DeleteNode(ctx, r.PathValue("cluster"), r.PathValue("uuid")))
+}
+
+func (a *APIServer) getCA(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+	ca, err := a.auth.store.GetCertAuthority(ctx, r.PathValue("cluster"), services.CertAuthType(r.PathValue("type")), false)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	// Defence in depth: never let a secret out, whatever the store did.
+	return publicCA(ca), nil
+}
+
+func (a *APIServer) getCAs(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+	cas, err := a.auth.store.GetCertAuthorities(ctx, services.CertAuthType(r.PathValue("type")), false)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	out := make([]services.CertAuthority, 0, len(cas))
+	for i := range cas {
+		out = append(out, *publicCA(&cas[i]))
+	}
+	return out, nil
+}
+
+func (a *APIServer) getRoles(ctx context.Context, _ *peer, _ *http.Request) (any, error) {
+	roles, err := a.auth.store.GetRoles(ctx)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if roles == nil {
+		roles = []*services.Role{}
+	}
+	return roles, nil
+}
+
+func (a *APIServer) getRole(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+	role, err := a.auth.store.GetRole(ctx, r.PathValue("name"))
+	return role, trace.Wrap(err)
+}
+
+func (a *APIServer) upsertRole(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+	var role services.Role
+	if err := readJSON(r, &role); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return nil, trace.Wrap(a.auth.store.UpsertRole(ctx, &role))
+}
+
+func (a *APIServer) deleteRole(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+	return nil, trace.Wrap(a.auth.store.DeleteRole(ctx, r.PathValue("name")))
+}
+
+func (a *APIServer) getNetworking(ctx context.Context, _ *peer, _ *http.Request) (any, error) {
+	cfg, err := a.auth.store.GetClusterNetworkingConfig(ctx)
+	return cfg, trace.Wrap(err)
+}
+
+func (a *APIServer) setNetworking(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+	var cfg services.ClusterNetworkingConfig
+	if err := readJSON(r, &cfg); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return nil, trace.Wrap(a.auth.store.SetClusterNetworkingConfig(ctx, &cfg))
+}
+
+func (a *APIServer) getUsers(ctx context.Context, _ *peer, _ *http.Request) (any, error) {
+	users, err := a.auth.ListUsers(ctx)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if users == nil {
+		users = []services.User{}
+	}
+	return users, nil
+}
+
+// createUserRequest is the body of POST /v1/users.
+type createUserRequest struct {
+	Name     string   `json:"name"`
+	Password string   `json:"password"`
+	Logins   []string `json:"logins,omitempty"`
+	Roles    []string `json:"roles,omitempty"`
+	OTP      bool     `json:"otp,omitempty"`
+}
+
+type createUserResponse struct {
+	TOTPURL string `json:"totp_url,omitempty"`
+}
+
+func (a *APIServer) createUser(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+	var req createUserRequest
+	if err := readJSON(r, &req); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	url, err := a.auth.CreateUser(ctx, req.Name, []byte(req.Password), req.Logins, req.Roles, req.OTP)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return createUserResponse{TOTPURL: url}, nil
+}
+
+func (a *APIServer) deleteUser(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+	return nil, trace.Wrap(a.auth.DeleteUser(ctx, r.PathValue("name")))
+}
+
+func (a *APIServer) getTokens(ctx context.Context, _ *peer, _ *http.Request) (any, error) {
+	tokens, err := a.auth.store.GetTokens(ctx)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if tokens == nil {
+		tokens = []services.Token{}
+	}
+	return tokens, nil
+}
+
+// createTokenRequest is the body of POST /v1/tokens.
+type createTokenRequest struct {
+	Type string            `json:"type"`
+	TTL  services.Duration `json:"ttl,omitempty"`
+}
+
+func (a *APIServer) createToken(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+	var req createTokenRequest
+	if err := readJSON(r, &req); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	tok, err := a.auth.CreateToken(ctx, req.Type, req.TTL.Value())
+	return tok, trace.Wrap(err)
+}
+
+func (a *APIServer) deleteToken(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+	return nil, trace.Wrap(a.auth.store.DeleteToken(ctx, r.PathValue("name")))
+}
+
+type certResponse struct {
+	Cert []byte `json:"cert"`
+}
+
+func (a *APIServer) generateUserCert(ctx context.Context, p *peer, r *http.Request) (any, error) {
+	var req UserCertRequest
+	if err := readJSON(r, &req); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	cert, err := a.auth.GenerateUserCert(ctx, req)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	a.log.WithFields(map[string]any{"user": req.User, "by": p.ID, "ttl": time.Duration(req.TTL).String()}).Info("Signed user certificate over the API.")
+	return certResponse{Cert: cert}, nil
+}
+
+func (a *APIServer) authenticateUser(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+	var req AuthRequest
+	if err := readJSON(r, &req); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	user, err := a.auth.AuthenticateUser(ctx, req)
+	return user, trace.Wrap(err)
+}
+
+func (a *APIServer) authenticateSSHUser(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+	var req SSHLoginRequest
+	if err := readJSON(r, &req); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	resp, err := a.auth.AuthenticateSSHUser(ctx, req)
+	return resp, trace.Wrap(err)
+}

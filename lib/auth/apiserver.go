@@ -1,0 +1,399 @@
+package auth
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gravitational/trace"
+	"github.com/sirupsen/logrus"
+)
+
+// Server names a client puts in its TLS ClientHello (SNI).
+const (
+	// AuthServerName is the name clients verify the auth server's
+	// certificate against, whatever address they dialed: the certificate
+	// always carries it, so a node that reaches auth through NAT or a DNS
+	// name nobody told auth about still verifies it. Pinning a fixed name is
+	// safe because only the auth server's certificate has the server-auth
+	// key usage; node, proxy and admin certificates are client-only.
+	AuthServerName = "auth.postern"
+	// JoinServerName selects the join listener: no client certificate is
+	// asked for, and only the join endpoint is served (the token is the
+	// credential there).
+	JoinServerName = "join.postern"
+)
+
+// maxRequestBody bounds request bodies; the largest legitimate one (a role
+// or a join request) is a few kilobytes.
+const maxRequestBody = 1 << 20
+
+// APIConfig configures the auth API server.
+type APIConfig struct {
+	// Auth is the auth server the API exposes; required.
+	Auth *Server
+	// Listener is where to serve (plain TCP: TLS is added here); required.
+	Listener net.Listener
+	// Logger defaults to the auth server's logger with component=auth:api.
+	Logger logrus.FieldLogger
+}
+
+// CheckAndSetDefaults validates the config.
+func (c *APIConfig) CheckAndSetDefaults() error {
+	if c.Auth == nil {
+		return trace.BadParameter("auth API: missing Auth")
+	}
+	if c.Listener == nil {
+		return trace.BadParameter("auth API: missing Listener")
+	}
+	if c.Logger == nil {
+		c.Logger = logrus.WithField("component", "auth:api")
+	}
+	return nil
+}
+
+// APIServer serves the auth API over mutual TLS.
+//
+// Why one port with two TLS personalities (chosen per connection by
+// GetConfigForClient on the ClientHello's server name): a joining host has
+// no certificate yet, so something must accept it without one, yet every
+// other endpoint must be unreachable to anyone without a cluster
+// certificate. Connections that ask for JoinServerName get a TLS config that
+// requests no client certificate and a handler that serves the join
+// endpoint and nothing else; every other connection must present a client
+// certificate signed by the cluster's TLS CA (tls.RequireAndVerifyClientCert)
+// or the handshake fails, so an unauthenticated peer never reaches a
+// handler. Dispatch uses the server name negotiated for the connection
+// (r.TLS.ServerName), never the Host header, so a join connection cannot be
+// steered to another handler. Authorization then comes from the verified
+// certificate's role (O) and ID (CN), per endpoint.
+type APIServer struct {
+	cfg  APIConfig
+	auth *Server
+	log  logrus.FieldLogger
+	srv  *http.Server
+
+	mainMux *http.ServeMux
+	joinMux *http.ServeMux
+
+	// closing is closed when Close or Shutdown starts; long-lived handlers
+	// (watches) return on it.
+	closing   chan struct{}
+	closeOnce sync.Once
+
+	// mu guards closed and the Add side of handlers: no handler may start
+	// once closed is set, so handlers.Wait in Close does not race with Add.
+	mu       sync.Mutex
+	closed   bool
+	handlers sync.WaitGroup
+}
+
+// NewAPIServer builds the API server and its TLS certificate (SANs: the
+// listener's IPs, loopback, localhost, the host name, AuthServerName,
+// JoinServerName and the auth server's PublicAddrs). Call Serve to run it.
+func NewAPIServer(cfg APIConfig) (*APIServer, error) {
+	if err := cfg.CheckAndSetDefaults(); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	a := &APIServer{
+		cfg:     cfg,
+		auth:    cfg.Auth,
+		log:     cfg.Logger,
+		closing: make(chan struct{}),
+	}
+	dnsNames, ips := serverSANs(cfg.Listener.Addr(), cfg.Auth.cfg.PublicAddrs)
+	id, err := cfg.Auth.issueIdentity(context.Background(), IdentityRequest{
+		ID: AuthIdentityID, Role: RoleAuth, Hostname: AuthServerName,
+	}, dnsNames, ips)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	// Send the CA along with the leaf: a joining host has nothing else to
+	// check the pin against.
+	serverCert := id.TLSCert
+	serverCert.Certificate = append(slices.Clone(serverCert.Certificate), cfg.Auth.tlsCACert.Raw)
+
+	clock := cfg.Auth.clock
+	mainTLS := &tls.Config{
+		Certificates: []tls.Certificate{serverCert},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    cfg.Auth.tlsCAPool(),
+		MinVersion:   tls.VersionTLS12,
+		Time:         clock.Now,
+		// No resumption: every connection proves its certificate afresh,
+		// so a session from the join personality (no certificate) can
+		// never be resumed into this one.
+		SessionTicketsDisabled: true,
+		// Refuse, during the handshake, a certificate from this CA that
+		// is not a well-formed identity of this cluster.
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.VerifiedChains) == 0 {
+				return errors.New("no verified client certificate")
+			}
+			_, err := a.peerFromCert(cs.VerifiedChains[0][0])
+			return err
+		},
+	}
+	joinTLS := &tls.Config{
+		Certificates:           []tls.Certificate{serverCert},
+		ClientAuth:             tls.NoClientCert,
+		MinVersion:             tls.VersionTLS12,
+		Time:                   clock.Now,
+		SessionTicketsDisabled: true,
+	}
+	base := &tls.Config{
+		MinVersion:             tls.VersionTLS12,
+		SessionTicketsDisabled: true,
+		GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+			if hello.ServerName == JoinServerName {
+				return joinTLS, nil
+			}
+			return mainTLS, nil
+		},
+	}
+
+	a.mainMux = http.NewServeMux()
+	a.joinMux = http.NewServeMux()
+	a.registerRoutes()
+	a.srv = &http.Server{
+		Handler:           http.HandlerFunc(a.serveHTTP),
+		TLSConfig:         base,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          log.New(&logWriter{log: a.log}, "", 0),
+	}
+	return a, nil
+}
+
+// Addr is the address the API listens on.
+func (a *APIServer) Addr() net.Addr { return a.cfg.Listener.Addr() }
+
+// Serve serves until Close or Shutdown; it returns nil then.
+func (a *APIServer) Serve() error {
+	err := a.srv.Serve(tls.NewListener(a.cfg.Listener, a.srv.TLSConfig))
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return trace.Wrap(err)
+}
+
+// Close stops the server at once: listener and connections closed,
+// watches ended. It waits for running handlers to return.
+func (a *APIServer) Close() error {
+	a.stopHandlers()
+	err := a.srv.Close()
+	// Serve may not have run yet; the listener is ours to close either way.
+	a.cfg.Listener.Close()
+	a.handlers.Wait()
+	return trace.Wrap(err)
+}
+
+// Shutdown stops accepting, ends watches, and waits (bounded by ctx) for
+// in-flight requests to finish.
+func (a *APIServer) Shutdown(ctx context.Context) error {
+	a.stopHandlers()
+	err := a.srv.Shutdown(ctx)
+	if err != nil {
+		a.srv.Close()
+	}
+	a.handlers.Wait()
+	return trace.Wrap(err)
+}
+
+func (a *APIServer) stopHandlers() {
+	a.closeOnce.Do(func() { close(a.closing) })
+	a.mu.Lock()
+	a.closed = true
+	a.mu.Unlock()
+}
+
+// serveHTTP dispatches on the connection's negotiated server name.
+func (a *APIServer) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		writeError(w, trace.ConnectionProblem(nil, "auth API is shutting down"))
+		return
+	}
+	a.handlers.Add(1)
+	a.mu.Unlock()
+	defer a.handlers.Done()
+
+	if r.TLS == nil {
+		writeError(w, trace.AccessDenied("TLS required"))
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, maxRequestBody)
+	if r.TLS.ServerName == JoinServerName {
+		a.joinMux.ServeHTTP(w, r)
+		return
+	}
+	a.mainMux.ServeHTTP(w, r)
+}
+
+// peer is the verified caller of a request.
+type peer struct {
+	ID   string
+	Role string
+}
+
+// peerFromCert reads the identity out of a verified client certificate.
+func (a *APIServer) peerFromCert(cert *x509.Certificate) (*peer, error) {
+	s := cert.Subject
+	if s.CommonName == "" || len(s.Organization) != 1 || len(s.OrganizationalUnit) != 1 {
+		return nil, trace.AccessDenied("client certificate is not a Postern identity")
+	}
+	if s.OrganizationalUnit[0] != a.auth.cfg.ClusterName {
+		return nil, trace.AccessDenied("client certificate is for cluster %q, not %q", s.OrganizationalUnit[0], a.auth.cfg.ClusterName)
+	}
+	switch s.Organization[0] {
+	case RoleAuth, RoleNode, RoleProxy, RoleAdmin:
+	default:
+		return nil, trace.AccessDenied("client certificate has unknown role %q", s.Organization[0])
+	}
+	return &peer{ID: s.CommonName, Role: s.Organization[0]}, nil
+}
+
+// Which roles may call an endpoint.
+var (
+	// hostRoles: anything holding a cluster identity.
+	hostRoles = []string{RoleNode, RoleProxy, RoleAdmin, RoleAuth}
+	// proxyRoles: proxies act for users (logins, certificates, routing).
+	proxyRoles = []string{RoleProxy, RoleAdmin, RoleAuth}
+	// adminRoles manage the cluster.
+	adminRoles = []string{RoleAdmin, RoleAuth}
+)
+
+// apiHandler handles one request for an authorized peer and returns the
+// value to send as JSON (nil sends {}).
+type apiHandler func(ctx context.Context, p *peer, r *http.Request) (any, error)
+
+// handle registers an endpoint on the main mux. The role check runs before
+// the handler, from the certificate verified in the handshake.
+func (a *APIServer) handle(pattern string, roles []string, h apiHandler) {
+	a.mainMux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		if len(r.TLS.VerifiedChains) == 0 {
+			writeError(w, trace.AccessDenied("client certificate required"))
+			return
+		}
+		p, err := a.peerFromCert(r.TLS.VerifiedChains[0][0])
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		if !slices.Contains(roles, p.Role) {
+			a.log.WithFields(logrus.Fields{"peer": p.ID, "role": p.Role, "endpoint": pattern}).Warn("Denied API call.")
+			writeError(w, trace.AccessDenied("role %q may not call %s", p.Role, pattern))
+			return
+		}
+		a.respond(w, r, p, h)
+	})
+}
+
+func (a *APIServer) respond(w http.ResponseWriter, r *http.Request, p *peer, h apiHandler) {
+	out, err := h(r.Context(), p, r)
+	if err != nil {
+		if _, status := errorKind(err); status == http.StatusInternalServerError {
+			a.log.WithError(err).WithField("path", r.URL.Path).Warn("API call failed.")
+		}
+		writeError(w, err)
+		return
+	}
+	if m, ok := out.(streamMarker); ok {
+		m.h(w, r, m.p)
+		return
+	}
+	if out == nil {
+		out = struct{}{}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// readJSON decodes the request body into v, refusing unknown fields so a
+// client typo is an error instead of a silently ignored setting.
+func readJSON(r *http.Request, v any) error {
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return trace.LimitExceeded("request body too large")
+		}
+		if errors.Is(err, io.EOF) {
+			return trace.BadParameter("empty request body")
+		}
+		return trace.BadParameter("invalid request body: %v", err)
+	}
+	return nil
+}
+
+// serverSANs lists the names and IPs the auth server's certificate covers.
+func serverSANs(listenAddr net.Addr, publicAddrs []string) ([]string, []net.IP) {
+	dnsNames := []string{AuthServerName, JoinServerName, "localhost"}
+	ips := []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
+	addIP := func(ip net.IP) {
+		for _, have := range ips {
+			if have.Equal(ip) {
+				return
+			}
+		}
+		ips = append(ips, ip)
+	}
+	addHost := func(h string) {
+		if h == "" {
+			return
+		}
+		if ip := net.ParseIP(h); ip != nil {
+			addIP(ip)
+			return
+		}
+		if !slices.Contains(dnsNames, h) {
+			dnsNames = append(dnsNames, h)
+		}
+	}
+	if hostname, err := os.Hostname(); err == nil {
+		addHost(hostname)
+	}
+	if tcp, ok := listenAddr.(*net.TCPAddr); ok {
+		if tcp.IP.IsUnspecified() {
+			// Listening on every interface: cover every address we have.
+			if addrs, err := net.InterfaceAddrs(); err == nil {
+				for _, addr := range addrs {
+					if ipn, ok := addr.(*net.IPNet); ok {
+						addIP(ipn.IP)
+					}
+				}
+			}
+		} else {
+			addIP(tcp.IP)
+		}
+	}
+	for _, pa := range publicAddrs {
+		h := pa
+		if host, _, err := net.SplitHostPort(pa); err == nil {
+			h = host
+		}
+		addHost(h)
+	}
+	return dnsNames, ips
+}
+
+// logWriter sends net/http's own error log (TLS handshake failures, mostly
+// peers without a certificate) to logrus at debug level: they are the
+// expected result of an unauthenticated caller, not server faults.
+type logWriter struct{ log logrus.FieldLogger }
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.log.Debug(string(p))
+	return len(p), nil
+}

@@ -1,0 +1,298 @@
+package auth
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
+
+	"github.com/postern-dev/postern/lib/services"
+)
+
+// DefaultClientTimeout bounds one API call (not a watch): long enough for a
+// bcrypt login on a loaded auth server, short enough that a dead one is
+// reported instead of hanging a heartbeat.
+const DefaultClientTimeout = 30 * time.Second
+
+// ClientConfig configures a Client.
+type ClientConfig struct {
+	// Addr is the auth API's host:port; required.
+	Addr string
+	// Identity is the caller's identity; either it or TLS is required.
+	Identity *Identity
+	// TLS is used instead of Identity's config when set. Its ServerName
+	// defaults to AuthServerName.
+	TLS *tls.Config
+	// Clock is the time used to verify the server certificate; default
+	// the real clock.
+	Clock clockwork.Clock
+	// Timeout bounds each call (watches excepted); zero means
+	// DefaultClientTimeout.
+	Timeout time.Duration
+}
+
+// CheckAndSetDefaults validates the config.
+func (c *ClientConfig) CheckAndSetDefaults() error {
+	if c.Addr == "" {
+		return trace.BadParameter("auth client: missing Addr")
+	}
+	if c.Identity == nil && c.TLS == nil {
+		return trace.BadParameter("auth client: missing Identity or TLS config")
+	}
+	if c.Clock == nil {
+		c.Clock = clockwork.NewRealClock()
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = DefaultClientTimeout
+	}
+	return nil
+}
+
+// Client calls the auth API. Its methods mirror the Store's and the
+// Server's, so narrow interfaces (srv.AccessPoint, services.NodeEvents)
+// are satisfied by a local Store and a remote Client alike.
+type Client struct {
+	cfg       ClientConfig
+	base      string
+	transport *http.Transport
+	http      *http.Client
+}
+
+// The client serves the NodeWatcher of a proxy on another machine.
+var _ services.NodeEvents = (*Client)(nil)
+
+// NewClient makes a client; it does not dial until the first call.
+func NewClient(cfg ClientConfig) (*Client, error) {
+	if err := cfg.CheckAndSetDefaults(); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	var tlsCfg *tls.Config
+	if cfg.TLS != nil {
+		tlsCfg = cfg.TLS.Clone()
+	} else {
+		tlsCfg = cfg.Identity.ClientTLSConfig()
+	}
+	if tlsCfg.ServerName == "" {
+		tlsCfg.ServerName = AuthServerName
+	}
+	if tlsCfg.Time == nil {
+		tlsCfg.Time = cfg.Clock.Now
+	}
+	dialer := &net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}
+	transport := &http.Transport{
+		DialContext:         dialer.DialContext,
+		TLSClientConfig:     tlsCfg,
+		TLSHandshakeTimeout: cfg.Timeout,
+		MaxIdleConnsPerHost: 8,
+		IdleConnTimeout:     time.Minute,
+		ForceAttemptHTTP2:   false,
+	}
+	return &Client{
+		cfg:       cfg,
+		base:      "https://" + cfg.Addr,
+		transport: transport,
+		http:      &http.Client{Transport: transport},
+	}, nil
+}
+
+// Close releases idle connections. Watches are closed by their owners.
+func (c *Client) Close() error {
+	c.transport.CloseIdleConnections()
+	return nil
+}
+
+// do sends one call: in (if not nil) as the JSON body, out (if not nil)
+// decoded from the JSON answer, errors mapped back to trace kinds.
+func (c *Client) do(ctx context.Context, method, path string, query url.Values, in, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	var body io.Reader
+	if in != nil {
+		data, err := json.Marshal(in)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		body = bytes.NewReader(data)
+	}
+	u := c.base + path
+	if len(query) > 0 {
+		u += "?" + query.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return trace.ConnectionProblem(err, "auth server at %s: %v", c.cfg.Addr, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return readErrorResponse(resp)
+	}
+	if out == nil {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return trace.ConnectionProblem(err, "auth server at %s: bad response: %v", c.cfg.Addr, err)
+	}
+	return nil
+}
+
+// Ping returns the cluster name; it is also the cheapest way to check that
+// the identity is accepted.
+func (c *Client) Ping(ctx context.Context) (string, error) {
+	resp, err := c.PingDetails(ctx)
+	if err != nil {
+		return "", trace.Wrap(err)
+	}
+	return resp.ClusterName, nil
+}
+
+// PingDetails returns the cluster name and the caller's identity as the
+// server sees it.
+func (c *Client) PingDetails(ctx context.Context) (*PingResponse, error) {
+	return call[PingResponse](ctx, c, http.MethodGet, "/v1/ping", nil, nil)
+}
+
+// UpsertNode announces a node (a heartbeat).
+func (c *Client) UpsertNode(ctx context.Context, node services.Node) error {
+	return trace.Wrap(c.do(ctx, http.MethodPut, "/v1/nodes", nil, node, nil))
+}
+
+// GetNodes lists nodes of cluster ("" = all).
+func (c *Client) GetNodes(ctx context.Context, cluster string) ([]services.Node, error) {
+	var q url.Values
+	if cluster != "" {
+		q = url.Values{"cluster": {cluster}}
+	}
+	var nodes []services.Node
+	return nodes, trace.Wrap(c.do(ctx, http.MethodGet, "/v1/nodes", q, nil, &nodes))
+}
+
+// DeleteNode removes a node record.
+func (c *Client) DeleteNode(ctx context.Context, cluster, uuid string) error {
+	return trace.Wrap(c.do(ctx, http.MethodDelete, "/v1/nodes/"+url.PathEscape(cluster)+"/"+url.PathEscape(uuid), nil, nil, nil))
+}
+
+// GetCertAuthority returns a CA's public part. withSecrets must be false:
+// private keys never leave the auth server.
+func (c *Client) GetCertAuthority(ctx context.Context, clusterName string, t services.CertAuthType, withSecrets bool) (*services.CertAuthority, error) {
+	if withSecrets {
+		return nil, trace.BadParameter("CA private keys are never served over the auth API")
+	}
+	return call[services.CertAuthority](ctx, c, http.MethodGet, "/v1/authorities/"+url.PathEscape(string(t))+"/"+url.PathEscape(clusterName), nil, nil)
+}
+
+// GetCertAuthorities returns the public parts of every CA of type t.
+func (c *Client) GetCertAuthorities(ctx context.Context, t services.CertAuthType, withSecrets bool) ([]services.CertAuthority, error) {
+	if withSecrets {
+		return nil, trace.BadParameter("CA private keys are never served over the auth API")
+	}
+	var cas []services.CertAuthority
+	return cas, trace.Wrap(c.do(ctx, http.MethodGet, "/v1/authorities/"+url.PathEscape(string(t)), nil, nil, &cas))
+}
+
+// GetRole returns a role.
+func (c *Client) GetRole(ctx context.Context, name string) (*services.Role, error) {
+	return call[services.Role](ctx, c, http.MethodGet, "/v1/roles/"+url.PathEscape(name), nil, nil)
+}
+
+// GetRoles lists roles.
+func (c *Client) GetRoles(ctx context.Context) ([]*services.Role, error) {
+	var roles []*services.Role
+	return roles, trace.Wrap(c.do(ctx, http.MethodGet, "/v1/roles", nil, nil, &roles))
+}
+
+// UpsertRole creates or replaces a role.
+func (c *Client) UpsertRole(ctx context.Context, role *services.Role) error {
+	return trace.Wrap(c.do(ctx, http.MethodPut, "/v1/roles", nil, role, nil))
+}
+
+// DeleteRole removes a role.
+func (c *Client) DeleteRole(ctx context.Context, name string) error {
+	return trace.Wrap(c.do(ctx, http.MethodDelete, "/v1/roles/"+url.PathEscape(name), nil, nil, nil))
+}
+
+// GetClusterNetworkingConfig returns the networking config.
+func (c *Client) GetClusterNetworkingConfig(ctx context.Context) (*services.ClusterNetworkingConfig, error) {
+	return call[services.ClusterNetworkingConfig](ctx, c, http.MethodGet, "/v1/networking", nil, nil)
+}
+
+// SetClusterNetworkingConfig replaces the networking config.
+func (c *Client) SetClusterNetworkingConfig(ctx context.Context, cfg *services.ClusterNetworkingConfig) error {
+	return trace.Wrap(c.do(ctx, http.MethodPut, "/v1/networking", nil, cfg, nil))
+}
+
+// CreateUser adds a user; see Server.CreateUser.
+func (c *Client) CreateUser(ctx context.Context, name string, password []byte, logins []string, roles []string, withOTP bool) (string, error) {
+	var resp createUserResponse
+	err := c.do(ctx, http.MethodPost, "/v1/users", nil, createUserRequest{
+		Name: name, Password: string(password), Logins: logins, Roles: roles, OTP: withOTP,
+	}, &resp)
+	return resp.TOTPURL, trace.Wrap(err)
+}
+
+// DeleteUser removes a user.
+func (c *Client) DeleteUser(ctx context.Context, name string) error {
+	return trace.Wrap(c.do(ctx, http.MethodDelete, "/v1/users/"+url.PathEscape(name), nil, nil, nil))
+}
+
+// GetUsers lists users (without password hashes or TOTP secrets).
+func (c *Client) GetUsers(ctx context.Context) ([]services.User, error) {
+	var users []services.User
+	return users, trace.Wrap(c.do(ctx, http.MethodGet, "/v1/users", nil, nil, &users))
+}
+
+// CreateToken makes a join token; see Server.CreateToken.
+func (c *Client) CreateToken(ctx context.Context, tokenType string, ttl time.Duration) (*services.Token, error) {
+	return call[services.Token](ctx, c, http.MethodPost, "/v1/tokens", nil, createTokenRequest{Type: tokenType, TTL: services.Duration(ttl)})
+}
+
+// GetTokens lists join tokens.
+func (c *Client) GetTokens(ctx context.Context) ([]services.Token, error) {
+	var tokens []services.Token
+	return tokens, trace.Wrap(c.do(ctx, http.MethodGet, "/v1/tokens", nil, nil, &tokens))
+}
+
+// DeleteToken revokes a join token.
+func (c *Client) DeleteToken(ctx context.Context, name string) error {
+	return trace.Wrap(c.do(ctx, http.MethodDelete, "/v1/tokens/"+url.PathEscape(name), nil, nil, nil))
+}
+
+// GenerateUserCert signs a user certificate (proxy and admin only).
+func (c *Client) GenerateUserCert(ctx context.Context, req UserCertRequest) ([]byte, error) {
+	var resp certResponse
+	return resp.Cert, trace.Wrap(c.do(ctx, http.MethodPost, "/v1/certs/user", nil, req, &resp))
+}
+
+// AuthenticateUser checks a user's password and OTP (proxy only).
+func (c *Client) AuthenticateUser(ctx context.Context, req AuthRequest) (*services.User, error) {
+	return call[services.User](ctx, c, http.MethodPost, "/v1/login", nil, req)
+}
+
+// AuthenticateSSHUser logs a user in and certifies their key (proxy only).
+func (c *Client) AuthenticateSSHUser(ctx context.Context, req SSHLoginRequest) (*SSHLoginResponse, error) {
+	return call[SSHLoginResponse](ctx, c, http.MethodPost, "/v1/login/ssh", nil, req)
+}
+
+// call is do for calls that return one object: nil on error.
+func call[T any](ctx context.Context, c *Client, method, path string, query url.Values, in any) (*T, error) {
+	var out T
+	if err := c.do(ctx, method, path, query, in, &out); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return &out, nil
+}

@@ -1,0 +1,130 @@
+package auth
+
+import (
+	"context"
+	"errors"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/sirupsen/logrus"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/postern-dev/postern/lib/backend/memory"
+	"github.com/postern-dev/postern/lib/services"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+const testCluster = "example.test"
+
+// testEnv is an auth server on a memory backend, with its API on
+// 127.0.0.1 and a fake clock that both TLS ends use.
+type testEnv struct {
+	clock    *clockwork.FakeClock
+	store    *services.Store
+	auth     *Server
+	api      *APIServer
+	addr     string
+	adminDir string
+}
+
+func testLogger() logrus.FieldLogger {
+	l := logrus.New()
+	l.SetLevel(logrus.WarnLevel)
+	return l.WithField("component", "auth-test")
+}
+
+func newTestStore(t *testing.T, clock clockwork.Clock) *services.Store {
+	t.Helper()
+	bk, err := memory.New(memory.Config{Clock: clock})
+	require.NoError(t, err)
+	t.Cleanup(func() { bk.Close() })
+	return services.NewStore(bk)
+}
+
+// newTestAuth starts an auth server without the API.
+func newTestAuth(t *testing.T) *testEnv {
+	t.Helper()
+	clock := clockwork.NewFakeClockAt(time.Now().Truncate(time.Second))
+	store := newTestStore(t, clock)
+	adminDir := filepath.Join(t.TempDir(), "admin")
+	srv, err := NewServer(ServerConfig{
+		Store:            store,
+		ClusterName:      testCluster,
+		AdminIdentityDir: adminDir,
+		BcryptCost:       bcrypt.MinCost,
+		Clock:            clock,
+		Logger:           testLogger(),
+	})
+	require.NoError(t, err)
+	return &testEnv{clock: clock, store: store, auth: srv, adminDir: adminDir}
+}
+
+// newTestAPI starts an auth server and serves its API on 127.0.0.1:0.
+func newTestAPI(t *testing.T) *testEnv {
+	t.Helper()
+	env := newTestAuth(t)
+	startAPI(t, env)
+	return env
+}
+
+func netListen() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") }
+
+// startAPI serves env's auth server on a fresh loopback listener until the
+// test ends (or the caller closes it first).
+func startAPI(t *testing.T, env *testEnv) *APIServer {
+	t.Helper()
+	l, err := netListen()
+	require.NoError(t, err)
+	api, err := NewAPIServer(APIConfig{Auth: env.auth, Listener: l, Logger: testLogger()})
+	require.NoError(t, err)
+	served := make(chan error, 1)
+	go func() { served <- api.Serve() }()
+	t.Cleanup(func() {
+		api.Close()
+		require.NoError(t, <-served)
+	})
+	env.api = api
+	env.addr = l.Addr().String()
+	return api
+}
+
+// client returns an API client for id, closed at the end of the test.
+func (e *testEnv) client(t *testing.T, id *Identity) *Client {
+	t.Helper()
+	c, err := NewClient(ClientConfig{Addr: e.addr, Identity: id, Clock: e.clock, Timeout: 10 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// identity issues an identity in-process.
+func (e *testEnv) identity(t *testing.T, id, role string) *Identity {
+	t.Helper()
+	ident, err := e.auth.IssueIdentity(context.Background(), IdentityRequest{ID: id, Role: role, Hostname: id + "-host"})
+	require.NoError(t, err)
+	return ident
+}
+
+func (e *testEnv) adminClient(t *testing.T) *Client {
+	t.Helper()
+	id, err := ReadIdentity(e.adminDir)
+	require.NoError(t, err)
+	return e.client(t, id)
+}
+
+// requireKind asserts err has the trace kind checked by is, and that the
+// message mentions want.
+func requireKind(t *testing.T, err error, is func(error) bool, want string) {
+	t.Helper()
+	require.Error(t, err)
+	require.True(t, is(err), "unexpected error kind: %T %v", errors.Unwrap(err), err)
+	require.Contains(t, err.Error(), want)
+}

@@ -1,0 +1,142 @@
+package auth
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"time"
+
+	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/services"
+)
+
+// DefaultTokenTTL is how long `pctl tokens add` tokens live when no --ttl is
+// given: long enough to copy the join command to a new machine and run it,
+// short enough that a leaked command is soon worthless.
+const DefaultTokenTTL = 30 * time.Minute
+
+// CreateToken makes a single-use join token of type tokenType (node or
+// proxy) valid for ttl (zero means DefaultTokenTTL). The token is 16 random
+// bytes as 32 hex characters: unguessable, and safe in a shell command.
+func (s *Server) CreateToken(ctx context.Context, tokenType string, ttl time.Duration) (*services.Token, error) {
+	if err := services.CheckTokenType(tokenType); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if ttl < 0 {
+		return nil, trace.BadParameter("token TTL must be positive, got %v", ttl)
+	}
+	if ttl == 0 {
+		ttl = DefaultTokenTTL
+	}
+	var raw [16]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	tok := services.Token{
+		Name:    hex.EncodeToString(raw[:]),
+		Type:    tokenType,
+		Expires: s.clock.Now().Add(ttl).UTC(),
+	}
+	if err := s.store.CreateToken(ctx, tok); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	s.log.WithFields(map[string]any{"type": tokenType, "ttl": ttl.String()}).Info("Created join token.")
+	return &tok, nil
+}
+
+// RegisterRequest is a join: a token exchanged for host certificates.
+type RegisterRequest struct {
+	Token string `json:"token"`
+	// Role is RoleNode or RoleProxy and must match the token's type.
+	Role string `json:"role"`
+	// UUID is the host's ID (kept in its data dir); Hostname its name.
+	UUID     string `json:"uuid"`
+	Hostname string `json:"hostname"`
+	// Addr is the host:port it serves SSH on; its host becomes a principal.
+	Addr string `json:"addr,omitempty"`
+	// AdditionalPrincipals are more SSH principals (IPs, public names).
+	AdditionalPrincipals []string `json:"additional_principals,omitempty"`
+	// SSHPublicKey is the host key, authorized_keys format.
+	SSHPublicKey []byte `json:"ssh_public_key"`
+	// TLSPublicKey is the TLS key, PKIX DER or PEM.
+	TLSPublicKey []byte `json:"tls_public_key"`
+}
+
+// RegisterResponse carries the new host's certificates and the cluster's
+// CA keys.
+type RegisterResponse struct {
+	// SSHCert is the SSH host certificate, authorized_keys format.
+	SSHCert []byte `json:"ssh_cert"`
+	// TLSCert is the X.509 client certificate, PEM.
+	TLSCert []byte `json:"tls_cert"`
+	// TLSCACerts are the cluster's TLS CA certificates, PEM.
+	TLSCACerts [][]byte `json:"tls_ca_certs"`
+	// SSHHostCAKeys and SSHUserCAKeys are authorized_keys lines.
+	SSHHostCAKeys []string `json:"ssh_host_ca_keys"`
+	SSHUserCAKeys []string `json:"ssh_user_ca_keys"`
+}
+
+// RegisterUsingToken spends a join token and certifies the joiner's keys.
+// Everything that can be checked without the token is checked first, so a
+// malformed request never burns a token; ConsumeToken is the single commit
+// point (one winner among concurrent joins with the same token).
+func (s *Server) RegisterUsingToken(ctx context.Context, req RegisterRequest) (*RegisterResponse, error) {
+	if req.Role != RoleNode && req.Role != RoleProxy {
+		return nil, trace.BadParameter("join role must be %q or %q, got %q", RoleNode, RoleProxy, req.Role)
+	}
+	if err := checkName("host UUID", req.UUID); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if req.Hostname != "" {
+		if err := checkName("hostname", req.Hostname); err != nil {
+			return nil, trace.Wrap(err)
+		}
+	}
+	if req.Token == "" {
+		return nil, trace.BadParameter("missing join token")
+	}
+	if _, err := parseAuthorizedKey(req.SSHPublicKey); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	tlsPub, err := parsePublicKey(req.TLSPublicKey)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	principals := append([]string(nil), req.AdditionalPrincipals...)
+	if req.Addr != "" {
+		host, _, err := services.SplitAddr(req.Addr)
+		if err != nil {
+			return nil, trace.Wrap(err)
+		}
+		principals = append(principals, host)
+	}
+
+	if _, err := s.store.ConsumeToken(ctx, req.Token, req.Role); err != nil {
+		s.log.WithFields(map[string]any{"uuid": req.UUID, "hostname": req.Hostname, "role": req.Role}).WithError(err).Warn("Refused join.")
+		return nil, trace.Wrap(err)
+	}
+
+	sshCert, err := s.GenerateHostCert(ctx, HostCertRequest{
+		PublicKey:  req.SSHPublicKey,
+		UUID:       req.UUID,
+		Hostname:   req.Hostname,
+		Principals: principals,
+		Role:       req.Role,
+	})
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	tlsCert, err := s.signIdentityTLS(tlsPub, req.UUID, req.Role, nil, nil)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	s.log.WithFields(map[string]any{"uuid": req.UUID, "hostname": req.Hostname, "role": req.Role}).Info("Host joined the cluster.")
+	return &RegisterResponse{
+		SSHCert:       sshCert,
+		TLSCert:       tlsCert,
+		TLSCACerts:    [][]byte{s.hostCA.TLSCert},
+		SSHHostCAKeys: s.HostCAKeys(),
+		SSHUserCAKeys: s.UserCAKeys(),
+	}, nil
+}

@@ -1,0 +1,242 @@
+package auth
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/gravitational/trace"
+	"github.com/pquerna/otp"
+	"github.com/pquerna/otp/totp"
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/postern-dev/postern/lib/services"
+)
+
+// TOTPIssuer is the issuer name shown by authenticator apps.
+const TOTPIssuer = "Postern"
+
+// totpOpts: RFC 6238 defaults (30 s, 6 digits, SHA-1), which is what every
+// authenticator app implements, with one period of skew either way for
+// phones whose clocks drift.
+var totpOpts = totp.ValidateOpts{Period: 30, Skew: 1, Digits: otp.DigitsSix, Algorithm: otp.AlgorithmSHA1}
+
+// errInvalidCredentials is the one answer to every failed login: unknown
+// user, wrong password, missing or wrong OTP. A distinct answer for each
+// would tell a guesser which user names exist.
+func errInvalidCredentials() error { return trace.AccessDenied("invalid credentials") }
+
+// CreateUser adds a user with a bcrypt-hashed password. logins become the
+// user's logins trait; roles default to ["access"] and must exist. With
+// withOTP a TOTP secret is generated and its otpauth:// URL returned (show
+// it once: it is the only time the secret leaves the server).
+func (s *Server) CreateUser(ctx context.Context, name string, password []byte, logins []string, roles []string, withOTP bool) (totpURL string, err error) {
+	if err := services.CheckUserName(name); err != nil {
+		return "", trace.Wrap(err)
+	}
+	if len(password) == 0 {
+		return "", trace.BadParameter("missing password for user %q", name)
+	}
+	if len(roles) == 0 {
+		roles = []string{services.PresetAccessRole}
+	}
+	for _, r := range roles {
+		if _, err := s.store.GetRole(ctx, r); err != nil {
+			if trace.IsNotFound(err) {
+				return "", trace.NotFound("role %q does not exist", r)
+			}
+			return "", trace.Wrap(err)
+		}
+	}
+	for _, l := range logins {
+		if err := services.CheckLogin(l); err != nil {
+			return "", trace.Wrap(err)
+		}
+	}
+	hash, err := bcrypt.GenerateFromPassword(password, s.cfg.BcryptCost)
+	if errors.Is(err, bcrypt.ErrPasswordTooLong) {
+		return "", trace.BadParameter("password is too long: at most 72 bytes")
+	}
+	if err != nil {
+		return "", trace.Wrap(err)
+	}
+	user := services.User{
+		Name:         name,
+		PasswordHash: hash,
+		Roles:        slices.Clone(roles),
+		Created:      s.clock.Now().UTC(),
+	}
+	if len(logins) > 0 {
+		user.Traits = map[string][]string{services.TraitLogins: slices.Clone(logins)}
+	}
+	if withOTP {
+		key, err := totp.Generate(totp.GenerateOpts{Issuer: TOTPIssuer, AccountName: name + "@" + s.cfg.ClusterName})
+		if err != nil {
+			return "", trace.Wrap(err)
+		}
+		user.TOTPSecret = key.Secret()
+		totpURL = key.URL()
+	}
+	if err := s.store.CreateUser(ctx, user); err != nil {
+		if trace.IsAlreadyExists(err) {
+			return "", trace.AlreadyExists("user %q already exists", name)
+		}
+		return "", trace.Wrap(err)
+	}
+	s.log.WithFields(map[string]any{"user": name, "roles": roles, "otp": withOTP}).Info("Created user.")
+	return totpURL, nil
+}
+
+// DeleteUser removes a user. Certificates already issued stay valid until
+// they expire (max_session_ttl bounds that).
+func (s *Server) DeleteUser(ctx context.Context, name string) error {
+	if err := s.store.DeleteUser(ctx, name); err != nil {
+		if trace.IsNotFound(err) {
+			return trace.NotFound("user %q not found", name)
+		}
+		return trace.Wrap(err)
+	}
+	return nil
+}
+
+// ListUsers returns every user without secrets (password hash, TOTP secret).
+func (s *Server) ListUsers(ctx context.Context) ([]services.User, error) {
+	users, err := s.store.GetUsers(ctx)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	for i := range users {
+		users[i] = publicUser(users[i])
+	}
+	return users, nil
+}
+
+func publicUser(u services.User) services.User {
+	u.PasswordHash = nil
+	u.TOTPSecret = ""
+	return u
+}
+
+// AuthRequest is a login attempt.
+type AuthRequest struct {
+	User     string `json:"user"`
+	Password string `json:"password"`
+	// OTP is the one-time password; required when the user has a secret.
+	OTP string `json:"otp,omitempty"`
+	// RemoteAddr is the end user's address (host or host:port) for the
+	// per-address limit; the proxy passes its client's address.
+	RemoteAddr string `json:"remote_addr,omitempty"`
+}
+
+// AuthenticateUser checks a password (and OTP). Every failure is the same
+// AccessDenied("invalid credentials"); repeated failures for a user or from
+// an address are refused with LimitExceeded before any check runs.
+func (s *Server) AuthenticateUser(ctx context.Context, req AuthRequest) (*services.User, error) {
+	if err := s.limiter.check(req.User, req.RemoteAddr); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	user, err := s.checkCredentials(ctx, req)
+	if err != nil {
+		if trace.IsAccessDenied(err) {
+			s.limiter.failure(req.User, req.RemoteAddr)
+			s.log.WithFields(map[string]any{"user": req.User, "remote_addr": req.RemoteAddr}).Info("Failed login.")
+		}
+		return nil, trace.Wrap(err)
+	}
+	s.limiter.success(req.User)
+	return user, nil
+}
+
+func (s *Server) checkCredentials(ctx context.Context, req AuthRequest) (*services.User, error) {
+	var user *services.User
+	var err error
+	if services.CheckUserName(req.User) == nil {
+		user, err = s.store.GetUser(ctx, req.User)
+		if err != nil && !trace.IsNotFound(err) {
+			return nil, trace.Wrap(err)
+		}
+	}
+	hash := s.dummyHash
+	if user != nil {
+		hash = user.PasswordHash
+	}
+	// Always pay for one bcrypt comparison so response time does not tell
+	// whether the user exists.
+	pwErr := bcrypt.CompareHashAndPassword(hash, []byte(req.Password))
+	if user == nil || pwErr != nil {
+		return nil, errInvalidCredentials()
+	}
+	if user.TOTPSecret != "" {
+		if err := s.checkOTP(user, req.OTP); err != nil {
+			return nil, trace.Wrap(err)
+		}
+	}
+	out := publicUser(*user)
+	return &out, nil
+}
+
+// checkOTP validates a TOTP code at the server's clock and refuses a code
+// already used by this user (RFC 6238 section 5.2: a verifier must not
+// accept the second attempt of the same OTP).
+func (s *Server) checkOTP(user *services.User, code string) error {
+	if code == "" {
+		return errInvalidCredentials()
+	}
+	ok, err := totp.ValidateCustom(code, user.TOTPSecret, s.clock.Now(), totpOpts)
+	if err != nil || !ok {
+		return errInvalidCredentials()
+	}
+	s.otpMu.Lock()
+	defer s.otpMu.Unlock()
+	if last, seen := s.lastOTP[user.Name]; seen && subtle.ConstantTimeCompare([]byte(last), []byte(code)) == 1 {
+		return errInvalidCredentials()
+	}
+	s.lastOTP[user.Name] = code
+	return nil
+}
+
+// SSHLoginRequest is AuthRequest plus the key to certify.
+type SSHLoginRequest struct {
+	AuthRequest
+	// PublicKey is the user's key, authorized_keys format.
+	PublicKey []byte `json:"public_key"`
+	// TTL is the wanted certificate lifetime (capped by the roles).
+	TTL time.Duration `json:"ttl"`
+}
+
+// SSHLoginResponse is what psh receives: the certificate and the keys to
+// trust for hosts.
+type SSHLoginResponse struct {
+	Username    string       `json:"username"`
+	Cert        []byte       `json:"cert"`
+	HostSigners []HostSigner `json:"host_signers"`
+}
+
+// HostSigner lists one cluster's host CA keys (authorized_keys format).
+type HostSigner struct {
+	ClusterName  string   `json:"cluster_name"`
+	CheckingKeys []string `json:"checking_keys"`
+}
+
+// AuthenticateSSHUser logs a user in and certifies their key: what the
+// proxy's /webapi/ssh/certs does.
+func (s *Server) AuthenticateSSHUser(ctx context.Context, req SSHLoginRequest) (*SSHLoginResponse, error) {
+	if _, err := parseAuthorizedKey(req.PublicKey); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	user, err := s.AuthenticateUser(ctx, req.AuthRequest)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	cert, err := s.generateUserCert(ctx, user, UserCertRequest{User: user.Name, PublicKey: req.PublicKey, TTL: req.TTL})
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return &SSHLoginResponse{
+		Username:    user.Name,
+		Cert:        cert,
+		HostSigners: []HostSigner{{ClusterName: s.cfg.ClusterName, CheckingKeys: s.HostCAKeys()}},
+	}, nil
+}

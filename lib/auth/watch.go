@@ -1,0 +1,255 @@
+package auth
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gravitational/trace"
+	"github.com/sirupsen/logrus"
+
+	"github.com/postern-dev/postern/lib/backend"
+	"github.com/postern-dev/postern/lib/services"
+)
+
+// The node watch streams backend events as JSON lines over one long HTTP
+// response, so a proxy on another machine runs the very same NodeWatcher
+// it would run on a local backend: the client's NewWatcher returns a
+// backend.Watcher. Only keys under the nodes prefix are ever streamed.
+
+// wireEvent is one line of the watch stream.
+type wireEvent struct {
+	// Type is "init", "put", "delete", or "error" (the server's watcher
+	// broke; Error says why, and the stream ends).
+	Type     string    `json:"type"`
+	Key      string    `json:"key,omitempty"`
+	Value    []byte    `json:"value,omitempty"`
+	Expires  time.Time `json:"expires,omitzero"`
+	Revision int64     `json:"revision,omitempty"`
+	Error    string    `json:"error,omitempty"`
+}
+
+// streamHandler serves a long-lived response for an authorized peer.
+type streamHandler func(w http.ResponseWriter, r *http.Request, p *peer)
+
+func (a *APIServer) handleStream(pattern string, roles []string, h streamHandler) {
+	a.handle(pattern, roles, func(_ context.Context, p *peer, r *http.Request) (any, error) {
+		// handle has authorized the peer; the stream writes its own response.
+		return streamMarker{h: h, p: p}, nil
+	})
+}
+
+// streamMarker tells respond to hand the ResponseWriter to a stream
+// handler instead of writing JSON.
+type streamMarker struct {
+	h streamHandler
+	p *peer
+}
+
+// watchNodes streams node events. Query: prefix (repeatable; each must be
+// under the nodes prefix; default the whole prefix) and queue_size.
+func (a *APIServer) watchNodes(w http.ResponseWriter, r *http.Request, p *peer) {
+	nodes := services.NodesPrefix()
+	q := r.URL.Query()
+	prefixes := q["prefix"]
+	for _, pr := range prefixes {
+		if !strings.HasPrefix(pr, nodes) {
+			writeError(w, trace.AccessDenied("watch prefix %q is outside %q", pr, nodes))
+			return
+		}
+	}
+	if len(prefixes) == 0 {
+		prefixes = []string{nodes}
+	}
+	queue, _ := strconv.Atoi(q.Get("queue_size"))
+	if queue < 0 || queue > 1<<16 {
+		queue = 0
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	watcher, err := a.auth.store.Backend().NewWatcher(ctx, backend.Watch{
+		Name:      "api:" + p.Role + ":" + p.ID,
+		Prefixes:  prefixes,
+		QueueSize: queue,
+	})
+	if err != nil {
+		writeError(w, trace.Wrap(err))
+		return
+	}
+	defer watcher.Close()
+	flusher, _ := w.(http.Flusher)
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	enc := json.NewEncoder(w)
+	send := func(ev wireEvent) bool {
+		if err := enc.Encode(ev); err != nil {
+			return false
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+		return true
+	}
+	log := a.log.WithFields(logrus.Fields{"peer": p.ID, "role": p.Role})
+	log.Debug("Node watch started.")
+	defer log.Debug("Node watch ended.")
+	for {
+		select {
+		case ev := <-watcher.Events():
+			if !send(wireEvent{
+				Type:     ev.Type.String(),
+				Key:      ev.Item.Key,
+				Value:    ev.Item.Value,
+				Expires:  ev.Item.Expires,
+				Revision: ev.Item.Revision,
+			}) {
+				return
+			}
+		case <-watcher.Done():
+			msg := "watcher closed"
+			if err := watcher.Error(); err != nil {
+				msg = err.Error()
+			}
+			send(wireEvent{Type: "error", Error: msg})
+			return
+		case <-ctx.Done():
+			return
+		case <-a.closing:
+			return
+		}
+	}
+}
+
+// NewWatcher starts a node watch on the auth server. Only prefixes under
+// services.NodesPrefix() are allowed. The returned watcher delivers OpInit
+// first, like a local backend's; it stops (Done, Error) when the stream
+// breaks, and the caller re-syncs as it would after a local watcher broke.
+func (c *Client) NewWatcher(ctx context.Context, watch backend.Watch) (backend.Watcher, error) {
+	q := url.Values{}
+	for _, p := range watch.Prefixes {
+		q.Add("prefix", p)
+	}
+	if watch.QueueSize > 0 {
+		q.Set("queue_size", strconv.Itoa(watch.QueueSize))
+	}
+	size := watch.QueueSize
+	if size <= 0 {
+		size = backend.DefaultWatchQueueSize
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	req, err := http.NewRequestWithContext(wctx, http.MethodGet, c.base+"/v1/watch/nodes?"+q.Encode(), nil)
+	if err != nil {
+		cancel()
+		return nil, trace.Wrap(err)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		cancel()
+		return nil, trace.ConnectionProblem(err, "auth server at %s: %v", c.cfg.Addr, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		cancel()
+		return nil, readErrorResponse(resp)
+	}
+	w := &remoteWatcher{
+		events: make(chan backend.Event, size),
+		done:   make(chan struct{}),
+		cancel: cancel,
+	}
+	w.wg.Add(1)
+	go w.run(wctx, resp)
+	return w, nil
+}
+
+// remoteWatcher is a backend.Watcher fed by the watch stream. It owns one
+// goroutine (run), which Close stops by cancelling the request and waits for.
+type remoteWatcher struct {
+	events chan backend.Event
+	done   chan struct{}
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	// mu guards err.
+	mu  sync.Mutex
+	err error
+}
+
+var _ backend.Watcher = (*remoteWatcher)(nil)
+
+func (w *remoteWatcher) run(ctx context.Context, resp *http.Response) {
+	defer w.wg.Done()
+	defer close(w.done)
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	// A node record is small, but leave room for labels.
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		var we wireEvent
+		if err := json.Unmarshal(sc.Bytes(), &we); err != nil {
+			w.setErr(trace.BadParameter("corrupt watch event: %v", err))
+			return
+		}
+		var ev backend.Event
+		switch we.Type {
+		case "init":
+			ev.Type = backend.OpInit
+		case "put":
+			ev.Type = backend.OpPut
+		case "delete":
+			ev.Type = backend.OpDelete
+		case "error":
+			w.setErr(trace.ConnectionProblem(nil, "auth server ended the watch: %s", we.Error))
+			return
+		default:
+			w.setErr(trace.BadParameter("unknown watch event type %q", we.Type))
+			return
+		}
+		ev.Item = backend.Item{Key: we.Key, Value: we.Value, Expires: we.Expires, Revision: we.Revision}
+		select {
+		case w.events <- ev:
+		case <-ctx.Done():
+			return
+		}
+	}
+	if ctx.Err() != nil {
+		return // closed by its owner: no error
+	}
+	err := sc.Err()
+	if err == nil {
+		err = trace.ConnectionProblem(nil, "auth server closed the watch stream")
+	}
+	w.setErr(trace.ConnectionProblem(err, "node watch broke: %v", err))
+}
+
+func (w *remoteWatcher) setErr(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.err = err
+}
+
+// Events delivers OpInit first, then puts and deletes.
+func (w *remoteWatcher) Events() <-chan backend.Event { return w.events }
+
+// Done is closed when the watcher stops.
+func (w *remoteWatcher) Done() <-chan struct{} { return w.done }
+
+// Error says why a watcher not closed by its owner stopped.
+func (w *remoteWatcher) Error() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+// Close stops the watcher and waits for its goroutine; safe to repeat.
+func (w *remoteWatcher) Close() error {
+	w.cancel()
+	w.wg.Wait()
+	return nil
+}

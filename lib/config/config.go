@@ -1,0 +1,299 @@
+// Package config turns postern.yaml and the command-line flags of
+// `postern start` into one validated Config.
+//
+// Precedence is flags over the YAML file over defaults, as operators expect
+// from every daemon they run: the file describes the machine, a flag is a
+// one-off override. A file with an unknown key is an error naming the file
+// and the line, never silently ignored: a typo in a security setting must not
+// quietly fall back to a default.
+package config
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gravitational/trace"
+	"gopkg.in/yaml.v3"
+)
+
+// Roles a process can run, in any combination.
+const (
+	RoleAuth  = "auth"
+	RoleProxy = "proxy"
+	RoleNode  = "node"
+)
+
+// Backend types.
+const (
+	BackendSQLite = "sqlite"
+	BackendEtcd   = "etcd"
+)
+
+// Defaults, as SPEC.md fixes them.
+const (
+	DefaultDataDir  = "/var/lib/postern"
+	DefaultNodeAddr = "0.0.0.0:3022"
+	DefaultSSHAddr  = "0.0.0.0:3023"
+	DefaultAuthAddr = "0.0.0.0:3025"
+	DefaultWebAddr  = "0.0.0.0:3080"
+	// DefaultDiagAddr is loopback only: metrics and health describe the
+	// estate and are nobody else's business unless the operator says so.
+	DefaultDiagAddr = "127.0.0.1:3000"
+	// DefaultShutdownGrace is how long sessions may drain on SIGTERM before
+	// they are cut: long enough for a command to finish, short enough for a
+	// service manager's own stop timeout (systemd's default is 90s).
+	DefaultShutdownGrace = 30 * time.Second
+	// DefaultClusterName is used when none is configured.
+	DefaultClusterName = "postern"
+)
+
+// Limits are the connection caps (the hardening issue fills them in).
+type Limits struct {
+	// MaxConnectionsPerIP caps concurrent connections from one source
+	// address on each listener; zero means the default.
+	MaxConnectionsPerIP int `yaml:"max_connections_per_ip,omitempty"`
+	// MaxConnectionsPerUser caps concurrent authenticated connections of one
+	// user; zero means the default.
+	MaxConnectionsPerUser int `yaml:"max_connections_per_user,omitempty"`
+	// IdleTimeout closes SSH connections without traffic; zero means never.
+	IdleTimeout time.Duration `yaml:"idle_timeout,omitempty"`
+}
+
+// FileConfig is the YAML file, field for field. Empty values mean "not set
+// here": defaults apply unless a flag sets them.
+type FileConfig struct {
+	DataDir       string            `yaml:"data_dir,omitempty"`
+	Roles         []string          `yaml:"roles,omitempty"`
+	ClusterName   string            `yaml:"cluster_name,omitempty"`
+	NodeName      string            `yaml:"nodename,omitempty"`
+	Labels        map[string]string `yaml:"labels,omitempty"`
+	AuthServer    string            `yaml:"auth_server,omitempty"`
+	Token         string            `yaml:"token,omitempty"`
+	CAPin         string            `yaml:"ca_pin,omitempty"`
+	NodeAddr      string            `yaml:"node_addr,omitempty"`
+	SSHAddr       string            `yaml:"ssh_addr,omitempty"`
+	WebAddr       string            `yaml:"web_addr,omitempty"`
+	AuthAddr      string            `yaml:"auth_addr,omitempty"`
+	DiagAddr      string            `yaml:"diag_addr,omitempty"`
+	PublicAddrs   []string          `yaml:"public_addrs,omitempty"`
+	WebCert       string            `yaml:"web_cert,omitempty"`
+	WebKey        string            `yaml:"web_key,omitempty"`
+	Backend       BackendConfig     `yaml:"backend,omitempty"`
+	Debug         bool              `yaml:"debug,omitempty"`
+	LogFormat     string            `yaml:"log_format,omitempty"`
+	ShutdownGrace time.Duration     `yaml:"shutdown_grace,omitempty"`
+	Limits        Limits            `yaml:"limits,omitempty"`
+}
+
+// BackendConfig selects the storage of an auth server.
+type BackendConfig struct {
+	// Type is sqlite (default) or etcd.
+	Type string `yaml:"type,omitempty"`
+	// EtcdEndpoints are the etcd client URLs when Type is etcd.
+	EtcdEndpoints []string `yaml:"etcd_endpoints,omitempty"`
+	// EtcdPrefix namespaces Postern's keys in a shared etcd.
+	EtcdPrefix string `yaml:"etcd_prefix,omitempty"`
+}
+
+// Config is the validated configuration of one postern process.
+type Config struct {
+	FileConfig
+	// ConfigFile is where FileConfig came from, for messages; empty when
+	// no file was read.
+	ConfigFile string
+}
+
+// ReadFile parses a YAML config file. Unknown keys and type errors name the
+// file and the line.
+func ReadFile(path string) (*FileConfig, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, trace.ConvertSystemError(err)
+	}
+	fc, err := Parse(data)
+	if err != nil {
+		return nil, trace.BadParameter("%s: %v", path, err)
+	}
+	return fc, nil
+}
+
+// Parse decodes YAML config bytes strictly.
+func Parse(data []byte) (*FileConfig, error) {
+	var fc FileConfig
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&fc); err != nil {
+		if err.Error() == "EOF" {
+			return &fc, nil // an empty file is a valid, empty config
+		}
+		return nil, trace.BadParameter("%s", cleanYAMLError(err))
+	}
+	return &fc, nil
+}
+
+// cleanYAMLError turns yaml.v3's "yaml: unmarshal errors:\n  line 3: ..."
+// into one line.
+func cleanYAMLError(err error) string {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	msg = strings.TrimPrefix(msg, "unmarshal errors:\n")
+	lines := strings.Split(msg, "\n")
+	for i := range lines {
+		lines[i] = strings.TrimSpace(lines[i])
+	}
+	return strings.Join(lines, "; ")
+}
+
+// CheckAndSetDefaults fills defaults and validates everything a process
+// needs before it touches the disk or the network.
+func (c *Config) CheckAndSetDefaults() error {
+	if c.DataDir == "" {
+		c.DataDir = DefaultDataDir
+	}
+	abs, err := filepath.Abs(c.DataDir)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	c.DataDir = abs
+	if len(c.Roles) == 0 {
+		c.Roles = []string{RoleAuth, RoleProxy, RoleNode}
+	}
+	for _, r := range c.Roles {
+		switch r {
+		case RoleAuth, RoleProxy, RoleNode:
+		default:
+			return trace.BadParameter("unknown role %q: want a combination of auth, proxy and node", r)
+		}
+	}
+	if c.ClusterName == "" {
+		c.ClusterName = DefaultClusterName
+	}
+	if c.NodeName == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			return trace.Wrap(err, "reading the OS hostname (set --nodename)")
+		}
+		c.NodeName = host
+	}
+	for k := range c.Labels {
+		if k == "" {
+			return trace.BadParameter("labels: empty label key")
+		}
+	}
+	defaults := []struct {
+		name string
+		v    *string
+		def  string
+	}{
+		{"node_addr", &c.NodeAddr, DefaultNodeAddr},
+		{"ssh_addr", &c.SSHAddr, DefaultSSHAddr},
+		{"web_addr", &c.WebAddr, DefaultWebAddr},
+		{"auth_addr", &c.AuthAddr, DefaultAuthAddr},
+		{"diag_addr", &c.DiagAddr, DefaultDiagAddr},
+	}
+	for _, d := range defaults {
+		if *d.v == "" {
+			*d.v = d.def
+		}
+		if _, _, err := net.SplitHostPort(*d.v); err != nil {
+			return trace.BadParameter("%s: invalid address %q: want HOST:PORT", d.name, *d.v)
+		}
+	}
+	if !c.HasRole(RoleAuth) {
+		if c.AuthServer == "" {
+			return trace.BadParameter("roles %v need --auth-server (no local auth role)", c.Roles)
+		}
+		if _, _, err := net.SplitHostPort(c.AuthServer); err != nil {
+			return trace.BadParameter("auth_server: invalid address %q: want HOST:PORT", c.AuthServer)
+		}
+	}
+	if c.CAPin != "" && !strings.HasPrefix(c.CAPin, "sha256:") {
+		return trace.BadParameter("ca_pin %q: want sha256:HEX", c.CAPin)
+	}
+	if (c.WebCert == "") != (c.WebKey == "") {
+		return trace.BadParameter("web_cert and web_key go together: set both or neither")
+	}
+	switch c.Backend.Type {
+	case "":
+		c.Backend.Type = BackendSQLite
+	case BackendSQLite:
+	case BackendEtcd:
+		if len(c.Backend.EtcdEndpoints) == 0 {
+			return trace.BadParameter("backend etcd needs etcd_endpoints (--etcd-endpoints)")
+		}
+	default:
+		return trace.BadParameter("unknown backend %q: want sqlite or etcd", c.Backend.Type)
+	}
+	switch c.LogFormat {
+	case "":
+		c.LogFormat = "text"
+	case "text", "json":
+	default:
+		return trace.BadParameter("unknown log format %q: want text or json", c.LogFormat)
+	}
+	if c.ShutdownGrace <= 0 {
+		c.ShutdownGrace = DefaultShutdownGrace
+	}
+	return nil
+}
+
+// HasRole reports whether the process runs role.
+func (c *Config) HasRole(role string) bool { return slices.Contains(c.Roles, role) }
+
+// ParseLabels parses "k=v,k2=v2".
+func ParseLabels(s string) (map[string]string, error) {
+	out := map[string]string{}
+	if strings.TrimSpace(s) == "" {
+		return out, nil
+	}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		k = strings.TrimSpace(k)
+		if !ok || k == "" {
+			return nil, trace.BadParameter("invalid label %q: want key=value", kv)
+		}
+		out[k] = strings.TrimSpace(v)
+	}
+	return out, nil
+}
+
+// ParseRoles parses "auth,proxy,node".
+func ParseRoles(s string) []string {
+	var out []string
+	for _, r := range strings.Split(s, ",") {
+		if r = strings.TrimSpace(r); r != "" {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Paths inside the data dir. Kept in one place so that the daemon, pctl and
+// tests agree on the layout.
+func (c *Config) BackendPath() string  { return filepath.Join(c.DataDir, "backend", "postern.db") }
+func (c *Config) HostUUIDPath() string { return filepath.Join(c.DataDir, "host_uuid") }
+func (c *Config) IdentityDir(role string) string {
+	return filepath.Join(c.DataDir, "identity", role)
+}
+func (c *Config) AdminIdentityDir() string { return AdminIdentityDir(c.DataDir) }
+func (c *Config) WebTLSDir() string        { return filepath.Join(c.DataDir, "web") }
+func (c *Config) LogDir() string           { return filepath.Join(c.DataDir, "log") }
+
+// AuthAddrFile is written next to the admin identity once the auth API
+// listens: the address pctl on the same machine dials, so that an operator
+// never has to repeat --auth-addr.
+const AuthAddrFile = "auth_addr"
+
+// AdminIdentityDir is where the auth server leaves the admin identity that
+// pctl on the same machine uses.
+func AdminIdentityDir(dataDir string) string { return filepath.Join(dataDir, "identity", "admin") }
+
+// String is for debug logs.
+func (c *Config) String() string {
+	return fmt.Sprintf("roles=%v cluster=%s data_dir=%s", c.Roles, c.ClusterName, c.DataDir)
+}

@@ -1,0 +1,100 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/gravitational/trace"
+	"github.com/stretchr/testify/require"
+)
+
+func TestSampleConfigParses(t *testing.T) {
+	fc, err := ReadFile(filepath.Join("..", "..", "fixtures", "postern.yaml"))
+	require.NoError(t, err)
+	require.Equal(t, "example", fc.ClusterName)
+	require.Equal(t, map[string]string{"env": "staging", "team": "infra"}, fc.Labels)
+	cfg := Config{FileConfig: *fc}
+	require.NoError(t, cfg.CheckAndSetDefaults())
+	require.Equal(t, BackendSQLite, cfg.Backend.Type)
+	require.True(t, cfg.HasRole(RoleNode))
+}
+
+func TestBrokenFilesNameFileAndLine(t *testing.T) {
+	cases := []struct {
+		name, yaml, want string
+	}{
+		{"unknown key", "cluster_name: a\nnot_a_key: 1\n", "line 2: field not_a_key not found"},
+		{"wrong type", "labels: [a, b]\n", "line 1:"},
+		{"broken syntax", "roles: [auth\n", "line"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "postern.yaml")
+			require.NoError(t, os.WriteFile(path, []byte(tc.yaml), 0o600))
+			_, err := ReadFile(path)
+			require.Error(t, err)
+			require.True(t, trace.IsBadParameter(err), "%v", err)
+			require.Contains(t, err.Error(), path)
+			require.Contains(t, err.Error(), tc.want)
+			require.NotContains(t, err.Error(), "\n")
+		})
+	}
+}
+
+func TestEmptyFileIsValid(t *testing.T) {
+	fc, err := Parse(nil)
+	require.NoError(t, err)
+	require.Empty(t, fc.ClusterName)
+}
+
+func TestCheckAndSetDefaults(t *testing.T) {
+	cfg := Config{}
+	require.NoError(t, cfg.CheckAndSetDefaults())
+	require.Equal(t, DefaultDataDir, cfg.DataDir)
+	require.Equal(t, []string{RoleAuth, RoleProxy, RoleNode}, cfg.Roles)
+	require.Equal(t, DefaultDiagAddr, cfg.DiagAddr)
+
+	bad := []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"unknown role", Config{FileConfig: FileConfig{Roles: []string{"db"}}}, `unknown role "db"`},
+		{"node without auth", Config{FileConfig: FileConfig{Roles: []string{RoleNode}}}, "--auth-server"},
+		{"bad addr", Config{FileConfig: FileConfig{SSHAddr: "nope"}}, "ssh_addr"},
+		{"bad pin", Config{FileConfig: FileConfig{CAPin: "md5:x"}}, "ca_pin"},
+		{"half web tls", Config{FileConfig: FileConfig{WebCert: "a"}}, "web_cert"},
+		{"etcd without endpoints", Config{FileConfig: FileConfig{Backend: BackendConfig{Type: BackendEtcd}}}, "etcd_endpoints"},
+		{"unknown backend", Config{FileConfig: FileConfig{Backend: BackendConfig{Type: "mysql"}}}, `unknown backend "mysql"`},
+		{"log format", Config{FileConfig: FileConfig{LogFormat: "xml"}}, "log format"},
+	}
+	for _, tc := range bad {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cfg.CheckAndSetDefaults()
+			require.Error(t, err)
+			require.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+func TestParseLabels(t *testing.T) {
+	l, err := ParseLabels("env=prod, team=db")
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"env": "prod", "team": "db"}, l)
+	_, err = ParseLabels("env")
+	require.Error(t, err)
+	_, err = ParseLabels("=x")
+	require.Error(t, err)
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte("cluster_name: a\nroles: [auth]\n"))
+	f.Add([]byte("labels: {a: b}\nlimits: {idle_timeout: 5m}\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fc, err := Parse(data)
+		if err == nil && fc == nil {
+			t.Fatal("nil config without error")
+		}
+	})
+}

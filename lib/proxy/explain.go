@@ -1,0 +1,112 @@
+package proxy
+
+import (
+	"context"
+	"strings"
+
+	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/services"
+)
+
+// Explanation is a routing decision in a form `pctl route` prints (String)
+// or emits as JSON: the candidates, the choice and why, or why none.
+type Explanation struct {
+	// Target is the target as requested, HOST[:PORT][@CLUSTER].
+	Target string `json:"target"`
+	// Resolved is the target after NAME.CLUSTER resolution.
+	Resolved string `json:"resolved"`
+	// Cluster is the cluster the target was looked up in.
+	Cluster string `json:"cluster"`
+	// Strategy is the routing strategy in force.
+	Strategy string `json:"routing_strategy"`
+	// Candidates are the nodes that matched host and port.
+	Candidates []services.Node `json:"candidates"`
+	// Chosen is the node a connection would go to; nil when none.
+	Chosen *services.Node `json:"chosen,omitempty"`
+	// Reason says why Chosen was chosen.
+	Reason string `json:"reason,omitempty"`
+	// Error is what a connection would fail with.
+	Error string `json:"error,omitempty"`
+}
+
+// NewExplanation describes a successful Route.
+func NewExplanation(route Route) Explanation {
+	e := Explanation{
+		Resolved:   route.Target.String(),
+		Cluster:    route.Cluster,
+		Strategy:   route.Strategy,
+		Candidates: route.Candidates,
+		Reason:     route.Reason,
+	}
+	e.Target = e.Resolved
+	if route.Node.UUID != "" {
+		n := route.Node
+		e.Chosen = &n
+	}
+	if e.Candidates == nil {
+		e.Candidates = []services.Node{}
+	}
+	return e
+}
+
+// Explain renders a successful Route for humans.
+func Explain(route Route) string {
+	return NewExplanation(route).String()
+}
+
+// ExplainTarget routes t without dialing and explains the outcome, failed
+// or not: the body of `pctl route`.
+func (r *Router) ExplainTarget(ctx context.Context, t Target) Explanation {
+	route, err := r.Route(ctx, t)
+	e := NewExplanation(route)
+	e.Target = t.String()
+	if e.Cluster == "" {
+		e.Cluster = t.Cluster
+		if e.Cluster == "" {
+			e.Cluster = r.cfg.ClusterName
+		}
+	}
+	if e.Resolved == "" {
+		e.Resolved = e.Target
+	}
+	if err != nil {
+		e.Error = trace.UserMessage(err)
+		e.Chosen = nil
+		e.Reason = ""
+	}
+	return e
+}
+
+// String renders the explanation as a few aligned lines.
+func (e Explanation) String() string {
+	var b strings.Builder
+	b.WriteString("target:     " + e.Target)
+	if r := strings.TrimSuffix(e.Resolved, "@"+e.Cluster); r != "" && r != e.Target && e.Resolved != e.Target {
+		b.WriteString(" (resolved to " + e.Resolved + ")")
+	}
+	b.WriteString("\ncluster:    " + e.Cluster)
+	if e.Strategy != "" {
+		b.WriteString("\nstrategy:   " + e.Strategy)
+	}
+	b.WriteString("\ncandidates: ")
+	if len(e.Candidates) == 0 {
+		b.WriteString("none")
+	}
+	for _, n := range e.Candidates {
+		mark := "  "
+		if e.Chosen != nil && e.Chosen.UUID == n.UUID {
+			mark = "* "
+		}
+		b.WriteString("\n  " + mark + n.Hostname + " " + CandidateLine(n))
+	}
+	if e.Chosen != nil {
+		b.WriteString("\nchosen:     " + e.Chosen.UUID + " (" + e.Chosen.Hostname + ", " + e.Chosen.Addr + ")")
+		b.WriteString("\nreason:     " + e.Reason)
+	}
+	if e.Error != "" {
+		b.WriteString("\nerror:      " + strings.ReplaceAll(e.Error, "\n", "\n            "))
+	}
+	b.WriteString("\n")
+	return b.String()
+}

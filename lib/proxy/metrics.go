@@ -1,0 +1,67 @@
+package proxy
+
+import (
+	"errors"
+
+	"github.com/gravitational/trace"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type routerMetrics struct {
+	routeDuration prometheus.Histogram
+	notFound      prometheus.Counter
+	ambiguous     prometheus.Counter
+	dialFailures  prometheus.Counter
+}
+
+func newRouterMetrics(reg prometheus.Registerer) (*routerMetrics, error) {
+	m := &routerMetrics{
+		routeDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "postern", Subsystem: "proxy", Name: "route_duration_seconds",
+			Help: "Time to decide where a target routes (no dialing).",
+			// A decision is a few map lookups: microseconds. The
+			// buckets reach 16ms to catch a slow networking-config read.
+			Buckets: prometheus.ExponentialBuckets(1e-6, 4, 8),
+		}),
+		notFound: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "postern", Subsystem: "proxy", Name: "route_not_found_total",
+			Help: "Targets that matched no node (or an unknown cluster).",
+		}),
+		ambiguous: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "postern", Subsystem: "proxy", Name: "route_ambiguous_total",
+			Help: "Targets refused because they matched several nodes under unambiguous_match.",
+		}),
+		dialFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "postern", Subsystem: "proxy", Name: "dial_failures_total",
+			Help: "Dials to a routed node that failed or timed out.",
+		}),
+	}
+	var err error
+	m.routeDuration, err = register(reg, m.routeDuration)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range []*prometheus.Counter{&m.notFound, &m.ambiguous, &m.dialFailures} {
+		if *c, err = register(reg, *c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// register registers c, or returns the collector already registered under
+// the same name: two Routers in one process (tests, or a restart of the
+// proxy role) share the series instead of failing.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing, nil
+			}
+		}
+		var zero C
+		return zero, trace.Wrap(err)
+	}
+	return c, nil
+}

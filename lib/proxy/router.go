@@ -1,0 +1,391 @@
+// Package proxy decides where a connection goes and opens it: the Router is
+// shared by the SSH proxy (subsystem and direct-tcpip), the web terminal and
+// `pctl route`, so the same target gets the same answer on every path.
+//
+// Routing is split in two. Route is a pure decision over the NodeWatcher's
+// in-memory inventory and the live networking config: no network, so it is
+// table-tested and explainable. DialHost runs Route and then dials exactly
+// the chosen node's registered address, bounded by ssh_dial_timeout.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sirupsen/logrus"
+
+	"github.com/postern-dev/postern/lib/services"
+)
+
+// NodeFinder answers which nodes a host may mean; *services.NodeWatcher is
+// the production one.
+type NodeFinder interface {
+	Find(ctx context.Context, q services.NodeQuery) ([]services.Node, error)
+}
+
+// NetworkingGetter reads the cluster networking config. It is called on
+// every Route, so a change (say to most_recent) applies to the next
+// connection without a restart.
+type NetworkingGetter interface {
+	GetClusterNetworkingConfig(ctx context.Context) (*services.ClusterNetworkingConfig, error)
+}
+
+// Dialer opens the TCP connection to a node; *net.Dialer is one.
+type Dialer interface {
+	DialContext(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+var (
+	_ NodeFinder       = (*services.NodeWatcher)(nil)
+	_ NetworkingGetter = (*services.Store)(nil)
+	_ Dialer           = (*net.Dialer)(nil)
+)
+
+// RouterConfig configures a Router.
+type RouterConfig struct {
+	// ClusterName is the local cluster: targets without a cluster route
+	// here. Required.
+	ClusterName string
+	// NodeWatcher finds nodes. Required.
+	NodeWatcher NodeFinder
+	// Networking supplies the routing strategy, case sensitivity and dial
+	// timeout. Required.
+	Networking NetworkingGetter
+	// Dialer dials nodes; nil means a net.Dialer with TCP keep-alives.
+	Dialer Dialer
+	// Clock times routing decisions and stamps Sites. Nil means the real
+	// clock.
+	Clock clockwork.Clock
+	// Logger; nil means logrus with component "proxy:router".
+	Logger logrus.FieldLogger
+	// Metrics is where the router's metrics are registered; nil means a
+	// private registry (metrics collected but not exported). Tests must
+	// never pass prometheus.DefaultRegisterer.
+	Metrics prometheus.Registerer
+}
+
+// CheckAndSetDefaults validates the config and fills in defaults.
+func (c *RouterConfig) CheckAndSetDefaults() error {
+	if c.ClusterName == "" {
+		return trace.BadParameter("router: missing ClusterName")
+	}
+	if err := services.CheckClusterName(c.ClusterName); err != nil {
+		return trace.Wrap(err)
+	}
+	if c.NodeWatcher == nil {
+		return trace.BadParameter("router: missing NodeWatcher")
+	}
+	if c.Networking == nil {
+		return trace.BadParameter("router: missing Networking")
+	}
+	if c.Dialer == nil {
+		c.Dialer = &net.Dialer{KeepAlive: 30 * time.Second}
+	}
+	if c.Clock == nil {
+		c.Clock = clockwork.NewRealClock()
+	}
+	if c.Logger == nil {
+		c.Logger = logrus.WithField("component", "proxy:router")
+	}
+	if c.Metrics == nil {
+		c.Metrics = prometheus.NewRegistry()
+	}
+	return nil
+}
+
+// Router routes targets to nodes. It is safe for concurrent use and meant
+// to be constructed once per process.
+type Router struct {
+	cfg     RouterConfig
+	metrics *routerMetrics
+}
+
+// NewRouter returns a Router.
+func NewRouter(cfg RouterConfig) (*Router, error) {
+	if err := cfg.CheckAndSetDefaults(); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	m, err := newRouterMetrics(cfg.Metrics)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return &Router{cfg: cfg, metrics: m}, nil
+}
+
+// Route is a routing decision: plain data, to be logged, explained and
+// tested without a network.
+type Route struct {
+	// Node is the chosen node (zero when routing failed).
+	Node services.Node
+	// Reason says in words why Node was chosen.
+	Reason string
+	// Candidates are every node that matched host and port, sorted by
+	// UUID; on an ambiguous error they are the nodes listed in it.
+	Candidates []services.Node
+	// Cluster is the cluster the target resolved to.
+	Cluster string
+	// Target is the target after NAME.CLUSTER resolution (rule 0).
+	Target Target
+	// Strategy is the routing strategy the decision was made under.
+	Strategy string
+}
+
+// Route decides which node t means, following SPEC.md "Routing" rules 0-5.
+// Errors: NotFound `node "HOST" not found in cluster "C"` and
+// `cluster "C" not found`; *AmbiguousHostError (also a BadParameter) for
+// several matches under unambiguous_match. On an ambiguous error the
+// returned Route carries the candidates.
+func (r *Router) Route(ctx context.Context, t Target) (Route, error) {
+	route, _, err := r.route(ctx, t)
+	return route, err
+}
+
+func (r *Router) route(ctx context.Context, t Target) (Route, *services.ClusterNetworkingConfig, error) {
+	start := r.cfg.Clock.Now()
+	defer func() { r.metrics.routeDuration.Observe(r.cfg.Clock.Since(start).Seconds()) }()
+
+	netCfg, err := r.cfg.Networking.GetClusterNetworkingConfig(ctx)
+	if err != nil {
+		return Route{}, nil, trace.Wrap(err, "reading cluster networking config")
+	}
+	ci := netCfg.Spec.CaseInsensitiveRouting
+	route := Route{Cluster: t.Cluster, Target: t, Strategy: netCfg.Spec.RoutingStrategy}
+	if route.Cluster == "" {
+		route.Cluster = r.cfg.ClusterName
+		route.Target.Cluster = r.cfg.ClusterName
+	}
+	if !r.knowsCluster(route.Cluster) {
+		r.metrics.notFound.Inc()
+		return Route{}, netCfg, trace.NotFound("cluster %q not found", route.Cluster)
+	}
+	if t.Host == "" {
+		return Route{}, netCfg, trace.BadParameter("missing host in target %q", t.String())
+	}
+
+	matches, err := r.cfg.NodeWatcher.Find(ctx, services.NodeQuery{Cluster: route.Cluster, Host: t.Host, CaseInsensitive: ci})
+	if err != nil {
+		return Route{}, netCfg, trace.Wrap(err)
+	}
+	var prefix string
+	// Rule 0: NAME.CLUSTER means NAME in CLUSTER, unless a node in the
+	// requested cluster is literally called NAME.CLUSTER.
+	if name, cluster, ok := r.splitClusterSuffix(t.Host); ok && !slices.ContainsFunc(matches, func(n services.Node) bool {
+		return hostnameEqual(n.Hostname, t.Host, ci)
+	}) {
+		prefix = t.Host + " resolved to " + name + " in cluster " + cluster + "; "
+		route.Cluster = cluster
+		route.Target.Host, route.Target.Cluster = name, cluster
+		matches, err = r.cfg.NodeWatcher.Find(ctx, services.NodeQuery{Cluster: cluster, Host: name, CaseInsensitive: ci})
+		if err != nil {
+			return Route{}, netCfg, trace.Wrap(err)
+		}
+	}
+	host := route.Target.Host
+
+	// Rule 1: a UUID match wins alone. Rule 2: otherwise hostname or
+	// address host. The finder's answer is re-checked here: rule 6 says
+	// only what matches is ever dialed, whatever a finder returns.
+	how := "uuid"
+	if i := slices.IndexFunc(matches, func(n services.Node) bool { return n.UUID == host }); i >= 0 {
+		matches = matches[i : i+1]
+	} else {
+		how = ""
+		canon := services.CanonicalAddrHost(host)
+		matches = slices.DeleteFunc(matches, func(n services.Node) bool {
+			return !hostnameEqual(n.Hostname, host, ci) && addrHostOf(n.Addr) != canon
+		})
+	}
+	// Rule 3: ports.
+	if !anyPort(t.Port) {
+		matches = slices.DeleteFunc(matches, func(n services.Node) bool { return addrPortOf(n.Addr) != t.Port })
+	}
+	slices.SortFunc(matches, func(a, b services.Node) int { return strings.Compare(a.UUID, b.UUID) })
+	route.Candidates = matches
+
+	switch {
+	case len(matches) == 0:
+		// Rule 4.
+		r.metrics.notFound.Inc()
+		// A plain *trace.NotFoundError, without trace.NotFound's stack
+		// capture: misses (typos, scanners) are common and must stay as
+		// cheap as hits. trace.IsNotFound recognises it all the same.
+		return route, netCfg, &trace.NotFoundError{Message: fmt.Sprintf("node %q not found in cluster %q", t.Host, route.Cluster)}
+	case len(matches) == 1:
+		route.Node = matches[0]
+		route.Reason = prefix + "matched " + matchedBy(route.Node, host, how, ci) + portNote(t.Port)
+		return route, netCfg, nil
+	case netCfg.Spec.RoutingStrategy == services.RoutingMostRecent:
+		// Rule 5, most_recent: the latest heartbeat wins; ties go to the
+		// smallest UUID so the choice is stable.
+		best := matches[0]
+		for _, n := range matches[1:] {
+			if n.LastHeartbeat.After(best.LastHeartbeat) {
+				best = n
+			}
+		}
+		route.Node = best
+		route.Reason = prefix + services.RoutingMostRecent + ": latest heartbeat (" + best.LastHeartbeat.UTC().Format(time.RFC3339) +
+			") among " + strconv.Itoa(len(matches)) + " nodes matching " + quoteHost(t.Host) + portNote(t.Port)
+		alts := make([]string, 0, len(matches)-1)
+		for _, n := range matches {
+			if n.UUID != best.UUID {
+				alts = append(alts, n.UUID+"@"+n.LastHeartbeat.UTC().Format(time.RFC3339))
+			}
+		}
+		r.cfg.Logger.WithFields(logrus.Fields{
+			"host": t.Host, "cluster": route.Cluster, "chosen": best.UUID, "alternatives": alts,
+		}).Info("Ambiguous host routed to the node with the latest heartbeat.")
+		return route, netCfg, nil
+	default:
+		// Rule 5, unambiguous_match.
+		r.metrics.ambiguous.Inc()
+		return route, netCfg, &AmbiguousHostError{Host: t.Host, Cluster: route.Cluster, Candidates: matches}
+	}
+}
+
+// knowsCluster reports whether the proxy can route to cluster. Only the
+// local cluster today; trusted clusters will add theirs.
+func (r *Router) knowsCluster(cluster string) bool {
+	return cluster == r.cfg.ClusterName
+}
+
+// splitClusterSuffix splits NAME.CLUSTER for a known CLUSTER. The suffix
+// compares case-insensitively: OpenSSH lower-cases the host it is given,
+// so `ssh web.MyCluster` arrives as "web.mycluster".
+func (r *Router) splitClusterSuffix(host string) (name, cluster string, ok bool) {
+	c := r.cfg.ClusterName
+	if len(host) < len(c)+2 {
+		return "", "", false
+	}
+	name, suffix := host[:len(host)-len(c)-1], host[len(host)-len(c)-1:]
+	if suffix[0] != '.' || !strings.EqualFold(suffix[1:], c) {
+		return "", "", false
+	}
+	return name, c, true
+}
+
+func hostnameEqual(hostname, host string, caseInsensitive bool) bool {
+	if caseInsensitive {
+		return strings.EqualFold(hostname, host)
+	}
+	return hostname == host
+}
+
+// anyPort: empty and "0" mean any port, and so does 22, because that is
+// what OpenSSH sends for `ssh -J proxy node` when no port was given.
+func anyPort(p string) bool { return p == "" || p == "0" || p == "22" }
+
+func addrHostOf(addr string) string {
+	h, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return ""
+	}
+	return services.CanonicalAddrHost(h)
+}
+
+func addrPortOf(addr string) string {
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return ""
+	}
+	return p
+}
+
+func matchedBy(n services.Node, host, how string, ci bool) string {
+	if how == "uuid" {
+		return "uuid"
+	}
+	byName := hostnameEqual(n.Hostname, host, ci)
+	byAddr := addrHostOf(n.Addr) == services.CanonicalAddrHost(host)
+	switch {
+	case byName && byAddr:
+		return "hostname and address"
+	case byName && ci && n.Hostname != host:
+		return "hostname (case-insensitive)"
+	case byName:
+		return "hostname"
+	}
+	return "address"
+}
+
+func portNote(p string) string {
+	if anyPort(p) {
+		return ""
+	}
+	return " on port " + p
+}
+
+// RouteRequest is one DialHost call.
+type RouteRequest struct {
+	// Target is where the user wants to go.
+	Target Target
+	// Authorize, when set, runs on the chosen node before anything is
+	// dialed (RBAC: role logins and node_labels). Its error is returned
+	// as is and nothing is dialed.
+	Authorize func(node services.Node) error
+}
+
+// DialHost routes req.Target and dials the chosen node's registered
+// address, bounded by ssh_dial_timeout. The returned Route is filled in
+// whenever routing got that far, also on error, for logs and audit.
+func (r *Router) DialHost(ctx context.Context, req RouteRequest) (net.Conn, Route, error) {
+	route, netCfg, err := r.route(ctx, req.Target)
+	if err != nil {
+		// Already classified (NotFound, *AmbiguousHostError, ...); not
+		// wrapped again so a miss stays cheap.
+		return nil, route, err
+	}
+	if req.Authorize != nil {
+		if err := req.Authorize(route.Node); err != nil {
+			return nil, route, trace.Wrap(err)
+		}
+	}
+	// Rule 6: the only address ever dialed is a registered node's Addr.
+	node := route.Node
+	timeout := netCfg.Spec.SSHDialTimeout.Value()
+	// The timeout is real time on purpose: it bounds a kernel connect(),
+	// which a fake clock cannot speed up, and a net.Dialer reads the
+	// context deadline as wall-clock time.
+	dctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	conn, err := r.cfg.Dialer.DialContext(dctx, "tcp", node.Addr)
+	if err != nil {
+		r.metrics.dialFailures.Inc()
+		if ctx.Err() != nil {
+			return nil, route, trace.ConnectionProblem(err, "dialing node %q (%s) canceled: %v", node.Hostname, node.Addr, context.Cause(ctx))
+		}
+		if errors.Is(dctx.Err(), context.DeadlineExceeded) {
+			return nil, route, trace.ConnectionProblem(err, "dialing node %q (%s) timed out after %v", node.Hostname, node.Addr, timeout)
+		}
+		return nil, route, trace.ConnectionProblem(err, "failed to dial node %q (%s): %v", node.Hostname, node.Addr, err)
+	}
+	return conn, route, nil
+}
+
+// Site is one entry of the `proxysites` answer.
+type Site struct {
+	Name          string    `json:"name"`
+	Status        string    `json:"status"`
+	LastConnected time.Time `json:"last_connected"`
+}
+
+// SiteOnline is the status of a reachable cluster.
+const SiteOnline = "online"
+
+// Sites lists the clusters this proxy routes to: the local one, always
+// online (trusted clusters will add theirs with their tunnel state).
+func (r *Router) Sites(ctx context.Context) []Site {
+	return []Site{{Name: r.cfg.ClusterName, Status: SiteOnline, LastConnected: r.cfg.Clock.Now().UTC()}}
+}
+
+// ClusterName is the local cluster's name.
+func (r *Router) ClusterName() string { return r.cfg.ClusterName }

@@ -1,0 +1,150 @@
+// Package sshproxy is the proxy mode of the SSH server: it plugs the shared
+// proxy.Router into lib/srv's ProxyHandler seam, so that the `proxy:`
+// subsystem and `direct-tcpip` (ssh -J) route exactly like every other path.
+//
+// RBAC happens here, between the routing decision and the dial: the proxy
+// cannot see which login the user will present to the node (that is inside
+// the encrypted inner SSH connection), so it asks whether the user may reach
+// the chosen node with any of the logins their certificate carries. The node
+// itself then checks the actual login. A user who may not reach a node gets
+// the same "not found" answer as for a node that does not exist, so the
+// proxy never confirms what a user is not allowed to see.
+package sshproxy
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strconv"
+
+	"github.com/gravitational/trace"
+	"github.com/sirupsen/logrus"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/proxy"
+	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/srv"
+	"github.com/postern-dev/postern/lib/utils"
+)
+
+// SubsystemSites is the subsystem that lists clusters.
+const SubsystemSites = "proxysites"
+
+// Config configures the handler.
+type Config struct {
+	// Router decides and dials; required.
+	Router *proxy.Router
+	// Nodes serves the `nodes` subsystem (psh ls); nil means that
+	// subsystem is refused.
+	Nodes NodeLister
+	// Logger; nil means component=proxy:ssh.
+	Logger logrus.FieldLogger
+}
+
+// CheckAndSetDefaults validates the config.
+func (c *Config) CheckAndSetDefaults() error {
+	if c.Router == nil {
+		return trace.BadParameter("sshproxy: missing Router")
+	}
+	if c.Logger == nil {
+		c.Logger = logrus.WithField("component", "proxy:ssh")
+	}
+	return nil
+}
+
+// Handler implements srv.ProxyHandler.
+type Handler struct {
+	cfg Config
+}
+
+var _ srv.ProxyHandler = (*Handler)(nil)
+
+// New builds a handler.
+func New(cfg Config) (*Handler, error) {
+	if err := cfg.CheckAndSetDefaults(); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return &Handler{cfg: cfg}, nil
+}
+
+// Subsystem serves `proxysites` and `proxy:HOST[:PORT][@CLUSTER]`.
+func (h *Handler) Subsystem(ctx context.Context, id *srv.Identity, name string) (srv.SubsystemFunc, error) {
+	if name == SubsystemSites {
+		sites := h.cfg.Router.Sites(ctx)
+		return func(ctx context.Context, ch ssh.Channel) error {
+			data, err := json.Marshal(sites)
+			if err != nil {
+				return trace.Wrap(err)
+			}
+			_, err = ch.Write(data)
+			return trace.Wrap(err)
+		}, nil
+	}
+	if name == SubsystemNodes {
+		return h.nodesSubsystem(id)
+	}
+	target, err := proxy.ParseProxySubsystem(name)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	conn, err := h.dial(ctx, id, target, "subsystem")
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return func(ctx context.Context, ch ssh.Channel) error {
+		_, _, err := utils.Splice(ctx, ch, conn)
+		return trace.Wrap(err)
+	}, nil
+}
+
+// DialDirectTCPIP routes an `ssh -J` hop.
+func (h *Handler) DialDirectTCPIP(ctx context.Context, id *srv.Identity, req srv.DirectTCPIPRequest) (net.Conn, error) {
+	target := proxy.Target{Host: req.Host, Port: strconv.FormatUint(uint64(req.Port), 10)}
+	return h.dial(ctx, id, target, "direct-tcpip")
+}
+
+// dial routes target, checks RBAC on the chosen node and dials it.
+func (h *Handler) dial(ctx context.Context, id *srv.Identity, target proxy.Target, via string) (net.Conn, error) {
+	log := h.cfg.Logger.WithFields(logrus.Fields{"user": id.User, "target": target.String(), "via": via})
+	conn, route, err := h.cfg.Router.DialHost(ctx, proxy.RouteRequest{
+		Target: target,
+		Authorize: func(node services.Node) error {
+			return checkAnyLogin(id, node)
+		},
+	})
+	if err != nil {
+		if trace.IsAccessDenied(err) {
+			log.WithError(err).Warn("Access denied.")
+			return nil, hideDenied(target, route)
+		}
+		log.WithError(err).Info("Routing failed.")
+		return nil, trace.Wrap(err)
+	}
+	log.WithFields(logrus.Fields{"node": route.Node.UUID, "addr": route.Node.Addr, "reason": route.Reason}).Debug("Routed.")
+	return conn, nil
+}
+
+// checkAnyLogin allows the hop when one of the certificate's logins may be
+// used on node.
+func checkAnyLogin(id *srv.Identity, node services.Node) error {
+	if id.Checker == nil || id.Cert == nil {
+		return trace.AccessDenied("no roles")
+	}
+	for _, login := range id.Cert.ValidPrincipals {
+		if id.Checker.CheckAccessToNode(&node, login) == nil {
+			return nil
+		}
+	}
+	return trace.AccessDenied("user %q may not reach node %q with any of the logins %v", id.User, node.Hostname, id.Cert.ValidPrincipals)
+}
+
+// hideDenied is what a user sees when RBAC refuses a node: the same words
+// as a node that does not exist.
+func hideDenied(target proxy.Target, route proxy.Route) error {
+	cluster := route.Cluster
+	if cluster == "" {
+		cluster = target.Cluster
+	}
+	return trace.NotFound("%s", fmt.Sprintf("node %q not found in cluster %q", target.Host, cluster))
+}

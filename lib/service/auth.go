@@ -1,0 +1,188 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/backend"
+	"github.com/postern-dev/postern/lib/backend/etcdbk"
+	"github.com/postern-dev/postern/lib/backend/sqlite"
+	"github.com/postern-dev/postern/lib/config"
+	"github.com/postern-dev/postern/lib/services"
+)
+
+// startAuth opens the backend, loads or creates the CAs and serves the auth
+// API.
+func (p *Process) startAuth(ctx context.Context) error {
+	cfg := p.cfg
+	if err := checkClusterName(filepath.Join(cfg.DataDir, "cluster_name"), cfg.ClusterName); err != nil {
+		return trace.Wrap(err)
+	}
+	b, err := p.openBackend(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	p.backend = b
+	p.onShutdown(func(context.Context) error { return b.Close() })
+	p.store = services.NewStore(b)
+
+	ln, err := p.listen(ListenerAuth, cfg.AuthAddr)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	p.authServer, err = auth.NewServer(auth.ServerConfig{
+		Store:            p.store,
+		ClusterName:      cfg.ClusterName,
+		AdminIdentityDir: cfg.AdminIdentityDir(),
+		PublicAddrs:      cfg.PublicAddrs,
+		BcryptCost:       p.opts.BcryptCost,
+		Clock:            p.clock,
+		Logger:           p.log.WithField("component", "auth"),
+	})
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	p.authAPI, err = auth.NewAPIServer(auth.APIConfig{Auth: p.authServer, Listener: ln})
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	p.goServe("auth API", p.authAPI.Serve)
+	p.onShutdown(func(ctx context.Context) error { return p.authAPI.Shutdown(ctx) })
+
+	// pctl on this machine finds the API through this file.
+	addrFile := filepath.Join(cfg.AdminIdentityDir(), config.AuthAddrFile)
+	if err := writeFileAtomic(addrFile, []byte(dialableAddr(ln.Addr())+"\n"), 0o600); err != nil {
+		return trace.Wrap(err)
+	}
+	p.log.WithField("addr", ln.Addr().String()).Info("Auth API is serving.")
+	return nil
+}
+
+// openBackend opens the configured backend.
+func (p *Process) openBackend(ctx context.Context) (backend.Backend, error) {
+	switch p.cfg.Backend.Type {
+	case config.BackendEtcd:
+		return openEtcd(ctx, p)
+	default:
+		b, err := sqlite.New(ctx, sqlite.Config{
+			Path:   p.cfg.BackendPath(),
+			Clock:  p.clock,
+			Logger: p.log.WithField("component", "backend"),
+		})
+		return b, trace.Wrap(err)
+	}
+}
+
+// checkClusterName pins the data dir to the cluster it was created for:
+// the name is baked into every CA and certificate, so starting the same data
+// dir under another name would silently mint a second set of CAs.
+func checkClusterName(path, name string) error {
+	data, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		if have := strings.TrimSpace(string(data)); have != name {
+			return trace.BadParameter("data dir %s belongs to cluster %q, not %q: use --cluster-name %s or another data dir",
+				filepath.Dir(path), have, name, have)
+		}
+		return nil
+	case errors.Is(err, fs.ErrNotExist):
+		return trace.Wrap(writeFileAtomic(path, []byte(name+"\n"), 0o600))
+	default:
+		return trace.ConvertSystemError(err)
+	}
+}
+
+// dialableAddr turns a listen address into one a local client can dial:
+// an unspecified host (0.0.0.0, ::) becomes loopback.
+func dialableAddr(a net.Addr) string {
+	host, port, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return a.String()
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || ip.IsUnspecified() {
+		if ip != nil && ip.To4() == nil {
+			host = "::1"
+		} else {
+			host = "127.0.0.1"
+		}
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// advertisedAddr is the address other machines use to reach a listener:
+// the listen host when it is a concrete address, otherwise the first
+// non-loopback IP of this machine (loopback when there is none).
+func advertisedAddr(a net.Addr) string {
+	host, port, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return a.String()
+	}
+	if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() {
+		return a.String()
+	}
+	if ip := firstNonLoopbackIP(); ip != "" {
+		return net.JoinHostPort(ip, port)
+	}
+	return net.JoinHostPort("127.0.0.1", port)
+}
+
+func firstNonLoopbackIP() string {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return ""
+	}
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok && !ipn.IP.IsLoopback() && ipn.IP.To4() != nil && !ipn.IP.IsLinkLocalUnicast() {
+			return ipn.IP.String()
+		}
+	}
+	return ""
+}
+
+// listenIPs lists the IPs a listener answers on, for certificate
+// principals: the concrete IP, or every local IP when it listens on all.
+func listenIPs(a net.Addr) []string {
+	host, _, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return nil
+	}
+	ip := net.ParseIP(host)
+	if ip != nil && !ip.IsUnspecified() {
+		return []string{ip.String()}
+	}
+	var out []string
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok && !ipn.IP.IsLinkLocalUnicast() {
+			out = append(out, ipn.IP.String())
+		}
+	}
+	return out
+}
+
+func portOf(a net.Addr) int {
+	_, port, _ := net.SplitHostPort(a.String())
+	n, _ := strconv.Atoi(port)
+	return n
+}
+
+// openEtcd opens the etcd backend for clusters that outgrow one machine.
+func openEtcd(ctx context.Context, p *Process) (backend.Backend, error) {
+	b, err := etcdbk.New(ctx, etcdbk.Config{
+		Endpoints: p.cfg.Backend.EtcdEndpoints,
+		Prefix:    p.cfg.Backend.EtcdPrefix,
+		Clock:     p.clock,
+		Logger:    p.log.WithField("component", "backend"),
+	})
+	return b, trace.Wrap(err)
+}

@@ -1,0 +1,89 @@
+package service
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/gravitational/trace"
+)
+
+// ensureDataDir creates the data dir (0700: it holds private keys and the
+// backend) and proves it is writable before anything else starts, so that a
+// bad --data-dir is one clear line instead of a failure deep in the backend.
+func ensureDataDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return trace.BadParameter("data dir %s: %v", dir, unwrapPathError(err))
+	}
+	probe, err := os.CreateTemp(dir, ".probe-*")
+	if err != nil {
+		return trace.BadParameter("data dir %s is not writable: %v", dir, unwrapPathError(err))
+	}
+	name := probe.Name()
+	probe.Close()
+	os.Remove(name)
+	return nil
+}
+
+func unwrapPathError(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// readOrCreateUUID returns the node's UUID, generating it on first start.
+// The UUID is the node's identity in the inventory: keeping it across
+// restarts is what makes a restarted node the same node rather than a
+// duplicate that makes its hostname ambiguous.
+func readOrCreateUUID(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		id := strings.TrimSpace(string(data))
+		if _, perr := uuid.Parse(id); perr != nil {
+			return "", trace.BadParameter("%s: not a UUID (%q); remove the file to generate a new identity", path, id)
+		}
+		return id, nil
+	case !errors.Is(err, fs.ErrNotExist):
+		return "", trace.ConvertSystemError(err)
+	}
+	id := uuid.NewString()
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return "", trace.ConvertSystemError(err)
+	}
+	if err := writeFileAtomic(path, []byte(id+"\n"), 0o600); err != nil {
+		return "", trace.Wrap(err)
+	}
+	return id, nil
+}
+
+// writeFileAtomic writes via a temp file and rename, so a crash never leaves
+// a half-written identity file behind.
+func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return trace.ConvertSystemError(err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return trace.ConvertSystemError(err)
+	}
+	if err := tmp.Chmod(perm); err != nil {
+		tmp.Close()
+		return trace.ConvertSystemError(err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return trace.ConvertSystemError(err)
+	}
+	if err := tmp.Close(); err != nil {
+		return trace.ConvertSystemError(err)
+	}
+	return trace.ConvertSystemError(os.Rename(tmp.Name(), path))
+}

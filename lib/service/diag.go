@@ -1,0 +1,117 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/gravitational/trace"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// healthCheck is one component's view of itself: nil when it can serve.
+type healthCheck func(ctx context.Context) error
+
+// diagServer serves /metrics, /healthz and /readyz on the diagnostics
+// address. /healthz answers whether the process is alive (always 200 while
+// it serves); /readyz runs every registered check, so a load balancer stops
+// sending users to a proxy whose NodeWatcher lost its watch or whose backend
+// is gone.
+type diagServer struct {
+	registry *prometheus.Registry
+	srv      *http.Server
+
+	// mu guards checks.
+	mu     sync.Mutex
+	checks map[string]healthCheck
+}
+
+func newDiagServer(reg *prometheus.Registry) *diagServer {
+	d := &diagServer{registry: reg, checks: map[string]healthCheck{}}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("/readyz", d.readyz)
+	d.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	return d
+}
+
+func (d *diagServer) addCheck(name string, c healthCheck) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.checks[name] = c
+}
+
+func (d *diagServer) readyz(w http.ResponseWriter, r *http.Request) {
+	d.mu.Lock()
+	names := make([]string, 0, len(d.checks))
+	for n := range d.checks {
+		names = append(names, n)
+	}
+	checks := make(map[string]healthCheck, len(d.checks))
+	for n, c := range d.checks {
+		checks[n] = c
+	}
+	d.mu.Unlock()
+	sort.Strings(names)
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	status, code := map[string]string{}, http.StatusOK
+	for _, n := range names {
+		if err := checks[n](ctx); err != nil {
+			status[n] = err.Error()
+			code = http.StatusServiceUnavailable
+		} else {
+			status[n] = "ok"
+		}
+	}
+	writeJSON(w, code, status)
+}
+
+func (d *diagServer) serve(ln net.Listener) error {
+	if err := d.srv.Serve(ln); err != nil && err != http.ErrServerClosed {
+		return trace.Wrap(err)
+	}
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// startDiag serves diagnostics and registers the health checks of the
+// roles this process runs.
+func (p *Process) startDiag() error {
+	ln, err := p.listen(ListenerDiag, p.cfg.DiagAddr)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	d := newDiagServer(p.registry)
+	p.diag = d
+	if p.store != nil {
+		store := p.store
+		d.addCheck("backend", func(ctx context.Context) error {
+			_, err := store.Backend().Get(ctx, "/healthcheck")
+			if err != nil && !trace.IsNotFound(err) {
+				return err
+			}
+			return nil
+		})
+	}
+	if p.nodeWatcher != nil {
+		w := p.nodeWatcher
+		d.addCheck("node_watcher", func(context.Context) error { return w.Healthy() })
+	}
+	p.goServe("diagnostics", func() error { return d.serve(ln) })
+	p.onShutdown(func(ctx context.Context) error { return d.srv.Shutdown(ctx) })
+	return nil
+}

@@ -1,0 +1,127 @@
+package service
+
+import (
+	"context"
+	"net"
+
+	"github.com/gravitational/trace"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/proxy"
+	"github.com/postern-dev/postern/lib/proxy/sshproxy"
+	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/srv"
+	"github.com/postern-dev/postern/lib/web"
+)
+
+// startProxy builds the process's one NodeWatcher and one Router and serves
+// the proxy SSH port and the web port with them. Both listeners route
+// through the same Router object: nothing in this process dials its own
+// proxy port.
+func (p *Process) startProxy(ctx context.Context, ln net.Listener, id *auth.Identity, ap accessPoint) error {
+	var events services.NodeEvents
+	if p.store != nil {
+		events = p.store.NodeEvents()
+	} else {
+		events = p.authClient
+	}
+	nw, err := services.NewNodeWatcher(services.NodeWatcherConfig{
+		Events: events,
+		Clock:  p.clock,
+		Logger: p.log.WithField("component", "nodewatcher"),
+	})
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	p.nodeWatcher = nw
+	p.onShutdown(func(context.Context) error { return nw.Close() })
+
+	// The networking config is read on every route. With auth in this
+	// process it is served from memory, kept current by a watch (a change
+	// applies as soon as its event lands, milliseconds); a remote proxy
+	// asks auth, whose watch stream carries nodes only.
+	var networking proxy.NetworkingGetter = ap
+	if p.store != nil {
+		netw, err := services.NewNetworkingWatcher(services.NetworkingWatcherConfig{
+			Events: p.store,
+			Clock:  p.clock,
+			Logger: p.log.WithField("component", "netwatcher"),
+		})
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		p.onShutdown(func(context.Context) error { return netw.Close() })
+		networking = netw
+	}
+	router, err := proxy.NewRouter(proxy.RouterConfig{
+		ClusterName: p.clusterName,
+		NodeWatcher: nw,
+		Networking:  networking,
+		Clock:       p.clock,
+		Logger:      p.log.WithField("component", "router"),
+		Metrics:     p.registry,
+	})
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	p.router = router
+	handler, err := sshproxy.New(sshproxy.Config{Router: router, Nodes: nw, Logger: p.log.WithField("component", "proxy:ssh")})
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	server, err := srv.New(srv.Config{
+		ClusterName: p.clusterName,
+		HostSigners: []ssh.Signer{id.SSHSigner},
+		AccessPoint: ap,
+		Proxy:       handler,
+		Clock:       p.clock,
+		Logger:      p.log.WithField("component", "proxy:ssh"),
+		IdleTimeout: p.cfg.Limits.IdleTimeout,
+	})
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	p.proxySSH = server
+	p.goServe("proxy SSH", func() error { return ignoreClosed(server.Serve(ln)) })
+	p.onShutdown(server.Shutdown)
+	p.log.WithField("addr", ln.Addr().String()).Info("Proxy SSH server is serving.")
+
+	return trace.Wrap(p.startWeb(ln.Addr()))
+}
+
+// startWeb serves the proxy's HTTPS port.
+func (p *Process) startWeb(sshAddr net.Addr) error {
+	ln, err := p.listen(ListenerWeb, p.cfg.WebAddr)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	hosts := appendUnique(listenIPs(ln.Addr()), p.cfg.NodeName)
+	for _, a := range p.cfg.PublicAddrs {
+		hosts = appendUnique(hosts, hostOf(a))
+	}
+	pair, err := web.LoadOrCreateTLS(p.cfg.WebTLSDir(), p.cfg.WebCert, p.cfg.WebKey, hosts, p.clock.Now())
+	if err != nil {
+		ln.Close()
+		return trace.Wrap(err)
+	}
+	ws, err := web.NewServer(web.Config{
+		ClusterName:  p.clusterName,
+		ProxySSHAddr: advertisedAddr(sshAddr),
+		Certificate:  pair,
+		Clock:        p.clock,
+		Logger:       p.log.WithField("component", "web"),
+	})
+	if err != nil {
+		ln.Close()
+		return trace.Wrap(err)
+	}
+	p.goServe("web", func() error { return ws.Serve(ln) })
+	p.onShutdown(ws.Shutdown)
+	p.log.WithField("addr", ln.Addr().String()).Info("Web server is serving.")
+	return nil
+}
+
+// Router is the process's router (nil without the proxy role); tests and
+// the web terminal use the same object.
+func (p *Process) Router() *proxy.Router { return p.router }

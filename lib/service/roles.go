@@ -1,0 +1,140 @@
+package service
+
+import (
+	"context"
+	"net"
+	"sync"
+
+	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/config"
+	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/srv"
+	"github.com/postern-dev/postern/lib/version"
+	"golang.org/x/crypto/ssh"
+)
+
+// startHostRoles binds the node and proxy listeners, obtains their
+// identities (principals need the bound addresses), then starts serving.
+func (p *Process) startHostRoles(ctx context.Context) error {
+	cfg := p.cfg
+	var nodeLn, proxyLn net.Listener
+	var err error
+	if cfg.HasRole(config.RoleNode) {
+		if nodeLn, err = p.listen(ListenerNode, cfg.NodeAddr); err != nil {
+			return trace.Wrap(err)
+		}
+	}
+	if cfg.HasRole(config.RoleProxy) {
+		if proxyLn, err = p.listen(ListenerProxySSH, cfg.SSHAddr); err != nil {
+			return trace.Wrap(err)
+		}
+	}
+	var nodeID, proxyID *auth.Identity
+	if nodeLn != nil {
+		principals := appendUnique(listenIPs(nodeLn.Addr()), hostOf(advertisedAddr(nodeLn.Addr())))
+		if nodeID, err = p.hostIdentity(ctx, auth.RoleNode, principals); err != nil {
+			return trace.Wrap(err)
+		}
+	}
+	if proxyLn != nil {
+		// SPEC.md: the proxy's principals include its public names, the
+		// cluster name and its listen IPs, loopback included, so that
+		// `ssh -J 127.0.0.1:3023` verifies against the host CA.
+		principals := appendUnique(listenIPs(proxyLn.Addr()), "127.0.0.1", "::1", "localhost", cfg.ClusterName)
+		for _, a := range cfg.PublicAddrs {
+			principals = appendUnique(principals, hostOf(a))
+		}
+		if proxyID, err = p.hostIdentity(ctx, auth.RoleProxy, principals); err != nil {
+			return trace.Wrap(err)
+		}
+	}
+	// A remote proxy's rights (list and watch nodes) include a node's, so
+	// the proxy identity talks to auth when both roles run here.
+	clientID := proxyID
+	if clientID == nil {
+		clientID = nodeID
+	}
+	if clientID == nil {
+		return nil
+	}
+	ap, err := p.accessPointFor(clientID)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	if nodeLn != nil {
+		if err := p.startNode(ctx, nodeLn, nodeID, ap); err != nil {
+			return trace.Wrap(err)
+		}
+	}
+	if proxyLn != nil {
+		if err := p.startProxy(ctx, proxyLn, proxyID, ap); err != nil {
+			return trace.Wrap(err)
+		}
+	}
+	return nil
+}
+
+func hostOf(hostport string) string {
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		return h
+	}
+	return hostport
+}
+
+// nodeRecord is the node's inventory record, guarded so that a future
+// label reload can change it while heartbeats and connections read it.
+type nodeRecord struct {
+	mu   sync.Mutex
+	node services.Node
+}
+
+func (r *nodeRecord) get() services.Node {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := r.node
+	return n
+}
+
+// startNode serves the node's SSH port and heartbeats into the inventory.
+func (p *Process) startNode(ctx context.Context, ln net.Listener, id *auth.Identity, ap accessPoint) error {
+	rec := &nodeRecord{node: services.Node{
+		UUID:     p.hostUUID,
+		Hostname: p.cfg.NodeName,
+		Addr:     advertisedAddr(ln.Addr()),
+		Labels:   p.cfg.Labels,
+		Cluster:  p.clusterName,
+		Version:  version.Version,
+	}}
+	server, err := srv.New(srv.Config{
+		ClusterName: p.clusterName,
+		HostSigners: []ssh.Signer{id.SSHSigner},
+		AccessPoint: ap,
+		GetNode:     rec.get,
+		Clock:       p.clock,
+		Logger:      p.log.WithField("component", "node"),
+		IdleTimeout: p.cfg.Limits.IdleTimeout,
+	})
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	p.nodeServer = server
+	p.goServe("node SSH", func() error { return ignoreClosed(server.Serve(ln)) })
+	p.onShutdown(server.Shutdown)
+
+	hb, err := auth.NewHeartbeat(auth.HeartbeatConfig{
+		Announcer: ap,
+		GetNode:   rec.get,
+		Clock:     p.clock,
+		Logger:    p.log.WithField("component", "heartbeat"),
+	})
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	p.heartbeat = hb
+	p.goServe("heartbeat", hb.Run)
+	p.onShutdown(func(context.Context) error { return hb.Close() })
+	p.log.WithField("addr", ln.Addr().String()).Info("Node SSH server is serving.")
+	return nil
+}

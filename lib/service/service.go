@@ -1,0 +1,267 @@
+// Package service wires Postern's roles (auth, proxy, node) together from a
+// config and owns the process lifecycle: start-up order, the listeners, and
+// graceful shutdown.
+//
+// Start-up order matters and is fixed: the data dir and the host UUID first
+// (cheap checks that fail with a clear line), then the auth role (backend,
+// CAs, API), then the identities of the other roles (issued by the local auth
+// server, reused from the data dir, or obtained by joining with a token),
+// then the node and proxy listeners, and diagnostics last. Shutdown runs the
+// same list backwards: stop accepting, drain sessions for the grace period,
+// then close what is left.
+package service
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"strings"
+	"sync"
+
+	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sirupsen/logrus"
+
+	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/backend"
+	"github.com/postern-dev/postern/lib/config"
+	"github.com/postern-dev/postern/lib/proxy"
+	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/srv"
+)
+
+// Listener names, for Process.Addr.
+const (
+	ListenerAuth     = "auth"
+	ListenerNode     = "node"
+	ListenerProxySSH = "proxy_ssh"
+	ListenerWeb      = "web"
+	ListenerDiag     = "diag"
+)
+
+// Options are what tests inject; the zero value is what the daemon uses.
+type Options struct {
+	// Clock defaults to the real clock.
+	Clock clockwork.Clock
+	// Logger defaults to a logger built from the config's log settings.
+	Logger logrus.FieldLogger
+	// BcryptCost of new password hashes; zero means bcrypt's default.
+	// Tests lower it: one default-cost hash takes seconds under -race.
+	BcryptCost int
+}
+
+// Process is one running postern: the roles of its config.
+type Process struct {
+	cfg   *config.Config
+	log   logrus.FieldLogger
+	clock clockwork.Clock
+	opts  Options
+
+	registry *prometheus.Registry
+	diag     *diagServer
+
+	hostUUID    string
+	clusterName string
+
+	backend    backend.Backend
+	store      *services.Store
+	authServer *auth.Server
+	authAPI    *auth.APIServer
+	// authClient is set when the auth role runs elsewhere.
+	authClient *auth.Client
+
+	nodeServer  *srv.Server
+	heartbeat   *auth.Heartbeat
+	proxySSH    *srv.Server
+	nodeWatcher *services.NodeWatcher
+	router      *proxy.Router
+
+	// mu guards listeners.
+	mu        sync.Mutex
+	listeners map[string]net.Listener
+
+	// closers run in reverse order on shutdown.
+	closers []func(context.Context) error
+
+	wg    sync.WaitGroup
+	errCh chan error
+}
+
+// New validates cfg; nothing is started.
+func New(cfg *config.Config, opts Options) (*Process, error) {
+	if cfg == nil {
+		return nil, trace.BadParameter("missing config")
+	}
+	if err := cfg.CheckAndSetDefaults(); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if opts.Clock == nil {
+		opts.Clock = clockwork.NewRealClock()
+	}
+	if opts.Logger == nil {
+		opts.Logger = newLogger(os.Stderr, cfg.LogFormat, cfg.Debug)
+	}
+	return &Process{
+		cfg:       cfg,
+		log:       opts.Logger.WithField("component", "service"),
+		clock:     opts.Clock,
+		opts:      opts,
+		registry:  prometheus.NewRegistry(),
+		listeners: map[string]net.Listener{},
+		errCh:     make(chan error, 8),
+	}, nil
+}
+
+// Run starts a process and runs it until ctx is done or a server fails,
+// then shuts it down gracefully.
+func Run(ctx context.Context, cfg *config.Config) error {
+	p, err := New(cfg, Options{})
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	if err := p.Start(ctx); err != nil {
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+		defer cancel()
+		p.Shutdown(shutdownCtx)
+		return trace.Wrap(err)
+	}
+	var runErr error
+	select {
+	case <-ctx.Done():
+		p.log.Info("Shutting down: draining sessions.")
+	case runErr = <-p.errCh:
+		p.log.WithError(runErr).Error("A server failed; shutting down.")
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+	defer cancel()
+	if err := p.Shutdown(shutdownCtx); err != nil {
+		p.log.WithError(err).Warn("Shutdown was not clean.")
+	}
+	p.log.Info("Stopped.")
+	return trace.Wrap(runErr)
+}
+
+// Start brings up every role; when it returns nil, every listener accepts.
+func (p *Process) Start(ctx context.Context) error {
+	cfg := p.cfg
+	if err := ensureDataDir(cfg.DataDir); err != nil {
+		return trace.Wrap(err)
+	}
+	id, err := readOrCreateUUID(cfg.HostUUIDPath())
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	p.hostUUID = id
+	p.clusterName = cfg.ClusterName
+
+	if cfg.HasRole(config.RoleAuth) {
+		if err := p.startAuth(ctx); err != nil {
+			return trace.Wrap(err)
+		}
+	}
+	if err := p.startHostRoles(ctx); err != nil {
+		return trace.Wrap(err)
+	}
+	if err := p.startDiag(); err != nil {
+		return trace.Wrap(err)
+	}
+	p.log.WithFields(logrus.Fields{
+		"roles": strings.Join(cfg.Roles, ","), "cluster": p.clusterName, "host_uuid": p.hostUUID,
+	}).Info("Postern is ready.")
+	return nil
+}
+
+// Addr returns the bound address of a listener (see the Listener* names),
+// or nil when the process does not run it.
+func (p *Process) Addr(name string) net.Addr {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ln, ok := p.listeners[name]; ok {
+		return ln.Addr()
+	}
+	return nil
+}
+
+// HostUUID is this host's UUID.
+func (p *Process) HostUUID() string { return p.hostUUID }
+
+// ClusterName is the cluster this process belongs to.
+func (p *Process) ClusterName() string { return p.clusterName }
+
+// Errors delivers a server's fatal error.
+func (p *Process) Errors() <-chan error { return p.errCh }
+
+// listen binds addr and records the listener under name.
+func (p *Process) listen(name, addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, trace.ConnectionProblem(err, "%s: cannot listen on %s: %v", name, addr, unwrapOpError(err))
+	}
+	p.mu.Lock()
+	p.listeners[name] = ln
+	p.mu.Unlock()
+	// Closed last (closers run in reverse): a server's own Shutdown closes
+	// it first, and this covers a start-up that failed before any server
+	// took the listener over.
+	p.onShutdown(func(context.Context) error {
+		ln.Close()
+		return nil
+	})
+	return ln, nil
+}
+
+func unwrapOpError(err error) error {
+	var oe *net.OpError
+	if e, ok := err.(*net.OpError); ok {
+		oe = e
+		if oe.Err != nil {
+			return oe.Err
+		}
+	}
+	return err
+}
+
+// goServe runs a server loop owned by the process; its failure ends Run.
+func (p *Process) goServe(name string, serve func() error) {
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		if err := serve(); err != nil {
+			p.log.WithError(err).WithField("server", name).Error("Server stopped with an error.")
+			select {
+			case p.errCh <- trace.Wrap(err, "%s", name):
+			default:
+			}
+		}
+	}()
+}
+
+// ignoreClosed maps the "server closed" a Serve loop returns after
+// Shutdown to nil: it is the expected end, not a failure.
+func ignoreClosed(err error) error {
+	if errors.Is(err, srv.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// onShutdown registers a closer; closers run in reverse order.
+func (p *Process) onShutdown(fn func(context.Context) error) {
+	p.closers = append(p.closers, fn)
+}
+
+// Shutdown stops everything: listeners first, then sessions drain until
+// ctx is done, then the rest closes. It waits for every server loop.
+func (p *Process) Shutdown(ctx context.Context) error {
+	var errs []error
+	for i := len(p.closers) - 1; i >= 0; i-- {
+		if err := p.closers[i](ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	p.closers = nil
+	p.wg.Wait()
+	return trace.NewAggregate(errs...)
+}

@@ -1,0 +1,227 @@
+package services
+
+import (
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gravitational/trace"
+)
+
+// Certificate extensions Postern writes into user certificates. They carry
+// who the holder is and which roles were granted at issue time, so a node
+// can decide without asking auth who the user is; the role definitions
+// themselves are looked up live, so a tightened role applies at once.
+const (
+	// CertExtensionUser is the Postern user name.
+	CertExtensionUser = "postern-user@postern.dev"
+	// CertExtensionRoles is a JSON array of role names.
+	CertExtensionRoles = "postern-roles@postern.dev"
+	// CertExtensionTraits is a JSON object of the user's traits, so that
+	// {{internal.logins}} expands on a node exactly as it did at issue.
+	CertExtensionTraits = "postern-traits@postern.dev"
+	// CertExtensionCluster is the cluster that issued the certificate.
+	CertExtensionCluster = "postern-cluster@postern.dev"
+)
+
+// loginsTemplate is the only template roles support today.
+const loginsTemplate = "{{internal.logins}}"
+
+// AccessChecker answers RBAC questions for one user: the user's roles with
+// the user's traits. Decisions are pure functions over this data, so they
+// are tested with tables and made identically on every node and proxy.
+// Deny is the default: an empty checker allows nothing.
+type AccessChecker struct {
+	roles  []*Role
+	traits map[string][]string
+}
+
+// NewAccessChecker builds a checker. roles must already be validated.
+func NewAccessChecker(roles []*Role, traits map[string][]string) *AccessChecker {
+	return &AccessChecker{roles: roles, traits: traits}
+}
+
+// RoleNames lists the checker's roles.
+func (a *AccessChecker) RoleNames() []string {
+	out := make([]string, 0, len(a.roles))
+	for _, r := range a.roles {
+		out = append(out, r.Metadata.Name)
+	}
+	return out
+}
+
+// expandLogins applies traits to a role's logins, dropping empty results.
+func (a *AccessChecker) expandLogins(r *Role) []string {
+	var out []string
+	for _, l := range r.Spec.Logins {
+		if l == loginsTemplate {
+			out = append(out, a.traits[TraitLogins]...)
+			continue
+		}
+		if strings.Contains(l, "{{") {
+			// An unknown template never grants anything.
+			continue
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// Logins is the union of every role's expanded logins, sorted: the
+// principals of the user's certificate.
+func (a *AccessChecker) Logins() []string {
+	var out []string
+	for _, r := range a.roles {
+		for _, l := range a.expandLogins(r) {
+			if l != "" && !slices.Contains(out, l) {
+				out = append(out, l)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// rolesForNode returns the roles whose node_labels match node.
+func (a *AccessChecker) rolesForNode(node *Node) []*Role {
+	var out []*Role
+	for _, r := range a.roles {
+		if LabelsMatch(r.Spec.NodeLabels, node.Labels) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// CheckAccessToNode allows login on node when one role both matches the
+// node's labels and grants the login. The error never says which part
+// failed to the user beyond what they could learn anyway.
+func (a *AccessChecker) CheckAccessToNode(node *Node, login string) error {
+	if login == "" {
+		return trace.AccessDenied("no login given")
+	}
+	matched := a.rolesForNode(node)
+	if len(matched) == 0 {
+		return trace.AccessDenied("access to node %q denied: no role matches its labels", node.Hostname)
+	}
+	for _, r := range matched {
+		if slices.Contains(a.expandLogins(r), login) {
+			return nil
+		}
+	}
+	return trace.AccessDenied("access to node %q as login %q denied: no role grants that login on this node", node.Hostname, login)
+}
+
+// CanForwardAgent reports whether a role that reaches node allows ssh -A.
+func (a *AccessChecker) CanForwardAgent(node *Node) bool {
+	for _, r := range a.rolesForNode(node) {
+		if r.Spec.ForwardAgent {
+			return true
+		}
+	}
+	return false
+}
+
+// CanPortForward reports whether a role that reaches node allows -L/-R.
+func (a *AccessChecker) CanPortForward(node *Node) bool {
+	for _, r := range a.rolesForNode(node) {
+		if r.Spec.PortForwarding {
+			return true
+		}
+	}
+	return false
+}
+
+// IsAdmin reports whether any role grants cluster administration.
+func (a *AccessChecker) IsAdmin() bool {
+	for _, r := range a.roles {
+		if r.Spec.Admin {
+			return true
+		}
+	}
+	return false
+}
+
+// MaxSessionTTL is the smallest cap among the roles: the strictest role
+// wins, so adding a role can never lengthen a certificate.
+func (a *AccessChecker) MaxSessionTTL() time.Duration {
+	ttl := DefaultMaxSessionTTL
+	for _, r := range a.roles {
+		if v := r.Spec.MaxSessionTTL.Value(); v > 0 && v < ttl {
+			ttl = v
+		}
+	}
+	return ttl
+}
+
+// LabelsMatch reports whether labels satisfy selector: every selector key
+// must match. The key "*" with value "*" matches every node; an empty
+// selector matches nothing (deny by default).
+func LabelsMatch(selector map[string]LabelValues, labels map[string]string) bool {
+	if len(selector) == 0 {
+		return false
+	}
+	for key, values := range selector {
+		if key == Wildcard {
+			if slices.Contains(values, Wildcard) {
+				continue
+			}
+			return false
+		}
+		v, ok := labels[key]
+		if !ok || !valueMatches(values, v) {
+			return false
+		}
+	}
+	return true
+}
+
+// Wildcard matches any label key or value.
+const Wildcard = "*"
+
+func valueMatches(values LabelValues, v string) bool {
+	for _, want := range values {
+		switch {
+		case want == Wildcard, want == v:
+			return true
+		case isRegexp(want):
+			if re, err := regexp.Compile(want); err == nil && re.MatchString(v) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func isRegexp(s string) bool {
+	return len(s) >= 2 && strings.HasPrefix(s, "^") && strings.HasSuffix(s, "$")
+}
+
+// CheckLabelSelector validates a role's node_labels: non-empty keys, no
+// empty values, regular expressions that compile, and a "*" key only with
+// the "*" value.
+func CheckLabelSelector(selector map[string]LabelValues) error {
+	for key, values := range selector {
+		if key == "" {
+			return trace.BadParameter("node_labels: empty label key")
+		}
+		if len(values) == 0 {
+			return trace.BadParameter("node_labels: label %q has no values", key)
+		}
+		for _, v := range values {
+			if v == "" {
+				return trace.BadParameter("node_labels: label %q has an empty value", key)
+			}
+			if key == Wildcard && v != Wildcard {
+				return trace.BadParameter("node_labels: key %q only accepts the value %q, got %q", Wildcard, Wildcard, v)
+			}
+			if isRegexp(v) {
+				if _, err := regexp.Compile(v); err != nil {
+					return trace.BadParameter("node_labels: label %q: invalid regular expression %q: %v", key, v, err)
+				}
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,181 @@
+// Package services holds Postern's resource types (node, user, role, cert
+// authority, cluster networking config, join token), their validation and
+// wire format, and typed stores on top of lib/backend.
+//
+// Resources are plain structs with JSON tags: JSON is what goes into the
+// backend, and the same field names are what `pctl get` and `pctl create -f`
+// show and accept (YAML is decoded with the JSON names, see yaml.go), so an
+// operator reads and writes exactly what is stored.
+package services
+
+import (
+	"time"
+)
+
+// Kinds, as written in `kind:` of a resource file and accepted by `pctl get`.
+const (
+	KindNode              = "node"
+	KindUser              = "user"
+	KindRole              = "role"
+	KindCertAuthority     = "cert_authority"
+	KindClusterNetworking = "cluster_networking_config"
+	KindToken             = "token"
+)
+
+// Node is one SSH server in the inventory. Nodes write themselves with a TTL
+// on every heartbeat; a node that stops heartbeating disappears when Expires
+// passes, and routing forgets it.
+type Node struct {
+	// UUID is the node's name: generated on first start, kept in its data dir.
+	UUID string `json:"uuid"`
+	// Hostname is what users type: --nodename, or the OS hostname.
+	Hostname string `json:"hostname"`
+	// Addr is the host:port the node serves SSH on, as the proxy dials it.
+	Addr string `json:"addr"`
+	// Labels select which roles reach this node.
+	Labels map[string]string `json:"labels,omitempty"`
+	// Cluster is the cluster the node belongs to.
+	Cluster string `json:"cluster"`
+	// Expires is when this record dies unless refreshed by a heartbeat.
+	Expires time.Time `json:"expires"`
+	// LastHeartbeat is when the node last announced itself; `most_recent`
+	// routing prefers the latest.
+	LastHeartbeat time.Time `json:"last_heartbeat"`
+	// Version is the postern version the node runs.
+	Version string `json:"version,omitempty"`
+}
+
+// User is a Postern user.
+type User struct {
+	Name string `json:"name"`
+	// PasswordHash is a bcrypt hash; never sent to clients.
+	PasswordHash []byte `json:"password_hash,omitempty"`
+	// TOTPSecret, when set, makes a one-time password mandatory at login.
+	TOTPSecret string `json:"totp_secret,omitempty"`
+	// Roles names the roles granted; default ["access"].
+	Roles []string `json:"roles"`
+	// Traits are per-user values that role templates expand, e.g.
+	// "logins" for {{internal.logins}}.
+	Traits map[string][]string `json:"traits,omitempty"`
+	// Created is when the user was added.
+	Created time.Time `json:"created"`
+}
+
+// TraitLogins is the trait `pctl users add --logins` sets.
+const TraitLogins = "logins"
+
+// Role grants access. Everything not granted is denied.
+type Role struct {
+	Kind     string   `json:"kind,omitempty"`
+	Version  string   `json:"version,omitempty"`
+	Metadata Metadata `json:"metadata"`
+	Spec     RoleSpec `json:"spec"`
+}
+
+// Metadata names a resource.
+type Metadata struct {
+	Name        string `json:"name"`
+	Description string `json:"description,omitempty"`
+}
+
+// RoleSpec is what a role allows.
+type RoleSpec struct {
+	// Logins are OS logins allowed; "{{internal.logins}}" expands to the
+	// user's own logins trait.
+	Logins []string `json:"logins,omitempty"`
+	// NodeLabels selects the nodes this role reaches: every key must match.
+	// A value is a literal, "*" (any value), or a regular expression written
+	// "^...$". `'*': '*'` matches every node. Empty matches nothing.
+	NodeLabels map[string]LabelValues `json:"node_labels,omitempty"`
+	// ForwardAgent allows ssh -A.
+	ForwardAgent bool `json:"forward_agent,omitempty"`
+	// PortForwarding allows ssh -L and -R.
+	PortForwarding bool `json:"port_forwarding,omitempty"`
+	// MaxSessionTTL caps certificates issued to holders of the role; zero
+	// means DefaultMaxSessionTTL.
+	MaxSessionTTL Duration `json:"max_session_ttl,omitempty"`
+	// Admin lets the holder manage the cluster through pctl.
+	Admin bool `json:"admin,omitempty"`
+}
+
+// DefaultMaxSessionTTL is the certificate lifetime cap when a role sets none:
+// a working day plus margin, so a morning `psh login` lasts the day.
+const DefaultMaxSessionTTL = 12 * time.Hour
+
+// LabelValues is a list of accepted values for one label; in YAML it may be
+// written as one string or a list.
+type LabelValues []string
+
+// CertAuthType names one of the two SSH certificate authorities.
+type CertAuthType string
+
+const (
+	// UserCA signs user certificates.
+	UserCA CertAuthType = "user"
+	// HostCA signs node and proxy host certificates.
+	HostCA CertAuthType = "host"
+)
+
+// CertAuthority is one CA of one cluster. The private keys live only in the
+// auth server's backend and are never returned to other roles.
+type CertAuthority struct {
+	Type        CertAuthType `json:"type"`
+	ClusterName string       `json:"cluster_name"`
+	// SSHPublicKeys are the CA's keys in authorized_keys format.
+	SSHPublicKeys []string `json:"ssh_public_keys"`
+	// SSHPrivateKeys are PEM (OpenSSH format) private keys; stripped on
+	// every read that is not the auth server's own.
+	SSHPrivateKeys [][]byte `json:"ssh_private_keys,omitempty"`
+	// TLSCert and TLSKey (PEM) exist on the host CA only: it is also the
+	// X.509 CA of the auth API's mutual TLS.
+	TLSCert []byte `json:"tls_cert,omitempty"`
+	TLSKey  []byte `json:"tls_key,omitempty"`
+}
+
+// Routing strategies of ClusterNetworkingConfig.
+const (
+	RoutingUnambiguousMatch = "unambiguous_match"
+	RoutingMostRecent       = "most_recent"
+)
+
+// ClusterNetworkingConfig is the singleton networking config of a cluster.
+type ClusterNetworkingConfig struct {
+	Kind     string                      `json:"kind,omitempty"`
+	Version  string                      `json:"version,omitempty"`
+	Metadata Metadata                    `json:"metadata"`
+	Spec     ClusterNetworkingConfigSpec `json:"spec"`
+}
+
+// ClusterNetworkingConfigSpec is the body of ClusterNetworkingConfig.
+type ClusterNetworkingConfigSpec struct {
+	// RoutingStrategy decides what happens when a target matches several
+	// nodes; default RoutingUnambiguousMatch (an error naming them).
+	RoutingStrategy string `json:"routing_strategy,omitempty"`
+	// CaseInsensitiveRouting matches hostnames regardless of case.
+	CaseInsensitiveRouting bool `json:"case_insensitive_routing,omitempty"`
+	// SSHDialTimeout bounds the proxy's dial to a node; zero means
+	// DefaultSSHDialTimeout.
+	SSHDialTimeout Duration `json:"ssh_dial_timeout,omitempty"`
+}
+
+// DefaultSSHDialTimeout is long enough for a node across a WAN, short
+// enough that a dead node fails a user's connection before they give up.
+const DefaultSSHDialTimeout = 30 * time.Second
+
+// Token types.
+const (
+	TokenTypeNode  = "node"
+	TokenTypeProxy = "proxy"
+)
+
+// Token is a join token.
+type Token struct {
+	// Name is the secret itself.
+	Name string `json:"name"`
+	// Type is TokenTypeNode or TokenTypeProxy.
+	Type string `json:"type"`
+	// Expires is when the token stops working.
+	Expires time.Time `json:"expires"`
+	// MultiUse tokens survive a join; by default a token is spent by one.
+	MultiUse bool `json:"multi_use,omitempty"`
+}

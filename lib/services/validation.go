@@ -1,0 +1,323 @@
+package services
+
+import (
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode"
+
+	"github.com/gravitational/trace"
+	"golang.org/x/crypto/ssh"
+)
+
+// Resource versions. There is only one so far; the field exists so that a
+// later incompatible spec can be told apart from this one in stored JSON and
+// in operators' files.
+const (
+	V1 = "v1"
+)
+
+// NetworkingConfigName is the fixed name of the cluster networking config
+// singleton (it is also the last component of its backend key).
+const NetworkingConfigName = "cluster_networking_config"
+
+// maxNameLen bounds every resource name. Names become backend keys, log
+// fields and certificate extension values; 253 is the longest DNS name, which
+// is the longest thing (a node hostname) that legitimately lands here.
+const maxNameLen = 253
+
+// CheckUserName validates a user name. The charset is conservative on
+// purpose: user names end up in certificate KeyIds, audit logs, file names
+// under ~/.postern/keys and backend keys, so only letters, digits and
+// ". _ - @ +" are accepted (enough for e-mail style names), and the first
+// character must be a letter or digit so a name can never look like a flag
+// or a relative path.
+func CheckUserName(name string) error {
+	return checkName("user name", name, "._-@+")
+}
+
+// CheckRoleName validates a role name: letters, digits and ". _ -", starting
+// with a letter or digit. Role names are listed in certificates as a JSON
+// array and typed on command lines, where anything fancier is a trap.
+func CheckRoleName(name string) error {
+	return checkName("role name", name, "._-")
+}
+
+// CheckClusterName validates a cluster name. Cluster names appear in backend
+// keys (so no "/"), as the CLUSTER of `HOST.CLUSTER` and `proxy:H:P@CLUSTER`
+// (so no "@" or ":"), and in host certificate principals.
+func CheckClusterName(name string) error {
+	return checkName("cluster name", name, "._-")
+}
+
+func checkName(field, name, extra string) error {
+	if name == "" {
+		return trace.BadParameter("%s is empty", field)
+	}
+	if len(name) > maxNameLen {
+		return trace.BadParameter("%s %q is longer than %d characters", field, name, maxNameLen)
+	}
+	for i, r := range name {
+		ok := r < unicode.MaxASCII && (isASCIILetterOrDigit(r) || (i > 0 && strings.ContainsRune(extra, r)))
+		if !ok {
+			if i == 0 {
+				return trace.BadParameter("%s %q must start with a letter or a digit", field, name)
+			}
+			return trace.BadParameter("%s %q contains %q: only letters, digits and %q are allowed", field, name, r, extra)
+		}
+	}
+	return nil
+}
+
+func isASCIILetterOrDigit(r rune) bool {
+	return (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9')
+}
+
+// checkKeyComponent validates something that becomes one component of a
+// backend key but is otherwise free text (a node UUID, a token): not empty,
+// no "/" (it would shift the key's components), no spaces or control
+// characters (they make log lines lie).
+func checkKeyComponent(field, v string) error {
+	if v == "" {
+		return trace.BadParameter("%s is empty", field)
+	}
+	if len(v) > maxNameLen {
+		return trace.BadParameter("%s is longer than %d characters", field, maxNameLen)
+	}
+	for _, r := range v {
+		if r == '/' || unicode.IsSpace(r) || unicode.IsControl(r) || r == unicode.ReplacementChar {
+			return trace.BadParameter("%s %q contains %q, which is not allowed", field, v, r)
+		}
+	}
+	return nil
+}
+
+// CheckAndSetDefaults validates a node record as written by a heartbeat.
+func (n *Node) CheckAndSetDefaults() error {
+	if err := checkKeyComponent("node uuid", n.UUID); err != nil {
+		return trace.Wrap(err)
+	}
+	if err := CheckClusterName(n.Cluster); err != nil {
+		return trace.BadParameter("node %q: %v", n.UUID, err)
+	}
+	if n.Hostname == "" {
+		n.Hostname = n.UUID
+	}
+	if err := checkKeyComponent("node hostname", n.Hostname); err != nil {
+		return trace.BadParameter("node %q: %v", n.UUID, err)
+	}
+	if _, _, err := SplitAddr(n.Addr); err != nil {
+		return trace.BadParameter("node %q: addr: %v", n.UUID, err)
+	}
+	for k := range n.Labels {
+		if k == "" {
+			return trace.BadParameter("node %q: empty label key", n.UUID)
+		}
+	}
+	return nil
+}
+
+// SplitAddr splits a node address "host:port" (IPv6 as "[v6]:port") and
+// checks the port is a number in 1..65535. A node must say which port it
+// serves on: the proxy dials exactly this address and nothing else.
+func SplitAddr(addr string) (host, port string, err error) {
+	if addr == "" {
+		return "", "", trace.BadParameter("address is empty")
+	}
+	host, port, err = net.SplitHostPort(addr)
+	if err != nil {
+		return "", "", trace.BadParameter("address %q: want host:port: %v", addr, err)
+	}
+	if host == "" {
+		return "", "", trace.BadParameter("address %q has no host", addr)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || p == 0 {
+		return "", "", trace.BadParameter("address %q: port %q is not a number between 1 and 65535", addr, port)
+	}
+	return host, port, nil
+}
+
+// CheckAndSetDefaults validates a user and defaults Roles to ["access"].
+func (u *User) CheckAndSetDefaults() error {
+	if err := CheckUserName(u.Name); err != nil {
+		return trace.Wrap(err)
+	}
+	if len(u.Roles) == 0 {
+		u.Roles = []string{PresetAccessRole}
+	}
+	for _, r := range u.Roles {
+		if err := CheckRoleName(r); err != nil {
+			return trace.BadParameter("user %q: roles: %v", u.Name, err)
+		}
+	}
+	for k, vals := range u.Traits {
+		if k == "" {
+			return trace.BadParameter("user %q: traits: empty trait name", u.Name)
+		}
+		if k == TraitLogins {
+			for _, l := range vals {
+				if err := CheckLogin(l); err != nil {
+					return trace.BadParameter("user %q: traits: %v", u.Name, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// CheckLogin validates an OS login as used in a role or a logins trait. It
+// becomes a certificate principal and, on the node, the account a shell runs
+// as, so the charset is that of POSIX portable user names plus "@" and "\"
+// for directory-backed accounts.
+func CheckLogin(login string) error {
+	if login == "" {
+		return trace.BadParameter("login is empty")
+	}
+	if len(login) > maxNameLen {
+		return trace.BadParameter("login %q is too long", login)
+	}
+	if login[0] == '-' {
+		return trace.BadParameter("login %q must not start with '-'", login)
+	}
+	for _, r := range login {
+		if !(r < unicode.MaxASCII && (isASCIILetterOrDigit(r) || strings.ContainsRune("._-@\\$", r))) {
+			return trace.BadParameter("login %q contains %q, which is not allowed", login, r)
+		}
+	}
+	return nil
+}
+
+// CheckAndSetDefaults validates a role and fills in kind, version and the
+// session TTL, so that what `pctl get role` shows is what is enforced.
+func (r *Role) CheckAndSetDefaults() error {
+	if r.Kind == "" {
+		r.Kind = KindRole
+	}
+	if r.Kind != KindRole {
+		return trace.BadParameter("role: kind is %q, want %q", r.Kind, KindRole)
+	}
+	if r.Version == "" {
+		r.Version = V1
+	}
+	if r.Version != V1 {
+		return trace.BadParameter("role %q: unsupported version %q, want %q", r.Metadata.Name, r.Version, V1)
+	}
+	if err := CheckRoleName(r.Metadata.Name); err != nil {
+		return trace.BadParameter("role: metadata.name: %v", err)
+	}
+	for _, l := range r.Spec.Logins {
+		if strings.Contains(l, "{{") || strings.Contains(l, "}}") {
+			if l != loginsTemplate {
+				return trace.BadParameter("role %q: spec.logins: unsupported template %q: only %s is supported", r.Metadata.Name, l, loginsTemplate)
+			}
+			continue
+		}
+		if err := CheckLogin(l); err != nil {
+			return trace.BadParameter("role %q: spec.logins: %v", r.Metadata.Name, err)
+		}
+	}
+	if err := CheckLabelSelector(r.Spec.NodeLabels); err != nil {
+		return trace.BadParameter("role %q: spec.%v", r.Metadata.Name, err)
+	}
+	if r.Spec.MaxSessionTTL < 0 {
+		return trace.BadParameter("role %q: spec.max_session_ttl must not be negative", r.Metadata.Name)
+	}
+	if r.Spec.MaxSessionTTL == 0 {
+		r.Spec.MaxSessionTTL = Duration(DefaultMaxSessionTTL)
+	}
+	return nil
+}
+
+// CheckAndSetDefaults validates a certificate authority: a known type, a
+// cluster name and at least one parseable public key (a CA without a key
+// would make every certificate check fail in a confusing way).
+func (c *CertAuthority) CheckAndSetDefaults() error {
+	if c.Type != UserCA && c.Type != HostCA {
+		return trace.BadParameter("cert_authority: type is %q, want %q or %q", c.Type, UserCA, HostCA)
+	}
+	if err := CheckClusterName(c.ClusterName); err != nil {
+		return trace.BadParameter("cert_authority %s: cluster_name: %v", c.Type, err)
+	}
+	if len(c.SSHPublicKeys) == 0 {
+		return trace.BadParameter("cert_authority %s/%s: ssh_public_keys is empty", c.Type, c.ClusterName)
+	}
+	for i, k := range c.SSHPublicKeys {
+		if _, _, _, _, err := ssh.ParseAuthorizedKey([]byte(k)); err != nil {
+			return trace.BadParameter("cert_authority %s/%s: ssh_public_keys[%d]: %v", c.Type, c.ClusterName, i, err)
+		}
+	}
+	return nil
+}
+
+// DefaultClusterNetworkingConfig is what a cluster runs with until an admin
+// sets something else.
+func DefaultClusterNetworkingConfig() *ClusterNetworkingConfig {
+	c := &ClusterNetworkingConfig{}
+	// Cannot fail on the zero value.
+	_ = c.CheckAndSetDefaults()
+	return c
+}
+
+// CheckAndSetDefaults validates the networking config and fills defaults:
+// unambiguous_match routing (an ambiguous name is an error, never a guess)
+// and DefaultSSHDialTimeout.
+func (c *ClusterNetworkingConfig) CheckAndSetDefaults() error {
+	if c.Kind == "" {
+		c.Kind = KindClusterNetworking
+	}
+	if c.Kind != KindClusterNetworking {
+		return trace.BadParameter("cluster networking config: kind is %q, want %q", c.Kind, KindClusterNetworking)
+	}
+	if c.Version == "" {
+		c.Version = V1
+	}
+	if c.Version != V1 {
+		return trace.BadParameter("cluster networking config: unsupported version %q, want %q", c.Version, V1)
+	}
+	if c.Metadata.Name == "" {
+		c.Metadata.Name = NetworkingConfigName
+	}
+	if c.Metadata.Name != NetworkingConfigName {
+		return trace.BadParameter("cluster networking config: metadata.name is %q; it is a singleton named %q", c.Metadata.Name, NetworkingConfigName)
+	}
+	switch c.Spec.RoutingStrategy {
+	case "":
+		c.Spec.RoutingStrategy = RoutingUnambiguousMatch
+	case RoutingUnambiguousMatch, RoutingMostRecent:
+	default:
+		return trace.BadParameter("cluster networking config: spec.routing_strategy is %q, want %q or %q",
+			c.Spec.RoutingStrategy, RoutingUnambiguousMatch, RoutingMostRecent)
+	}
+	if c.Spec.SSHDialTimeout < 0 {
+		return trace.BadParameter("cluster networking config: spec.ssh_dial_timeout must not be negative, got %v", c.Spec.SSHDialTimeout.Value())
+	}
+	if c.Spec.SSHDialTimeout == 0 {
+		c.Spec.SSHDialTimeout = Duration(DefaultSSHDialTimeout)
+	}
+	return nil
+}
+
+// CheckAndSetDefaults validates a join token. A token must expire: a join
+// secret that lives forever is a standing invitation.
+func (t *Token) CheckAndSetDefaults() error {
+	if err := checkKeyComponent("token name", t.Name); err != nil {
+		return trace.Wrap(err)
+	}
+	if err := CheckTokenType(t.Type); err != nil {
+		return trace.Wrap(err)
+	}
+	if t.Expires.IsZero() {
+		return trace.BadParameter("token: expires is not set; join tokens must have a TTL")
+	}
+	return nil
+}
+
+// CheckTokenType accepts TokenTypeNode and TokenTypeProxy.
+func CheckTokenType(t string) error {
+	if !slices.Contains([]string{TokenTypeNode, TokenTypeProxy}, t) {
+		return trace.BadParameter("token type is %q, want %q or %q", t, TokenTypeNode, TokenTypeProxy)
+	}
+	return nil
+}

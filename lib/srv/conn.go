@@ -1,0 +1,388 @@
+package srv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/gravitational/trace"
+	"github.com/sirupsen/logrus"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/services"
+)
+
+// keepAliveRequest is OpenSSH's client-alive probe. Any answer, even a
+// failure ("unknown request"), proves the peer is alive.
+const keepAliveRequest = "keepalive@openssh.com"
+
+// authKey is the ssh.Permissions.ExtraData key of the authResult.
+type authKey struct{}
+
+// authResult is what authentication decided, handed from the public key
+// callback to the connection.
+type authResult struct {
+	id      *Identity
+	permits Permits
+	node    services.Node
+}
+
+// errDenied is what the client sees for any refused authentication; the
+// reason is logged only, so that a client cannot probe which part failed.
+var errDenied = errors.New("access denied")
+
+// authenticate is the PublicKeyCallback: certificate checks, then (node
+// mode) RBAC, once per connection.
+func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permissions, error) {
+	log := s.cfg.Logger.WithFields(logrus.Fields{
+		"remote_addr": meta.RemoteAddr().String(),
+		"login":       meta.User(),
+	})
+	cert, ok := key.(*ssh.Certificate)
+	if !ok {
+		// OpenSSH clients offer every key they hold; plain keys are
+		// expected noise, not an attack worth a warning.
+		log.WithField("key_type", key.Type()).Debug("Rejected a plain public key: only user certificates are accepted.")
+		return nil, errDenied
+	}
+	log = log.WithFields(logrus.Fields{"key_id": cert.KeyId, "serial": cert.Serial})
+	deny := func(reason string) (*ssh.Permissions, error) {
+		log.WithField("reason", reason).Warn("Access denied.")
+		return nil, errDenied
+	}
+
+	ca, err := s.cfg.AccessPoint.GetCertAuthority(s.ctx, s.cfg.ClusterName, services.UserCA, false)
+	if err != nil {
+		log.WithError(err).Error("Cannot fetch the user CA.")
+		return nil, errDenied
+	}
+	checker := &ssh.CertChecker{
+		IsUserAuthority: func(auth ssh.PublicKey) bool { return isUserAuthority(ca, auth) },
+		Clock:           s.cfg.Clock.Now,
+	}
+	perms, err := checker.Authenticate(meta, key)
+	if err != nil {
+		if !isUserAuthority(ca, cert.SignatureKey) {
+			return deny(fmt.Sprintf("certificate is not signed by the user CA of cluster %q", s.cfg.ClusterName))
+		}
+		return deny(certValidityReason(err, cert, s.cfg.Clock.Now()))
+	}
+	id, err := identityFromCert(cert, meta.User())
+	if err != nil {
+		return deny(err.Error())
+	}
+	log = log.WithField("user", id.User)
+	if err := checkCertificate(id, s.cfg.ClusterName); err != nil {
+		return deny(err.Error())
+	}
+	id.Checker, err = NewAccessChecker(s.ctx, s.cfg.AccessPoint, id.Roles, id.Traits)
+	if err != nil {
+		log.WithError(err).Error("Cannot fetch roles.")
+		return nil, errDenied
+	}
+	res := &authResult{id: id}
+	if s.cfg.Proxy == nil {
+		res.node = s.cfg.GetNode()
+		if err := authorizeNode(id.Checker, &res.node, id.Login); err != nil {
+			return deny(err.Error())
+		}
+		res.permits = permitsFor(perms.Extensions, id.Checker, &res.node)
+	}
+	log.Debug("Authenticated.")
+	return &ssh.Permissions{
+		CriticalOptions: perms.CriticalOptions,
+		Extensions:      perms.Extensions,
+		ExtraData:       map[any]any{authKey{}: res},
+	}, nil
+}
+
+// conn is one authenticated SSH connection.
+type conn struct {
+	srv   *Server
+	cfg   *Config
+	nc    net.Conn
+	sconn *ssh.ServerConn
+	auth  *authResult
+	id    string // conn_id
+	log   logrus.FieldLogger
+
+	// ctx is cancelled when the connection ends; cause says why.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	// wg counts every goroutine the connection starts.
+	wg sync.WaitGroup
+	// lastActive is the Clock time (unix nanoseconds) of the last channel
+	// data, read by the idle timer.
+	lastActive atomic.Int64
+	// keepAlivesAnswered counts answered probes (diagnostics; tests wait
+	// on it to step a fake clock in lockstep with the loop).
+	keepAlivesAnswered atomic.Int64
+
+	// mu guards everything below. Lock order: after Server.mu, before
+	// session.mu; never held across network I/O.
+	mu          sync.Mutex
+	closed      bool
+	forwards    map[uint32]*remoteForward // -R listeners by bound port
+	agentWanted bool                      // auth-agent-req accepted
+	agent       *agentSocket              // created on first session that needs it
+}
+
+func newConn(s *Server, nc net.Conn, sconn *ssh.ServerConn) *conn {
+	res, _ := authResultOf(sconn)
+	ctx, cancel := context.WithCancelCause(s.ctx)
+	c := &conn{
+		srv:      s,
+		cfg:      &s.cfg,
+		nc:       nc,
+		sconn:    sconn,
+		auth:     res,
+		id:       uuid.NewString(),
+		ctx:      ctx,
+		cancel:   cancel,
+		forwards: map[uint32]*remoteForward{},
+	}
+	c.log = s.cfg.Logger.WithFields(logrus.Fields{
+		"conn_id":     c.id,
+		"remote_addr": nc.RemoteAddr().String(),
+		"login":       sconn.User(),
+		"user":        res.id.User,
+	})
+	c.touch()
+	return c
+}
+
+// serve dispatches channels and requests until the connection ends, then
+// waits for everything it started.
+func (c *conn) serve(chans <-chan ssh.NewChannel, reqs <-chan *ssh.Request) {
+	c.log.Info("Connection established.")
+	c.go_(func() { c.handleGlobalRequests(reqs) })
+	if c.cfg.KeepAliveInterval > 0 {
+		c.go_(c.keepAliveLoop)
+	}
+	if c.cfg.IdleTimeout > 0 {
+		c.go_(c.idleLoop)
+	}
+	for nch := range chans {
+		c.dispatch(nch)
+	}
+	c.close("connection closed by client")
+	c.wg.Wait()
+	c.cleanup()
+	c.log.WithField("reason", context.Cause(c.ctx).Error()).Info("Connection ended.")
+}
+
+// go_ starts f as a goroutine owned by the connection.
+func (c *conn) go_(f func()) {
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		f()
+	}()
+}
+
+func (c *conn) dispatch(nch ssh.NewChannel) {
+	switch t := nch.ChannelType(); t {
+	case "session":
+		c.go_(func() { c.handleSession(nch) })
+	case "direct-tcpip":
+		c.go_(func() { c.handleDirectTCPIP(nch) })
+	default:
+		c.log.WithField("channel_type", t).Debug("Rejected unknown channel type.")
+		_ = nch.Reject(ssh.UnknownChannelType, fmt.Sprintf("unknown channel type %q", t))
+	}
+}
+
+func (c *conn) handleGlobalRequests(reqs <-chan *ssh.Request) {
+	for req := range reqs {
+		switch req.Type {
+		case "tcpip-forward":
+			c.handleTCPIPForward(req)
+		case "cancel-tcpip-forward":
+			c.handleCancelTCPIPForward(req)
+		default:
+			if req.WantReply {
+				_ = req.Reply(false, nil)
+			}
+		}
+	}
+}
+
+// close ends the connection: every channel and request stream ends with
+// it, the listeners it owns close, and its loops stop. Idempotent.
+func (c *conn) close(reason string) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	forwards := c.forwards
+	c.forwards = map[uint32]*remoteForward{}
+	agent := c.agent
+	c.mu.Unlock()
+
+	c.cancel(errors.New(reason))
+	_ = c.sconn.Close()
+	for _, f := range forwards {
+		_ = f.ln.Close()
+	}
+	if agent != nil {
+		_ = agent.ln.Close()
+	}
+}
+
+// cleanup removes what outlives goroutines: the agent socket directory.
+func (c *conn) cleanup() {
+	c.mu.Lock()
+	agent := c.agent
+	c.mu.Unlock()
+	if agent != nil {
+		agent.remove(c.log)
+	}
+}
+
+// touch records channel activity for the idle timer.
+func (c *conn) touch() {
+	c.lastActive.Store(c.cfg.Clock.Now().UnixNano())
+}
+
+// keepAliveLoop probes the client every KeepAliveInterval and closes the
+// connection after KeepAliveCountMax probes in a row went unanswered. One
+// probe is in flight at a time; its goroutine ends when it is answered or
+// the connection closes.
+func (c *conn) keepAliveLoop() {
+	// A timer re-armed after each probe rather than a ticker: a ticker
+	// drops ticks when the loop is late, and re-arming makes "the loop
+	// handled the last tick" observable to fake-clock tests.
+	timer := c.cfg.Clock.NewTimer(c.cfg.KeepAliveInterval)
+	defer timer.Stop()
+	replies := make(chan error, 1)
+	inflight, missed := false, 0
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-timer.Chan():
+			if inflight {
+				missed++
+				if missed >= c.cfg.KeepAliveCountMax {
+					c.close(fmt.Sprintf("no answer to %d keep-alives", missed))
+					return
+				}
+			} else {
+				inflight = true
+				c.go_(func() {
+					_, _, err := c.sconn.SendRequest(keepAliveRequest, true, nil)
+					replies <- err
+				})
+			}
+			timer.Reset(c.cfg.KeepAliveInterval)
+		case err := <-replies:
+			inflight = false
+			if err != nil {
+				c.close("keep-alive failed: " + err.Error())
+				return
+			}
+			missed = 0
+			c.keepAlivesAnswered.Add(1)
+		}
+	}
+}
+
+// idleLoop closes the connection when no channel data moved for
+// IdleTimeout.
+func (c *conn) idleLoop() {
+	for {
+		last := time.Unix(0, c.lastActive.Load())
+		wait := c.cfg.IdleTimeout - c.cfg.Clock.Since(last)
+		if wait <= 0 {
+			c.close(fmt.Sprintf("idle timeout: no channel data for %v", c.cfg.IdleTimeout))
+			return
+		}
+		timer := c.cfg.Clock.NewTimer(wait)
+		select {
+		case <-c.ctx.Done():
+			timer.Stop()
+			return
+		case <-timer.Chan():
+		}
+	}
+}
+
+// trackedChannel records data in both directions as activity.
+type trackedChannel struct {
+	ssh.Channel
+	c *conn
+}
+
+func (t trackedChannel) Read(p []byte) (int, error) {
+	n, err := t.Channel.Read(p)
+	if n > 0 {
+		t.c.touch()
+	}
+	return n, err
+}
+
+func (t trackedChannel) Write(p []byte) (int, error) {
+	n, err := t.Channel.Write(p)
+	if n > 0 {
+		t.c.touch()
+	}
+	return n, err
+}
+
+func (t trackedChannel) Stderr() io.ReadWriter {
+	return trackedRW{t.Channel.Stderr(), t.c}
+}
+
+type trackedRW struct {
+	io.ReadWriter
+	c *conn
+}
+
+func (t trackedRW) Write(p []byte) (int, error) {
+	n, err := t.ReadWriter.Write(p)
+	if n > 0 {
+		t.c.touch()
+	}
+	return n, err
+}
+
+// recheckAccess repeats the node RBAC decision with the roles as they are
+// now, so that a role tightened or deleted while a connection stays open
+// applies to its next session. Proxy mode has no node to check.
+func (c *conn) recheckAccess() error {
+	if c.cfg.Proxy != nil {
+		return nil
+	}
+	id := c.auth.id
+	checker, err := NewAccessChecker(c.ctx, c.cfg.AccessPoint, id.Roles, id.Traits)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	node := c.cfg.GetNode()
+	return trace.Wrap(authorizeNode(checker, &node, id.Login))
+}
+
+// rejectReason maps an error to a channel-open failure.
+func rejectReason(err error) ssh.RejectionReason {
+	if trace.IsAccessDenied(err) {
+		return ssh.Prohibited
+	}
+	return ssh.ConnectionFailed
+}
+
+// authResultOf returns what authenticate stored for sconn.
+func authResultOf(sconn *ssh.ServerConn) (*authResult, bool) {
+	if sconn.Permissions == nil {
+		return nil, false
+	}
+	res, ok := sconn.Permissions.ExtraData[authKey{}].(*authResult)
+	return res, ok && res != nil
+}

@@ -1,0 +1,191 @@
+package srv
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/gravitational/trace"
+	"golang.org/x/crypto/ssh"
+)
+
+// ErrServerClosed is returned by Serve after Shutdown or Close.
+var ErrServerClosed = errors.New("srv: server closed")
+
+// Server is an SSH server (node mode, or proxy mode with Config.Proxy).
+type Server struct {
+	cfg    Config
+	sshCfg *ssh.ServerConfig
+	// ctx is cancelled by Close: it bounds AccessPoint calls made during
+	// authentication and is the parent of every conn's context.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	// mu guards listeners, conns and closing. Lock order: Server.mu before
+	// conn.mu.
+	mu        sync.Mutex
+	listeners map[net.Listener]struct{}
+	conns     map[*conn]struct{}
+	closing   bool
+	// wg counts Serve loops and connection handlers.
+	wg sync.WaitGroup
+}
+
+// New creates a server; call Serve to accept connections.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.CheckAndSetDefaults(); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Server{
+		cfg:       cfg,
+		ctx:       ctx,
+		cancel:    cancel,
+		listeners: map[net.Listener]struct{}{},
+		conns:     map[*conn]struct{}{},
+	}
+	s.sshCfg = &ssh.ServerConfig{
+		PublicKeyCallback: s.authenticate,
+		ServerVersion:     cfg.ServerVersion,
+		// Certificate auth needs one try per offered key; OpenSSH clients
+		// offer every key in the agent, so keep OpenSSH's default of 6.
+		MaxAuthTries: 6,
+	}
+	for _, signer := range cfg.HostSigners {
+		s.sshCfg.AddHostKey(signer)
+	}
+	return s, nil
+}
+
+// Serve accepts connections on ln until ln fails or the server is shut
+// down; it returns ErrServerClosed in the latter case. Serve may be called
+// for several listeners.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		_ = ln.Close()
+		return ErrServerClosed
+	}
+	s.listeners[ln] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, ln)
+		s.mu.Unlock()
+	}()
+
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closing := s.closing
+			s.mu.Unlock()
+			if closing {
+				return ErrServerClosed
+			}
+			return trace.ConnectionProblem(err, "accepting SSH connections on %v", ln.Addr())
+		}
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			_ = nc.Close()
+			return ErrServerClosed
+		}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer s.wg.Done()
+			s.handleConn(nc)
+		}()
+	}
+}
+
+// Shutdown stops accepting, lets open connections finish, and when ctx is
+// done first closes them and returns ctx's error.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.closeListeners()
+	done := make(chan struct{})
+	go func() {
+		s.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		s.cancel()
+		return nil
+	case <-ctx.Done():
+		s.cancel()
+		s.closeConns()
+		<-done
+		return trace.Wrap(ctx.Err())
+	}
+}
+
+// Close closes listeners and every connection, and waits for them.
+func (s *Server) Close() error {
+	s.closeListeners()
+	s.cancel()
+	s.closeConns()
+	s.wg.Wait()
+	return nil
+}
+
+func (s *Server) closeListeners() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closing = true
+	for ln := range s.listeners {
+		_ = ln.Close()
+	}
+}
+
+func (s *Server) closeConns() {
+	s.mu.Lock()
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		c.close("server closing")
+	}
+}
+
+// handleConn runs the handshake and then the connection until it ends.
+func (s *Server) handleConn(nc net.Conn) {
+	// A socket deadline, not the Clock: it must fire even while a
+	// callback is blocked, and only the kernel can interrupt a read.
+	_ = nc.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	sconn, chans, reqs, err := ssh.NewServerConn(nc, s.sshCfg)
+	if err != nil {
+		s.cfg.Logger.WithField("remote_addr", nc.RemoteAddr().String()).WithError(err).Debug("SSH handshake failed.")
+		_ = nc.Close()
+		return
+	}
+	_ = nc.SetDeadline(time.Time{})
+	if _, ok := authResultOf(sconn); !ok {
+		// Unreachable: authenticate is the only way in and always sets it.
+		_ = sconn.Close()
+		return
+	}
+	c := newConn(s, nc, sconn)
+	s.mu.Lock()
+	if s.closing && s.ctx.Err() != nil {
+		s.mu.Unlock()
+		_ = sconn.Close()
+		return
+	}
+	s.conns[c] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+	}()
+	c.serve(chans, reqs)
+}

@@ -1,0 +1,351 @@
+package srv
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+
+	"github.com/google/uuid"
+	"github.com/gravitational/trace"
+	"github.com/sirupsen/logrus"
+	"golang.org/x/crypto/ssh"
+)
+
+// defaultPath is the PATH sessions start with: what Debian's login gives,
+// so commands behave as they do under OpenSSH.
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// Session environment variables SPEC.md promises.
+const (
+	EnvHostUUID    = "SSH_POSTERN_HOST_UUID"
+	EnvClusterName = "SSH_POSTERN_CLUSTER_NAME"
+	EnvUser        = "SSH_POSTERN_USER"
+	EnvSessionID   = "SSH_SESSION_ID"
+)
+
+// session is one `session` channel. It owns its process and the
+// goroutines copying the process's stdio (all counted in wg).
+type session struct {
+	c   *conn
+	id  string
+	ch  trackedChannel
+	log logrus.FieldLogger
+	// ctx ends when the channel's request stream ends (the client closed
+	// the channel, or the connection died).
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	// mu guards the fields below; never held while waiting on the network
+	// or the process.
+	mu      sync.Mutex
+	env     []string
+	pty     *ptyRequest
+	proc    *process
+	started bool
+}
+
+func (c *conn) handleSession(nch ssh.NewChannel) {
+	if err := c.recheckAccess(); err != nil {
+		c.log.WithField("reason", err.Error()).Warn("Session denied.")
+		_ = nch.Reject(ssh.Prohibited, trace.UserMessage(err))
+		return
+	}
+	ch, reqs, err := nch.Accept()
+	if err != nil {
+		c.log.WithError(err).Debug("Accepting session channel failed.")
+		return
+	}
+	s := &session{c: c, id: uuid.NewString(), ch: trackedChannel{ch, c}}
+	s.log = c.log.WithField("session_id", s.id)
+	s.ctx, s.cancel = context.WithCancel(c.ctx)
+	s.serve(reqs)
+}
+
+// serve runs the request loop until the client closes the channel or the
+// connection ends, then stops the process and waits for its goroutines.
+func (s *session) serve(reqs <-chan *ssh.Request) {
+	for req := range reqs {
+		s.handleRequest(req)
+	}
+	s.cancel()
+	s.mu.Lock()
+	proc := s.proc
+	s.mu.Unlock()
+	if proc != nil {
+		proc.hangUp(s.c.cfg.Clock)
+	}
+	s.wg.Wait()
+	_ = s.ch.Close()
+	s.log.Debug("Session ended.")
+}
+
+func reply(req *ssh.Request, ok bool) {
+	if req.WantReply {
+		_ = req.Reply(ok, nil)
+	}
+}
+
+func (s *session) handleRequest(req *ssh.Request) {
+	switch req.Type {
+	case "pty-req":
+		p, err := parsePtyRequest(req.Payload)
+		if err != nil {
+			s.log.WithError(err).Debug("Rejected pty-req.")
+			reply(req, false)
+			return
+		}
+		if !s.c.auth.permits.PTY && s.c.cfg.Proxy == nil {
+			s.log.WithField("reason", "certificate does not permit a pty").Warn("Rejected pty-req.")
+			reply(req, false)
+			return
+		}
+		s.mu.Lock()
+		s.pty = p
+		s.mu.Unlock()
+		reply(req, true)
+	case "env":
+		var e envRequest
+		if err := ssh.Unmarshal(req.Payload, &e); err != nil {
+			reply(req, false)
+			return
+		}
+		if !envAllowed(e.Name) {
+			// Not fatal: like OpenSSH's AcceptEnv, a refused variable is
+			// simply not set.
+			s.log.WithField("name", e.Name).Debug("Ignored env request outside the allow-list.")
+			reply(req, false)
+			return
+		}
+		s.mu.Lock()
+		s.env = append(s.env, e.Name+"="+e.Value)
+		s.mu.Unlock()
+		reply(req, true)
+	case "shell":
+		s.startCommand(req, "", false)
+	case "exec":
+		var e execRequest
+		if err := ssh.Unmarshal(req.Payload, &e); err != nil {
+			reply(req, false)
+			return
+		}
+		s.startCommand(req, e.Command, true)
+	case "subsystem":
+		var r subsystemRequest
+		if err := ssh.Unmarshal(req.Payload, &r); err != nil {
+			reply(req, false)
+			return
+		}
+		s.startSubsystem(req, r.Name)
+	case "window-change":
+		w, err := parseWindowChange(req.Payload)
+		if err == nil {
+			err = s.resize(w)
+		}
+		if err != nil {
+			s.log.WithError(err).Debug("window-change failed.")
+		}
+		reply(req, err == nil)
+	case "signal":
+		sig, err := parseSignal(req.Payload)
+		if err == nil {
+			err = s.signal(sig)
+		}
+		if err != nil {
+			s.log.WithError(err).Debug("signal failed.")
+		}
+		reply(req, err == nil)
+	case "auth-agent-req@openssh.com":
+		reply(req, s.c.requestAgentForwarding(s.log))
+	case "x11-req":
+		s.log.Debug("Refused x11-req: X11 forwarding is not supported.")
+		reply(req, false)
+	default:
+		s.log.WithField("request", req.Type).Debug("Refused unknown session request.")
+		reply(req, false)
+	}
+}
+
+// claim marks the session as running something; a session runs one
+// command, shell or subsystem (RFC 4254 section 6.5).
+func (s *session) claim() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started {
+		return false
+	}
+	s.started = true
+	return true
+}
+
+// refuse tells the client why, on stderr, and fails the request.
+func (s *session) refuse(req *ssh.Request, err error) {
+	s.log.WithError(err).Warn("Session request refused.")
+	_, _ = fmt.Fprintf(s.ch.Stderr(), "postern: %v\r\n", trace.UserMessage(err))
+	reply(req, false)
+}
+
+func (s *session) startCommand(req *ssh.Request, command string, isExec bool) {
+	if !s.claim() {
+		reply(req, false)
+		return
+	}
+	if s.c.cfg.Proxy != nil {
+		reply(req, true)
+		_, _ = s.ch.Stderr().Write([]byte(ProxyShellRefusal))
+		s.finish(exitCode(1))
+		return
+	}
+	login, cred, err := s.c.resolveLogin()
+	if err != nil {
+		s.refuse(req, err)
+		return
+	}
+	args := []string{"-" + filepath.Base(login.Shell)}
+	if isExec {
+		args = []string{filepath.Base(login.Shell), "-c", command}
+	}
+	s.mu.Lock()
+	ptyReq := s.pty
+	s.mu.Unlock()
+	spec := procSpec{path: login.Shell, args: args, cred: cred, pty: ptyReq}
+	spec.env, err = s.buildEnv(login, ptyReq)
+	if err != nil {
+		s.refuse(req, err)
+		return
+	}
+	spec.dir = homeOrRoot(login.Home)
+	if spec.dir != login.Home {
+		_, _ = fmt.Fprintf(s.ch.Stderr(), "Could not chdir to home directory %s: using /\r\n", login.Home)
+	}
+	s.run(req, spec)
+}
+
+// run starts spec, answers req, and sends the exit status when it ends.
+func (s *session) run(req *ssh.Request, spec procSpec) {
+	proc, err := s.startProcess(spec)
+	if err != nil {
+		s.refuse(req, trace.Wrap(err, "starting %s", spec.path))
+		return
+	}
+	s.mu.Lock()
+	s.proc = proc
+	s.mu.Unlock()
+	s.log.WithFields(logrus.Fields{"pty": spec.pty != nil, "pid": proc.cmd.Process.Pid}).Info("Session started.")
+	reply(req, true)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		st := proc.wait(s.ctx, s.c.cfg.Clock)
+		s.finish(st)
+	}()
+}
+
+// finish ends the channel the way OpenSSH does: output already drained,
+// then EOF, exit-status (or exit-signal), close.
+func (s *session) finish(st exitResult) {
+	_ = s.ch.CloseWrite()
+	if st.signal != "" {
+		_, _ = s.ch.SendRequest("exit-signal", false, ssh.Marshal(exitSignal{Signal: st.signal, CoreDumped: st.core}))
+	} else {
+		_, _ = s.ch.SendRequest("exit-status", false, ssh.Marshal(exitStatus{Status: st.code}))
+	}
+	_ = s.ch.Close()
+	s.log.WithFields(logrus.Fields{"exit_status": st.code, "exit_signal": st.signal}).Info("Session process ended.")
+}
+
+// buildEnv is the session's environment: the allowed client variables
+// first, then the ones the server sets, which therefore win.
+func (s *session) buildEnv(login *Login, ptyReq *ptyRequest) ([]string, error) {
+	s.mu.Lock()
+	env := append([]string(nil), s.env...)
+	s.mu.Unlock()
+	node := s.c.auth.node
+	env = append(env,
+		"HOME="+login.Home,
+		"USER="+login.Name,
+		"LOGNAME="+login.Name,
+		"SHELL="+login.Shell,
+		"PATH="+defaultPath,
+		EnvHostUUID+"="+node.UUID,
+		EnvClusterName+"="+s.c.cfg.ClusterName,
+		EnvUser+"="+s.c.auth.id.User,
+		EnvSessionID+"="+s.id,
+	)
+	if ptyReq != nil && ptyReq.Term != "" {
+		env = append(env, "TERM="+ptyReq.Term)
+	}
+	if ra, ok := s.c.nc.RemoteAddr().(*net.TCPAddr); ok {
+		if la, ok := s.c.nc.LocalAddr().(*net.TCPAddr); ok {
+			env = append(env,
+				fmt.Sprintf("SSH_CLIENT=%s %d %d", ra.IP, ra.Port, la.Port),
+				fmt.Sprintf("SSH_CONNECTION=%s %d %s %d", ra.IP, ra.Port, la.IP, la.Port))
+		}
+	}
+	sock, err := s.c.agentSocketFor(login)
+	if err != nil {
+		return nil, trace.Wrap(err, "agent forwarding")
+	}
+	if sock != "" {
+		env = append(env, "SSH_AUTH_SOCK="+sock)
+	}
+	return env, nil
+}
+
+func homeOrRoot(home string) string {
+	if fi, err := os.Stat(home); err == nil && fi.IsDir() {
+		return home
+	}
+	return "/"
+}
+
+// resolveLogin looks the connection's login up and decides the process
+// credentials.
+func (c *conn) resolveLogin() (*Login, *syscall.Credential, error) {
+	login, err := c.cfg.LookupLogin(c.auth.id.Login)
+	if err != nil {
+		return nil, nil, trace.Wrap(err)
+	}
+	cred, err := credentialFor(login)
+	if err != nil {
+		return nil, nil, trace.Wrap(err)
+	}
+	return login, cred, nil
+}
+
+func (s *session) resize(w *windowChange) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pty == nil {
+		return trace.BadParameter("window-change without a pty")
+	}
+	s.pty.Columns, s.pty.Rows, s.pty.WidthPx, s.pty.HeightPx = w.Columns, w.Rows, w.WidthPx, w.HeightPx
+	if s.proc == nil || s.proc.ptmx == nil {
+		return nil // applied when the process starts
+	}
+	return trace.Wrap(setWinsize(s.proc.ptmx, w.Columns, w.Rows, w.WidthPx, w.HeightPx))
+}
+
+func (s *session) signal(sig syscall.Signal) error {
+	s.mu.Lock()
+	proc := s.proc
+	s.mu.Unlock()
+	if proc == nil {
+		return trace.BadParameter("no process to signal")
+	}
+	s.log.WithField("signal", signalName(sig)).Debug("Signalling the session process group.")
+	return proc.kill(sig)
+}
+
+// exitResult is how a process ended.
+type exitResult struct {
+	code   uint32
+	signal string
+	core   bool
+}
+
+func exitCode(code int) exitResult { return exitResult{code: uint32(code)} }

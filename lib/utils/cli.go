@@ -1,0 +1,36 @@
+package utils
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/gravitational/trace"
+)
+
+// FatalError prints err as the one readable line SPEC.md promises (the
+// full trace report only with debug) and exits with status 1. It is the
+// single exit path of every postern, psh and pctl command, so that users
+// never see a stack trace they did not ask for.
+func FatalError(err error, debug bool) {
+	PrintError(os.Stderr, err, debug)
+	os.Exit(1)
+}
+
+// PrintError writes err the way FatalError does, without exiting.
+func PrintError(w io.Writer, err error, debug bool) {
+	if debug {
+		fmt.Fprintln(w, trace.DebugReport(err))
+		return
+	}
+	fmt.Fprintln(w, "ERROR: "+UserMessage(err))
+}
+
+// UserMessage is the message a user sees for err, without trace's debug
+// details. Messages that are lists by design (the ambiguous-host candidate
+// list) keep their lines.
+func UserMessage(err error) string {
+	msg := trace.UserMessage(err)
+	return strings.TrimSpace(msg)
+}

@@ -1,0 +1,207 @@
+package utils
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"io"
+	"net"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// tcpPair returns the two ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	s := <-accepted
+	require.NotNil(t, s)
+	t.Cleanup(func() { c.Close(); s.Close() })
+	return c.(*net.TCPConn), s.(*net.TCPConn)
+}
+
+type spliceResult struct {
+	aToB, bToA int64
+	err        error
+}
+
+// startSplice splices two TCP connections: clientA <-> [a | b] <-> clientB.
+func startSplice(t *testing.T, ctx context.Context) (clientA, clientB *net.TCPConn, res chan spliceResult) {
+	clientA, a := tcpPair(t)
+	b, clientB := tcpPair(t)
+	res = make(chan spliceResult, 1)
+	go func() {
+		x, y, err := Splice(ctx, a, b)
+		res <- spliceResult{x, y, err}
+	}()
+	return clientA, clientB, res
+}
+
+func TestSpliceHalfClose(t *testing.T) {
+	clientA, clientB, res := startSplice(t, context.Background())
+
+	_, err := clientA.Write([]byte("abc"))
+	require.NoError(t, err)
+	require.NoError(t, clientA.CloseWrite())
+
+	// B reads to EOF: the half-close crossed the splice.
+	got, err := io.ReadAll(clientB)
+	require.NoError(t, err)
+	require.Equal(t, "abc", string(got))
+
+	// The other direction still flows after A's EOF.
+	_, err = clientB.Write([]byte("done"))
+	require.NoError(t, err)
+	buf := make([]byte, 4)
+	_, err = io.ReadFull(clientA, buf)
+	require.NoError(t, err)
+	require.Equal(t, "done", string(buf))
+	require.NoError(t, clientB.CloseWrite())
+
+	r := <-res
+	require.NoError(t, r.err)
+	require.EqualValues(t, 3, r.aToB)
+	require.EqualValues(t, 4, r.bToA)
+
+	// Splice closed both of its sides: A now sees EOF.
+	rest, err := io.ReadAll(clientA)
+	require.NoError(t, err)
+	require.Empty(t, rest)
+}
+
+func TestSpliceLargeBothWays(t *testing.T) {
+	clientA, clientB, res := startSplice(t, context.Background())
+	up := make([]byte, 3<<20+17)
+	down := make([]byte, 2<<20+5)
+	_, _ = rand.Read(up)
+	_, _ = rand.Read(down)
+
+	gotB := make(chan []byte, 1)
+	go func() {
+		b, _ := io.ReadAll(clientB)
+		gotB <- b
+	}()
+	gotA := make(chan []byte, 1)
+	go func() {
+		b, _ := io.ReadAll(clientA)
+		gotA <- b
+	}()
+	go func() {
+		_, _ = clientB.Write(down)
+		_ = clientB.CloseWrite()
+	}()
+	_, err := clientA.Write(up)
+	require.NoError(t, err)
+	require.NoError(t, clientA.CloseWrite())
+
+	require.True(t, bytes.Equal(up, <-gotB))
+	require.True(t, bytes.Equal(down, <-gotA))
+	r := <-res
+	require.NoError(t, r.err)
+	require.EqualValues(t, len(up), r.aToB)
+	require.EqualValues(t, len(down), r.bToA)
+}
+
+func TestSpliceContextCancel(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	clientA, _, res := startSplice(t, ctx)
+	_, err := clientA.Write([]byte("x"))
+	require.NoError(t, err)
+	cancel()
+	r := <-res
+	require.ErrorIs(t, r.err, context.Canceled)
+}
+
+// TestSpliceResetClosesBoth: when one side disappears abruptly, the
+// other side is closed too instead of waiting forever.
+func TestSpliceResetClosesBoth(t *testing.T) {
+	clientA, clientB, res := startSplice(t, context.Background())
+	require.NoError(t, clientA.SetLinger(0))
+	require.NoError(t, clientA.Close()) // RST
+	// B sees its side closed once Splice gives up.
+	_, err := io.ReadAll(clientB)
+	require.NoError(t, err)
+	<-res
+}
+
+// noHalfClose is a ReadWriteCloser without CloseWrite (a pipe end).
+type noHalfClose struct {
+	io.Reader
+	io.WriteCloser
+}
+
+func (n noHalfClose) Close() error { return n.WriteCloser.Close() }
+
+// TestSpliceWithoutCloseWrite: a destination that cannot half-close is
+// closed at EOF so that its reader learns the stream ended.
+func TestSpliceWithoutCloseWrite(t *testing.T) {
+	clientA, a := tcpPair(t)
+	pr, pw := io.Pipe()   // what Splice writes into (b's write side)
+	inR, inW := io.Pipe() // what Splice reads from (b's read side)
+	b := noHalfClose{inR, pw}
+	res := make(chan spliceResult, 1)
+	go func() {
+		x, y, err := Splice(context.Background(), a, b)
+		res <- spliceResult{x, y, err}
+	}()
+	_, err := clientA.Write([]byte("hello"))
+	require.NoError(t, err)
+	require.NoError(t, clientA.CloseWrite())
+	got, err := io.ReadAll(pr)
+	require.NoError(t, err)
+	require.Equal(t, "hello", string(got))
+	require.NoError(t, inW.Close())
+	r := <-res
+	require.NoError(t, r.err)
+	require.EqualValues(t, 5, r.aToB)
+}
+
+func BenchmarkSpliceTCP(b *testing.B) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	pair := func() (net.Conn, net.Conn) {
+		ch := make(chan net.Conn, 1)
+		go func() { c, _ := ln.Accept(); ch <- c }()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		return c, <-ch
+	}
+	clientA, a := pair()
+	bb, clientB := pair()
+	done := make(chan struct{})
+	go func() {
+		_, _, _ = Splice(context.Background(), a.(*net.TCPConn), bb.(*net.TCPConn))
+		close(done)
+	}()
+	go func() { _, _ = io.Copy(io.Discard, clientB) }()
+	buf := make([]byte, 1<<20)
+	b.SetBytes(int64(len(buf)))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := clientA.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	clientA.Close()
+	clientB.Close()
+	<-done
+}

@@ -1,0 +1,138 @@
+// Package web is the proxy's HTTPS port: the web API (CLI login, web
+// sessions, the terminal websocket) and the embedded UI. This file holds
+// the server shell and the discovery endpoint; the login and terminal
+// endpoints are added by their own files.
+package web
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
+	"github.com/sirupsen/logrus"
+
+	"github.com/postern-dev/postern/lib/version"
+)
+
+// Config configures the web server.
+type Config struct {
+	// ClusterName is reported by /webapi/ping; required.
+	ClusterName string
+	// ProxySSHAddr is the proxy SSH address clients should dial, as
+	// reported by /webapi/ping; required.
+	ProxySSHAddr string
+	// Certificate is the TLS pair of the port; required.
+	Certificate tls.Certificate
+	// Clock; nil means the real clock.
+	Clock clockwork.Clock
+	// Logger; nil means component=web.
+	Logger logrus.FieldLogger
+}
+
+// CheckAndSetDefaults validates the config.
+func (c *Config) CheckAndSetDefaults() error {
+	if c.ClusterName == "" {
+		return trace.BadParameter("web: missing ClusterName")
+	}
+	if c.ProxySSHAddr == "" {
+		return trace.BadParameter("web: missing ProxySSHAddr")
+	}
+	if len(c.Certificate.Certificate) == 0 {
+		return trace.BadParameter("web: missing Certificate")
+	}
+	if c.Clock == nil {
+		c.Clock = clockwork.NewRealClock()
+	}
+	if c.Logger == nil {
+		c.Logger = logrus.WithField("component", "web")
+	}
+	return nil
+}
+
+// PingResponse is GET /webapi/ping: what a client learns before logging in.
+type PingResponse struct {
+	ClusterName   string `json:"cluster_name"`
+	ProxySSHAddr  string `json:"proxy_ssh_addr"`
+	SecondFactor  string `json:"second_factor"`
+	ServerVersion string `json:"server_version"`
+}
+
+// Server is the HTTPS server.
+type Server struct {
+	cfg Config
+	srv *http.Server
+}
+
+// Timeouts of the HTTP server: a peer that trickles headers or never reads
+// its response must not hold a connection forever.
+const (
+	readHeaderTimeout = 10 * time.Second
+	idleTimeout       = 2 * time.Minute
+)
+
+// NewServer builds the server.
+func NewServer(cfg Config) (*Server, error) {
+	if err := cfg.CheckAndSetDefaults(); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	s := &Server{cfg: cfg}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /webapi/ping", s.ping)
+	s.srv = &http.Server{
+		Handler:           securityHeaders(mux),
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       idleTimeout,
+		TLSConfig: &tls.Config{
+			Certificates: []tls.Certificate{cfg.Certificate},
+			MinVersion:   tls.VersionTLS12,
+		},
+	}
+	return s, nil
+}
+
+func (s *Server) ping(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, PingResponse{
+		ClusterName:   s.cfg.ClusterName,
+		ProxySSHAddr:  s.cfg.ProxySSHAddr,
+		SecondFactor:  "off",
+		ServerVersion: version.Version,
+	})
+}
+
+// securityHeaders sets the headers every response carries.
+func securityHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Strict-Transport-Security", "max-age=31536000")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
+		next.ServeHTTP(w, r)
+	})
+}
+
+// Serve serves HTTPS on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	err := s.srv.ServeTLS(ln, "", "")
+	if err == http.ErrServerClosed {
+		return nil
+	}
+	return trace.Wrap(err)
+}
+
+// Shutdown stops accepting and waits for requests to finish until ctx ends.
+func (s *Server) Shutdown(ctx context.Context) error {
+	return trace.Wrap(s.srv.Shutdown(ctx))
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}

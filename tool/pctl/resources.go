@@ -1,0 +1,222 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/services"
+)
+
+func (c *cli) registerResources(app *kingpin.Application, add adder) {
+	roles := app.Command("roles", "Inspect roles.")
+	add(roles.Command("ls", "List roles."), c.rolesLs)
+
+	var file string
+	cr := app.Command("create", "Create or update resources from a YAML or JSON file (role, cluster_networking_config).")
+	cr.Flag("file", "Resource file.").Short('f').Required().StringVar(&file)
+	add(cr, func(ctx context.Context) error { return c.create(ctx, file) })
+
+	var kind, name string
+	get := app.Command("get", "Print resources as YAML: role, user, node, cluster_networking_config.")
+	get.Arg("kind", "Resource kind.").Required().StringVar(&kind)
+	get.Arg("name", "Resource name (all when omitted).").StringVar(&name)
+	add(get, func(ctx context.Context) error { return c.get(ctx, kind, name) })
+
+	var strategy, caseInsensitive, dialTimeout string
+	set := app.Command("set", "Change cluster settings.")
+	sn := set.Command("networking", "Change the cluster networking config.")
+	sn.Flag("routing-strategy", "unambiguous_match or most_recent.").EnumVar(&strategy, services.RoutingUnambiguousMatch, services.RoutingMostRecent)
+	sn.Flag("case-insensitive-routing", "Match hostnames regardless of case: true or false.").EnumVar(&caseInsensitive, "true", "false")
+	sn.Flag("ssh-dial-timeout", "Bound on the proxy's dial to a node, e.g. 30s.").StringVar(&dialTimeout)
+	add(sn, func(ctx context.Context) error { return c.setNetworking(ctx, strategy, caseInsensitive, dialTimeout) })
+}
+
+func (c *cli) rolesLs(ctx context.Context) error {
+	clt, _, err := c.connect(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer clt.Close()
+	roles, err := clt.GetRoles(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ROLE\tLOGINS\tNODE LABELS\tAGENT\tPORT FWD\tMAX TTL")
+	for _, r := range roles {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%v\t%s\n", r.Metadata.Name, strings.Join(r.Spec.Logins, ","),
+			formatSelector(r.Spec.NodeLabels), r.Spec.ForwardAgent, r.Spec.PortForwarding, maxTTL(r))
+	}
+	return trace.Wrap(tw.Flush())
+}
+
+func maxTTL(r *services.Role) string {
+	if v := r.Spec.MaxSessionTTL.Value(); v > 0 {
+		return v.String()
+	}
+	return services.DefaultMaxSessionTTL.String()
+}
+
+func formatSelector(sel map[string]services.LabelValues) string {
+	parts := make([]string, 0, len(sel))
+	for k, v := range sel {
+		parts = append(parts, k+"="+strings.Join(v, "|"))
+	}
+	sortStrings(parts)
+	return strings.Join(parts, ",")
+}
+
+func (c *cli) create(ctx context.Context, file string) error {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return trace.ConvertSystemError(err)
+	}
+	// Parse before connecting: a broken file is reported without touching
+	// the cluster.
+	kind, v, err := services.UnmarshalResource(data, file)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	clt, _, err := c.connect(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer clt.Close()
+	switch r := v.(type) {
+	case *services.Role:
+		if err := clt.UpsertRole(ctx, r); err != nil {
+			return trace.Wrap(err)
+		}
+		fmt.Fprintf(c.stdout, "role %q saved\n", r.Metadata.Name)
+	case *services.ClusterNetworkingConfig:
+		if err := clt.SetClusterNetworkingConfig(ctx, r); err != nil {
+			return trace.Wrap(err)
+		}
+		fmt.Fprintln(c.stdout, "cluster_networking_config saved")
+	default:
+		return trace.BadParameter("%s: pctl create does not handle kind %q", file, kind)
+	}
+	return nil
+}
+
+func (c *cli) get(ctx context.Context, kind, name string) error {
+	clt, _, err := c.connect(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer clt.Close()
+	var out []any
+	switch kind {
+	case services.KindRole, "roles":
+		if name != "" {
+			r, err := clt.GetRole(ctx, name)
+			if err != nil {
+				return trace.Wrap(err)
+			}
+			out = append(out, r)
+		} else {
+			roles, err := clt.GetRoles(ctx)
+			if err != nil {
+				return trace.Wrap(err)
+			}
+			for _, r := range roles {
+				out = append(out, r)
+			}
+		}
+	case services.KindClusterNetworking, "networking":
+		cfg, err := clt.GetClusterNetworkingConfig(ctx)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		out = append(out, cfg)
+	case services.KindUser, "users":
+		users, err := clt.GetUsers(ctx)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		for i := range users {
+			u := users[i]
+			u.PasswordHash, u.TOTPSecret = nil, ""
+			if name == "" || u.Name == name {
+				out = append(out, u)
+			}
+		}
+		if name != "" && len(out) == 0 {
+			return trace.NotFound("user %q not found", name)
+		}
+	case services.KindNode, "nodes":
+		nodes, err := clt.GetNodes(ctx, "")
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		for _, n := range nodes {
+			if name == "" || n.UUID == name || n.Hostname == name {
+				out = append(out, n)
+			}
+		}
+		if name != "" && len(out) == 0 {
+			return trace.NotFound("node %q not found", name)
+		}
+	default:
+		return trace.BadParameter("unknown kind %q: want role, user, node or cluster_networking_config", kind)
+	}
+	for i, v := range out {
+		data, err := services.MarshalResourceYAML(v)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		if i > 0 {
+			fmt.Fprintln(c.stdout, "---")
+		}
+		c.stdout.Write(data)
+	}
+	return nil
+}
+
+func (c *cli) setNetworking(ctx context.Context, strategy, caseInsensitive, dialTimeout string) error {
+	if strategy == "" && caseInsensitive == "" && dialTimeout == "" {
+		return trace.BadParameter("nothing to set: give --routing-strategy, --case-insensitive-routing or --ssh-dial-timeout")
+	}
+	clt, _, err := c.connect(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer clt.Close()
+	cfg, err := clt.GetClusterNetworkingConfig(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	if strategy != "" {
+		cfg.Spec.RoutingStrategy = strategy
+	}
+	if caseInsensitive != "" {
+		cfg.Spec.CaseInsensitiveRouting = caseInsensitive == "true"
+	}
+	if dialTimeout != "" {
+		d, err := time.ParseDuration(dialTimeout)
+		if err != nil || d <= 0 {
+			return trace.BadParameter("invalid --ssh-dial-timeout %q: want a positive duration like 30s", dialTimeout)
+		}
+		cfg.Spec.SSHDialTimeout = services.Duration(d)
+	}
+	if err := clt.SetClusterNetworkingConfig(ctx, cfg); err != nil {
+		return trace.Wrap(err)
+	}
+	fmt.Fprintf(c.stdout, "networking: routing_strategy=%s case_insensitive_routing=%v ssh_dial_timeout=%s\n",
+		orDefault(cfg.Spec.RoutingStrategy, services.RoutingUnambiguousMatch), cfg.Spec.CaseInsensitiveRouting, cfg.Spec.SSHDialTimeout.Value())
+	return nil
+}
+
+func orDefault(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/gravitational/trace"
+	"github.com/sirupsen/logrus"
+
+	"github.com/postern-dev/postern/lib/proxy"
+	"github.com/postern-dev/postern/lib/services"
+)
+
+// route explains a routing decision with the very code the proxy runs: a
+// NodeWatcher fed by the auth API's node watch, and a proxy.Router over it
+// reading the live networking config. Same data, same code, so `pctl route`
+// gives the answer the SSH subsystem, ssh -J and the web terminal get.
+func (c *cli) route(ctx context.Context, cluster, target string) error {
+	t, err := proxy.ParseTarget(target)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	t.Cluster = cluster
+	clt, id, err := c.connect(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer clt.Close()
+	quiet := logrus.New()
+	quiet.SetLevel(logrus.WarnLevel)
+	quiet.SetOutput(c.stdout)
+	nw, err := services.NewNodeWatcher(services.NodeWatcherConfig{Events: clt, Logger: quiet.WithField("component", "nodewatcher")})
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer nw.Close()
+	if err := nw.WaitSynced(ctx); err != nil {
+		return trace.Wrap(err, "loading the node inventory")
+	}
+	router, err := proxy.NewRouter(proxy.RouterConfig{
+		ClusterName: id.ClusterName,
+		NodeWatcher: nw,
+		Networking:  clt,
+		Logger:      quiet.WithField("component", "router"),
+	})
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	e := router.ExplainTarget(ctx, t)
+	fmt.Fprint(c.stdout, e.String())
+	if e.Error != "" {
+		return trace.NotFound("no route to %s", t.String())
+	}
+	return nil
+}

@@ -1,0 +1,51 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/services"
+)
+
+// defaultTokenTTL is long enough to copy a command to a new machine and run
+// it, short enough that a leaked token is soon worthless.
+const defaultTokenTTL = 30 * time.Minute
+
+func (c *cli) registerTokens(app *kingpin.Application, add adder) {
+	tokens := app.Command("tokens", "Manage join tokens.")
+	var typ string
+	var ttl time.Duration
+	ta := tokens.Command("add", "Create a single-use join token and print the join command.")
+	ta.Flag("type", "node or proxy.").Default(services.TokenTypeNode).EnumVar(&typ, services.TokenTypeNode, services.TokenTypeProxy)
+	ta.Flag("ttl", "How long the token is valid.").Default(defaultTokenTTL.String()).DurationVar(&ttl)
+	add(ta, func(ctx context.Context) error { return c.tokensAdd(ctx, typ, ttl) })
+}
+
+func (c *cli) tokensAdd(ctx context.Context, typ string, ttl time.Duration) error {
+	if ttl <= 0 {
+		return trace.BadParameter("--ttl must be positive")
+	}
+	clt, id, err := c.connect(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer clt.Close()
+	tok, err := clt.CreateToken(ctx, typ, ttl)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	pin, err := auth.CAPin(id.TLSCACertPEM())
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	fmt.Fprintf(c.stdout, "The %s join token %s expires at %s.\n\n", typ, tok.Name, tok.Expires.UTC().Format(time.RFC3339))
+	fmt.Fprintf(c.stdout, "Run this on the new %s (replace the auth address if it is not reachable as shown):\n\n", typ)
+	fmt.Fprintf(c.stdout, "postern start --roles %s --auth-server %s --token %s --ca-pin %s\n",
+		typ, c.addr, tok.Name, pin)
+	return nil
+}

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/gravitational/trace"
+	"golang.org/x/term"
+)
+
+type adder func(*kingpin.CmdClause, func(context.Context) error)
+
+func (c *cli) registerUsers(app *kingpin.Application, add adder) {
+	users := app.Command("users", "Manage users.")
+
+	var name, logins, roles string
+	var otp bool
+	ua := users.Command("add", "Add a user; the password is read from the terminal, or from stdin when it is not one.")
+	ua.Arg("name", "User name.").Required().StringVar(&name)
+	ua.Flag("logins", "OS logins the user may use (the logins trait): L1,L2.").Required().StringVar(&logins)
+	ua.Flag("roles", "Roles (default access).").StringVar(&roles)
+	ua.Flag("otp", "Require a TOTP one-time password at login; prints the enrolment URL.").BoolVar(&otp)
+	add(ua, func(ctx context.Context) error { return c.usersAdd(ctx, name, logins, roles, otp) })
+
+	add(users.Command("ls", "List users."), c.usersLs)
+
+	var rmName string
+	ur := users.Command("rm", "Remove a user.")
+	ur.Arg("name", "User name.").Required().StringVar(&rmName)
+	add(ur, func(ctx context.Context) error { return c.usersRm(ctx, rmName) })
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, v := range strings.Split(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// readPassword reads the new user's password: twice without echo from a
+// terminal, or one line from a pipe (scripts, make run).
+func (c *cli) readPassword() ([]byte, error) {
+	if f, ok := c.stdin.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		fmt.Fprint(os.Stderr, "Password: ")
+		p1, err := term.ReadPassword(int(f.Fd()))
+		fmt.Fprintln(os.Stderr)
+		if err != nil {
+			return nil, trace.Wrap(err)
+		}
+		fmt.Fprint(os.Stderr, "Repeat password: ")
+		p2, err := term.ReadPassword(int(f.Fd()))
+		fmt.Fprintln(os.Stderr)
+		if err != nil {
+			return nil, trace.Wrap(err)
+		}
+		if string(p1) != string(p2) {
+			return nil, trace.BadParameter("passwords do not match")
+		}
+		return p1, nil
+	}
+	line, err := bufio.NewReader(c.stdin).ReadString('\n')
+	if err != nil && line == "" {
+		return nil, trace.BadParameter("no password on stdin")
+	}
+	return []byte(strings.TrimRight(line, "\r\n")), nil
+}
+
+// minPasswordLength keeps trivially guessable passwords out; the login rate
+// limit does the rest.
+const minPasswordLength = 8
+
+func (c *cli) usersAdd(ctx context.Context, name, logins, roles string, otp bool) error {
+	clt, _, err := c.connect(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer clt.Close()
+	password, err := c.readPassword()
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	if len(password) < minPasswordLength {
+		return trace.BadParameter("password too short: at least %d characters", minPasswordLength)
+	}
+	url, err := clt.CreateUser(ctx, name, password, splitList(logins), splitList(roles), otp)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	fmt.Fprintf(c.stdout, "User %q added.\n", name)
+	if url != "" {
+		fmt.Fprintf(c.stdout, "One-time password enrolment (add it to an authenticator app):\n%s\n", url)
+	}
+	return nil
+}
+
+func (c *cli) usersLs(ctx context.Context) error {
+	clt, _, err := c.connect(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer clt.Close()
+	users, err := clt.GetUsers(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "USER\tROLES\tLOGINS\tOTP")
+	for _, u := range users {
+		otp := "no"
+		if u.TOTPSecret != "" {
+			otp = "yes"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", u.Name, strings.Join(u.Roles, ","), strings.Join(u.Traits["logins"], ","), otp)
+	}
+	return trace.Wrap(tw.Flush())
+}
+
+func (c *cli) usersRm(ctx context.Context, name string) error {
+	clt, _, err := c.connect(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer clt.Close()
+	if err := clt.DeleteUser(ctx, name); err != nil {
+		return trace.Wrap(err)
+	}
+	fmt.Fprintf(c.stdout, "User %q removed.\n", name)
+	return nil
+}
