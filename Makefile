@@ -11,13 +11,13 @@ LDFLAGS   := -X github.com/postern-dev/postern/lib/version.Version=$(VERSION)
 # FUZZTIME bounds each fuzz target's run in `make fuzz` (and CI).
 FUZZTIME  ?= 10s
 
-BINARIES := postern pctl
+BINARIES := postern psh pctl
 
-.PHONY: all build run test test-go test-integration bench fuzz lint clean
+.PHONY: all build run test test-go test-integration bench fuzz lint clean web e2e
 
 all: build
 
-build:
+build: web
 	@mkdir -p $(BUILD_DIR)
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BUILD_DIR)/ $(addprefix ./tool/,$(BINARIES))
 
@@ -29,6 +29,7 @@ run: build
 test:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m ./...
+	$(MAKE) e2e
 
 # bench runs every Go benchmark briefly: BENCHTIME (default 2x; each op of
 # integration/bench moves 64 MiB through a real cluster). With
@@ -51,3 +52,26 @@ lint:
 
 clean:
 	rm -rf $(BUILD_DIR)
+
+# web builds the browser UI (web/, npm: @xterm/xterm, esbuild) into
+# lib/web/ui/dist, which `go build` embeds. Without npm the binary serves a
+# placeholder page instead of the UI, so this says so loudly.
+web:
+	@if command -v npm >/dev/null 2>&1; then \
+		$(MAKE) --no-print-directory web/node_modules/.package-lock.json && cd web && npm run --silent build; \
+	else \
+		echo "WARNING: npm not found: building without the web UI (lib/web serves a placeholder)" >&2; \
+	fi
+
+web/node_modules/.package-lock.json: web/package.json web/package-lock.json
+	cd web && npm ci --no-audit --no-fund
+
+e2e/node_modules/.package-lock.json: e2e/package.json e2e/package-lock.json
+	cd e2e && npm ci --no-audit --no-fund
+
+# e2e drives the web UI in Debian's chromium (CHROMIUM, default
+# /usr/bin/chromium) through playwright-core against a real `postern start`
+# on loopback ports; screenshots land in e2e/artifacts/. Ends with
+# "N passed, N failed" and fails when any step failed.
+e2e: build e2e/node_modules/.package-lock.json
+	POSTERN_BUILD_DIR=$(BUILD_DIR) node e2e/run.mjs

@@ -17,10 +17,14 @@
 #
 # Measured, with the arms interleaved where the measurement allows it:
 #   a. session setup: hyperfine of `ssh -J ... true` (ROUNDS rounds of RUNS
-#      runs per arm, order swapped each round), median of all samples;
+#      runs per arm, order swapped each round), median of all samples; also
+#      with curve25519 forced on every hop (sshd's sntrup761 taken out);
 #   b. throughput: TP_SIZE of zeros up (`cat >/dev/null`) and down
 #      (`head -c`), TP_RUNS runs per arm, alternating arms, median MB/s;
 #      also with AES-GCM forced on every hop (cipher effect in isolation);
+#      and the jump host's CPU seconds per GB (utime+stime from /proc; for
+#      sshd including its reaped per-connection processes), which the
+#      machine's load does not skew the way it skews MB/s;
 #   c. memory per idle forwarded connection: MEM_N concurrent idle
 #      `ssh -J ... sleep` sessions; PSS (smaps_rollup) of the bastion's
 #      processes (sshd: listener + every child and grandchild; Postern: the
@@ -30,7 +34,9 @@
 #
 # usage: bench/postern-vs-openssh.sh          (root: it creates a user)
 # env:   RUNS=20 ROUNDS=2 TP_RUNS=3 TP_SIZE=1G MEM_N=50 BASELINE_USER=sshbase
-#        BUILD_DIR=build (postern and pctl are built there first; BUILD=0 reuses them)
+#        BUILD_DIR=build (postern and pctl are built there first, BUILD=0 reuses
+#          them; GOFLAGS_BENCH adds go build flags, e.g. -overlay=FILE to try a
+#          change without touching the tree)
 #        PROFILE=1: perf-record the proxy during one Postern upload
 #        KEEP=1: keep the work dir (logs, JSON) instead of removing it
 set -uo pipefail
@@ -53,6 +59,7 @@ chmod 755 "$W" # the login's home lives under it
 export P=$W/ssh RUNS TP_RUNS TP_SIZE MEM_N
 CFG=$W/ssh_config
 CFG_AES=$W/ssh_config_aes
+CFG_X25519=$W/ssh_config_x25519
 RES=$W/results.tsv
 LOGIN=$BASELINE_USER
 NODENAME=bench-node
@@ -98,11 +105,16 @@ install_tools() {
 }
 
 build() {
+	# The binaries run from the work dir: a rebuild of $BUILD_DIR during
+	# the run (make build) must not pull them away from under perf.
+	mkdir -p "$W/bin"
 	if [ "${BUILD:-1}" = 1 ] || [ ! -x "$BUILD_DIR/postern" ] || [ ! -x "$BUILD_DIR/pctl" ]; then
 		log "building postern and pctl into $BUILD_DIR"
 		mkdir -p "$BUILD_DIR"
-		(cd "$REPO" && go build -o "$BUILD_DIR/" ./tool/postern ./tool/pctl) || die "go build"
+		(cd "$REPO" && go build ${GOFLAGS_BENCH:-} -o "$BUILD_DIR/" ./tool/postern ./tool/pctl) || die "go build"
 	fi
+	cp "$BUILD_DIR/postern" "$BUILD_DIR/pctl" "$W/bin/" || die "copying the binaries"
+	BIN=$W/bin
 }
 
 free_ports() { # n -> n distinct free loopback ports
@@ -115,7 +127,7 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))
 PY
 }
 
-pctl() { "$BUILD_DIR/pctl" --data-dir "$W/auth" "$@"; }
+pctl() { "$BIN/pctl" --data-dir "$W/auth" "$@"; }
 
 wait_for() { # tries cmd...
 	local n=$1 i
@@ -127,7 +139,7 @@ wait_for() { # tries cmd...
 start_postern() {
 	log "Postern cluster (auth+proxy process, node process) in $W"
 	read -r PA PS PW PD PN PD2 <<<"$(free_ports 6)"
-	"$BUILD_DIR/postern" start --data-dir "$W/auth" --roles auth,proxy --cluster-name bench \
+	"$BIN/postern" start --data-dir "$W/auth" --roles auth,proxy --cluster-name bench \
 		--auth-addr "127.0.0.1:$PA" --ssh-addr "127.0.0.1:$PS" --web-addr "127.0.0.1:$PW" \
 		--diag-addr "127.0.0.1:$PD" --nodename bench-proxy >"$W/proxy.log" 2>&1 &
 	PROXY_PID=$!
@@ -137,14 +149,14 @@ start_postern() {
 	out=$(pctl tokens add --type node) || die "pctl tokens add"
 	token=$(grep -oE -- '--token [^ ]+' <<<"$out" | cut -d' ' -f2)
 	pin=$(grep -oE -- '--ca-pin sha256:[0-9a-f]+' <<<"$out" | cut -d' ' -f2)
-	"$BUILD_DIR/postern" start --data-dir "$W/node" --roles node --nodename "$NODENAME" \
+	"$BIN/postern" start --data-dir "$W/node" --roles node --nodename "$NODENAME" \
 		--auth-server "127.0.0.1:$PA" --token "$token" --ca-pin "$pin" \
 		--node-addr "127.0.0.1:$PN" --diag-addr "127.0.0.1:$PD2" >"$W/node.log" 2>&1 &
 	NODE_PID=$!
 	PIDS_POSTERN+=("$NODE_PID")
 	printf 'correct horse battery staple\n' | pctl users add alice --logins "$LOGIN" >/dev/null || die "pctl users add"
 	pctl auth sign --user alice --ttl 3h --out "$W/alice" >/dev/null || die "pctl auth sign"
-	wait_for 150 sh -c "'$BUILD_DIR/pctl' --data-dir '$W/auth' nodes ls | grep -q $NODENAME" ||
+	wait_for 150 sh -c "'$BIN/pctl' --data-dir '$W/auth' nodes ls | grep -q $NODENAME" ||
 		{ tail -20 "$W/node.log"; die "node did not register"; }
 	echo "  proxy pid $PROXY_PID ssh 127.0.0.1:$PS; node pid $NODE_PID ssh 127.0.0.1:$PN"
 }
@@ -208,6 +220,10 @@ Host *
   ControlPath none
 EOF
 	sed 's/^Host \*$/Host *\n  Ciphers aes128-gcm@openssh.com/' "$CFG" >"$CFG_AES"
+	# OpenSSH 9.2 prefers sntrup761x25519, which only sshd offers and which
+	# costs the client ~60-120 ms of CPU here: this config takes the key
+	# exchange out of the comparison (an extra, informational row).
+	sed 's/^Host \*$/Host *\n  KexAlgorithms curve25519-sha256/' "$CFG" >"$CFG_X25519"
 }
 
 setup() {
@@ -244,7 +260,9 @@ latency() {
 		local a=(-n sshd "ssh -F $CFG via-sshd true" -n postern "ssh -F $CFG via-postern true")
 		[ $((r % 2)) = 0 ] && a=(-n postern "ssh -F $CFG via-postern true" -n sshd "ssh -F $CFG via-sshd true")
 		hyperfine -N --style basic --warmup 2 --runs "$RUNS" --export-json "$W/latency_$r.json" \
-			"${a[@]}" -n direct "ssh -F $CFG direct true" 2>&1 | grep -E '^(Benchmark|  Time)'
+			"${a[@]}" -n direct "ssh -F $CFG direct true" \
+			-n sshd-x25519 "ssh -F $CFG_X25519 via-sshd true" -n postern-x25519 "ssh -F $CFG_X25519 via-postern true" \
+			2>&1 | grep -E '^(Benchmark|  Time)'
 	done
 	python3 - "$W" "$ROUNDS" >>"$RES" <<'PY'
 import json, statistics, sys
@@ -254,7 +272,10 @@ for r in range(1, rounds + 1):
     for res in json.load(open(f"{w}/latency_{r}.json"))["results"]:
         times.setdefault(res["command"], []).extend(res["times"])
 for name, t in times.items():
-    print(f"setup_ms\t{name}\t{statistics.median(t)*1000:.1f}")
+    metric, arm = "setup_ms", name
+    if name.endswith("-x25519"):
+        metric, arm = "setup_ms_x25519", name[: -len("-x25519")]
+    print(f"{metric}\t{arm}\t{statistics.median(t)*1000:.1f}")
 PY
 }
 
@@ -267,9 +288,18 @@ tp_once() { # cmd -> MB/s
 	awk -v b="$bytes" -v s="$s" -v e="$e" 'BEGIN{printf "%.1f\n", b/1e6/((e-s)/1e9)}'
 }
 
+bastion_pid() { # arm -> the pid whose CPU time covers that arm's jump host
+	if [ "$1" = sshd ]; then cat "$P/sshd_bastion.pid"; else echo "$PROXY_PID"; fi
+}
+
+cpu_ticks() { # pid -> utime+stime+cutime+cstime (sshd's per-connection
+	# processes are reaped by the listener, so their time lands in its c*time)
+	awk '{print $14 + $15 + $16 + $17}' "/proc/$1/stat"
+}
+
 throughput() {
 	log "b. throughput: $TP_SIZE of zeros each way, $TP_RUNS runs per arm, arms alternating (MB = 1e6 bytes)"
-	local cfgname cfg dir i arm order cmd v
+	local cfgname cfg dir i arm order cmd v bp c0 c1 cpu
 	for cfgname in default aesgcm; do
 		cfg=$CFG
 		[ $cfgname = aesgcm ] && cfg=$CFG_AES
@@ -283,9 +313,16 @@ throughput() {
 					else
 						cmd="ssh -F $cfg via-$arm 'head -c $TP_SIZE /dev/zero' >/dev/null"
 					fi
+					bp=$(bastion_pid "$arm")
+					c0=$(cpu_ticks "$bp")
 					v=$(tp_once "$cmd")
-					printf '  %-8s %-8s %-8s run %d: %7.1f MB/s\n' "$cfgname" "$dir" "$arm" "$i" "$v"
+					sleep 0.5 # let sshd reap its per-connection processes
+					c1=$(cpu_ticks "$bp")
+					cpu=$(awk -v a="$c0" -v b="$c1" -v hz="$(getconf CLK_TCK)" -v bytes="$(numfmt --from=iec "$TP_SIZE")" \
+						'BEGIN{printf "%.2f", (b-a)/hz/(bytes/1e9)}')
+					printf '  %-8s %-8s %-8s run %d: %7.1f MB/s, jump host CPU %5.2f s/GB\n' "$cfgname" "$dir" "$arm" "$i" "$v" "$cpu"
 					record "tp_${dir}_${cfgname}" "$arm" "$v"
+					record "cpu_${dir}_${cfgname}" "$arm" "$cpu"
 				done
 			done
 		done
@@ -302,8 +339,8 @@ profile() {
 	v=$(tp_once "head -c $TP_SIZE /dev/zero | ssh -F $CFG via-postern 'cat >/dev/null'")
 	kill -INT "$perfpid"; wait "$perfpid" 2>/dev/null
 	echo "  upload during profiling: $v MB/s; top symbols of the proxy (self):"
-	perf report -i "$W/perf.data" --no-children --sort symbol --stdio 2>/dev/null |
-		grep -E '^\s+[0-9.]+%' | head -15 | sed 's/^/  /'
+	perf report -i "$W/perf.data" --no-children --sort dso,symbol --stdio 2>/dev/null |
+		grep -E '^\s+[0-9.]+%' | head -25 | sed 's/^/  /'
 }
 
 descendants() { # pid -> pid and all its descendants
@@ -372,10 +409,15 @@ for line in open(sys.argv[1]):
     vals.setdefault(m, {}).setdefault(arm, []).append(float(v))
 rows = [
     ("session setup, ms (median)", "setup_ms", "<= 0.80", lambda r: r <= 0.8),
+    ("setup, ms, kex curve25519 forced", "setup_ms_x25519", "(info)", None),
     ("upload MB/s (default ciphers)", "tp_upload_default", ">= 1.00", lambda r: r >= 1.0),
     ("download MB/s (default ciphers)", "tp_download_default", ">= 1.00", lambda r: r >= 1.0),
     ("upload MB/s (AES-GCM forced)", "tp_upload_aesgcm", "(info)", None),
     ("download MB/s (AES-GCM forced)", "tp_download_aesgcm", "(info)", None),
+    ("jump host CPU s/GB, upload", "cpu_upload_default", "(info)", None),
+    ("jump host CPU s/GB, download", "cpu_download_default", "(info)", None),
+    ("jump host CPU s/GB, up, AES-GCM", "cpu_upload_aesgcm", "(info)", None),
+    ("jump host CPU s/GB, down, AES-GCM", "cpu_download_aesgcm", "(info)", None),
     ("PSS per idle -J connection, KiB", "mem_kib_per_conn", "<= 0.05", lambda r: r <= 0.05),
 ]
 print(f"{'metric':34} {'sshd':>9} {'postern':>9} {'direct':>9} {'ratio':>7}  target   ok")

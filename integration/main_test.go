@@ -23,7 +23,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binDir = dir
-	cmd := exec.Command("go", "build", "-o", dir+"/", "../tool/postern", "../tool/pctl")
+	cmd := exec.Command("go", "build", "-o", dir+"/", "../tool/postern", "../tool/pctl", "../tool/psh")
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	if err := cmd.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building binaries:", err)

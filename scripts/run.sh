@@ -11,6 +11,7 @@ CLUSTER=${CLUSTER:-local}
 BIND=${POSTERN_BIND:-127.0.0.1}
 POSTERN="$BUILD_DIR/postern"
 PCTL="$BUILD_DIR/pctl"
+PSH="$BUILD_DIR/psh"
 OS_USER=$(id -un)
 PIDFILE="$DATA_DIR/postern.pid"
 
@@ -37,6 +38,10 @@ MSG
   cat <<MSG
 
 Ways in:
+  $PSH login --proxy $BIND:3080 --user $OS_USER --insecure
+  $PSH ls
+  $PSH ssh $OS_USER@$(hostname)
+
   # stock OpenSSH with a certificate from pctl (the ProxyCommand carries the
   # same key to the proxy hop):
   $PCTL --data-dir $DATA_DIR auth sign --user $OS_USER --ttl 1h --out /tmp/postern-id

@@ -11,6 +11,8 @@ import (
 
 	"github.com/gravitational/trace"
 	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // Identity is what a process presents to the rest of the cluster: an X.509
@@ -183,23 +185,9 @@ func WriteIdentity(dir string, id *Identity) error {
 		files[IdentitySSHCertFile] = id.Files.SSHCert
 	}
 	for name, data := range files {
-		if err := writeFileAtomic(filepath.Join(dir, name), data); err != nil {
+		if err := utils.WriteFileAtomic(filepath.Join(dir, name), data, 0o600); err != nil {
 			return trace.Wrap(err)
 		}
-	}
-	return nil
-}
-
-func writeFileAtomic(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return trace.ConvertSystemError(err)
-	}
-	if err := os.Chmod(tmp, 0o600); err != nil {
-		return trace.ConvertSystemError(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return trace.ConvertSystemError(err)
 	}
 	return nil
 }

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 
 	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // The single-file identity format (`pctl --identity FILE`) is the identity
@@ -78,7 +80,7 @@ func WriteIdentityFile(path string, id *Identity) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return trace.ConvertSystemError(err)
 	}
-	return trace.Wrap(writeFileAtomic(path, MarshalIdentityFile(id)))
+	return trace.Wrap(utils.WriteFileAtomic(path, MarshalIdentityFile(id), 0o600))
 }
 
 // ReadIdentityFile reads a single-file identity; errors name the file.

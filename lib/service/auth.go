@@ -18,6 +18,7 @@ import (
 	"github.com/postern-dev/postern/lib/backend/sqlite"
 	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // startAuth opens the backend, loads or creates the CAs and serves the auth
@@ -60,7 +61,7 @@ func (p *Process) startAuth(ctx context.Context) error {
 
 	// pctl on this machine finds the API through this file.
 	addrFile := filepath.Join(cfg.AdminIdentityDir(), config.AuthAddrFile)
-	if err := writeFileAtomic(addrFile, []byte(dialableAddr(ln.Addr())+"\n"), 0o600); err != nil {
+	if err := utils.WriteFileAtomic(addrFile, []byte(dialableAddr(ln.Addr())+"\n"), 0o600); err != nil {
 		return trace.Wrap(err)
 	}
 	p.log.WithField("addr", ln.Addr().String()).Info("Auth API is serving.")
@@ -95,7 +96,7 @@ func checkClusterName(path, name string) error {
 		}
 		return nil
 	case errors.Is(err, fs.ErrNotExist):
-		return trace.Wrap(writeFileAtomic(path, []byte(name+"\n"), 0o600))
+		return trace.Wrap(utils.WriteFileAtomic(path, []byte(name+"\n"), 0o600))
 	default:
 		return trace.ConvertSystemError(err)
 	}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // ensureDataDir creates the data dir (0700: it holds private keys and the
@@ -56,34 +58,8 @@ func readOrCreateUUID(path string) (string, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return "", trace.ConvertSystemError(err)
 	}
-	if err := writeFileAtomic(path, []byte(id+"\n"), 0o600); err != nil {
+	if err := utils.WriteFileAtomic(path, []byte(id+"\n"), 0o600); err != nil {
 		return "", trace.Wrap(err)
 	}
 	return id, nil
-}
-
-// writeFileAtomic writes via a temp file and rename, so a crash never leaves
-// a half-written identity file behind.
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return trace.ConvertSystemError(err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return trace.ConvertSystemError(err)
-	}
-	if err := tmp.Chmod(perm); err != nil {
-		tmp.Close()
-		return trace.ConvertSystemError(err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return trace.ConvertSystemError(err)
-	}
-	if err := tmp.Close(); err != nil {
-		return trace.ConvertSystemError(err)
-	}
-	return trace.ConvertSystemError(os.Rename(tmp.Name(), path))
 }

@@ -105,13 +105,36 @@ func (p *Process) startWeb(sshAddr net.Addr) error {
 		ln.Close()
 		return trace.Wrap(err)
 	}
-	ws, err := web.NewServer(web.Config{
+	// Logins go to the auth server in this process, or to the remote one
+	// with the proxy's identity; the second-factor hint needs the store
+	// (the auth API never serves TOTP secrets), so a remote-auth proxy
+	// reports "off".
+	wcfg := web.Config{
 		ClusterName:  p.clusterName,
 		ProxySSHAddr: advertisedAddr(sshAddr),
 		Certificate:  pair,
 		Clock:        p.clock,
 		Logger:       p.log.WithField("component", "web"),
-	})
+	}
+	if p.authServer != nil {
+		wcfg.Auth = p.authServer
+	} else if p.authClient != nil {
+		wcfg.Auth = p.authClient
+	}
+	if p.store != nil {
+		wcfg.SecondFactor = web.OTPEnrolled(p.store, p.clock)
+	}
+	// Browser sessions and the terminal use this process's Router and
+	// NodeWatcher in-process. Session records go to the backend when auth
+	// (and so the backend) is here; otherwise web keeps them in memory.
+	wcfg.WebSessions = web.WebSessionsConfig{Router: p.router, Nodes: p.nodeWatcher}
+	if p.store != nil {
+		wcfg.WebSessions.Roles = p.store
+		wcfg.WebSessions.Store = &web.BackendSessionStore{Backend: p.store.Backend()}
+	} else {
+		wcfg.WebSessions.Roles = p.authClient
+	}
+	ws, err := web.NewServer(wcfg)
 	if err != nil {
 		ln.Close()
 		return trace.Wrap(err)

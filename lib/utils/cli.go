@@ -34,3 +34,19 @@ func UserMessage(err error) string {
 	msg := trace.UserMessage(err)
 	return strings.TrimSpace(msg)
 }
+
+// DebugRequested reports whether --debug is among args, up to a "--"
+// (after which words belong to a remote command). Commands check it before
+// parsing, so that even a parse error is reported in full when the user
+// asked for it.
+func DebugRequested(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--debug":
+			return true
+		case "--":
+			return false
+		}
+	}
+	return false
+}

@@ -28,6 +28,16 @@ type Config struct {
 	ProxySSHAddr string
 	// Certificate is the TLS pair of the port; required.
 	Certificate tls.Certificate
+	// Auth logs users in for POST /webapi/ssh/certs; nil means the
+	// endpoint answers 501 (a web server without login).
+	Auth SSHLoginAuthenticator
+	// SecondFactor reports the cluster's second factor for /webapi/ping:
+	// "otp" or "off". Nil means "off". It is called on every ping, so it
+	// must be cheap (the service caches its answer).
+	SecondFactor func(ctx context.Context) string
+	// WebSessions enables browser sessions, GET /webapi/nodes and the
+	// terminal websocket (routes.go); the zero value disables them.
+	WebSessions WebSessionsConfig
 	// Clock; nil means the real clock.
 	Clock clockwork.Clock
 	// Logger; nil means component=web.
@@ -62,10 +72,18 @@ type PingResponse struct {
 	ServerVersion string `json:"server_version"`
 }
 
+// Values of PingResponse.SecondFactor.
+const (
+	SecondFactorOff = "off"
+	SecondFactorOTP = "otp"
+)
+
 // Server is the HTTPS server.
 type Server struct {
 	cfg Config
 	srv *http.Server
+	// web is the browser sessions' and terminals' state (routes.go).
+	web *webState
 }
 
 // Timeouts of the HTTP server: a peer that trickles headers or never reads
@@ -83,6 +101,10 @@ func NewServer(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /webapi/ping", s.ping)
+	mux.HandleFunc("POST /webapi/ssh/certs", s.sshCerts)
+	if err := s.registerWebRoutes(mux); err != nil {
+		return nil, trace.Wrap(err)
+	}
 	s.srv = &http.Server{
 		Handler:           securityHeaders(mux),
 		ReadHeaderTimeout: readHeaderTimeout,
@@ -91,15 +113,20 @@ func NewServer(cfg Config) (*Server, error) {
 			Certificates: []tls.Certificate{cfg.Certificate},
 			MinVersion:   tls.VersionTLS12,
 		},
+		ErrorLog: nil,
 	}
 	return s, nil
 }
 
 func (s *Server) ping(w http.ResponseWriter, r *http.Request) {
+	secondFactor := SecondFactorOff
+	if s.cfg.SecondFactor != nil {
+		secondFactor = s.cfg.SecondFactor(r.Context())
+	}
 	writeJSON(w, http.StatusOK, PingResponse{
 		ClusterName:   s.cfg.ClusterName,
 		ProxySSHAddr:  s.cfg.ProxySSHAddr,
-		SecondFactor:  "off",
+		SecondFactor:  secondFactor,
 		ServerVersion: version.Version,
 	})
 }
@@ -128,7 +155,9 @@ func (s *Server) Serve(ln net.Listener) error {
 
 // Shutdown stops accepting and waits for requests to finish until ctx ends.
 func (s *Server) Shutdown(ctx context.Context) error {
-	return trace.Wrap(s.srv.Shutdown(ctx))
+	err := s.srv.Shutdown(ctx)
+	// Terminals are hijacked websockets that srv.Shutdown does not wait for.
+	return trace.NewAggregate(err, s.web.shutdown(ctx))
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

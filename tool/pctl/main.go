@@ -20,12 +20,7 @@ import (
 )
 
 func main() {
-	debug := false
-	for _, a := range os.Args[1:] {
-		if a == "--debug" {
-			debug = true
-		}
-	}
+	debug := utils.DebugRequested(os.Args[1:])
 	ctx := context.Background()
 	if err := run(ctx, os.Args[1:], os.Stdin, os.Stdout); err != nil {
 		utils.FatalError(err, debug)

@@ -25,12 +25,7 @@ func main() {
 	// child that drops privileges first; that child must never become a
 	// second daemon.
 	srv.RunReexecChild()
-	debug := false
-	for _, a := range os.Args[1:] {
-		if a == "--debug" {
-			debug = true
-		}
-	}
+	debug := utils.DebugRequested(os.Args[1:])
 	if err := run(os.Args[1:]); err != nil {
 		utils.FatalError(err, debug)
 	}

@@ -1,0 +1,266 @@
+// End-to-end test of the web UI: a real `build/postern start` (auth, proxy
+// and node roles, SQLite backend, loopback ports picked at run time) driven
+// by Debian's chromium through playwright-core. Each step saves a
+// screenshot under e2e/artifacts/. The last line is `N passed, N failed`;
+// the exit status is non-zero when anything failed.
+//
+//   node e2e/run.mjs            (make e2e; needs `make build` and `npm ci` in e2e/)
+//
+// Environment: POSTERN_BUILD_DIR (default ./build), CHROMIUM (default
+// /usr/bin/chromium), E2E_KEEP=1 keeps the data dir.
+import { chromium } from 'playwright-core';
+import { spawn, execFileSync } from 'node:child_process';
+import { mkdtempSync, mkdirSync, rmSync, createWriteStream } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir, userInfo, hostname } from 'node:os';
+import { join, dirname, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const root = resolve(here, '..');
+const buildDir = resolve(root, process.env.POSTERN_BUILD_DIR || 'build');
+const chromiumPath = process.env.CHROMIUM || '/usr/bin/chromium';
+const artifacts = join(here, 'artifacts');
+const user = 'e2e';
+const password = 'correct horse battery staple e2e';
+const login = userInfo().username;
+const nodename = 'e2e-node';
+
+let passed = 0;
+let failed = 0;
+let stepNo = 0;
+let broken = null; // first failure: later steps depend on earlier ones
+
+function freePort() {
+  return new Promise((res, rej) => {
+    const srv = createServer();
+    srv.once('error', rej);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address();
+      srv.close(() => res(port));
+    });
+  });
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function waitFor(what, fn, timeoutMs = 30000, everyMs = 200) {
+  const end = Date.now() + timeoutMs;
+  let last;
+  while (Date.now() < end) {
+    try {
+      const v = await fn();
+      if (v) return v;
+    } catch (err) { last = err; }
+    await sleep(everyMs);
+  }
+  throw new Error(`timed out waiting for ${what}${last ? `: ${last.message}` : ''}`);
+}
+
+async function step(page, name, fn) {
+  stepNo++;
+  const shot = join(artifacts, `${String(stepNo).padStart(2, '0')}-${name.replace(/[^a-z0-9]+/gi, '-').toLowerCase()}.png`);
+  if (broken) {
+    failed++;
+    console.log(`FAIL ${name}: skipped after "${broken}" failed`);
+    return;
+  }
+  const start = Date.now();
+  try {
+    await fn();
+    passed++;
+    console.log(`ok   ${name} (${Date.now() - start} ms)`);
+  } catch (err) {
+    failed++;
+    broken = name;
+    console.log(`FAIL ${name}: ${err.message}`);
+  }
+  try { await page.screenshot({ path: shot }); } catch { /* browser gone */ }
+}
+
+async function rowsText(page) {
+  return page.locator('.xterm-rows').innerText();
+}
+
+async function typeInTerminal(page, text) {
+  await page.locator('.xterm-helper-textarea').focus();
+  await page.keyboard.type(text);
+}
+
+// sttySize types a command that prints the pty size behind a marker and
+// returns the last [rows, cols] seen on the screen.
+async function sttySize(page, marker) {
+  await typeInTerminal(page, `echo "${marker}=$(stty size)"\n`);
+  const re = new RegExp(`${marker}=(\\d+) (\\d+)`, 'g');
+  return waitFor(`${marker} on the screen`, async () => {
+    const m = [...(await rowsText(page)).matchAll(re)];
+    return m.length ? [Number(m.at(-1)[1]), Number(m.at(-1)[2])] : null;
+  }, 30000);
+}
+
+async function main() {
+  rmSync(artifacts, { recursive: true, force: true });
+  mkdirSync(artifacts, { recursive: true });
+  const dataDir = mkdtempSync(join(tmpdir(), 'postern-e2e-'));
+  const [nodePort, sshPort, webPort, authPort, diagPort] = await Promise.all([1, 2, 3, 4, 5].map(freePort));
+  const base = `https://127.0.0.1:${webPort}`;
+  const log = createWriteStream(join(artifacts, 'postern.log'));
+  const daemon = spawn(join(buildDir, 'postern'), [
+    'start', '--data-dir', dataDir, '--cluster-name', 'e2e', '--roles', 'auth,proxy,node',
+    '--nodename', nodename, '--labels', 'env=e2e,team=web',
+    '--node-addr', `127.0.0.1:${nodePort}`, '--ssh-addr', `127.0.0.1:${sshPort}`,
+    '--web-addr', `127.0.0.1:${webPort}`, '--auth-addr', `127.0.0.1:${authPort}`,
+    '--diag-addr', `127.0.0.1:${diagPort}`,
+  ], { stdio: ['ignore', 'pipe', 'pipe'] });
+  daemon.stdout.pipe(log);
+  daemon.stderr.pipe(log);
+  let daemonExited = false;
+  daemon.on('exit', () => { daemonExited = true; });
+
+  let context;
+  let profile;
+  try {
+    const pctl = (args, input) => execFileSync(join(buildDir, 'pctl'), ['--data-dir', dataDir, ...args],
+      { input, stdio: ['pipe', 'pipe', 'pipe'] }).toString();
+    await waitFor('postern to start', () => {
+      if (daemonExited) throw new Error('postern exited; see e2e/artifacts/postern.log');
+      pctl(['users', 'ls']);
+      return true;
+    });
+    pctl(['users', 'add', user, '--logins', login], `${password}\n`);
+
+    profile = mkdtempSync(join(tmpdir(), 'postern-e2e-chromium-'));
+    context = await chromium.launchPersistentContext(profile, {
+      executablePath: chromiumPath,
+      headless: true,
+      ignoreHTTPSErrors: true,
+      viewport: { width: 1200, height: 800 },
+      args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+        '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+    });
+    const page = context.pages()[0] || await context.newPage();
+    const consoleErrors = [];
+    page.on('console', (m) => { if (m.type() === 'error') consoleErrors.push(m.text()); });
+
+    await step(page, 'login page loads with a strict CSP', async () => {
+      const resp = await page.goto(`${base}/`);
+      const csp = resp.headers()['content-security-policy'] || '';
+      if (!csp.includes("script-src 'self'")) throw new Error(`CSP is ${JSON.stringify(csp)}`);
+      await page.locator('#view-login').waitFor({ state: 'visible' });
+    });
+
+    await step(page, 'wrong password is refused', async () => {
+      await page.fill('#login-user', user);
+      await page.fill('#login-password', 'wrong password');
+      await page.click('#login-submit');
+      await page.locator('#login-error', { hasText: 'invalid credentials' }).waitFor();
+    });
+
+    await step(page, 'log in', async () => {
+      await page.fill('#login-password', password);
+      await page.click('#login-submit');
+      await page.locator('#view-nodes').waitFor({ state: 'visible' });
+    });
+
+    await step(page, 'see the node and search', async () => {
+      // The node registers with its first heartbeat, shortly after start.
+      await waitFor('the node in the list', async () => {
+        if (await page.locator(`tr[data-hostname="${nodename}"]`).count()) return true;
+        await page.reload();
+        await page.locator('#view-nodes').waitFor({ state: 'visible' });
+        return false;
+      }, 30000, 1000);
+      await page.fill('#node-search', 'team=web');
+      await page.locator(`tr[data-hostname="${nodename}"]`).waitFor();
+      await page.fill('#node-search', 'no-such-node');
+      await page.locator('#nodes-empty').waitFor({ state: 'visible' });
+      await page.fill('#node-search', '');
+      await page.locator(`tr[data-hostname="${nodename}"] select.login`).selectOption(login);
+    });
+
+    await step(page, 'open a terminal', async () => {
+      await page.click(`tr[data-hostname="${nodename}"] button.connect`);
+      await page.locator('#term-status[data-status="connected"]').waitFor({ timeout: 30000 });
+      // Generous: root's shell start-up (~/.bashrc) is slow on a loaded CI box.
+      await waitFor('a shell prompt', async () => (await rowsText(page)).trim().length > 0, 60000);
+    });
+
+    await step(page, 'type a command and read its output', async () => {
+      await typeInTerminal(page, 'echo "postern-$((6*7))"\n');
+      await waitFor('the output', async () => (await rowsText(page)).includes('postern-42'), 30000);
+    });
+
+    let before;
+    await step(page, 'stty size matches the terminal', async () => {
+      before = await sttySize(page, 'SIZE1');
+      const [rows, cols] = await page.evaluate(() => [window.posternTerminal.rows, window.posternTerminal.cols]);
+      if (before[0] !== rows || before[1] !== cols) throw new Error(`stty size ${before} but xterm is ${rows} ${cols}`);
+    });
+
+    await step(page, 'resize the window and see stty size change', async () => {
+      await page.setViewportSize({ width: 800, height: 500 });
+      await waitFor('xterm to refit', async () => {
+        const [rows, cols] = await page.evaluate(() => [window.posternTerminal.rows, window.posternTerminal.cols]);
+        return rows < before[0] && cols < before[1];
+      }, 10000);
+      const after = await sttySize(page, 'SIZE2');
+      const [rows, cols] = await page.evaluate(() => [window.posternTerminal.rows, window.posternTerminal.cols]);
+      if (after[0] !== rows || after[1] !== cols) throw new Error(`stty size ${after} but xterm is ${rows} ${cols}`);
+      if (after[0] >= before[0] || after[1] >= before[1]) throw new Error(`stty size did not shrink: ${before} -> ${after}`);
+      console.log(`     stty size ${before.join('x')} -> ${after.join('x')}`);
+    });
+
+    await step(page, 'ping latency is shown', async () => {
+      await page.locator('#term-latency', { hasText: 'ms' }).waitFor({ timeout: 15000 });
+    });
+
+    let token;
+    await step(page, 'logging out ends the open terminal', async () => {
+      token = await page.evaluate(() => sessionStorage.getItem('postern.token'));
+      const status = await page.evaluate(async (t) => {
+        const r = await fetch('/webapi/sessions', { method: 'DELETE', headers: { Authorization: `Bearer ${t}` } });
+        return r.status;
+      }, token);
+      if (status !== 204) throw new Error(`DELETE /webapi/sessions: ${status}`);
+      await page.locator('#term-status[data-status="disconnected"]').waitFor();
+      const text = await page.locator('#term-status').innerText();
+      if (!/session ended/.test(text)) throw new Error(`status: ${text}`);
+    });
+
+    await step(page, 'the websocket is refused after logout', async () => {
+      const res = await page.evaluate((t) => new Promise((resolve) => {
+        const params = { host: 'e2e-node', login: 'x', cols: 80, rows: 24, cluster: '' };
+        const ws = new WebSocket(`wss://${location.host}/webapi/terminal?params=${encodeURIComponent(JSON.stringify(params))}`, 'postern.v1');
+        const seen = [];
+        ws.onopen = () => ws.send(JSON.stringify({ token: t }));
+        ws.onmessage = (ev) => seen.push(typeof ev.data === 'string' ? ev.data : 'binary');
+        ws.onclose = (ev) => resolve({ code: ev.code, reason: ev.reason, seen });
+      }), token);
+      if (res.code !== 1008 || !/log in again/.test(res.reason) || res.seen.length) {
+        throw new Error(`websocket: ${JSON.stringify(res)}`);
+      }
+      console.log(`     closed with ${res.code} "${res.reason}"`);
+      await page.click('#term-back');
+      await page.locator('#view-login').waitFor({ state: 'visible' });
+    });
+
+    await step(page, 'no console errors', async () => {
+      // The refused login's 401 is logged by chromium as a failed resource load.
+      const real = consoleErrors.filter((e) => !/status of 401/.test(e));
+      if (real.length) throw new Error(real.join('\n'));
+    });
+  } catch (err) {
+    failed++;
+    console.log(`FAIL setup: ${err.message}`);
+  } finally {
+    if (context) await context.close().catch(() => {});
+    if (profile) rmSync(profile, { recursive: true, force: true });
+    daemon.kill('SIGTERM');
+    await waitFor('postern to exit', () => daemonExited, 15000).catch(() => daemon.kill('SIGKILL'));
+    if (!process.env.E2E_KEEP) rmSync(dataDir, { recursive: true, force: true });
+  }
+  console.log(`${passed} passed, ${failed} failed`);
+  process.exit(failed ? 1 : 0);
+}
+
+main();

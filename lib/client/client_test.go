@@ -1,0 +1,167 @@
+package client
+
+import (
+	"context"
+	"encoding/pem"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gravitational/trace"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseForwardSpec(t *testing.T) {
+	for in, want := range map[string]ForwardSpec{
+		"8080:db:5432":              {BindHost: "127.0.0.1", BindPort: "8080", Host: "db", HostPort: "5432"},
+		"0.0.0.0:8080:db:5432":      {BindHost: "0.0.0.0", BindPort: "8080", Host: "db", HostPort: "5432"},
+		"localhost:1:[::1]:22":      {BindHost: "127.0.0.1", BindPort: "1", Host: "::1", HostPort: "22"},
+		"[::1]:8080:10.0.0.1:80":    {BindHost: "::1", BindPort: "8080", Host: "10.0.0.1", HostPort: "80"},
+		"*:8080:example.com:443":    {BindHost: "", BindPort: "8080", Host: "example.com", HostPort: "443"},
+		":8080:example.com:443":     {BindHost: "127.0.0.1", BindPort: "8080", Host: "example.com", HostPort: "443"},
+		"127.0.0.1:9:127.0.0.1:100": {BindHost: "127.0.0.1", BindPort: "9", Host: "127.0.0.1", HostPort: "100"},
+	} {
+		got, err := ParseForwardSpec(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	for _, bad := range []string{"", "8080", "8080:db", "a:b:c:d:e", "[::1:80:db:1", "8080::5432", "[::1]x:1:h:2"} {
+		_, err := ParseForwardSpec(bad)
+		require.Error(t, err, bad)
+	}
+}
+
+func TestNormalizeProxyAddr(t *testing.T) {
+	for in, want := range map[string]string{
+		"proxy.example.com":      "proxy.example.com:3080",
+		"proxy.example.com:443":  "proxy.example.com:443",
+		"[::1]":                  "[::1]:3080",
+		"[::1]:3080":             "[::1]:3080",
+		"127.0.0.1":              "127.0.0.1:3080",
+		"proxy.example.com:3080": "proxy.example.com:3080",
+	} {
+		got, err := NormalizeProxyAddr(in)
+		require.NoError(t, err)
+		require.Equal(t, want, got)
+	}
+	for _, bad := range []string{"", "https://proxy", "proxy/x"} {
+		_, err := NormalizeProxyAddr(bad)
+		require.Error(t, err, bad)
+	}
+	require.Equal(t, "proxy.example.com:3023", proxySSHAddr("proxy.example.com:3080", "0.0.0.0:3023"))
+	require.Equal(t, "proxy.example.com:3023", proxySSHAddr("proxy.example.com:3080", ":3023"))
+	require.Equal(t, "10.0.0.1:3023", proxySSHAddr("proxy.example.com:3080", "10.0.0.1:3023"))
+}
+
+// scripted answers prompts from a list.
+type scripted []string
+
+func (s *scripted) Secret(string) (string, error) {
+	if len(*s) == 0 {
+		return "", nil
+	}
+	v := (*s)[0]
+	*s = (*s)[1:]
+	return v, nil
+}
+
+func TestWebClientNotPostern(t *testing.T) {
+	for name, h := range map[string]http.HandlerFunc{
+		"html": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/html")
+			fmt.Fprint(w, "<html></html>")
+		},
+		"json but not ping": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"hello":"world"}`)
+		},
+		"404": func(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := httptest.NewTLSServer(h)
+			defer srv.Close()
+			addr := strings.TrimPrefix(srv.URL, "https://")
+			home := t.TempDir()
+			_, err := Login(context.Background(), LoginConfig{
+				Web: WebConfig{Proxy: addr, Insecure: true}, User: "alice", Store: NewStore(home), Prompt: &scripted{"pw"},
+			})
+			require.ErrorContains(t, err, addr+" is not a Postern proxy")
+			entries, err := os.ReadDir(home)
+			require.NoError(t, err)
+			require.Empty(t, entries, "nothing written")
+		})
+	}
+}
+
+func TestWebClientTLS(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"cluster_name":"c1","proxy_ssh_addr":"127.0.0.1:3023","second_factor":"off","server_version":"dev"}`)
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "https://")
+
+	wc, err := NewWebClient(WebConfig{Proxy: addr})
+	require.NoError(t, err)
+	_, err = wc.Ping(context.Background())
+	require.ErrorContains(t, err, "does not verify")
+	require.ErrorContains(t, err, "--insecure")
+	require.True(t, trace.IsAccessDenied(err))
+	wc.Close()
+
+	// --cacert with the server's certificate verifies.
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	require.NoError(t, os.WriteFile(caFile, pemCert(srv.Certificate().Raw), 0o600))
+	wc, err = NewWebClient(WebConfig{Proxy: addr, CACertFile: caFile})
+	require.NoError(t, err)
+	ping, err := wc.Ping(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, "c1", ping.ClusterName)
+	wc.Close()
+
+	_, err = NewWebClient(WebConfig{Proxy: addr, CACertFile: filepath.Join(t.TempDir(), "missing.pem")})
+	require.ErrorContains(t, err, "--cacert")
+}
+
+func TestLoginErrorsMapped(t *testing.T) {
+	var status atomic.Int32
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path == "/webapi/ping" {
+			fmt.Fprint(w, `{"cluster_name":"c1","proxy_ssh_addr":"127.0.0.1:3023","second_factor":"otp","server_version":"dev"}`)
+			return
+		}
+		w.WriteHeader(int(status.Load()))
+		fmt.Fprintf(w, `{"error":"status %d"}`, status.Load())
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "https://")
+	for code, kind := range map[int]func(error) bool{
+		http.StatusUnauthorized:        trace.IsAccessDenied,
+		http.StatusTooManyRequests:     trace.IsLimitExceeded,
+		http.StatusBadRequest:          trace.IsBadParameter,
+		http.StatusInternalServerError: trace.IsConnectionProblem,
+	} {
+		status.Store(int32(code))
+		prompts := scripted{"pw", "123456"}
+		home := t.TempDir()
+		_, err := Login(context.Background(), LoginConfig{
+			Web: WebConfig{Proxy: addr, Insecure: true}, User: "alice", Store: NewStore(home), Prompt: &prompts, TTL: time.Hour,
+		})
+		require.True(t, kind(err), "%d: %v", code, err)
+		require.Contains(t, err.Error(), fmt.Sprintf("status %d", code))
+		require.Empty(t, prompts, "OTP asked when the proxy says otp")
+		entries, _ := os.ReadDir(home)
+		require.Empty(t, entries)
+	}
+}
+
+func pemCert(der []byte) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}

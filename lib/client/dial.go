@@ -1,0 +1,280 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gravitational/trace"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/proxy"
+)
+
+// DialTimeout bounds the TCP connect and SSH handshake with the proxy.
+const DialTimeout = 30 * time.Second
+
+// stderrWait bounds how long psh waits for the proxy's explanation of a
+// refused subsystem (it is sent before the refusal, so it is normally
+// already there).
+const stderrWait = 5 * time.Second
+
+// HostCAChecker accepts only host certificates signed by one of cas whose
+// principals include the host psh dialed. A plain host key is refused:
+// psh never trusts on first use.
+func HostCAChecker(cas []ssh.PublicKey) ssh.HostKeyCallback {
+	checker := &ssh.CertChecker{
+		IsHostAuthority: func(auth ssh.PublicKey, _ string) bool {
+			for _, ca := range cas {
+				if bytes.Equal(ca.Marshal(), auth.Marshal()) {
+					return true
+				}
+			}
+			return false
+		},
+	}
+	return checker.CheckHostKey
+}
+
+// hostKeyAlgorithms asks for certificates first so that servers holding
+// both a key and a certificate present the certificate.
+var hostKeyAlgorithms = []string{
+	ssh.CertAlgoED25519v01, ssh.CertAlgoECDSA256v01, ssh.CertAlgoECDSA384v01, ssh.CertAlgoECDSA521v01,
+	ssh.CertAlgoRSASHA512v01, ssh.CertAlgoRSASHA256v01,
+}
+
+func (c *Credentials) clientConfig(login string) *ssh.ClientConfig {
+	return &ssh.ClientConfig{
+		User:              login,
+		Auth:              []ssh.AuthMethod{ssh.PublicKeys(c.Signer)},
+		HostKeyCallback:   c.HostKeyCallback,
+		HostKeyAlgorithms: hostKeyAlgorithms,
+		Timeout:           DialTimeout,
+	}
+}
+
+// DefaultLogin is the login psh presents when the user names none: the
+// certificate's first principal.
+func (c *Credentials) DefaultLogin() string {
+	if len(c.Cert.ValidPrincipals) == 0 {
+		return ""
+	}
+	return c.Cert.ValidPrincipals[0]
+}
+
+// DialProxy connects to the proxy's SSH port with the certificate and
+// checks the proxy's host certificate against the host CA.
+func DialProxy(ctx context.Context, creds *Credentials) (*ssh.Client, error) {
+	addr := creds.Profile.ProxySSH
+	d := net.Dialer{Timeout: DialTimeout}
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, trace.ConnectionProblem(err, "cannot reach the proxy at %s: %v", addr, rootCause(err))
+	}
+	// The login presented to the proxy does not matter (the proxy checks
+	// the certificate, not the login); use the default one.
+	cfg := creds.clientConfig(creds.DefaultLogin())
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	sconn, chans, reqs, err := ssh.NewClientConn(conn, addr, cfg)
+	if err != nil {
+		conn.Close()
+		return nil, handshakeError("the proxy at "+addr, err)
+	}
+	return ssh.NewClient(sconn, chans, reqs), nil
+}
+
+func handshakeError(what string, err error) error {
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "unable to authenticate"):
+		return trace.AccessDenied("%s refused the certificate: run `psh login` again", what)
+	case strings.Contains(msg, "host key") || strings.Contains(msg, "certificate") || strings.Contains(msg, "principal"):
+		return trace.AccessDenied("%s could not be verified against the cluster's host CA: %s", what, oneLine(err))
+	}
+	return trace.ConnectionProblem(err, "%s: %s", what, oneLine(err))
+}
+
+// Subsystem is an accepted subsystem channel on the proxy. The proxy
+// explains a refusal on stderr and then ends the channel (it accepts the
+// request first, because OpenSSH would not print stderr after a refused
+// one), so stderr is captured for Explain.
+type Subsystem struct {
+	ssh.Channel
+	// stderrDone is closed when the stderr stream has ended; reqsDone
+	// when the channel's requests have (the channel is closed).
+	stderrDone, reqsDone chan struct{}
+	// exitStatus is the proxy's exit-status for the channel; -1 if none.
+	exitStatus atomic.Int64
+	// mu guards stderr.
+	mu     sync.Mutex
+	stderr bytes.Buffer
+}
+
+// maxStderr bounds the captured stderr: an ambiguous-host candidate list
+// for a few hundred nodes fits.
+const maxStderr = 64 << 10
+
+// OpenSubsystem opens a session channel on the proxy and requests name.
+// A refusal is an error carrying what the proxy wrote on stderr (for an
+// ambiguous host, the candidate list). Stderr of an accepted subsystem is
+// captured (first 64 KiB) and, when tee is set, also copied there.
+func OpenSubsystem(ctx context.Context, proxyClient *ssh.Client, name string, tee io.Writer) (*Subsystem, error) {
+	ch, reqs, err := proxyClient.OpenChannel("session", nil)
+	if err != nil {
+		return nil, trace.ConnectionProblem(err, "proxy refused a session: %v", err)
+	}
+	sub := &Subsystem{Channel: ch, stderrDone: make(chan struct{}), reqsDone: make(chan struct{})}
+	sub.exitStatus.Store(-1)
+	go func() {
+		defer close(sub.reqsDone)
+		for req := range reqs {
+			var st struct{ Status uint32 }
+			if req.Type == "exit-status" && ssh.Unmarshal(req.Payload, &st) == nil {
+				sub.exitStatus.Store(int64(st.Status))
+			}
+			if req.WantReply {
+				_ = req.Reply(false, nil)
+			}
+		}
+	}()
+	go func() {
+		defer close(sub.stderrDone)
+		buf := make([]byte, 4096)
+		for {
+			n, err := ch.Stderr().Read(buf)
+			if n > 0 {
+				sub.mu.Lock()
+				if sub.stderr.Len() < maxStderr {
+					sub.stderr.Write(buf[:n])
+				}
+				sub.mu.Unlock()
+				if tee != nil {
+					_, _ = tee.Write(buf[:n])
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	ok, err := ch.SendRequest("subsystem", true, ssh.Marshal(struct{ Name string }{name}))
+	if err != nil {
+		ch.Close()
+		return nil, trace.ConnectionProblem(err, "proxy connection lost: %v", err)
+	}
+	if !ok {
+		ch.Close()
+		if msg := sub.Explain(); msg != "" {
+			return nil, trace.BadParameter("%s", msg)
+		}
+		return nil, trace.BadParameter("the proxy refused %s", name)
+	}
+	return sub, nil
+}
+
+// Explain waits (briefly) for the stderr stream to end and returns what
+// the proxy wrote there, trimmed; "" when it wrote nothing. Call it when
+// the stream ended early: the reason is there.
+func (s *Subsystem) Explain() string {
+	timer := time.NewTimer(stderrWait)
+	defer timer.Stop()
+	select {
+	case <-s.stderrDone:
+	case <-timer.C:
+	}
+	s.mu.Lock()
+	msg := s.stderr.String()
+	s.mu.Unlock()
+	msg = strings.TrimSpace(strings.ReplaceAll(msg, "\r\n", "\n"))
+	return strings.TrimPrefix(msg, "postern: ")
+}
+
+// ExitStatus waits (briefly) for the channel to close and returns the
+// exit status the proxy sent for it: 0 for a subsystem that ended well,
+// 1 for one it refused or that failed; -1 when none came.
+func (s *Subsystem) ExitStatus() int {
+	timer := time.NewTimer(stderrWait)
+	defer timer.Stop()
+	select {
+	case <-s.reqsDone:
+	case <-timer.C:
+	}
+	return int(s.exitStatus.Load())
+}
+
+// NodeClient is an SSH client to a node through the proxy.
+type NodeClient struct {
+	*ssh.Client
+	proxy *ssh.Client
+}
+
+// Close closes the node connection, then the proxy connection.
+func (c *NodeClient) Close() error {
+	err := c.Client.Close()
+	if perr := c.proxy.Close(); err == nil {
+		err = perr
+	}
+	return err
+}
+
+// DialNode dials the proxy, opens `proxy:TARGET` and runs an SSH client
+// over it as login. The node's host certificate must be signed by the host
+// CA and name target.Host (hostnames, UUIDs, HOST.CLUSTER and IPs are all
+// among a node's principals).
+func DialNode(ctx context.Context, creds *Credentials, target proxy.Target, login string) (*NodeClient, error) {
+	pc, err := DialProxy(ctx, creds)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	ch, err := OpenSubsystem(ctx, pc, target.SubsystemString(), nil)
+	if err != nil {
+		pc.Close()
+		return nil, trace.Wrap(err)
+	}
+	port := target.Port
+	if port == "" || port == "0" {
+		port = "22"
+	}
+	addr := net.JoinHostPort(target.Host, port)
+	conn := &channelConn{Channel: ch, local: pc.LocalAddr(), remote: pc.RemoteAddr()}
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	sconn, chans, reqs, err := ssh.NewClientConn(conn, addr, creds.clientConfig(login))
+	if err != nil {
+		conn.Close()
+		// The proxy ends the channel when it cannot route; its reason
+		// (not found, ambiguous with the candidates) is on stderr.
+		msg := ch.Explain()
+		pc.Close()
+		if msg != "" {
+			return nil, trace.BadParameter("%s", msg)
+		}
+		return nil, handshakeError("node "+target.Host, err)
+	}
+	return &NodeClient{Client: ssh.NewClient(sconn, chans, reqs), proxy: pc}, nil
+}
+
+// channelConn makes an SSH channel a net.Conn for ssh.NewClientConn.
+// Deadlines are not supported (the SSH client does not use them).
+type channelConn struct {
+	ssh.Channel
+	local, remote net.Addr
+	closeOnce     sync.Once
+}
+
+func (c *channelConn) Close() error {
+	var err error
+	c.closeOnce.Do(func() { err = c.Channel.Close() })
+	return err
+}
+func (c *channelConn) LocalAddr() net.Addr                { return c.local }
+func (c *channelConn) RemoteAddr() net.Addr               { return c.remote }
+func (c *channelConn) SetDeadline(t time.Time) error      { return nil }
+func (c *channelConn) SetReadDeadline(t time.Time) error  { return nil }
+func (c *channelConn) SetWriteDeadline(t time.Time) error { return nil }

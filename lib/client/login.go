@@ -1,0 +1,193 @@
+package client
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/gravitational/trace"
+	"golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/agent"
+	"golang.org/x/term"
+
+	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/web"
+)
+
+// Prompter asks the user for secrets.
+type Prompter interface {
+	// Secret shows prompt and reads one line without echo.
+	Secret(prompt string) (string, error)
+}
+
+// StdinPrompter reads from a terminal without echo, or, when In is not a
+// terminal, one line per question from In (so scripts can pipe the
+// password and then the OTP).
+type StdinPrompter struct {
+	In  *os.File
+	Out io.Writer
+	rd  *bufio.Reader
+}
+
+// Secret implements Prompter.
+func (p *StdinPrompter) Secret(prompt string) (string, error) {
+	if term.IsTerminal(int(p.In.Fd())) {
+		fmt.Fprint(p.Out, prompt)
+		data, err := term.ReadPassword(int(p.In.Fd()))
+		fmt.Fprintln(p.Out)
+		return string(data), trace.Wrap(err)
+	}
+	if p.rd == nil {
+		p.rd = bufio.NewReader(p.In)
+	}
+	line, err := p.rd.ReadString('\n')
+	if err != nil && (err != io.EOF || line == "") {
+		if err == io.EOF {
+			return "", nil
+		}
+		return "", trace.Wrap(err)
+	}
+	return strings.TrimRight(line, "\r\n"), nil
+}
+
+// LoginConfig is one `psh login`.
+type LoginConfig struct {
+	Web   WebConfig
+	User  string
+	TTL   time.Duration
+	Store *Store
+	// Prompt reads the password and OTP.
+	Prompt Prompter
+	// OTP forces the OTP question even when the proxy reports "off".
+	OTP bool
+	// AgentSock, when set, is the ssh-agent that gets the key and
+	// certificate.
+	AgentSock string
+	// Now is the clock for the agent lifetime; nil means time.Now.
+	Now func() time.Time
+}
+
+// LoginResult says what a login stored.
+type LoginResult struct {
+	Profile *Profile
+	Cert    *ssh.Certificate
+	// AgentErr is why adding to the agent failed (the login succeeded).
+	AgentErr error
+}
+
+// Login asks the proxy who it is, reads the password (and OTP), fetches a
+// certificate for a fresh ed25519 key and stores everything. Nothing is
+// written unless the proxy issued a certificate.
+func Login(ctx context.Context, cfg LoginConfig) (*LoginResult, error) {
+	if cfg.User == "" {
+		return nil, trace.BadParameter("missing --user NAME")
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	wc, err := NewWebClient(cfg.Web)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	defer wc.Close()
+	ping, err := wc.Ping(ctx)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	password, err := cfg.Prompt.Secret(fmt.Sprintf("Password for %s@%s: ", cfg.User, wc.Addr()))
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	var otp string
+	if cfg.OTP || ping.SecondFactor == web.SecondFactorOTP {
+		if otp, err = cfg.Prompt.Secret("OTP code (empty if you have none): "); err != nil {
+			return nil, trace.Wrap(err)
+		}
+	}
+	priv, pub, err := auth.GenerateKeyPair()
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	resp, err := wc.SSHLogin(ctx, web.SSHLoginRequest{
+		User: cfg.User, Password: password, OTPToken: strings.TrimSpace(otp),
+		PubKey: string(pub), TTLSeconds: int64(cfg.TTL / time.Second),
+	})
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	certPub, _, _, _, err := ssh.ParseAuthorizedKey([]byte(resp.Cert))
+	cert, ok := certPub.(*ssh.Certificate)
+	if err != nil || !ok {
+		return nil, trace.BadParameter("proxy %s returned an invalid certificate", wc.Addr())
+	}
+	var known []string
+	for _, hs := range resp.HostSigners {
+		known = append(known, auth.KnownHostsLines(hs.CheckingKeys)...)
+	}
+	if len(known) == 0 {
+		return nil, trace.BadParameter("proxy %s returned no host CA: refusing to log in without a way to verify hosts", wc.Addr())
+	}
+	profile := Profile{
+		Proxy:    wc.Addr(),
+		ProxySSH: proxySSHAddr(wc.Addr(), ping.ProxySSHAddr),
+		User:     resp.Username,
+		Cluster:  ping.ClusterName,
+	}
+	if err := cfg.Store.Save(&StoredLogin{Profile: profile, Key: priv, Pub: pub, Cert: []byte(resp.Cert + "\n"), KnownHosts: known}); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	res := &LoginResult{Profile: &profile, Cert: cert}
+	if cfg.AgentSock != "" {
+		res.AgentErr = addToAgent(cfg.AgentSock, priv, cert, cfg.Now())
+	}
+	return res, nil
+}
+
+// proxySSHAddr resolves what /webapi/ping advertised: a proxy listening on
+// all interfaces advertises an empty or unspecified host, which means
+// "the host you reached me at".
+func proxySSHAddr(webAddr, advertised string) string {
+	host, port, err := net.SplitHostPort(advertised)
+	if err != nil {
+		return advertised
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		webHost, _, _ := net.SplitHostPort(webAddr)
+		return net.JoinHostPort(webHost, port)
+	}
+	return advertised
+}
+
+// addToAgent adds the key, plain and with its certificate (as ssh-add
+// does), for the certificate's remaining lifetime.
+func addToAgent(sock string, keyPEM []byte, cert *ssh.Certificate, now time.Time) error {
+	raw, err := ssh.ParseRawPrivateKey(keyPEM)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		return trace.ConnectionProblem(err, "ssh-agent at %s: %v", sock, err)
+	}
+	defer conn.Close()
+	life := time.Unix(int64(cert.ValidBefore), 0).Sub(now)
+	if life <= 0 {
+		return trace.BadParameter("certificate already expired")
+	}
+	ag := agent.NewClient(conn)
+	comment := "postern:" + cert.KeyId
+	for _, k := range []agent.AddedKey{
+		{PrivateKey: raw, Certificate: cert, LifetimeSecs: uint32(life / time.Second), Comment: comment},
+		{PrivateKey: raw, LifetimeSecs: uint32(life / time.Second), Comment: comment},
+	} {
+		if err := ag.Add(k); err != nil {
+			return trace.Wrap(err, "adding the key to ssh-agent at %s", sock)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,170 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/proxy/sshproxy"
+	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
+)
+
+// maxNodesAnswer bounds the `nodes` subsystem answer psh reads (100k nodes
+// at ~250 bytes each).
+const maxNodesAnswer = 64 << 20
+
+// ListNodes asks the proxy's `nodes` subsystem which nodes the user may
+// reach.
+func ListNodes(ctx context.Context, creds *Credentials) ([]sshproxy.NodeEntry, error) {
+	pc, err := DialProxy(ctx, creds)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	defer pc.Close()
+	ch, err := OpenSubsystem(ctx, pc, sshproxy.SubsystemNodes, nil)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	defer ch.Close()
+	stop := context.AfterFunc(ctx, func() { ch.Close() })
+	defer stop()
+	data, err := io.ReadAll(io.LimitReader(ch, maxNodesAnswer))
+	if err != nil {
+		return nil, trace.ConnectionProblem(err, "reading the node list: %v", err)
+	}
+	var nodes []sshproxy.NodeEntry
+	if err := json.Unmarshal(data, &nodes); err != nil {
+		if msg := ch.Explain(); msg != "" {
+			return nil, trace.BadParameter("%s", msg)
+		}
+		return nil, trace.BadParameter("the proxy sent an invalid node list: %v", err)
+	}
+	return nodes, nil
+}
+
+// WriteNodesTable prints nodes as an aligned table.
+func WriteNodesTable(w io.Writer, nodes []sshproxy.NodeEntry) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "HOSTNAME\tADDRESS\tLABELS\tLOGINS\tUUID")
+	for _, n := range nodes {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Hostname, n.Addr, FormatLabels(n.Labels), strings.Join(n.Logins, ","), n.UUID)
+	}
+	return trace.Wrap(tw.Flush())
+}
+
+// FormatLabels renders labels as k=v,k2=v2 sorted by key.
+func FormatLabels(labels map[string]string) string {
+	keys := make([]string, 0, len(labels))
+	for k := range labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, k+"="+labels[k])
+	}
+	return strings.Join(parts, ",")
+}
+
+// ProxyStdio is `psh proxy ssh`: the raw bytes of the node's SSH port on
+// stdin/stdout, for OpenSSH's ProxyCommand. Half-close is kept: stdin EOF
+// is sent as EOF, and the tunnel ends when the node's side ends.
+func ProxyStdio(ctx context.Context, creds *Credentials, subsystem string, stdin io.ReadCloser, stdout io.WriteCloser, stderr io.Writer) error {
+	pc, err := DialProxy(ctx, creds)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer pc.Close()
+	// The proxy's stderr goes to ours: OpenSSH shows a ProxyCommand's
+	// stderr, so a "not found" or ambiguous-host list reaches the user.
+	ch, err := OpenSubsystem(ctx, pc, subsystem, stderr)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	fromNode, _, err := utils.Splice(ctx, ch, stdio{stdin, stdout})
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	// A refused route ends the channel after explaining on stderr (already
+	// copied to ours): exit non-zero without repeating it. The exit-status
+	// may be lost when our close crosses the proxy's, so a tunnel that
+	// never carried a byte from the node (every SSH server speaks first)
+	// counts as failed too.
+	if st := ch.ExitStatus(); st > 0 || fromNode == 0 {
+		if ch.Explain() == "" {
+			return trace.ConnectionProblem(nil, "the proxy closed the tunnel before the node answered")
+		}
+		return &ExitStatusError{Status: 1}
+	}
+	return nil
+}
+
+// stdio is stdin and stdout as one stream; CloseWrite closes stdout so
+// that OpenSSH sees the end.
+type stdio struct {
+	io.ReadCloser
+	out io.WriteCloser
+}
+
+func (s stdio) Write(p []byte) (int, error) { return s.out.Write(p) }
+func (s stdio) CloseWrite() error           { return s.out.Close() }
+func (s stdio) Close() error {
+	err := s.ReadCloser.Close()
+	if err2 := s.out.Close(); err == nil {
+		err = err2
+	}
+	return err
+}
+
+// Status describes the current login.
+type Status struct {
+	Proxy    string   `json:"proxy"`
+	ProxySSH string   `json:"proxy_ssh"`
+	User     string   `json:"user"`
+	Cluster  string   `json:"cluster"`
+	Logins   []string `json:"logins"`
+	Roles    []string `json:"roles"`
+	Expires  string   `json:"valid_until"`
+}
+
+// StatusOf summarizes credentials.
+func StatusOf(c *Credentials) Status {
+	var roles []string
+	_ = json.Unmarshal([]byte(c.Cert.Permissions.Extensions[services.CertExtensionRoles]), &roles)
+	return Status{
+		Proxy: c.Profile.Proxy, ProxySSH: c.Profile.ProxySSH, User: c.Profile.User, Cluster: c.Profile.Cluster,
+		Logins: c.Cert.ValidPrincipals, Roles: roles, Expires: c.Expires().UTC().Format("2006-01-02 15:04:05 MST"),
+	}
+}
+
+// OpenSSHConfig is the block `psh config` prints: HOST.CLUSTER through
+// the proxy with `psh proxy ssh` as ProxyCommand, and the proxy itself
+// (so `ssh -J PROXY HOST` works too), with the login's key, certificate
+// and known_hosts. pshPath is psh's absolute path.
+func (s *Store) OpenSSHConfig(p *Profile, pshPath string) (string, error) {
+	host, port, err := net.SplitHostPort(p.ProxySSH)
+	if err != nil {
+		return "", trace.BadParameter("profile proxy_ssh %q: %v", p.ProxySSH, err)
+	}
+	q := func(path string) string { return `"` + path + `"` }
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Postern cluster %q through proxy %s (generated by `psh config`)\n", p.Cluster, p.Proxy)
+	fmt.Fprintf(&b, "Host *.%s %s\n", p.Cluster, host)
+	fmt.Fprintf(&b, "    UserKnownHostsFile %s\n", q(s.KnownHostsPath()))
+	fmt.Fprintf(&b, "    IdentityFile %s\n", q(s.KeyPath(p)))
+	fmt.Fprintf(&b, "    CertificateFile %s\n", q(s.CertPath(p)))
+	fmt.Fprintf(&b, "    IdentitiesOnly yes\n")
+	fmt.Fprintf(&b, "Host %s\n", host)
+	fmt.Fprintf(&b, "    Port %s\n", port)
+	fmt.Fprintf(&b, "Host *.%s !%s\n", p.Cluster, host)
+	fmt.Fprintf(&b, "    ProxyCommand %s proxy ssh --cluster=%s %%r@%%h:%%p\n", q(pshPath), p.Cluster)
+	return b.String(), nil
+}

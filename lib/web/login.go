@@ -1,0 +1,187 @@
+package web
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/gravitational/trace"
+	"github.com/sirupsen/logrus"
+
+	"github.com/postern-dev/postern/lib/auth"
+)
+
+// SSHLoginAuthenticator is what the login endpoint needs from auth: both
+// *auth.Server (auth in the same process) and *auth.Client (auth on
+// another machine, called with the proxy's identity) provide it.
+type SSHLoginAuthenticator interface {
+	AuthenticateSSHUser(ctx context.Context, req auth.SSHLoginRequest) (*auth.SSHLoginResponse, error)
+}
+
+var (
+	_ SSHLoginAuthenticator = (*auth.Server)(nil)
+	_ SSHLoginAuthenticator = (*auth.Client)(nil)
+)
+
+// SSHLoginRequest is the body of POST /webapi/ssh/certs (SPEC.md, Web).
+type SSHLoginRequest struct {
+	User     string `json:"user"`
+	Password string `json:"password"`
+	OTPToken string `json:"otp_token"`
+	// PubKey is the key to certify, authorized_keys format.
+	PubKey string `json:"pub_key"`
+	// TTLSeconds is the wanted certificate lifetime; zero means the
+	// roles' max_session_ttl (auth caps any value by it).
+	TTLSeconds int64 `json:"ttl_seconds"`
+}
+
+// SSHLoginResponse is the answer of POST /webapi/ssh/certs.
+type SSHLoginResponse struct {
+	Username string `json:"username"`
+	// Cert is the user certificate, authorized_keys format.
+	Cert        string            `json:"cert"`
+	HostSigners []auth.HostSigner `json:"host_signers"`
+}
+
+// ErrorResponse is the body of every non-2xx answer of the web API.
+type ErrorResponse struct {
+	Error string `json:"error"`
+}
+
+// maxLoginBody bounds a login request: user, password, a 6-digit OTP and
+// one public key fit in well under 16 KiB (an RSA-8192 authorized_keys line
+// is ~1.4 KiB); anything larger is not a login.
+const maxLoginBody = 16 << 10
+
+// maxTTLSeconds bounds ttl_seconds before it is turned into a Duration
+// (so a huge value cannot overflow); a year is far beyond any role's
+// max_session_ttl, which caps the real lifetime anyway.
+const maxTTLSeconds = 365 * 24 * 3600
+
+// msgInvalidCredentials is the one answer to a failed login: it never
+// says whether the user exists, the password was wrong or an OTP missing.
+const msgInvalidCredentials = "invalid credentials"
+
+// defaultRetryAfter is the Retry-After sent with a 429 when auth's message
+// carries no wait time.
+const defaultRetryAfter = time.Minute
+
+// DecodeSSHLoginRequest parses and validates a login body: one JSON object,
+// no unknown fields, no trailing data, a TTL in range.
+func DecodeSSHLoginRequest(data []byte) (*SSHLoginRequest, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var req SSHLoginRequest
+	if err := dec.Decode(&req); err != nil {
+		return nil, trace.BadParameter("invalid login request: %v", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, trace.BadParameter("invalid login request: trailing data after the JSON object")
+	}
+	if req.User == "" {
+		return nil, trace.BadParameter("invalid login request: missing user")
+	}
+	if req.PubKey == "" {
+		return nil, trace.BadParameter("invalid login request: missing pub_key")
+	}
+	if req.TTLSeconds < 0 || req.TTLSeconds > maxTTLSeconds {
+		return nil, trace.BadParameter("invalid login request: ttl_seconds must be between 0 and %d", maxTTLSeconds)
+	}
+	return &req, nil
+}
+
+// sshCerts serves POST /webapi/ssh/certs.
+func (s *Server) sshCerts(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Auth == nil {
+		writeError(w, http.StatusNotImplemented, "login is not available on this proxy")
+		return
+	}
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxLoginBody))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeError(w, http.StatusRequestEntityTooLarge, "request body too large")
+			return
+		}
+		writeError(w, http.StatusBadRequest, "could not read request body")
+		return
+	}
+	req, err := DecodeSSHLoginRequest(data)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, trace.UserMessage(err))
+		return
+	}
+	remote := remoteHost(r.RemoteAddr)
+	log := s.cfg.Logger.WithFields(logrus.Fields{"user": req.User, "remote_addr": remote})
+	resp, err := s.cfg.Auth.AuthenticateSSHUser(r.Context(), auth.SSHLoginRequest{
+		AuthRequest: auth.AuthRequest{User: req.User, Password: req.Password, OTP: req.OTPToken, RemoteAddr: remote},
+		PublicKey:   []byte(req.PubKey),
+		TTL:         time.Duration(req.TTLSeconds) * time.Second,
+	})
+	switch {
+	case err == nil:
+	case trace.IsLimitExceeded(err):
+		log.Info("Login rate limited.")
+		w.Header().Set("Retry-After", strconv.Itoa(int(retryAfter(trace.UserMessage(err)).Seconds())))
+		writeError(w, http.StatusTooManyRequests, "too many failed login attempts; try again later")
+		return
+	case trace.IsAccessDenied(err), trace.IsNotFound(err):
+		log.Info("Login failed.")
+		writeError(w, http.StatusUnauthorized, msgInvalidCredentials)
+		return
+	case trace.IsBadParameter(err):
+		// A malformed key, or a user without logins: the caller's fault
+		// and safe to show (auth checks the key before the password, and
+		// only says "no logins" after a correct password).
+		writeError(w, http.StatusBadRequest, trace.UserMessage(err))
+		return
+	default:
+		log.WithError(err).Warn("Login failed with an internal error.")
+		writeError(w, http.StatusInternalServerError, "internal error; see the proxy's log")
+		return
+	}
+	log.Info("Issued a user certificate.")
+	writeJSON(w, http.StatusOK, SSHLoginResponse{
+		Username:    resp.Username,
+		Cert:        string(bytes.TrimSpace(resp.Cert)),
+		HostSigners: resp.HostSigners,
+	})
+}
+
+// retryAfterRe finds the wait in auth's "try again in 9m59s".
+var retryAfterRe = regexp.MustCompile(`try again in ([0-9hms.]+)`)
+
+// retryAfter reads the lockout from auth's LimitExceeded message (the
+// error carries no structured field), rounded up to whole seconds.
+func retryAfter(msg string) time.Duration {
+	m := retryAfterRe.FindStringSubmatch(msg)
+	if m == nil {
+		return defaultRetryAfter
+	}
+	d, err := time.ParseDuration(m[1])
+	if err != nil || d <= 0 {
+		return defaultRetryAfter
+	}
+	return d.Truncate(time.Second) + time.Second
+}
+
+// remoteHost is the address part of RemoteAddr: the per-address login
+// limit counts hosts, not ephemeral ports.
+func remoteHost(remoteAddr string) string {
+	host, _, err := net.SplitHostPort(remoteAddr)
+	if err != nil {
+		return remoteAddr
+	}
+	return host
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, ErrorResponse{Error: msg})
+}

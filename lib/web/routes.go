@@ -1,0 +1,136 @@
+package web
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/proxy"
+	"github.com/postern-dev/postern/lib/proxy/sshproxy"
+	"github.com/postern-dev/postern/lib/srv"
+)
+
+// HostDialer routes and dials a node: *proxy.Router. The web terminal uses
+// the very Router object the proxy's SSH port uses, in-process, so both
+// paths give the same answer and nothing dials the proxy's own port.
+type HostDialer interface {
+	DialHost(ctx context.Context, req proxy.RouteRequest) (net.Conn, proxy.Route, error)
+}
+
+var _ HostDialer = (*proxy.Router)(nil)
+
+// WebSessionsConfig configures browser sessions, the node list and the
+// terminal. A zero value (no Router) disables them: those endpoints
+// answer 501, and only the UI's static files and the CLI login remain.
+type WebSessionsConfig struct {
+	// Router dials nodes for the terminal; required to enable sessions.
+	Router HostDialer
+	// Nodes lists nodes for GET /webapi/nodes; required with Router.
+	Nodes sshproxy.NodeLister
+	// Roles fetches the session user's roles live for RBAC (the store or
+	// the auth client); required with Router.
+	Roles srv.AccessPoint
+	// Store keeps session records; nil means an in-memory store (a proxy
+	// whose auth server is remote: see MemorySessionStore).
+	Store SessionStore
+	// IdleTTL ends a session unused for this long; zero means
+	// DefaultSessionIdleTTL.
+	IdleTTL time.Duration
+	// TTL is the absolute lifetime; zero means DefaultSessionTTL.
+	TTL time.Duration
+	// KeepAliveInterval is how often a terminal pings its browser, and how
+	// long it waits for the answer; zero means DefaultKeepAliveInterval.
+	KeepAliveInterval time.Duration
+}
+
+func (c *WebSessionsConfig) enabled() bool { return c.Router != nil }
+
+func (c *WebSessionsConfig) checkAndSetDefaults(now func() time.Time) error {
+	if !c.enabled() {
+		return nil
+	}
+	if c.Nodes == nil {
+		return trace.BadParameter("web: WebSessions.Router is set but Nodes is missing")
+	}
+	if c.Roles == nil {
+		return trace.BadParameter("web: WebSessions.Router is set but Roles is missing")
+	}
+	if c.Store == nil {
+		c.Store = NewMemorySessionStore(now)
+	}
+	if c.IdleTTL <= 0 {
+		c.IdleTTL = DefaultSessionIdleTTL
+	}
+	if c.TTL <= 0 {
+		c.TTL = DefaultSessionTTL
+	}
+	if c.KeepAliveInterval <= 0 {
+		c.KeepAliveInterval = DefaultKeepAliveInterval
+	}
+	return nil
+}
+
+// webState is the server's browser-facing state: live sessions and the
+// running terminals, which outlive their HTTP request (the websocket is
+// hijacked, so http.Server.Shutdown does not wait for them).
+type webState struct {
+	ctx      context.Context
+	cancel   context.CancelFunc
+	sessions sessionRegistry
+	// mu guards closed and orders wg.Add against shutdown's wg.Wait.
+	mu        sync.Mutex
+	closed    bool
+	terminals sync.WaitGroup
+}
+
+// track registers a running terminal; false after shutdown began.
+func (w *webState) track() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return false
+	}
+	w.terminals.Add(1)
+	return true
+}
+
+// shutdown ends every session's terminals and waits for them until ctx
+// ends.
+func (w *webState) shutdown(ctx context.Context) error {
+	w.mu.Lock()
+	w.closed = true
+	w.mu.Unlock()
+	w.sessions.closeAll()
+	w.cancel()
+	done := make(chan struct{})
+	go func() {
+		w.terminals.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return trace.Wrap(ctx.Err())
+	}
+}
+
+// registerWebRoutes adds the browser endpoints and the UI to mux. It is
+// the one call NewServer makes into this part of the package.
+func (s *Server) registerWebRoutes(mux *http.ServeMux) error {
+	if err := s.cfg.WebSessions.checkAndSetDefaults(s.cfg.Clock.Now); err != nil {
+		return trace.Wrap(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.web = &webState{ctx: ctx, cancel: cancel}
+	mux.HandleFunc("POST /webapi/sessions", s.createSession)
+	mux.HandleFunc("DELETE /webapi/sessions", s.requireSession(s.deleteSession))
+	mux.HandleFunc("GET /webapi/nodes", s.requireSession(s.listNodes))
+	mux.HandleFunc("GET /webapi/terminal", s.terminal)
+	s.registerUI(mux)
+	return nil
+}

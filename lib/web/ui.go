@@ -1,0 +1,69 @@
+package web
+
+import (
+	"embed"
+	"io/fs"
+	"net/http"
+	"path"
+	"strings"
+)
+
+// uiFiles holds the UI: ui/dist is what `npm run build` in web/ writes
+// (not committed), ui/placeholder.html the page served when the binary was
+// built without it, so `go build` and `go test` never need npm.
+//
+//go:embed ui
+var uiFiles embed.FS
+
+// uiCSP is the policy of the UI's pages. Scripts and connections are
+// same-origin only: no inline script, no eval, no third-party host, so an
+// injected string cannot run code. Styles allow 'unsafe-inline' because
+// xterm.js sizes its character grid with <style> elements it creates at
+// run time (it has no nonce option); a style cannot run script.
+const uiCSP = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; " +
+	"img-src 'self' data:; font-src 'self'; connect-src 'self'; manifest-src 'self'; " +
+	"frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+
+// uiRoot returns the built UI, or nil when only the placeholder exists.
+func uiRoot() fs.FS {
+	dist, err := fs.Sub(uiFiles, "ui/dist")
+	if err != nil {
+		return nil
+	}
+	if _, err := fs.Stat(dist, "index.html"); err != nil {
+		return nil
+	}
+	return dist
+}
+
+// registerUI serves the UI at every path the API does not claim. Paths
+// without a file extension are the single-page app's own routes and get
+// index.html.
+func (s *Server) registerUI(mux *http.ServeMux) {
+	root := uiRoot()
+	files := http.FileServerFS(root)
+	mux.HandleFunc("GET /", func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/webapi/") {
+			writeError(w, http.StatusNotFound, "no such endpoint")
+			return
+		}
+		w.Header().Set("Content-Security-Policy", uiCSP)
+		if root == nil {
+			data, err := uiFiles.ReadFile("ui/placeholder.html")
+			if err != nil {
+				http.Error(w, "no UI", http.StatusNotFound)
+				return
+			}
+			w.Header().Set("Content-Type", "text/html; charset=utf-8")
+			_, _ = w.Write(data)
+			return
+		}
+		p := path.Clean(r.URL.Path)
+		if p == "/" || path.Ext(p) == "" {
+			w.Header().Set("Cache-Control", "no-cache")
+			http.ServeFileFS(w, r, root, "index.html")
+			return
+		}
+		files.ServeHTTP(w, r)
+	})
+}

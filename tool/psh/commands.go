@@ -1,0 +1,226 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/client"
+	"github.com/postern-dev/postern/lib/proxy"
+)
+
+func (c *cli) doLogin(ctx context.Context) error {
+	st, err := c.store()
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	if c.login.insecure {
+		fmt.Fprintf(c.stderr, "WARNING: --insecure: the TLS certificate of %s is NOT verified; anyone on the path can read your password.\n", c.login.proxy)
+	}
+	agentSock := ""
+	if c.login.addKeys == "yes" {
+		agentSock = os.Getenv("SSH_AUTH_SOCK")
+	}
+	ctx, cancel := context.WithTimeout(ctx, loginTimeout)
+	defer cancel()
+	res, err := client.Login(ctx, client.LoginConfig{
+		Web:       client.WebConfig{Proxy: c.login.proxy, Insecure: c.login.insecure, CACertFile: c.login.cacert},
+		User:      c.login.user,
+		TTL:       c.login.ttl,
+		Store:     st,
+		Prompt:    &client.StdinPrompter{In: c.stdin, Out: c.stderr},
+		OTP:       c.login.otp,
+		AgentSock: agentSock,
+	})
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	if res.AgentErr != nil {
+		fmt.Fprintf(c.stderr, "WARNING: could not add the key to ssh-agent: %v\n", trace.UserMessage(res.AgentErr))
+	}
+	creds, err := st.Credentials(timeNow())
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	fmt.Fprintf(c.stdout, "Logged in as %s to cluster %q via %s.\n", res.Profile.User, res.Profile.Cluster, res.Profile.Proxy)
+	c.printStatus(client.StatusOf(creds))
+	return nil
+}
+
+func (c *cli) printStatus(s client.Status) {
+	fmt.Fprintf(c.stdout, "  Proxy:       %s (ssh %s)\n", s.Proxy, s.ProxySSH)
+	fmt.Fprintf(c.stdout, "  User:        %s\n", s.User)
+	fmt.Fprintf(c.stdout, "  Cluster:     %s\n", s.Cluster)
+	fmt.Fprintf(c.stdout, "  Logins:      %s\n", strings.Join(s.Logins, ", "))
+	fmt.Fprintf(c.stdout, "  Roles:       %s\n", strings.Join(s.Roles, ", "))
+	fmt.Fprintf(c.stdout, "  Valid until: %s\n", s.Expires)
+}
+
+func (c *cli) doStatus(context.Context) error {
+	_, creds, err := c.credentials()
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	s := client.StatusOf(creds)
+	if c.status.format == "json" {
+		return trace.Wrap(writeJSON(c, s))
+	}
+	c.printStatus(s)
+	return nil
+}
+
+func writeJSON(c *cli, v any) error {
+	enc := json.NewEncoder(c.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func (c *cli) doLs(ctx context.Context) error {
+	_, creds, err := c.credentials()
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, client.DialTimeout*2)
+	defer cancel()
+	nodes, err := client.ListNodes(ctx, creds)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	if c.ls.format == "json" {
+		return trace.Wrap(writeJSON(c, nodes))
+	}
+	return trace.Wrap(client.WriteNodesTable(c.stdout, nodes))
+}
+
+// splitLogin splits [LOGIN@]REST.
+func splitLogin(s string) (login, rest string) {
+	if i := strings.LastIndexByte(s, '@'); i >= 0 {
+		return s[:i], s[i+1:]
+	}
+	return "", s
+}
+
+func (c *cli) doSSH(ctx context.Context) error {
+	_, creds, err := c.credentials()
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	login, host := splitLogin(c.ssh.target)
+	if login == "" {
+		login = creds.DefaultLogin()
+	}
+	target, err := proxy.ParseTarget(host)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	if c.ssh.port != "" {
+		target.Port = c.ssh.port
+	}
+	target.Cluster = c.ssh.cluster
+	if c.ssh.tty && c.ssh.noTTY {
+		return trace.BadParameter("-t and -T cannot be used together")
+	}
+	var specsL, specsR []client.ForwardSpec
+	for _, s := range c.ssh.local {
+		f, err := client.ParseForwardSpec(s)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		specsL = append(specsL, f)
+	}
+	for _, s := range c.ssh.remote {
+		f, err := client.ParseForwardSpec(s)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		specsR = append(specsR, f)
+	}
+	agentSock := ""
+	if c.ssh.forwardAgent {
+		if agentSock = os.Getenv("SSH_AUTH_SOCK"); agentSock == "" {
+			return trace.BadParameter("-A: SSH_AUTH_SOCK is not set (no ssh-agent to forward)")
+		}
+	}
+	dialCtx, cancel := context.WithTimeout(ctx, client.DialTimeout*2)
+	nc, err := client.DialNode(dialCtx, creds, target, login)
+	cancel()
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer nc.Close()
+	fwd := client.NewForwarder(nc.Client)
+	fwd.OnError = func(err error) { fmt.Fprintf(c.stderr, "psh: forward: %v\r\n", trace.UserMessage(err)) }
+	defer fwd.Close()
+	for _, f := range specsL {
+		if _, err := fwd.Local(f); err != nil {
+			return trace.Wrap(err)
+		}
+	}
+	for _, f := range specsR {
+		if _, err := fwd.Remote(f); err != nil {
+			return trace.Wrap(err)
+		}
+	}
+	cfg := client.SessionConfig{Command: c.ssh.command, AgentSock: agentSock, Stdin: c.stdin, Stdout: c.stdout, Stderr: c.stderr}
+	if c.ssh.tty || c.ssh.noTTY {
+		v := c.ssh.tty
+		cfg.TTY = &v
+	}
+	return client.RunSession(ctx, nc.Client, cfg)
+}
+
+func (c *cli) doProxySSH(ctx context.Context) error {
+	_, creds, err := c.credentials()
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	_, hostport := splitLogin(c.proxySSH.target)
+	target, err := proxy.ParseTarget(hostport)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	target.Cluster = c.proxySSH.cluster
+	return trace.Wrap(client.ProxyStdio(ctx, creds, target.SubsystemString(), c.stdin, os.Stdout, c.stderr))
+}
+
+func (c *cli) doConfig(context.Context) error {
+	st, err := c.store()
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	p, err := st.Profile()
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	out, err := st.OpenSSHConfig(p, self)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	fmt.Fprint(c.stdout, out)
+	return nil
+}
+
+func (c *cli) doLogout(context.Context) error {
+	st, err := c.store()
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	p, err := st.Logout()
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	if p != nil {
+		fmt.Fprintf(c.stdout, "Logged out %s from %s.\n", p.User, p.Proxy)
+	} else {
+		fmt.Fprintln(c.stdout, "Removed a damaged profile.")
+	}
+	return nil
+}

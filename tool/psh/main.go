@@ -1,0 +1,168 @@
+// Command psh is Postern's user CLI: log in once through the proxy's web
+// API, then reach nodes with `psh ssh`, stock OpenSSH (`psh config`) or a
+// ProxyCommand (`psh proxy ssh`).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/client"
+	"github.com/postern-dev/postern/lib/utils"
+	"github.com/postern-dev/postern/lib/version"
+)
+
+func main() {
+	debug := utils.DebugRequested(os.Args[1:])
+	err := run(context.Background(), os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	var exit *client.ExitStatusError
+	if errors.As(err, &exit) {
+		os.Exit(exit.Status)
+	}
+	if err != nil {
+		utils.FatalError(err, debug)
+	}
+}
+
+// cli holds the flags of every command and the streams.
+type cli struct {
+	home   string
+	debug  bool
+	stdin  *os.File
+	stdout io.Writer
+	stderr io.Writer
+
+	login struct {
+		proxy, user, cacert, addKeys string
+		ttl                          time.Duration
+		insecure, otp                bool
+	}
+	ls  struct{ format string }
+	ssh struct {
+		forwardAgent, tty, noTTY bool
+		local, remote            []string
+		port, cluster            string
+		target                   string
+		command                  []string
+	}
+	proxySSH struct{ cluster, target string }
+	status   struct{ format string }
+}
+
+// loginTimeout bounds a whole login, prompts included: a person typing a
+// password and an OTP needs a while, a hung proxy should not hold psh
+// forever (each web call also has its own client.DefaultWebTimeout).
+const loginTimeout = 5 * time.Minute
+
+func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.Writer) error {
+	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr}
+	app := kingpin.New("psh", "Postern user CLI: log in, list nodes, ssh through the proxy.")
+	app.HelpFlag.Short('h')
+	// --help prints usage and would exit the process; record it instead
+	// (tests run commands in-process) and return success.
+	helped := false
+	app.Terminate(func(int) { helped = true })
+	app.UsageWriter(stdout)
+	app.ErrorWriter(stderr)
+	// Flags go before the host: everything after it is the remote command
+	// (`psh ssh node ls -la`).
+	app.Interspersed(false)
+	app.Flag("debug", "Full error reports.").BoolVar(&c.debug)
+	app.Flag("home", "psh's home directory (default $"+client.HomeEnv+" or ~/.postern).").StringVar(&c.home)
+
+	cmds := map[string]func(context.Context) error{}
+	add := func(cc *kingpin.CmdClause, fn func(context.Context) error) { cmds[cc.FullCommand()] = fn }
+
+	add(app.Command("version", "Print the version."), c.version)
+
+	login := app.Command("login", "Log in through the proxy and store a certificate.")
+	login.Flag("proxy", "Proxy web address HOST[:PORT] (port 3080 by default).").Required().StringVar(&c.login.proxy)
+	login.Flag("user", "Postern user name.").Required().StringVar(&c.login.user)
+	login.Flag("ttl", "Certificate lifetime (capped by your roles).").Default("8h").DurationVar(&c.login.ttl)
+	login.Flag("insecure", "Do not verify the proxy's TLS certificate (dangerous).").BoolVar(&c.login.insecure)
+	login.Flag("cacert", "PEM file of the CA that signed the proxy's TLS certificate.").StringVar(&c.login.cacert)
+	login.Flag("otp", "Ask for an OTP code even if the proxy does not say it is needed.").BoolVar(&c.login.otp)
+	login.Flag("add-keys-to-agent", "Add the key and certificate to ssh-agent (yes|no).").Default("yes").EnumVar(&c.login.addKeys, "yes", "no")
+	add(login, c.doLogin)
+
+	ls := app.Command("ls", "List the nodes you may reach.")
+	ls.Flag("format", "Output format: text or json.").Default("text").EnumVar(&c.ls.format, "text", "json")
+	add(ls, c.doLs)
+
+	sshCmd := app.Command("ssh", "Run a shell or a command on a node through the proxy.")
+	sshCmd.Flag("forward-agent", "Forward the local ssh-agent ($SSH_AUTH_SOCK).").Short('A').BoolVar(&c.ssh.forwardAgent)
+	sshCmd.Flag("tty", "Force a pty.").Short('t').BoolVar(&c.ssh.tty)
+	sshCmd.Flag("no-tty", "Never request a pty.").Short('T').BoolVar(&c.ssh.noTTY)
+	sshCmd.Flag("local", "Local forward [BIND:]PORT:HOST:HOSTPORT (repeatable).").Short('L').StringsVar(&c.ssh.local)
+	sshCmd.Flag("remote", "Remote forward [BIND:]PORT:HOST:HOSTPORT (repeatable).").Short('R').StringsVar(&c.ssh.remote)
+	sshCmd.Flag("port", "Node SSH port (when several nodes share a name).").Short('p').StringVar(&c.ssh.port)
+	sshCmd.Flag("cluster", "Cluster of the node (default: the proxy's).").StringVar(&c.ssh.cluster)
+	sshCmd.Arg("host", "[LOGIN@]HOST").Required().StringVar(&c.ssh.target)
+	sshCmd.Arg("command", "Command to run (default: a login shell).").StringsVar(&c.ssh.command)
+	add(sshCmd, c.doSSH)
+
+	proxyCmd := app.Command("proxy", "Tunnels for other SSH clients.")
+	proxySSH := proxyCmd.Command("ssh", "Stdio tunnel to a node's SSH port, for OpenSSH ProxyCommand.")
+	proxySSH.Flag("cluster", "Cluster of the node (default: the proxy's).").StringVar(&c.proxySSH.cluster)
+	proxySSH.Arg("target", "[LOGIN@]HOST[:PORT]").Required().StringVar(&c.proxySSH.target)
+	add(proxySSH, c.doProxySSH)
+
+	add(app.Command("config", "Print an OpenSSH config block for this cluster."), c.doConfig)
+	status := app.Command("status", "Show the current login.")
+	status.Flag("format", "Output format: text or json.").Default("text").EnumVar(&c.status.format, "text", "json")
+	add(status, c.doStatus)
+	add(app.Command("logout", "Remove the stored key, certificate and profile."), c.doLogout)
+
+	cmd, err := app.Parse(args)
+	if helped {
+		return nil
+	}
+	if err != nil {
+		return trace.BadParameter("%v (see psh --help)", err)
+	}
+	fn, ok := cmds[cmd]
+	if !ok {
+		return nil // --help
+	}
+	return fn(ctx)
+}
+
+func (c *cli) version(context.Context) error {
+	fmt.Fprintln(c.stdout, "psh "+version.Version)
+	return nil
+}
+
+func (c *cli) store() (*client.Store, error) {
+	if c.home != "" {
+		return client.NewStore(c.home), nil
+	}
+	dir, err := client.DefaultHome()
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return client.NewStore(dir), nil
+}
+
+// credentials loads the current login or says how to get one.
+func (c *cli) credentials() (*client.Store, *client.Credentials, error) {
+	st, err := c.store()
+	if err != nil {
+		return nil, nil, trace.Wrap(err)
+	}
+	creds, err := st.Credentials(timeNow())
+	if err != nil {
+		return nil, nil, trace.Wrap(err)
+	}
+	return st, creds, nil
+}
+
+// timeNow is the wall clock: psh is a short-lived CLI whose only time
+// question is "has the certificate expired", asked of the real clock.
+func timeNow() time.Time { return time.Now() }
