@@ -22,9 +22,9 @@
 #   b. throughput: TP_SIZE of zeros up (`cat >/dev/null`) and down
 #      (`head -c`), TP_RUNS runs per arm, alternating arms, median MB/s;
 #      also with AES-GCM forced on every hop (cipher effect in isolation);
-#      and the jump host's CPU seconds per GB (utime+stime from /proc; for
-#      sshd including its reaped per-connection processes), which the
-#      machine's load does not skew the way it skews MB/s;
+#      and the jump host's CPU seconds per GB (utime+stime from /proc of the
+#      bastion and its per-connection processes, sampled during the run),
+#      which the machine's load does not skew the way it skews MB/s;
 #   c. memory per idle forwarded connection: MEM_N concurrent idle
 #      `ssh -J ... sleep` sessions; PSS (smaps_rollup) of the bastion's
 #      processes (sshd: listener + every child and grandchild; Postern: the
@@ -288,18 +288,31 @@ tp_once() { # cmd -> MB/s
 	awk -v b="$bytes" -v s="$s" -v e="$e" 'BEGIN{printf "%.1f\n", b/1e6/((e-s)/1e9)}'
 }
 
-bastion_pid() { # arm -> the pid whose CPU time covers that arm's jump host
+bastion_pid() { # arm -> the root pid of that arm's jump host
 	if [ "$1" = sshd ]; then cat "$P/sshd_bastion.pid"; else echo "$PROXY_PID"; fi
 }
 
-cpu_ticks() { # pid -> utime+stime+cutime+cstime (sshd's per-connection
-	# processes are reaped by the listener, so their time lands in its c*time)
-	awk '{print $14 + $15 + $16 + $17}' "/proc/$1/stat"
+cpu_sampler() { # root-pid outfile: until killed, every 0.1 s, writes
+	# "pid utime+stime" of root and every descendant, keeping each pid's
+	# last value: sshd's per-connection processes exit with the transfer, so
+	# their CPU time is read while they are alive (the last 0.1 s is lost)
+	local root=$1 out=$2 p
+	while :; do
+		for p in $(descendants "$root"); do
+			awk -v p="$p" '{print p, $14 + $15}' "/proc/$p/stat" 2>/dev/null
+		done >>"$out"
+		sleep 0.1
+	done
+}
+
+cpu_seconds() { # before-file during-file -> CPU seconds used in between
+	awk -v hz="$(getconf CLK_TCK)" 'FNR == NR {before[$1] = $2; next} {last[$1] = $2}
+		END {for (p in last) t += last[p] - before[p]; printf "%.2f\n", t / hz}' "$1" "$2"
 }
 
 throughput() {
 	log "b. throughput: $TP_SIZE of zeros each way, $TP_RUNS runs per arm, arms alternating (MB = 1e6 bytes)"
-	local cfgname cfg dir i arm order cmd v bp c0 c1 cpu
+	local cfgname cfg dir i arm order cmd v bp cpu sampler p
 	for cfgname in default aesgcm; do
 		cfg=$CFG
 		[ $cfgname = aesgcm ] && cfg=$CFG_AES
@@ -314,12 +327,14 @@ throughput() {
 						cmd="ssh -F $cfg via-$arm 'head -c $TP_SIZE /dev/zero' >/dev/null"
 					fi
 					bp=$(bastion_pid "$arm")
-					c0=$(cpu_ticks "$bp")
+					: >"$W/cpu_during"
+					for p in $(descendants "$bp"); do awk -v p="$p" '{print p, $14 + $15}' "/proc/$p/stat"; done >"$W/cpu_before"
+					cpu_sampler "$bp" "$W/cpu_during" &
+					sampler=$!
 					v=$(tp_once "$cmd")
-					sleep 0.5 # let sshd reap its per-connection processes
-					c1=$(cpu_ticks "$bp")
-					cpu=$(awk -v a="$c0" -v b="$c1" -v hz="$(getconf CLK_TCK)" -v bytes="$(numfmt --from=iec "$TP_SIZE")" \
-						'BEGIN{printf "%.2f", (b-a)/hz/(bytes/1e9)}')
+					kill "$sampler"; wait "$sampler" 2>/dev/null
+					cpu=$(awk -v s="$(cpu_seconds "$W/cpu_before" "$W/cpu_during")" -v bytes="$(numfmt --from=iec "$TP_SIZE")" \
+						'BEGIN{printf "%.2f", s/(bytes/1e9)}')
 					printf '  %-8s %-8s %-8s run %d: %7.1f MB/s, jump host CPU %5.2f s/GB\n' "$cfgname" "$dir" "$arm" "$i" "$v" "$cpu"
 					record "tp_${dir}_${cfgname}" "$arm" "$v"
 					record "cpu_${dir}_${cfgname}" "$arm" "$cpu"

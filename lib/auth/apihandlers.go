@@ -3,10 +3,12 @@ package auth
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/gravitational/trace"
 
+	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -44,6 +46,44 @@ func (a *APIServer) registerRoutes() {
 	a.handle("POST /v1/certs/user", proxyRoles, a.generateUserCert)
 	a.handle("POST /v1/login", proxyRoles, a.authenticateUser)
 	a.handle("POST /v1/login/ssh", proxyRoles, a.authenticateSSHUser)
+	a.handle("GET /v1/events", adminRoles, a.searchEvents)
+}
+
+// maxEventsPerSearch bounds one answer: enough for an operator's screen
+// and a script's page, small enough that a careless query cannot make the
+// auth server marshal a month of history.
+const maxEventsPerSearch = 10000
+
+// searchEvents answers GET /v1/events?since=RFC3339&type=T&limit=N.
+func (a *APIServer) searchEvents(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+	if a.auth.cfg.AuditLog == nil {
+		return nil, trace.NotImplemented("the audit log is not searchable on this auth server")
+	}
+	q := r.URL.Query()
+	var since time.Time
+	if v := q.Get("since"); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return nil, trace.BadParameter("since %q: want an RFC 3339 time", v)
+		}
+		since = t
+	}
+	limit := 1000
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 || n > maxEventsPerSearch {
+			return nil, trace.BadParameter("limit %q: want 1 to %d", v, maxEventsPerSearch)
+		}
+		limit = n
+	}
+	found, err := a.auth.cfg.AuditLog.Search(ctx, since, q.Get("type"), limit)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if found == nil {
+		found = []events.Event{}
+	}
+	return found, nil
 }
 
 func (a *APIServer) join(ctx context.Context, _ *peer, r *http.Request) (any, error) {

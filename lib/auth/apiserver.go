@@ -46,7 +46,18 @@ type APIConfig struct {
 	Listener net.Listener
 	// Logger defaults to the auth server's logger with component=auth:api.
 	Logger logrus.FieldLogger
+	// RequestTimeout bounds each API call's handler (streams excepted);
+	// zero means DefaultRequestTimeout.
+	RequestTimeout time.Duration
 }
+
+// DefaultRequestTimeout bounds one API call on the server side. It must be
+// shorter than DefaultClientTimeout: when the backend stops answering (etcd
+// down, say), its client calls would otherwise wait for as long as the
+// request's context lives, and the caller would only see its own timeout
+// ("context deadline exceeded") instead of the server saying that the
+// backend is unavailable.
+const DefaultRequestTimeout = DefaultClientTimeout / 2
 
 // CheckAndSetDefaults validates the config.
 func (c *APIConfig) CheckAndSetDefaults() error {
@@ -58,6 +69,9 @@ func (c *APIConfig) CheckAndSetDefaults() error {
 	}
 	if c.Logger == nil {
 		c.Logger = logrus.WithField("component", "auth:api")
+	}
+	if c.RequestTimeout <= 0 {
+		c.RequestTimeout = DefaultRequestTimeout
 	}
 	return nil
 }
@@ -301,8 +315,18 @@ func (a *APIServer) handle(pattern string, roles []string, h apiHandler) {
 }
 
 func (a *APIServer) respond(w http.ResponseWriter, r *http.Request, p *peer, h apiHandler) {
-	out, err := h(r.Context(), p, r)
+	// Streams only return a marker here and run below on r's own context,
+	// so the bound covers plain calls only. It is a real-time I/O bound,
+	// like the client's (not the injected clock: a fake clock would never
+	// fire it, and tests counting its waiters would see stray timers).
+	ctx, cancel := context.WithTimeout(r.Context(), a.cfg.RequestTimeout)
+	out, err := h(ctx, p, r)
+	timedOut := ctx.Err() == context.DeadlineExceeded && r.Context().Err() == nil
+	cancel()
 	if err != nil {
+		if timedOut && !trace.IsConnectionProblem(err) {
+			err = trace.ConnectionProblem(err, "the auth server did not complete the request within %v: its backend may be unavailable", a.cfg.RequestTimeout)
+		}
 		if _, status := errorKind(err); status == http.StatusInternalServerError {
 			a.log.WithError(err).WithField("path", r.URL.Path).Warn("API call failed.")
 		}

@@ -9,11 +9,13 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
 
+	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -295,4 +297,22 @@ func call[T any](ctx context.Context, c *Client, method, path string, query url.
 		return nil, trace.Wrap(err)
 	}
 	return &out, nil
+}
+
+// SearchEvents reads the audit log: events since (zero: the whole
+// retention), of eventType ("" for all), at most limit (0: the server's
+// default), oldest first.
+func (c *Client) SearchEvents(ctx context.Context, since time.Time, eventType string, limit int) ([]events.Event, error) {
+	q := url.Values{}
+	if !since.IsZero() {
+		q.Set("since", since.UTC().Format(time.RFC3339Nano))
+	}
+	if eventType != "" {
+		q.Set("type", eventType)
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	var out []events.Event
+	return out, trace.Wrap(c.do(ctx, http.MethodGet, "/v1/events", q, nil, &out))
 }

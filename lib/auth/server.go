@@ -17,6 +17,7 @@ import (
 	"crypto"
 	"crypto/x509"
 	"sync"
+	"time"
 
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
@@ -24,6 +25,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -66,6 +68,11 @@ type ServerConfig struct {
 	// throwaway demo clusters. Existing hashes keep the cost they were
 	// made with.
 	BcryptCost int
+	// Audit receives auth.login and auth.failed; nil means events.Discard.
+	Audit events.Emitter
+	// AuditLog answers GET /v1/events (`pctl events ls`); nil means the
+	// API says the audit log is not searchable here.
+	AuditLog EventSearcher
 	// Limits bounds failed logins; zero fields get defaults.
 	Limits LoginLimits
 	// Clock drives certificate times, token expiry, TOTP and the login
@@ -77,6 +84,9 @@ type ServerConfig struct {
 
 // CheckAndSetDefaults validates the config and fills defaults.
 func (c *ServerConfig) CheckAndSetDefaults() error {
+	if c.Audit == nil {
+		c.Audit = events.Discard
+	}
 	if c.Store == nil {
 		return trace.BadParameter("auth: missing Store")
 	}
@@ -296,4 +306,9 @@ func publicCA(ca *services.CertAuthority) *services.CertAuthority {
 	out.TLSKey = nil
 	out.SSHPublicKeys = append([]string(nil), ca.SSHPublicKeys...)
 	return &out
+}
+
+// EventSearcher finds audit events (lib/events.Log implements it).
+type EventSearcher interface {
+	Search(ctx context.Context, since time.Time, eventType string, limit int) ([]events.Event, error)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/pquerna/otp/totp"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -135,6 +136,7 @@ type AuthRequest struct {
 // an address are refused with LimitExceeded before any check runs.
 func (s *Server) AuthenticateUser(ctx context.Context, req AuthRequest) (*services.User, error) {
 	if err := s.limiter.check(req.User, req.RemoteAddr); err != nil {
+		s.emitLogin(ctx, events.AuthFailed, req, err.Error())
 		return nil, trace.Wrap(err)
 	}
 	user, err := s.checkCredentials(ctx, req)
@@ -142,11 +144,23 @@ func (s *Server) AuthenticateUser(ctx context.Context, req AuthRequest) (*servic
 		if trace.IsAccessDenied(err) {
 			s.limiter.failure(req.User, req.RemoteAddr)
 			s.log.WithFields(map[string]any{"user": req.User, "remote_addr": req.RemoteAddr}).Info("Failed login.")
+			s.emitLogin(ctx, events.AuthFailed, req, "invalid credentials")
 		}
 		return nil, trace.Wrap(err)
 	}
 	s.limiter.success(req.User)
+	s.emitLogin(ctx, events.AuthLogin, req, "")
 	return user, nil
+}
+
+// emitLogin records a login attempt. The user is the name that was tried,
+// which for a failure may not exist: that is what an operator needs to see.
+func (s *Server) emitLogin(ctx context.Context, typ string, req AuthRequest, reason string) {
+	fields := events.Fields{events.FieldRemoteAddr: req.RemoteAddr, events.FieldMethod: "password"}
+	if reason != "" {
+		fields[events.FieldReason] = reason
+	}
+	s.cfg.Audit.Emit(ctx, events.Event{Type: typ, User: req.User, Fields: fields})
 }
 
 func (s *Server) checkCredentials(ctx context.Context, req AuthRequest) (*services.User, error) {

@@ -61,6 +61,14 @@ type Limits struct {
 	// MaxConnectionsPerUser caps concurrent authenticated connections of one
 	// user; zero means the default.
 	MaxConnectionsPerUser int `yaml:"max_connections_per_user,omitempty"`
+	// MaxSessionsPerUser caps one user's concurrent session and
+	// forwarding channels on the proxy; zero means the default.
+	MaxSessionsPerUser int `yaml:"max_sessions_per_user,omitempty"`
+	// MaxConnections caps all concurrent connections on each listener;
+	// zero means the default.
+	MaxConnections int `yaml:"max_connections,omitempty"`
+	// For every cap, a negative value means no cap (lib/limiter explains
+	// each default).
 	// IdleTimeout closes SSH connections without traffic; zero means never.
 	IdleTimeout time.Duration `yaml:"idle_timeout,omitempty"`
 }

@@ -35,6 +35,9 @@ func (p *Process) startAuth(ctx context.Context) error {
 	p.backend = b
 	p.onShutdown(func(context.Context) error { return b.Close() })
 	p.store = services.NewStore(b)
+	if err := p.openAudit(); err != nil {
+		return trace.Wrap(err)
+	}
 
 	ln, err := p.listen(ListenerAuth, cfg.AuthAddr)
 	if err != nil {
@@ -46,6 +49,8 @@ func (p *Process) startAuth(ctx context.Context) error {
 		AdminIdentityDir: cfg.AdminIdentityDir(),
 		PublicAddrs:      cfg.PublicAddrs,
 		BcryptCost:       p.opts.BcryptCost,
+		Audit:            p.audit,
+		AuditLog:         p.audit,
 		Clock:            p.clock,
 		Logger:           p.log.WithField("component", "auth"),
 	})

@@ -111,6 +111,11 @@ func (p *Process) startDiag() error {
 		w := p.nodeWatcher
 		d.addCheck("node_watcher", func(context.Context) error { return w.Healthy() })
 	}
+	p.mu.Lock()
+	for name, rl := range p.listeners {
+		d.addCheck("accept_"+name, func(context.Context) error { return rl.Healthy() })
+	}
+	p.mu.Unlock()
 	p.goServe("diagnostics", func() error { return d.serve(ln) })
 	p.onShutdown(func(ctx context.Context) error { return d.srv.Shutdown(ctx) })
 	return nil

@@ -8,6 +8,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/limiter"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/proxy/sshproxy"
 	"github.com/postern-dev/postern/lib/services"
@@ -19,15 +20,15 @@ import (
 // the proxy SSH port and the web port with them. Both listeners route
 // through the same Router object: nothing in this process dials its own
 // proxy port.
-func (p *Process) startProxy(ctx context.Context, ln net.Listener, id *auth.Identity, ap accessPoint) error {
-	var events services.NodeEvents
+func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.ConnectionLimiter, id *auth.Identity, ap accessPoint) error {
+	var nodeEvents services.NodeEvents
 	if p.store != nil {
-		events = p.store.NodeEvents()
+		nodeEvents = p.store.NodeEvents()
 	} else {
-		events = p.authClient
+		nodeEvents = p.authClient
 	}
 	nw, err := services.NewNodeWatcher(services.NodeWatcherConfig{
-		Events: events,
+		Events: nodeEvents,
 		Clock:  p.clock,
 		Logger: p.log.WithField("component", "nodewatcher"),
 	})
@@ -66,7 +67,12 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, id *auth.Iden
 		return trace.Wrap(err)
 	}
 	p.router = router
-	handler, err := sshproxy.New(sshproxy.Config{Router: router, Nodes: nw, Logger: p.log.WithField("component", "proxy:ssh")})
+	handler, err := sshproxy.New(sshproxy.Config{
+		Router: router,
+		Nodes:  nw,
+		Audit:  p.audit,
+		Logger: p.log.WithField("component", "proxy:ssh"),
+	})
 	if err != nil {
 		return trace.Wrap(err)
 	}
@@ -75,6 +81,8 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, id *auth.Iden
 		HostSigners: []ssh.Signer{id.SSHSigner},
 		AccessPoint: ap,
 		Proxy:       handler,
+		Limiter:     lim,
+		Audit:       p.audit,
 		Clock:       p.clock,
 		Logger:      p.log.WithField("component", "proxy:ssh"),
 		IdleTimeout: p.cfg.Limits.IdleTimeout,
@@ -92,7 +100,11 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, id *auth.Iden
 
 // startWeb serves the proxy's HTTPS port.
 func (p *Process) startWeb(sshAddr net.Addr) error {
-	ln, err := p.listen(ListenerWeb, p.cfg.WebAddr)
+	raw, err := p.listen(ListenerWeb, p.cfg.WebAddr)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	ln, _, err := p.capListener(ListenerWeb, raw, 0, false, true)
 	if err != nil {
 		return trace.Wrap(err)
 	}

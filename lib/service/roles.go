@@ -9,6 +9,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/config"
+	"github.com/postern-dev/postern/lib/limiter"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/srv"
 	"github.com/postern-dev/postern/lib/version"
@@ -20,17 +21,26 @@ import (
 func (p *Process) startHostRoles(ctx context.Context) error {
 	cfg := p.cfg
 	var nodeLn, proxyLn net.Listener
-	var err error
+	var nodeLim, proxyLim *limiter.ConnectionLimiter
 	if cfg.HasRole(config.RoleNode) {
-		if nodeLn, err = p.listen(ListenerNode, cfg.NodeAddr); err != nil {
+		ln, err := p.listen(ListenerNode, cfg.NodeAddr)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		if nodeLn, nodeLim, err = p.capListener(ListenerNode, ln, -1, true, false); err != nil {
 			return trace.Wrap(err)
 		}
 	}
 	if cfg.HasRole(config.RoleProxy) {
-		if proxyLn, err = p.listen(ListenerProxySSH, cfg.SSHAddr); err != nil {
+		ln, err := p.listen(ListenerProxySSH, cfg.SSHAddr)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		if proxyLn, proxyLim, err = p.capListener(ListenerProxySSH, ln, 0, true, true); err != nil {
 			return trace.Wrap(err)
 		}
 	}
+	var err error
 	var nodeID, proxyID *auth.Identity
 	if nodeLn != nil {
 		principals := appendUnique(listenIPs(nodeLn.Addr()), hostOf(advertisedAddr(nodeLn.Addr())))
@@ -64,12 +74,12 @@ func (p *Process) startHostRoles(ctx context.Context) error {
 		return trace.Wrap(err)
 	}
 	if nodeLn != nil {
-		if err := p.startNode(ctx, nodeLn, nodeID, ap); err != nil {
+		if err := p.startNode(ctx, nodeLn, nodeLim, nodeID, ap); err != nil {
 			return trace.Wrap(err)
 		}
 	}
 	if proxyLn != nil {
-		if err := p.startProxy(ctx, proxyLn, proxyID, ap); err != nil {
+		if err := p.startProxy(ctx, proxyLn, proxyLim, proxyID, ap); err != nil {
 			return trace.Wrap(err)
 		}
 	}
@@ -98,7 +108,7 @@ func (r *nodeRecord) get() services.Node {
 }
 
 // startNode serves the node's SSH port and heartbeats into the inventory.
-func (p *Process) startNode(ctx context.Context, ln net.Listener, id *auth.Identity, ap accessPoint) error {
+func (p *Process) startNode(ctx context.Context, ln net.Listener, lim *limiter.ConnectionLimiter, id *auth.Identity, ap accessPoint) error {
 	rec := &nodeRecord{node: services.Node{
 		UUID:     p.hostUUID,
 		Hostname: p.cfg.NodeName,
@@ -115,6 +125,8 @@ func (p *Process) startNode(ctx context.Context, ln net.Listener, id *auth.Ident
 		Clock:       p.clock,
 		Logger:      p.log.WithField("component", "node"),
 		IdleTimeout: p.cfg.Limits.IdleTimeout,
+		Limiter:     lim,
+		Audit:       p.audit,
 	})
 	if err != nil {
 		return trace.Wrap(err)

@@ -27,9 +27,11 @@ import (
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/backend"
 	"github.com/postern-dev/postern/lib/config"
+	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/srv"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // Listener names, for Process.Addr.
@@ -72,6 +74,9 @@ type Process struct {
 	// authClient is set when the auth role runs elsewhere.
 	authClient *auth.Client
 
+	// audit is the audit log every server writes to.
+	audit *events.Log
+
 	nodeServer  *srv.Server
 	heartbeat   *auth.Heartbeat
 	proxySSH    *srv.Server
@@ -80,7 +85,7 @@ type Process struct {
 
 	// mu guards listeners.
 	mu        sync.Mutex
-	listeners map[string]net.Listener
+	listeners map[string]*utils.RetryingListener
 
 	// closers run in reverse order on shutdown.
 	closers []func(context.Context) error
@@ -109,7 +114,7 @@ func New(cfg *config.Config, opts Options) (*Process, error) {
 		clock:     opts.Clock,
 		opts:      opts,
 		registry:  prometheus.NewRegistry(),
-		listeners: map[string]net.Listener{},
+		listeners: map[string]*utils.RetryingListener{},
 		errCh:     make(chan error, 8),
 	}, nil
 }
@@ -161,6 +166,9 @@ func (p *Process) Start(ctx context.Context) error {
 			return trace.Wrap(err)
 		}
 	}
+	if err := p.openAudit(); err != nil {
+		return trace.Wrap(err)
+	}
 	if err := p.startHostRoles(ctx); err != nil {
 		return trace.Wrap(err)
 	}
@@ -195,10 +203,14 @@ func (p *Process) Errors() <-chan error { return p.errCh }
 
 // listen binds addr and records the listener under name.
 func (p *Process) listen(name, addr string) (net.Listener, error) {
-	ln, err := net.Listen("tcp", addr)
+	raw, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, trace.ConnectionProblem(err, "%s: cannot listen on %s: %v", name, addr, unwrapOpError(err))
 	}
+	// Out of descriptors, Accept backs off and keeps the listener instead
+	// of ending the server (seed 004); /readyz reports the streak. The
+	// real clock on purpose: a test's fake clock must not stall it.
+	ln := utils.NewRetryingListener(raw, utils.RetryConfig{Name: name, Logger: p.log.WithField("listener", name)})
 	p.mu.Lock()
 	p.listeners[name] = ln
 	p.mu.Unlock()

@@ -9,6 +9,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -84,10 +85,30 @@ type Config struct {
 	// AgentSocketDir is where per-connection agent socket directories are
 	// created. Empty means os.TempDir().
 	AgentSocketDir string
+	// Audit receives the audit events (session.start/end, access.denied,
+	// port.forward, agent.forward). Nil means events.Discard.
+	Audit events.Emitter
+	// Limiter caps connections per user and channels per user (lib/limiter
+	// implements it). Nil means no caps here; per-address caps apply at the
+	// listener, before any handshake work is spent.
+	Limiter Limiter
+}
+
+// Limiter is the part of lib/limiter the server uses. A refusal is a
+// trace.LimitExceeded error whose message the client sees.
+type Limiter interface {
+	// AcquireUser takes one connection slot of user.
+	AcquireUser(user string) (release func(), err error)
+	// AcquireSession takes one channel slot (session or direct-tcpip) of
+	// user.
+	AcquireSession(user string) (release func(), err error)
 }
 
 // CheckAndSetDefaults validates cfg and fills in defaults.
 func (c *Config) CheckAndSetDefaults() error {
+	if c.Audit == nil {
+		c.Audit = events.Discard
+	}
 	if c.ClusterName == "" {
 		return trace.BadParameter("srv: missing ClusterName")
 	}

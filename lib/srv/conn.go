@@ -54,6 +54,7 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 	log = log.WithFields(logrus.Fields{"key_id": cert.KeyId, "serial": cert.Serial})
 	deny := func(reason string) (*ssh.Permissions, error) {
 		log.WithField("reason", reason).Warn("Access denied.")
+		s.emitDenied(meta, cert, reason)
 		return nil, errDenied
 	}
 
@@ -188,10 +189,21 @@ func (c *conn) go_(f func()) {
 
 func (c *conn) dispatch(nch ssh.NewChannel) {
 	switch t := nch.ChannelType(); t {
-	case "session":
-		c.go_(func() { c.handleSession(nch) })
-	case "direct-tcpip":
-		c.go_(func() { c.handleDirectTCPIP(nch) })
+	case "session", "direct-tcpip":
+		release, err := c.acquireChannel()
+		if err != nil {
+			c.log.WithError(err).WithField("channel_type", t).Warn("Channel refused by a cap.")
+			_ = nch.Reject(ssh.ResourceShortage, trace.UserMessage(err))
+			return
+		}
+		handle := c.handleSession
+		if t == "direct-tcpip" {
+			handle = c.handleDirectTCPIP
+		}
+		c.go_(func() {
+			defer release()
+			handle(nch)
+		})
 	default:
 		c.log.WithField("channel_type", t).Debug("Rejected unknown channel type.")
 		_ = nch.Reject(ssh.UnknownChannelType, fmt.Sprintf("unknown channel type %q", t))
@@ -319,12 +331,21 @@ func (c *conn) idleLoop() {
 type trackedChannel struct {
 	ssh.Channel
 	c *conn
+	// counts, when set, adds up the bytes for the audit trail.
+	counts *byteCounts
 }
+
+// byteCounts are a session's bytes from the client (in) and to it (out,
+// stdout and stderr together).
+type byteCounts struct{ in, out atomic.Int64 }
 
 func (t trackedChannel) Read(p []byte) (int, error) {
 	n, err := t.Channel.Read(p)
 	if n > 0 {
 		t.c.touch()
+		if t.counts != nil {
+			t.counts.in.Add(int64(n))
+		}
 	}
 	return n, err
 }
@@ -333,23 +354,30 @@ func (t trackedChannel) Write(p []byte) (int, error) {
 	n, err := t.Channel.Write(p)
 	if n > 0 {
 		t.c.touch()
+		if t.counts != nil {
+			t.counts.out.Add(int64(n))
+		}
 	}
 	return n, err
 }
 
 func (t trackedChannel) Stderr() io.ReadWriter {
-	return trackedRW{t.Channel.Stderr(), t.c}
+	return trackedRW{t.Channel.Stderr(), t.c, t.counts}
 }
 
 type trackedRW struct {
 	io.ReadWriter
-	c *conn
+	c      *conn
+	counts *byteCounts
 }
 
 func (t trackedRW) Write(p []byte) (int, error) {
 	n, err := t.ReadWriter.Write(p)
 	if n > 0 {
 		t.c.touch()
+		if t.counts != nil {
+			t.counts.out.Add(int64(n))
+		}
 	}
 	return n, err
 }
@@ -371,9 +399,20 @@ func (c *conn) recheckAccess() error {
 }
 
 // rejectReason maps an error to a channel-open failure.
+// acquireChannel takes a channel slot of the connection's user.
+func (c *conn) acquireChannel() (func(), error) {
+	if c.cfg.Limiter == nil {
+		return func() {}, nil
+	}
+	return c.cfg.Limiter.AcquireSession(c.auth.id.User)
+}
+
 func rejectReason(err error) ssh.RejectionReason {
 	if trace.IsAccessDenied(err) {
 		return ssh.Prohibited
+	}
+	if trace.IsLimitExceeded(err) {
+		return ssh.ResourceShortage
 	}
 	return ssh.ConnectionFailed
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -51,12 +52,17 @@ func (c *conn) spliceChannel(nch ssh.NewChannel, nc net.Conn, kind, target strin
 		return
 	}
 	c.go_(func() { ssh.DiscardRequests(reqs) })
-	c.splice(trackedChannel{ch, c}, nc, kind, target)
+	c.splice(trackedChannel{Channel: ch, c: c}, nc, kind, target)
 }
 
 // splice runs utils.Splice and logs the byte counts for the audit trail.
 func (c *conn) splice(ch io.ReadWriteCloser, nc io.ReadWriteCloser, kind, target string) {
 	in, out, err := utils.Splice(c.ctx, ch, nc)
+	typ := events.PortForward
+	if kind == "agent" {
+		typ = events.AgentForward
+	}
+	c.emit(typ, events.Fields{events.FieldKind: kind, events.FieldTarget: target, events.FieldBytesIn: in, events.FieldBytesOut: out})
 	entry := c.log.WithFields(logrus.Fields{"kind": kind, "target": target, "bytes_in": in, "bytes_out": out})
 	if err != nil && c.ctx.Err() == nil {
 		entry = entry.WithError(err)
@@ -189,5 +195,5 @@ func (c *conn) forwardRemoteConn(f *remoteForward, nc net.Conn) {
 		return
 	}
 	c.go_(func() { ssh.DiscardRequests(reqs) })
-	c.splice(trackedChannel{ch, c}, nc, "forwarded-tcpip", net.JoinHostPort(f.addr, strconv.FormatUint(uint64(f.port), 10)))
+	c.splice(trackedChannel{Channel: ch, c: c}, nc, "forwarded-tcpip", net.JoinHostPort(f.addr, strconv.FormatUint(uint64(f.port), 10)))
 }

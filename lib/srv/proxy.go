@@ -70,6 +70,7 @@ func (s *session) startProxySubsystem(req *ssh.Request, name string) {
 	}
 	reply(req, true)
 	s.log.WithField("subsystem", name).Info("Proxy subsystem started.")
+	s.emitStart(false)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()

@@ -13,6 +13,8 @@ import (
 	"github.com/gravitational/trace"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/events"
 )
 
 // defaultPath is the PATH sessions start with: what Debian's login gives,
@@ -47,6 +49,9 @@ type session struct {
 	pty     *ptyRequest
 	proc    *process
 	started bool
+	// command is what the session runs, for the audit trail: the exec
+	// command, "" for a login shell, "subsystem:NAME" for a subsystem.
+	command string
 }
 
 func (c *conn) handleSession(nch ssh.NewChannel) {
@@ -60,7 +65,7 @@ func (c *conn) handleSession(nch ssh.NewChannel) {
 		c.log.WithError(err).Debug("Accepting session channel failed.")
 		return
 	}
-	s := &session{c: c, id: uuid.NewString(), ch: trackedChannel{ch, c}}
+	s := &session{c: c, id: uuid.NewString(), ch: trackedChannel{Channel: ch, c: c, counts: &byteCounts{}}}
 	s.log = c.log.WithField("session_id", s.id)
 	s.ctx, s.cancel = context.WithCancel(c.ctx)
 	s.serve(reqs)
@@ -140,6 +145,7 @@ func (s *session) handleRequest(req *ssh.Request) {
 			reply(req, false)
 			return
 		}
+		s.setCommand("subsystem:" + r.Name)
 		s.startSubsystem(req, r.Name)
 	case "window-change":
 		w, err := parseWindowChange(req.Payload)
@@ -194,6 +200,7 @@ func (s *session) startCommand(req *ssh.Request, command string, isExec bool) {
 		reply(req, false)
 		return
 	}
+	s.setCommand(command)
 	if s.c.cfg.Proxy != nil {
 		reply(req, true)
 		_, _ = s.ch.Stderr().Write([]byte(ProxyShellRefusal))
@@ -236,6 +243,7 @@ func (s *session) run(req *ssh.Request, spec procSpec) {
 	s.proc = proc
 	s.mu.Unlock()
 	s.log.WithFields(logrus.Fields{"pty": spec.pty != nil, "pid": proc.cmd.Process.Pid}).Info("Session started.")
+	s.emitStart(spec.pty != nil)
 	reply(req, true)
 	s.wg.Add(1)
 	go func() {
@@ -256,6 +264,10 @@ func (s *session) finish(st exitResult) {
 	}
 	_ = s.ch.Close()
 	s.log.WithFields(logrus.Fields{"exit_status": st.code, "exit_signal": st.signal}).Info("Session process ended.")
+	s.c.emit(events.SessionEnd, events.Fields{
+		events.FieldSessionID: s.id, events.FieldExitCode: st.code, "exit_signal": st.signal,
+		events.FieldBytesIn: s.ch.counts.in.Load(), events.FieldBytesOut: s.ch.counts.out.Load(),
+	})
 }
 
 // buildEnv is the session's environment: the allowed client variables
@@ -349,3 +361,21 @@ type exitResult struct {
 }
 
 func exitCode(code int) exitResult { return exitResult{code: uint32(code)} }
+
+func (s *session) setCommand(cmd string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.command = cmd
+}
+
+func (s *session) getCommand() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.command
+}
+
+// emitStart records session.start; session.end comes from finish, which
+// every way a session ends goes through.
+func (s *session) emitStart(pty bool) {
+	s.c.emit(events.SessionStart, events.Fields{events.FieldSessionID: s.id, events.FieldCommand: s.getCommand(), "pty": pty})
+}

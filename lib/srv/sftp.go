@@ -134,6 +134,7 @@ func (s *session) startSubsystem(req *ssh.Request, name string) {
 	if cred == nil || isCurrentUser(login) {
 		reply(req, true)
 		s.log.Info("SFTP session started (in process).")
+		s.emitStart(false)
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()

@@ -69,6 +69,20 @@ const maxTTLSeconds = 365 * 24 * 3600
 // says whether the user exists, the password was wrong or an OTP missing.
 const msgInvalidCredentials = "invalid credentials"
 
+// msgAuthUnavailable answers a login that failed because auth (or its
+// backend) did not answer: the user should retry later, not doubt their
+// password, and an operator reading it knows where to look.
+const msgAuthUnavailable = "the auth server is unavailable; try again later"
+
+// loginTimeout bounds one login's call to auth. Without it a login waits
+// as long as the browser or psh keeps the request open when the backend
+// stops answering (an etcd client waits for a connection until its
+// context ends), and the user learns nothing. It is far above a normal
+// login (a bcrypt check and a few backend reads) and below
+// auth.DefaultClientTimeout, so the caller hears msgAuthUnavailable rather
+// than its own timeout. Real time, like the auth client's own bound.
+const loginTimeout = 10 * time.Second
+
 // defaultRetryAfter is the Retry-After sent with a 429 when auth's message
 // carries no wait time.
 const defaultRetryAfter = time.Minute
@@ -120,7 +134,9 @@ func (s *Server) sshCerts(w http.ResponseWriter, r *http.Request) {
 	}
 	remote := remoteHost(r.RemoteAddr)
 	log := s.cfg.Logger.WithFields(logrus.Fields{"user": req.User, "remote_addr": remote})
-	resp, err := s.cfg.Auth.AuthenticateSSHUser(r.Context(), auth.SSHLoginRequest{
+	ctx, cancel := context.WithTimeout(r.Context(), loginTimeout)
+	defer cancel()
+	resp, err := s.cfg.Auth.AuthenticateSSHUser(ctx, auth.SSHLoginRequest{
 		AuthRequest: auth.AuthRequest{User: req.User, Password: req.Password, OTP: req.OTPToken, RemoteAddr: remote},
 		PublicKey:   []byte(req.PubKey),
 		TTL:         time.Duration(req.TTLSeconds) * time.Second,
@@ -135,6 +151,10 @@ func (s *Server) sshCerts(w http.ResponseWriter, r *http.Request) {
 	case trace.IsAccessDenied(err), trace.IsNotFound(err):
 		log.Info("Login failed.")
 		writeError(w, http.StatusUnauthorized, msgInvalidCredentials)
+		return
+	case trace.IsConnectionProblem(err):
+		log.WithError(err).Warn("Login failed: auth unavailable.")
+		writeError(w, http.StatusServiceUnavailable, msgAuthUnavailable)
 		return
 	case trace.IsBadParameter(err):
 		// A malformed key, or a user without logins: the caller's fault

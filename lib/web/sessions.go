@@ -349,7 +349,9 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	// One auth call checks the password and OTP (under auth's per-user and
 	// per-address failure limits, shared with psh's login) and certifies
 	// the session's key: the key never leaves this process.
-	resp, err := s.cfg.Auth.AuthenticateSSHUser(r.Context(), auth.SSHLoginRequest{
+	ctx, cancel := context.WithTimeout(r.Context(), loginTimeout)
+	defer cancel()
+	resp, err := s.cfg.Auth.AuthenticateSSHUser(ctx, auth.SSHLoginRequest{
 		AuthRequest: auth.AuthRequest{User: req.User, Password: req.Password, OTP: req.OTPToken, RemoteAddr: remote},
 		PublicKey:   ssh.MarshalAuthorizedKey(sshPub),
 		TTL:         cfg.TTL,
@@ -364,6 +366,10 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	case trace.IsAccessDenied(err), trace.IsNotFound(err):
 		log.Info("Web login failed.")
 		writeError(w, http.StatusUnauthorized, msgInvalidCredentials)
+		return
+	case trace.IsConnectionProblem(err):
+		log.WithError(err).Warn("Web login failed: auth unavailable.")
+		writeError(w, http.StatusServiceUnavailable, msgAuthUnavailable)
 		return
 	case trace.IsBadParameter(err):
 		writeError(w, http.StatusBadRequest, trace.UserMessage(err))

@@ -67,6 +67,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) 
 	c.registerTokens(app, add)
 	c.registerNodes(app, add)
 	c.registerAuth(app, add)
+	c.registerEvents(app, add)
 
 	cmd, err := app.Parse(args)
 	if err != nil {

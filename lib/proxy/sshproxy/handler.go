@@ -22,6 +22,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/srv"
@@ -40,6 +41,9 @@ type Config struct {
 	Nodes NodeLister
 	// Logger; nil means component=proxy:ssh.
 	Logger logrus.FieldLogger
+	// Audit receives route.ambiguous and access.denied; nil means
+	// events.Discard.
+	Audit events.Emitter
 }
 
 // CheckAndSetDefaults validates the config.
@@ -49,6 +53,9 @@ func (c *Config) CheckAndSetDefaults() error {
 	}
 	if c.Logger == nil {
 		c.Logger = logrus.WithField("component", "proxy:ssh")
+	}
+	if c.Audit == nil {
+		c.Audit = events.Discard
 	}
 	return nil
 }
@@ -116,7 +123,17 @@ func (h *Handler) dial(ctx context.Context, id *srv.Identity, target proxy.Targe
 	if err != nil {
 		if trace.IsAccessDenied(err) {
 			log.WithError(err).Warn("Access denied.")
+			h.emit(ctx, events.AccessDenied, id, target, via, events.Fields{
+				events.FieldReason: err.Error(), events.FieldServerID: route.Node.UUID,
+			})
 			return nil, hideDenied(target, route)
+		}
+		if proxy.IsAmbiguousHost(err) {
+			uuids := make([]string, 0, len(route.Candidates))
+			for _, n := range route.Candidates {
+				uuids = append(uuids, n.UUID)
+			}
+			h.emit(ctx, events.RouteAmbiguous, id, target, via, events.Fields{events.FieldCandidates: uuids})
 		}
 		log.WithError(err).Info("Routing failed.")
 		return nil, trace.Wrap(err)
@@ -147,4 +164,12 @@ func hideDenied(target proxy.Target, route proxy.Route) error {
 		cluster = target.Cluster
 	}
 	return trace.NotFound("%s", fmt.Sprintf("node %q not found in cluster %q", target.Host, cluster))
+}
+
+// emit records an audit event about a routing decision.
+func (h *Handler) emit(ctx context.Context, typ string, id *srv.Identity, target proxy.Target, via string, fields events.Fields) {
+	fields[events.FieldTarget] = target.String()
+	fields[events.FieldLogin] = id.Login
+	fields[events.FieldKind] = via
+	h.cfg.Audit.Emit(ctx, events.Event{Type: typ, User: id.User, Fields: fields})
 }

@@ -26,6 +26,10 @@ type Server struct {
 	Etcd *embed.Etcd
 	// Endpoints are the client URLs ("http://127.0.0.1:PORT").
 	Endpoints []string
+
+	// cfg is kept so that Restart can bring the same member back on the
+	// same data dir and ports.
+	cfg *embed.Config
 }
 
 // Start starts an embedded etcd and stops it (fully: all its goroutines)
@@ -48,14 +52,21 @@ func Start(t testing.TB) *Server {
 	// etcd logs chattily at info; tests only want to hear about trouble.
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 
-	e, err := embed.StartEtcd(cfg)
+	s := &Server{Endpoints: []string{clientURL.String()}, cfg: cfg}
+	// One cleanup for the whole life of s: it stops whichever member
+	// Restart left running.
+	t.Cleanup(s.Stop)
+	s.start(t)
+	return s
+}
+
+func (s *Server) start(t testing.TB) {
+	t.Helper()
+	e, err := embed.StartEtcd(s.cfg)
 	if err != nil {
 		t.Fatalf("starting embedded etcd: %v", err)
 	}
-	t.Cleanup(func() {
-		e.Close()
-		<-e.Server.StopNotify()
-	})
+	s.Etcd = e
 	select {
 	case <-e.Server.ReadyNotify():
 	case err := <-e.Err():
@@ -64,7 +75,28 @@ func Start(t testing.TB) *Server {
 		e.Server.Stop()
 		t.Fatalf("embedded etcd not ready after %v", startTimeout)
 	}
-	return &Server{Etcd: e, Endpoints: []string{clientURL.String()}}
+}
+
+// Stop stops the member and waits for all its goroutines; its data stays
+// on disk for Restart. Stopping a stopped server does nothing.
+func (s *Server) Stop() {
+	if s.Etcd == nil {
+		return
+	}
+	s.Etcd.Close()
+	<-s.Etcd.Server.StopNotify()
+	s.Etcd = nil
+}
+
+// Restart brings a stopped member back on the same data dir and the same
+// client and peer ports, so clients configured with Endpoints reconnect
+// to it: what an operator's etcd restart looks like to Postern. On an
+// existing data dir etcd ignores the initial-cluster settings and
+// recovers its state from the WAL.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.Stop()
+	s.start(t)
 }
 
 func freeURL(t testing.TB) url.URL {

@@ -1,0 +1,281 @@
+// Package events is Postern's audit log: what happened, to whom, when,
+// written as one JSON object per line to DATA_DIR/log/events.log and, when
+// the process runs the auth role, into the backend under /events/ (where
+// `pctl events ls` finds them through Search).
+//
+// Producers (lib/srv, lib/web, lib/auth) depend only on the narrow Emitter
+// interface; Emit never blocks and never fails the caller: auditing a
+// session must not be the thing that stalls it. Events are queued and
+// written by one goroutine per sink, so a slow disk or an unreachable
+// backend delays the log, not the session; when a queue is full the event
+// is dropped, counted in postern_audit_dropped_total and logged.
+//
+// A session is followed through its session_id: session.start,
+// port.forward, agent.forward and session.end of one session carry the same
+// id, and session.end and port.forward carry bytes_in (client to server)
+// and bytes_out (server to client).
+package events
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/gravitational/trace"
+)
+
+// Event types (SPEC.md, Errors and logs).
+const (
+	// AuthLogin: a successful login (web, psh login, certificate issued).
+	AuthLogin = "auth.login"
+	// AuthFailed: a failed login (wrong password or OTP, unknown user,
+	// rate limited).
+	AuthFailed = "auth.failed"
+	// SessionStart: an SSH session (shell, exec, sftp, proxy subsystem or
+	// web terminal) began.
+	SessionStart = "session.start"
+	// SessionEnd: it ended; carries bytes_in, bytes_out and exit_code when
+	// there is one.
+	SessionEnd = "session.end"
+	// AccessDenied: an authenticated request refused by RBAC or a cap, or
+	// a certificate refused (expired, wrong CA, login not allowed).
+	AccessDenied = "access.denied"
+	// RouteAmbiguous: a target matched several nodes.
+	RouteAmbiguous = "route.ambiguous"
+	// PortForward: a -L/-R/direct-tcpip forward connection, emitted when it
+	// ends with its byte counts.
+	PortForward = "port.forward"
+	// AgentForward: a connection to the forwarded agent socket.
+	AgentForward = "agent.forward"
+)
+
+// Field names, snake_case like the log keys (DESIGN.md rule 6). Use these
+// rather than new names for the same thing, so that one query finds them.
+const (
+	FieldSessionID  = "session_id"
+	FieldConnID     = "conn_id"
+	FieldLogin      = "login"
+	FieldRemoteAddr = "remote_addr"
+	FieldLocalAddr  = "local_addr"
+	// FieldServerID is the node's uuid, FieldServerHostname its hostname
+	// and FieldServerAddr its SSH address.
+	FieldServerID       = "server_id"
+	FieldServerHostname = "server_hostname"
+	FieldServerAddr     = "server_addr"
+	// FieldTarget is what the user asked for ("host:port@cluster").
+	FieldTarget = "target"
+	// FieldBytesIn counts bytes from the client into the session or
+	// forward, FieldBytesOut bytes from it back to the client.
+	FieldBytesIn  = "bytes_in"
+	FieldBytesOut = "bytes_out"
+	// FieldReason says why something was refused or ended.
+	FieldReason = "reason"
+	// FieldMethod is how a user came in: "ssh", "web", "psh", "api".
+	FieldMethod = "method"
+	// FieldKind is a sub-kind: "shell", "exec", "sftp", "proxy", "-L", "-R".
+	FieldKind     = "kind"
+	FieldCommand  = "command"
+	FieldExitCode = "exit_code"
+	// FieldAddr is a forwarded address ("db:5432").
+	FieldAddr       = "addr"
+	FieldCandidates = "candidates"
+	FieldRoles      = "roles"
+)
+
+// Fields are an event's own fields, beside the common ones.
+type Fields = map[string]any
+
+// Event is one audit record. In JSON the common keys come first and Fields
+// are flattened beside them:
+//
+//	{"event":"session.start","time":"2026-11-30T13:00:00Z","id":"...",
+//	 "user":"alice","cluster":"example","login":"root","session_id":"..."}
+type Event struct {
+	// Type is one of the constants above.
+	Type string
+	// Time is when it happened; zero means now (the Emitter's Clock).
+	Time time.Time
+	// ID identifies the record; empty means a new random one.
+	ID string
+	// User is the Postern user (not the OS login), empty when unknown.
+	User string
+	// Cluster; empty means the Emitter's cluster.
+	Cluster string
+	// Fields hold the rest. Keys named like a common key are ignored.
+	Fields Fields
+}
+
+// Common JSON keys.
+const (
+	keyEvent   = "event"
+	keyTime    = "time"
+	keyID      = "id"
+	keyUser    = "user"
+	keyCluster = "cluster"
+)
+
+func reserved(k string) bool {
+	switch k {
+	case keyEvent, keyTime, keyID, keyUser, keyCluster:
+		return true
+	}
+	return false
+}
+
+// maxStringField bounds one string value. Much of what is audited comes
+// from the client (a requested target, a login name, a command), and a
+// megabyte in a subsystem request must not become a megabyte in every copy
+// of the log. 4 KiB keeps any real command line or target whole.
+const maxStringField = 4096
+
+// MarshalJSON writes the common keys first, then the fields sorted by
+// name. A value that cannot be encoded is written as its %v text rather
+// than failing the event. encoding/json escapes control characters, so a
+// value with a newline cannot forge a second log line.
+func (e Event) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	buf.WriteByte('{')
+	writeKV := func(k string, v any) {
+		if buf.Len() > 1 {
+			buf.WriteByte(',')
+		}
+		kb, _ := json.Marshal(k)
+		buf.Write(kb)
+		buf.WriteByte(':')
+		if s, ok := v.(string); ok && len(s) > maxStringField {
+			v = truncate(s)
+		}
+		vb, err := json.Marshal(v)
+		if err != nil {
+			vb, _ = json.Marshal(fmt.Sprintf("%v", v))
+		}
+		buf.Write(vb)
+	}
+	writeKV(keyEvent, e.Type)
+	writeKV(keyTime, e.Time.UTC().Format(time.RFC3339Nano))
+	if e.ID != "" {
+		writeKV(keyID, e.ID)
+	}
+	writeKV(keyUser, e.User)
+	writeKV(keyCluster, e.Cluster)
+	keys := make([]string, 0, len(e.Fields))
+	for k := range e.Fields {
+		if !reserved(k) {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		writeKV(k, e.Fields[k])
+	}
+	buf.WriteByte('}')
+	return buf.Bytes(), nil
+}
+
+func truncate(s string) string {
+	s = s[:maxStringField]
+	for !utf8.ValidString(s) && len(s) > 0 {
+		s = s[:len(s)-1]
+	}
+	return s + "...(truncated)"
+}
+
+// UnmarshalJSON reads what MarshalJSON wrote. Numbers in Fields come back
+// as json.Number, so byte counts print as integers.
+func (e *Event) UnmarshalJSON(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var m map[string]any
+	if err := dec.Decode(&m); err != nil {
+		return trace.BadParameter("malformed audit event: %v", err)
+	}
+	str := func(k string) string {
+		s, _ := m[k].(string)
+		delete(m, k)
+		return s
+	}
+	*e = Event{Type: str(keyEvent), ID: str(keyID), User: str(keyUser), Cluster: str(keyCluster)}
+	if t := str(keyTime); t != "" {
+		tm, err := time.Parse(time.RFC3339Nano, t)
+		if err != nil {
+			return trace.BadParameter("malformed audit event time %q", t)
+		}
+		e.Time = tm
+	}
+	if len(m) > 0 {
+		e.Fields = m
+	}
+	return nil
+}
+
+// Emitter is what producers need. Emit must not block on I/O and has no
+// error to handle: failures are the emitter's to log and count.
+type Emitter interface {
+	Emit(ctx context.Context, e Event)
+}
+
+// Discard drops every event (tests and tools that audit nothing).
+var Discard Emitter = discard{}
+
+type discard struct{}
+
+func (discard) Emit(context.Context, Event) {}
+
+// Recorder keeps events in memory, for tests that assert what was audited.
+type Recorder struct {
+	// mu guards events and changed.
+	mu     sync.Mutex
+	events []Event
+	// changed is closed and replaced at every Emit, waking Wait.
+	changed chan struct{}
+}
+
+var (
+	_ Emitter = (*Recorder)(nil)
+	_ Emitter = (*Log)(nil)
+)
+
+// NewRecorder returns an empty Recorder.
+func NewRecorder() *Recorder { return &Recorder{changed: make(chan struct{})} }
+
+// Emit records e.
+func (r *Recorder) Emit(_ context.Context, e Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// Events returns a copy of what was recorded, in order.
+func (r *Recorder) Events() []Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Event(nil), r.events...)
+}
+
+// Wait returns the first recorded event of eventType for which match (nil
+// matches all) is true, waiting for it until ctx is done.
+func (r *Recorder) Wait(ctx context.Context, eventType string, match func(Event) bool) (Event, error) {
+	for {
+		r.mu.Lock()
+		for _, e := range r.events {
+			if e.Type == eventType && (match == nil || match(e)) {
+				r.mu.Unlock()
+				return e, nil
+			}
+		}
+		changed := r.changed
+		r.mu.Unlock()
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return Event{}, trace.Wrap(ctx.Err(), "waiting for a %s event", eventType)
+		}
+	}
+}

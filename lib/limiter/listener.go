@@ -1,0 +1,151 @@
+package limiter
+
+import (
+	"encoding/json"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gravitational/trace"
+)
+
+// ListenerOptions configure WrapListener.
+type ListenerOptions struct {
+	// Rate, when set, also limits how fast one address opens connections.
+	Rate *RateLimiter
+	// Refusal, when set, returns the bytes written to a refused connection
+	// just before it is closed. Nil closes it without a word, which is the
+	// only right choice for TLS ports (plaintext would only make the
+	// client's TLS stack report garbage); use SSHRefusal for SSH ports.
+	Refusal func(err error) []byte
+}
+
+// refusalWriteTimeout bounds the one write to a refused connection. The
+// send buffer of a socket accepted a moment ago is empty, so the write of a
+// short line does not block in practice; the deadline only keeps a
+// pathological socket from stalling the accept loop.
+const refusalWriteTimeout = 100 * time.Millisecond
+
+// SSHRefusal formats a refusal for an SSH port. RFC 4253 section 4.2 lets a
+// server send lines before its version string; clients skip them (OpenSSH
+// shows them with -v as "banner line 0: ..."), then see the connection
+// close: "kex_exchange_identification: Connection closed by remote host".
+// The line must not start with "SSH-", or a client would parse it as the
+// version.
+func SSHRefusal(err error) []byte {
+	return []byte("postern: " + err.Error() + "\r\n")
+}
+
+// WrapListener applies lim's per-address and total caps (and opts.Rate) at
+// accept, before any handshake: a refused connection is closed at once,
+// after opts.Refusal's line when set, and Accept goes on to the next one, so
+// the server's accept loop never sees a refusal. An accepted connection
+// releases its slot when it is closed.
+//
+// Compose it outside utils.NewRetryingListener, and inside tls.NewListener:
+//
+//	ln = limiter.WrapListener(utils.NewRetryingListener(raw, ...), lim, opts)
+func WrapListener(ln net.Listener, lim *ConnectionLimiter, opts ListenerOptions) net.Listener {
+	return &listener{Listener: ln, lim: lim, opts: opts}
+}
+
+type listener struct {
+	net.Listener
+	lim  *ConnectionLimiter
+	opts ListenerOptions
+}
+
+func (l *listener) Accept() (net.Conn, error) {
+	for {
+		nc, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.opts.Rate != nil {
+			if err := l.opts.Rate.AllowAddr(nc.RemoteAddr()); err != nil {
+				l.refuse(nc, err)
+				continue
+			}
+		}
+		release, err := l.lim.AcquireIP(nc.RemoteAddr())
+		if err != nil {
+			l.refuse(nc, err)
+			continue
+		}
+		return &conn{Conn: nc, release: release}, nil
+	}
+}
+
+func (l *listener) refuse(nc net.Conn, err error) {
+	if l.opts.Refusal != nil {
+		// A socket deadline, not the Clock: only the kernel can interrupt
+		// a blocked write.
+		_ = nc.SetWriteDeadline(time.Now().Add(refusalWriteTimeout))
+		_, _ = nc.Write(l.opts.Refusal(err))
+	}
+	_ = nc.Close()
+}
+
+// conn releases its limiter slot on Close.
+type conn struct {
+	net.Conn
+	release func()
+	once    sync.Once
+}
+
+func (c *conn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}
+
+// CloseWrite half-closes when the underlying connection can (a TCP
+// connection can), and closes it otherwise: to a splice, a connection that
+// cannot half-close is closed outright either way.
+func (c *conn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Close()
+}
+
+// Unwrap returns the underlying connection.
+func (c *conn) Unwrap() net.Conn { return c.Conn }
+
+// HTTPMiddleware refuses a request with 429 Too Many Requests and the
+// reason as `{"error": "..."}` (lib/web's error shape) when acquire fails
+// with trace.LimitExceeded, holds the slot for the request's duration
+// (including a websocket's whole life: its handler returns when it ends),
+// and passes other errors through as 503. Use it for caps a TCP-level
+// limiter cannot see: one HTTP/2 connection multiplexes many requests, and
+// only a handler knows the user, e.g.
+//
+//	limiter.HTTPMiddleware(h, func(r *http.Request) (func(), error) {
+//		return lim.AcquireSession(userOf(r))
+//	})
+func HTTPMiddleware(next http.Handler, acquire func(r *http.Request) (release func(), err error)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		release, err := acquire(r)
+		if err != nil {
+			code := http.StatusServiceUnavailable
+			if trace.IsLimitExceeded(err) {
+				code = http.StatusTooManyRequests
+				// The caps free up as sessions end; a second is the
+				// smallest unit Retry-After has.
+				w.Header().Set("Retry-After", strconv.Itoa(1))
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(code)
+			_ = json.NewEncoder(w).Encode(map[string]string{"error": trace.UserMessage(err)})
+			return
+		}
+		defer release()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// RemoteAddr is the net.Addr of an HTTP request's peer, for AcquireIP in an
+// HTTPMiddleware acquire func.
+func RemoteAddr(r *http.Request) net.Addr { return stringAddr(r.RemoteAddr) }
