@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -23,6 +24,7 @@ import (
 	"golang.org/x/crypto/ssh/agent"
 
 	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/service"
 	"github.com/postern-dev/postern/lib/web"
 )
@@ -364,5 +366,42 @@ func TestSecurityDenials(t *testing.T) {
 		require.NoError(t, err)
 		resp.Body.Close()
 		require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	})
+
+	// Every denial above left an audit record an operator can find.
+	t.Run("denials are audited", func(t *testing.T) {
+		want := []struct {
+			typ, user, reason string
+		}{
+			{events.AuthFailed, "frank", "invalid credentials"},
+			{events.AccessDenied, "carol", "may not reach node"},
+			{events.AccessDenied, "", "not signed by the user CA"},
+			{events.AccessDenied, "alice", "expired"},
+		}
+		require.Eventually(t, func() bool {
+			out, _, err := pctl(t, c.dataDir, "", "events", "ls", "--format", "json")
+			if err != nil {
+				return false
+			}
+			for _, w := range want {
+				found := false
+				for _, line := range strings.Split(out, "\n") {
+					var e events.Event
+					if json.Unmarshal([]byte(line), &e) != nil || e.Type != w.typ {
+						continue
+					}
+					reason, _ := e.Fields[events.FieldReason].(string)
+					if (w.user == "" || e.User == w.user) && strings.Contains(reason, w.reason) {
+						found = true
+						break
+					}
+				}
+				if !found {
+					t.Logf("no %s event for %q with reason %q yet", w.typ, w.user, w.reason)
+					return false
+				}
+			}
+			return true
+		}, 20*time.Second, 200*time.Millisecond)
 	})
 }

@@ -102,6 +102,10 @@ type Limiter interface {
 	// AcquireSession takes one channel slot (session or direct-tcpip) of
 	// user.
 	AcquireSession(user string) (release func(), err error)
+	// AcquireForward takes one connection slot of a forwarded port (key
+	// names the connection, the direction and the address), so one busy
+	// forward cannot eat the descriptors every other session needs.
+	AcquireForward(key string) (release func(), err error)
 }
 
 // CheckAndSetDefaults validates cfg and fills in defaults.

@@ -34,6 +34,13 @@ func (c *conn) handleDirectTCPIP(nch ssh.NewChannel) {
 		_ = nch.Reject(ssh.Prohibited, reason)
 		return
 	}
+	release, err := c.acquireForward("-L/" + target)
+	if err != nil {
+		log.WithError(err).Warn("direct-tcpip refused by a cap.")
+		_ = nch.Reject(ssh.ResourceShortage, trace.UserMessage(err))
+		return
+	}
+	defer release()
 	d := net.Dialer{Timeout: services.DefaultSSHDialTimeout}
 	target2, err := d.DialContext(c.ctx, "tcp", target)
 	if err != nil {
@@ -176,7 +183,16 @@ func (c *conn) serveRemoteForward(f *remoteForward) {
 		if err != nil {
 			return
 		}
-		c.go_(func() { c.forwardRemoteConn(f, nc) })
+		release, err := c.acquireForward("-R/" + f.ln.Addr().String())
+		if err != nil {
+			c.log.WithError(err).Warn("Forwarded connection refused by a cap.")
+			_ = nc.Close()
+			continue
+		}
+		c.go_(func() {
+			defer release()
+			c.forwardRemoteConn(f, nc)
+		})
 	}
 }
 
@@ -196,4 +212,12 @@ func (c *conn) forwardRemoteConn(f *remoteForward, nc net.Conn) {
 	}
 	c.go_(func() { ssh.DiscardRequests(reqs) })
 	c.splice(trackedChannel{Channel: ch, c: c}, nc, "forwarded-tcpip", net.JoinHostPort(f.addr, strconv.FormatUint(uint64(f.port), 10)))
+}
+
+// acquireForward takes a slot of one forwarded port of this connection.
+func (c *conn) acquireForward(what string) (func(), error) {
+	if c.cfg.Limiter == nil {
+		return func() {}, nil
+	}
+	return c.cfg.Limiter.AcquireForward(c.id + "/" + what)
 }

@@ -42,3 +42,27 @@ func TestCapsAreVisible(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "ok\n", string(out))
 }
+
+// TestForwardCap: one forwarded port holds at most its cap of connections;
+// the next is refused with the reason, and a closed one frees its slot.
+func TestForwardCap(t *testing.T) {
+	lim, err := limiter.NewConnectionLimiter(limiter.Config{Name: "test", MaxConnectionsPerForward: 1})
+	require.NoError(t, err)
+	e := newTestEnv(t, func(c *Config) { c.Limiter = lim })
+	c := e.dial()
+	target := echoServer(t)
+	first, err := c.Dial("tcp", target)
+	require.NoError(t, err)
+	_, err = c.Dial("tcp", target)
+	require.ErrorContains(t, err, "resource shortage")
+	require.NoError(t, first.Close())
+	require.Eventually(t, func() bool {
+		conn, err := c.Dial("tcp", target)
+		if err != nil {
+			return false
+		}
+		echoRoundTrip(t, conn, "again")
+		conn.Close()
+		return true
+	}, 5e9, 1e7)
+}
