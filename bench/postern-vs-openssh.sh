@@ -37,6 +37,8 @@
 #        BUILD_DIR=build (postern and pctl are built there first, BUILD=0 reuses
 #          them; GOFLAGS_BENCH adds go build flags, e.g. -overlay=FILE to try a
 #          change without touching the tree)
+#        POSTERN_CONFIG=FILE: a postern.yaml both Postern processes start with
+#          (flags still win; bench/load.sh uses it to lift the connection caps)
 #        PROFILE=1: perf-record the proxy during one Postern upload
 #        KEEP=1: keep the work dir (logs, JSON) instead of removing it
 set -uo pipefail
@@ -141,7 +143,7 @@ start_postern() {
 	read -r PA PS PW PD PN PD2 <<<"$(free_ports 6)"
 	"$BIN/postern" start --data-dir "$W/auth" --roles auth,proxy --cluster-name bench \
 		--auth-addr "127.0.0.1:$PA" --ssh-addr "127.0.0.1:$PS" --web-addr "127.0.0.1:$PW" \
-		--diag-addr "127.0.0.1:$PD" --nodename bench-proxy >"$W/proxy.log" 2>&1 &
+		--diag-addr "127.0.0.1:$PD" --nodename bench-proxy ${POSTERN_CONFIG:+--config "$POSTERN_CONFIG"} >"$W/proxy.log" 2>&1 &
 	PROXY_PID=$!
 	PIDS_POSTERN+=("$PROXY_PID")
 	wait_for 150 pctl users ls || { tail -20 "$W/proxy.log"; die "auth+proxy did not start"; }
@@ -151,7 +153,7 @@ start_postern() {
 	pin=$(grep -oE -- '--ca-pin sha256:[0-9a-f]+' <<<"$out" | cut -d' ' -f2)
 	"$BIN/postern" start --data-dir "$W/node" --roles node --nodename "$NODENAME" \
 		--auth-server "127.0.0.1:$PA" --token "$token" --ca-pin "$pin" \
-		--node-addr "127.0.0.1:$PN" --diag-addr "127.0.0.1:$PD2" >"$W/node.log" 2>&1 &
+		--node-addr "127.0.0.1:$PN" --diag-addr "127.0.0.1:$PD2" ${POSTERN_CONFIG:+--config "$POSTERN_CONFIG"} >"$W/node.log" 2>&1 &
 	NODE_PID=$!
 	PIDS_POSTERN+=("$NODE_PID")
 	printf 'correct horse battery staple\n' | pctl users add alice --logins "$LOGIN" >/dev/null || die "pctl users add"
@@ -448,6 +450,9 @@ for title, key, target, ok in rows:
     print(f"{title:34} {fmt(s)} {fmt(p)} {fmt(med.get('direct'))} {ratio:7.3f}  {target:8} {verdict}")
 PY
 }
+
+# Sourced (bench/load.sh reuses the setup and helpers above): define only.
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 
 echo "postern-vs-openssh: $(ssh -V 2>&1); $(date -u '+%F %T UTC'); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
 setup

@@ -28,8 +28,13 @@ func (p *Process) startAuth(ctx context.Context) error {
 	if err := checkClusterName(filepath.Join(cfg.DataDir, "cluster_name"), cfg.ClusterName); err != nil {
 		return trace.Wrap(err)
 	}
-	b, err := p.openBackend(ctx)
+	raw, err := p.openBackend(ctx)
 	if err != nil {
+		return trace.Wrap(err)
+	}
+	b, err := backend.NewInstrumented(raw, p.registry, nil)
+	if err != nil {
+		raw.Close()
 		return trace.Wrap(err)
 	}
 	p.backend = b

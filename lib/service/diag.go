@@ -12,6 +12,8 @@ import (
 	"github.com/gravitational/trace"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/postern-dev/postern/lib/services"
 )
 
 // healthCheck is one component's view of itself: nil when it can serve.
@@ -118,5 +120,36 @@ func (p *Process) startDiag() error {
 	p.mu.Unlock()
 	p.goServe("diagnostics", func() error { return d.serve(ln) })
 	p.onShutdown(func(ctx context.Context) error { return d.srv.Shutdown(ctx) })
+	return nil
+}
+
+// registerNodeWatcherMetrics exposes the NodeWatcher's size and health:
+// a proxy routing from a stale or empty view is the first thing to rule out
+// when users cannot reach a node.
+func registerNodeWatcherMetrics(reg prometheus.Registerer, nw *services.NodeWatcher) error {
+	collectors := []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: "postern", Subsystem: "nodewatcher", Name: "nodes",
+			Help: "Nodes in the proxy's in-memory inventory.",
+		}, func() float64 { return float64(nw.Len()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: "postern", Subsystem: "nodewatcher", Name: "healthy",
+			Help: "1 while the NodeWatcher's backend watch is live, 0 while it re-syncs.",
+		}, func() float64 {
+			if nw.Healthy() != nil {
+				return 0
+			}
+			return 1
+		}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: "postern", Subsystem: "nodewatcher", Name: "failures_total",
+			Help: "Times the NodeWatcher's watch broke and it had to re-sync.",
+		}, func() float64 { return float64(nw.Failures()) }),
+	}
+	for _, c := range collectors {
+		if err := reg.Register(c); err != nil {
+			return trace.Wrap(err)
+		}
+	}
 	return nil
 }

@@ -36,6 +36,9 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		return trace.Wrap(err)
 	}
 	p.nodeWatcher = nw
+	if err := registerNodeWatcherMetrics(p.registry, nw); err != nil {
+		return trace.Wrap(err)
+	}
 	p.onShutdown(func(context.Context) error { return nw.Close() })
 
 	// The networking config is read on every route. With auth in this
