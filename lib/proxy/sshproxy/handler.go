@@ -101,6 +101,11 @@ func (h *Handler) Subsystem(ctx context.Context, id *srv.Identity, name string) 
 	}
 	return func(ctx context.Context, ch ssh.Channel) error {
 		_, _, err := utils.Splice(ctx, ch, conn)
+		if ctx.Err() != nil {
+			// The client hung up: the normal end of a tunnel, not a
+			// failure to report on a channel nobody reads any more.
+			return nil
+		}
 		return trace.Wrap(err)
 	}, nil
 }
