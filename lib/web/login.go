@@ -134,37 +134,12 @@ func (s *Server) sshCerts(w http.ResponseWriter, r *http.Request) {
 	}
 	remote := remoteHost(r.RemoteAddr)
 	log := s.cfg.Logger.WithFields(logrus.Fields{"user": req.User, "remote_addr": remote})
-	ctx, cancel := context.WithTimeout(r.Context(), loginTimeout)
-	defer cancel()
-	resp, err := s.cfg.Auth.AuthenticateSSHUser(ctx, auth.SSHLoginRequest{
+	resp, ok := s.authenticateSSHUser(w, r, log, auth.SSHLoginRequest{
 		AuthRequest: auth.AuthRequest{User: req.User, Password: req.Password, OTP: req.OTPToken, RemoteAddr: remote},
 		PublicKey:   []byte(req.PubKey),
 		TTL:         time.Duration(req.TTLSeconds) * time.Second,
 	})
-	switch {
-	case err == nil:
-	case trace.IsLimitExceeded(err):
-		log.Info("Login rate limited.")
-		w.Header().Set("Retry-After", strconv.Itoa(int(retryAfter(trace.UserMessage(err)).Seconds())))
-		writeError(w, http.StatusTooManyRequests, "too many failed login attempts; try again later")
-		return
-	case trace.IsAccessDenied(err), trace.IsNotFound(err):
-		log.Info("Login failed.")
-		writeError(w, http.StatusUnauthorized, msgInvalidCredentials)
-		return
-	case trace.IsConnectionProblem(err):
-		log.WithError(err).Warn("Login failed: auth unavailable.")
-		writeError(w, http.StatusServiceUnavailable, msgAuthUnavailable)
-		return
-	case trace.IsBadParameter(err):
-		// A malformed key, or a user without logins: the caller's fault
-		// and safe to show (auth checks the key before the password, and
-		// only says "no logins" after a correct password).
-		writeError(w, http.StatusBadRequest, trace.UserMessage(err))
-		return
-	default:
-		log.WithError(err).Warn("Login failed with an internal error.")
-		writeError(w, http.StatusInternalServerError, "internal error; see the proxy's log")
+	if !ok {
 		return
 	}
 	log.Info("Issued a user certificate.")
@@ -204,4 +179,39 @@ func remoteHost(remoteAddr string) string {
 
 func writeError(w http.ResponseWriter, code int, msg string) {
 	writeJSON(w, code, ErrorResponse{Error: msg})
+}
+
+// authenticateSSHUser asks auth to check a login and certify its key, and
+// answers the HTTP errors itself, the same way for the CLI login and the
+// browser login: one generic 401 for every credential problem, 429 with
+// Retry-After when rate limited, 503 when auth cannot be reached. The call
+// is bounded (loginTimeout) so a stalled backend is an answer, not a hang.
+// ok is false when the response has been written.
+func (s *Server) authenticateSSHUser(w http.ResponseWriter, r *http.Request, log logrus.FieldLogger, req auth.SSHLoginRequest) (resp *auth.SSHLoginResponse, ok bool) {
+	ctx, cancel := context.WithTimeout(r.Context(), loginTimeout)
+	defer cancel()
+	resp, err := s.cfg.Auth.AuthenticateSSHUser(ctx, req)
+	switch {
+	case err == nil:
+		return resp, true
+	case trace.IsLimitExceeded(err):
+		log.Info("Login rate limited.")
+		w.Header().Set("Retry-After", strconv.Itoa(int(retryAfter(trace.UserMessage(err)).Seconds())))
+		writeError(w, http.StatusTooManyRequests, "too many failed login attempts; try again later")
+	case trace.IsAccessDenied(err), trace.IsNotFound(err):
+		log.Info("Login failed.")
+		writeError(w, http.StatusUnauthorized, msgInvalidCredentials)
+	case trace.IsConnectionProblem(err):
+		log.WithError(err).Warn("Login failed: auth unavailable.")
+		writeError(w, http.StatusServiceUnavailable, msgAuthUnavailable)
+	case trace.IsBadParameter(err):
+		// A malformed key, or a user without logins: the caller's fault
+		// and safe to show (auth checks the key before the password, and
+		// only says "no logins" after a correct password).
+		writeError(w, http.StatusBadRequest, trace.UserMessage(err))
+	default:
+		log.WithError(err).Warn("Login failed with an internal error.")
+		writeError(w, http.StatusInternalServerError, "internal error; see the proxy's log")
+	}
+	return nil, false
 }

@@ -12,7 +12,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -349,34 +348,12 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	// One auth call checks the password and OTP (under auth's per-user and
 	// per-address failure limits, shared with psh's login) and certifies
 	// the session's key: the key never leaves this process.
-	ctx, cancel := context.WithTimeout(r.Context(), loginTimeout)
-	defer cancel()
-	resp, err := s.cfg.Auth.AuthenticateSSHUser(ctx, auth.SSHLoginRequest{
+	resp, ok := s.authenticateSSHUser(w, r, log, auth.SSHLoginRequest{
 		AuthRequest: auth.AuthRequest{User: req.User, Password: req.Password, OTP: req.OTPToken, RemoteAddr: remote},
 		PublicKey:   ssh.MarshalAuthorizedKey(sshPub),
 		TTL:         cfg.TTL,
 	})
-	switch {
-	case err == nil:
-	case trace.IsLimitExceeded(err):
-		log.Info("Web login rate limited.")
-		w.Header().Set("Retry-After", strconv.Itoa(int(retryAfter(trace.UserMessage(err)).Seconds())))
-		writeError(w, http.StatusTooManyRequests, "too many failed login attempts; try again later")
-		return
-	case trace.IsAccessDenied(err), trace.IsNotFound(err):
-		log.Info("Web login failed.")
-		writeError(w, http.StatusUnauthorized, msgInvalidCredentials)
-		return
-	case trace.IsConnectionProblem(err):
-		log.WithError(err).Warn("Web login failed: auth unavailable.")
-		writeError(w, http.StatusServiceUnavailable, msgAuthUnavailable)
-		return
-	case trace.IsBadParameter(err):
-		writeError(w, http.StatusBadRequest, trace.UserMessage(err))
-		return
-	default:
-		log.WithError(err).Warn("Web login failed with an internal error.")
-		writeError(w, http.StatusInternalServerError, "internal error; see the proxy's log")
+	if !ok {
 		return
 	}
 	live, err := newLiveSession(priv, resp)
