@@ -38,9 +38,14 @@ test:
 # side (setup time, 1 GB each way, PSS per idle -J connection). That needs
 # root (it creates a throwaway user), free ports 2201-2202 and ~10 minutes;
 # RUNS, TP_RUNS, TP_SIZE, MEM_N and PROFILE=1 tune it (see the script).
+# With BENCH_LOAD=1 it runs bench/load.sh: LOAD_N (500) concurrent idle
+# `ssh -J` sessions through each of the two jump hosts, one at a time:
+# setup p50/p99 and PSS per idle forwarded connection (root, ~5 minutes;
+# LOAD_N, LOAD_RATE, LOAD_KEX tune it, see the script).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(or $(BENCHTIME),2x) -timeout 30m ./...
 	@if [ "$(BENCH_OPENSSH)" = 1 ]; then BUILD_DIR="$(abspath $(BUILD_DIR))" ./bench/postern-vs-openssh.sh; fi
+	@if [ "$(BENCH_LOAD)" = 1 ]; then BUILD_DIR="$(abspath $(BUILD_DIR))" ./bench/load.sh; fi
 
 # fuzz runs every fuzz target for FUZZTIME each.
 fuzz:

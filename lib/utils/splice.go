@@ -11,18 +11,32 @@ import (
 	"sync"
 )
 
-// spliceBufferSize is the copy buffer of one splice direction. 32 KiB is
+// spliceBufferSize is the copy buffer of a busy splice direction. 32 KiB is
 // x/crypto/ssh's maximum channel packet payload, so one Read from a channel
 // never needs more, and io.Copy's own default is the same size.
 const spliceBufferSize = 32 * 1024
 
-// bufferPool recycles splice buffers: a proxy carries thousands of
-// long-lived pipes, and most of them are idle, so allocating a buffer per
-// direction per connection would be the dominant per-session cost.
-var bufferPool = sync.Pool{New: func() any {
-	b := make([]byte, spliceBufferSize)
-	return &b
-}}
+// idleBufferSize is the buffer a direction blocks in Read with. Most of a
+// proxy's pipes are idle most of the time (an interactive shell, a held
+// `ssh -J`), and a buffer held across a blocked Read is memory the process
+// pays per connection: 2 KiB is enough for keystrokes and screen updates,
+// and a direction that fills it switches to a full buffer until it goes
+// quiet again.
+const idleBufferSize = 2 * 1024
+
+// Buffer pools: a proxy carries thousands of long-lived pipes, so
+// allocating buffers per direction per connection would be the dominant
+// per-session cost.
+var (
+	bufferPool = sync.Pool{New: func() any {
+		b := make([]byte, spliceBufferSize)
+		return &b
+	}}
+	idleBufferPool = sync.Pool{New: func() any {
+		b := make([]byte, idleBufferSize)
+		return &b
+	}}
+)
 
 // closeWriter is what half-close needs: *net.TCPConn, *net.UnixConn,
 // *tls.Conn and ssh.Channel all implement it.
@@ -90,30 +104,61 @@ func Splice(ctx context.Context, a, b io.ReadWriteCloser) (aToB, bToA int64, err
 	return aToB, bToA, nil
 }
 
-// copyHalf copies src to dst with a pooled buffer and half-closes dst at
-// EOF. It returns a nil error on a clean end of stream.
+// copyHalf copies src to dst and half-closes dst at EOF. It returns a nil
+// error on a clean end of stream.
+//
+// It reads into a small buffer while the stream is quiet and a full-size
+// pooled one while it is busy (a Read filled the small one), giving the big
+// one back as soon as a Read comes back short, before blocking again. (Our
+// own loop rather than io.CopyBuffer, which would also bypass any buffer
+// when *net.TCPConn's ReaderFrom/WriterTo are visible.)
 func copyHalf(dst, src io.ReadWriteCloser) (int64, error) {
-	bufp := bufferPool.Get().(*[]byte)
-	defer bufferPool.Put(bufp)
-	// io.CopyBuffer ignores the buffer when dst implements io.ReaderFrom or
-	// src implements io.WriterTo (*net.TCPConn does both) and allocates
-	// its own; hiding those methods keeps the pooled buffer in use.
-	n, err := io.CopyBuffer(writerOnly{dst}, readerOnly{src}, *bufp)
-	if err != nil {
-		return n, err
+	small := idleBufferPool.Get().(*[]byte)
+	defer idleBufferPool.Put(small)
+	var big *[]byte
+	defer func() {
+		if big != nil {
+			bufferPool.Put(big)
+		}
+	}()
+	buf := *small
+	var total int64
+	for {
+		n, rerr := src.Read(buf)
+		if n > 0 {
+			wn, werr := dst.Write(buf[:n])
+			total += int64(wn)
+			if werr != nil {
+				return total, werr
+			}
+			if wn != n {
+				return total, io.ErrShortWrite
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return total, rerr
+		}
+		switch {
+		case big == nil && n == len(buf):
+			big = bufferPool.Get().(*[]byte)
+			buf = *big
+		case big != nil && n < idleBufferSize:
+			bufferPool.Put(big)
+			big = nil
+			buf = *small
+		}
 	}
 	if cw, ok := dst.(closeWriter); ok {
 		if err := cw.CloseWrite(); err != nil && !isClosedErr(err) {
-			return n, err
+			return total, err
 		}
-		return n, nil
+		return total, nil
 	}
-	return n, dst.Close()
+	return total, dst.Close()
 }
-
-type writerOnly struct{ io.Writer }
-
-type readerOnly struct{ io.Reader }
 
 // isClosedErr reports errors that only say "this side is already closed":
 // after one direction fails, Splice closes both sides, and the other
