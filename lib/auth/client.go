@@ -258,6 +258,16 @@ func (c *Client) GetUsers(ctx context.Context) ([]services.User, error) {
 	return users, trace.Wrap(c.do(ctx, http.MethodGet, "/v1/users", nil, nil, &users))
 }
 
+// UnlockUser clears the login lockouts of user (and of addr's address when
+// it is not empty); see Server.UnlockUser.
+func (c *Client) UnlockUser(ctx context.Context, name, addr string) (bool, error) {
+	resp, err := call[UnlockResponse](ctx, c, http.MethodPost, "/v1/users/"+url.PathEscape(name)+"/unlock", nil, UnlockRequest{Addr: addr})
+	if err != nil {
+		return false, trace.Wrap(err)
+	}
+	return resp.Cleared, nil
+}
+
 // CreateToken makes a join token; see Server.CreateToken.
 func (c *Client) CreateToken(ctx context.Context, tokenType string, ttl time.Duration) (*services.Token, error) {
 	return call[services.Token](ctx, c, http.MethodPost, "/v1/tokens", nil, createTokenRequest{Type: tokenType, TTL: services.Duration(ttl)})

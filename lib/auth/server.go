@@ -16,7 +16,6 @@ import (
 	"context"
 	"crypto"
 	"crypto/x509"
-	"sync"
 	"time"
 
 	"github.com/gravitational/trace"
@@ -135,11 +134,6 @@ type Server struct {
 	// unauthenticated peer from hammering the backend and the logs, not
 	// about guessing.
 	joinLimiter *loginLimiter
-
-	// otpMu guards lastOTP: the last accepted TOTP code per user, so that a
-	// code seen on the wire cannot be replayed within its validity window.
-	otpMu   sync.Mutex
-	lastOTP map[string]string
 }
 
 // NewServer starts the auth server: it loads the cluster's CAs, creating
@@ -161,9 +155,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		dummyHash: dummy,
 		limiter:   newLoginLimiter(cfg.Limits, cfg.Clock),
 		joinLimiter: newLoginLimiter(LoginLimits{
-			MaxFailures: maxJoinFailures, Window: cfg.Limits.Window,
+			MaxAddrFailures: maxJoinFailures, Window: cfg.Limits.Window,
 		}, cfg.Clock),
-		lastOTP: make(map[string]string),
 	}
 	ctx := context.Background()
 	if err := s.initCAs(ctx); err != nil {

@@ -33,6 +33,12 @@ func (c *cli) registerUsers(app *kingpin.Application, add adder) {
 	ur := users.Command("rm", "Remove a user.")
 	ur.Arg("name", "User name.").Required().StringVar(&rmName)
 	add(ur, func(ctx context.Context) error { return c.usersRm(ctx, rmName) })
+
+	var unlockName, unlockAddr string
+	ul := users.Command("unlock", "Clear a user's login lockouts (failed passwords), from every address.")
+	ul.Arg("name", "User name.").Required().StringVar(&unlockName)
+	ul.Flag("addr", "Also clear the lockout of this source address (for every user).").StringVar(&unlockAddr)
+	add(ul, func(ctx context.Context) error { return c.usersUnlock(ctx, unlockName, unlockAddr) })
 }
 
 func splitList(s string) []string {
@@ -133,5 +139,23 @@ func (c *cli) usersRm(ctx context.Context, name string) error {
 		return trace.Wrap(err)
 	}
 	fmt.Fprintf(c.stdout, "User %q removed.\n", name)
+	return nil
+}
+
+func (c *cli) usersUnlock(ctx context.Context, name, addr string) error {
+	clt, _, err := c.connect(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer clt.Close()
+	cleared, err := clt.UnlockUser(ctx, name, addr)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	if !cleared {
+		fmt.Fprintf(c.stdout, "No login lockout or failed attempts recorded for %q.\n", name)
+		return nil
+	}
+	fmt.Fprintf(c.stdout, "Login lockouts of %q cleared.\n", name)
 	return nil
 }
