@@ -208,6 +208,9 @@ func TestFaultBackendOutage(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, status, "a backend outage is the server's trouble, not bad credentials: %s", body)
 	require.Contains(t, body, "the auth server is unavailable; try again later")
 	require.Less(t, elapsed, 20*time.Second, "a login must fail in bounded time")
+	// Everything else says so too: pctl, psh, the web API, and SSH (a
+	// banner instead of a bare "Permission denied").
+	requireAuthUnavailableEverywhere(t, c)
 
 	start = time.Now()
 	etcd.Restart(t)

@@ -334,8 +334,15 @@ func (a *APIServer) respond(w http.ResponseWriter, r *http.Request, p *peer, h a
 	timedOut := ctx.Err() == context.DeadlineExceeded && r.Context().Err() == nil
 	cancel()
 	if err != nil {
-		if timedOut && !trace.IsConnectionProblem(err) {
-			err = trace.ConnectionProblem(err, "the auth server did not complete the request within %v: its backend may be unavailable", a.cfg.RequestTimeout)
+		switch {
+		case timedOut && !trace.IsConnectionProblem(err):
+			err = trace.ConnectionProblem(err, "the auth server's backend is unavailable: the request did not complete within %v", a.cfg.RequestTimeout)
+		case trace.IsConnectionProblem(err):
+			// Handlers reach nothing but the backend (and the audit
+			// log on it): a connection problem is the backend's. Say so,
+			// so that pctl, psh and the proxy's logs name the culprit.
+			a.log.WithError(err).WithField("path", r.URL.Path).Warn("API call failed: the backend is unavailable.")
+			err = trace.ConnectionProblem(err, "the auth server's backend is unavailable: %s", trace.UserMessage(err))
 		}
 		if _, status := errorKind(err); status == http.StatusInternalServerError {
 			a.log.WithError(err).WithField("path", r.URL.Path).Warn("API call failed.")
