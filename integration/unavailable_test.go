@@ -61,8 +61,15 @@ func (c *allInOne) opensshBannerConfig(t *testing.T) string {
 // unavailable, instead of "Permission denied (publickey)", "answered 500:
 // internal error" or a raw "disk I/O error". The checks run in parallel:
 // against a backend that hangs (etcd stopped) each waits out its bound.
-func requireAuthUnavailableEverywhere(t *testing.T, c *allInOne) {
+// Each of also runs as one more parallel check.
+func requireAuthUnavailableEverywhere(t *testing.T, c *allInOne, also ...func(t *testing.T)) {
 	t.Run("unavailable", func(t *testing.T) {
+		for _, f := range also {
+			t.Run("login", func(t *testing.T) {
+				t.Parallel()
+				f(t)
+			})
+		}
 		t.Run("pctl", func(t *testing.T) {
 			t.Parallel()
 			_, errOut, err := pctl(t, c.dataDir, "", "users", "ls")
@@ -98,17 +105,18 @@ func requireAuthUnavailableEverywhere(t *testing.T, c *allInOne) {
 				require.Equal(t, srv.MsgAuthUnavailable, banner)
 			})
 		}
-		t.Run("openssh", func(t *testing.T) {
-			requireOpenSSH(t, "ssh")
-			t.Parallel()
-			cfg := c.opensshBannerConfig(t)
-			for _, host := range []string{c.hostname, "node-direct"} {
-				out, err := exec.Command("ssh", "-F", cfg, host, "true").CombinedOutput()
+		// OpenSSH through the proxy (ssh -J: the proxy refuses) and to
+		// the node port directly.
+		for _, host := range []string{c.hostname, "node-direct"} {
+			t.Run("openssh "+host, func(t *testing.T) {
+				requireOpenSSH(t, "ssh")
+				t.Parallel()
+				out, err := exec.Command("ssh", "-F", c.opensshBannerConfig(t), host, "true").CombinedOutput()
 				require.Error(t, err, string(out))
 				t.Logf("ssh %s: %s", host, out)
-				require.Contains(t, string(out), "postern: the auth server is unavailable, try again later", host)
-			}
-		})
+				require.Contains(t, string(out), "postern: the auth server is unavailable, try again later")
+			})
+		}
 	})
 }
 
