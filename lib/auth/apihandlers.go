@@ -32,11 +32,12 @@ func (a *APIServer) registerRoutes() {
 	// Who am I: any identity may check that it is accepted.
 	a.handle("GET /v1/ping", allow(node, proxy, admin), a.ping)
 	// Nodes: hosts (node and proxy processes) announce themselves; proxies
-	// route from the inventory (list and watch); pctl lists and deletes.
+	// route from the inventory (list and watch); pctl lists and deletes,
+	// and `pctl route` runs the proxy's NodeWatcher on the watch.
 	a.handle("PUT /v1/nodes", allow(node, proxy), a.upsertNode)
 	a.handle("GET /v1/nodes", allow(proxy, admin), a.getNodes)
 	a.handle("DELETE /v1/nodes/{cluster}/{uuid}", allow(admin), a.deleteNode)
-	a.handleStream("GET /v1/watch/nodes", allow(proxy), a.watchNodes)
+	a.handleStream("GET /v1/watch/nodes", allow(proxy, admin), a.watchNodes)
 	// Public CA keys: nodes and proxies check user certificates with them,
 	// pctl auth sign writes the host CA into the identity file.
 	a.handle("GET /v1/authorities/{type}", allow(node, proxy, admin), a.getCAs)

@@ -34,7 +34,7 @@ var wantPolicy = map[string][]string{
 	"PUT /v1/nodes":                     {RoleNode, RoleProxy},
 	"GET /v1/nodes":                     {RoleProxy, RoleAdmin},
 	"DELETE /v1/nodes/{cluster}/{uuid}": {RoleAdmin},
-	"GET /v1/watch/nodes":               {RoleProxy},
+	"GET /v1/watch/nodes":               {RoleProxy, RoleAdmin},
 
 	"GET /v1/authorities/{type}":           {RoleNode, RoleProxy, RoleAdmin},
 	"GET /v1/authorities/{type}/{cluster}": {RoleNode, RoleProxy, RoleAdmin},
