@@ -115,6 +115,7 @@ func (s *Server) ListUsers(ctx context.Context) ([]services.User, error) {
 }
 
 func publicUser(u services.User) services.User {
+	u.OTPEnabled = u.TOTPSecret != ""
 	u.PasswordHash = nil
 	u.TOTPSecret = ""
 	return u

@@ -151,7 +151,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 // Start brings up every role; when it returns nil, every listener accepts.
 func (p *Process) Start(ctx context.Context) error {
 	cfg := p.cfg
-	if err := ensureDataDir(cfg.DataDir); err != nil {
+	if err := ensureDataDir(cfg.DataDir, p.log); err != nil {
 		return trace.Wrap(err)
 	}
 	id, err := readOrCreateUUID(cfg.HostUUIDPath())

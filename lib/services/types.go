@@ -52,6 +52,10 @@ type User struct {
 	PasswordHash []byte `json:"password_hash,omitempty"`
 	// TOTPSecret, when set, makes a one-time password mandatory at login.
 	TOTPSecret string `json:"totp_secret,omitempty"`
+	// OTPEnabled says a TOTP secret is set, in views that strip the secret
+	// itself (the auth API's user list): pctl must be able to tell who is
+	// enrolled without ever receiving a secret. Derived, never stored.
+	OTPEnabled bool `json:"otp_enabled,omitempty"`
 	// Roles names the roles granted; default ["access"].
 	Roles []string `json:"roles"`
 	// Traits are per-user values that role templates expand, e.g.

@@ -115,7 +115,7 @@ func (c *cli) usersLs(ctx context.Context) error {
 	fmt.Fprintln(tw, "USER\tROLES\tLOGINS\tOTP")
 	for _, u := range users {
 		otp := "no"
-		if u.TOTPSecret != "" {
+		if u.OTPEnabled {
 			otp = "yes"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", u.Name, strings.Join(u.Roles, ","), strings.Join(u.Traits["logins"], ","), otp)
