@@ -536,8 +536,3 @@ func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request, live *liv
 	s.cfg.Logger.WithField("user", live.user).Info("Web session deleted.")
 	w.WriteHeader(http.StatusNoContent)
 }
-
-// isClosedErr reports errors that just mean "the other side went away".
-func isClosedErr(err error) bool {
-	return err == nil || errors.Is(err, io.EOF) || errors.Is(err, context.Canceled)
-}
