@@ -40,6 +40,15 @@ var _ LockChecker = (*services.LockWatcher)(nil)
 // reading must not keep its connection open by a full window.
 const lockOutWait = time.Second
 
+// lockOutProxyGrace is how long the proxy lets a locked connection live
+// after the lock before it cuts it, unless the client goes first. The
+// node behind an `ssh -J` hop learns of the lock at the same moment and
+// writes the reason into the session the user sees, which travels inside
+// the proxy's direct-tcpip channel: cutting that channel at once would
+// swallow the message. The node has milliseconds; a second also bounds a
+// node that does not cooperate.
+const lockOutProxyGrace = time.Second
+
 // checkLocks checks the locks on user and, in node mode, on this node.
 func (s *Server) checkLocks(user string) error {
 	if s.cfg.Locks == nil {
@@ -132,6 +141,14 @@ func (c *conn) lockOut(err error) {
 	case <-timer.Chan():
 	}
 	timer.Stop()
+	if c.cfg.Proxy != nil {
+		grace := c.cfg.Clock.NewTimer(lockOutProxyGrace)
+		select {
+		case <-grace.Chan():
+		case <-c.ctx.Done():
+		}
+		grace.Stop()
+	}
 	c.close(msg)
 	<-written
 }
