@@ -262,6 +262,11 @@ func TestLockUserAndNode(t *testing.T) {
 	require.Contains(t, out, "incident 42")
 	require.Contains(t, out, "admin")
 
+	out = mustPctl(t, c.dataDir, "", "get", "lock", "bob")
+	require.Contains(t, out, "user: bob")
+	require.Contains(t, out, "message: incident 42")
+	require.Contains(t, out, "expires:")
+
 	out = mustPctl(t, c.dataDir, "", "unlock", "--user", "bob")
 	require.Equal(t, "Unlocked user \"bob\".\n", out)
 	require.Eventually(t, func() bool {
