@@ -1,11 +1,14 @@
 package integration
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/service"
 	"github.com/postern-dev/postern/lib/web"
 )
@@ -330,4 +334,100 @@ func TestLockUserAndNode(t *testing.T) {
 		return true
 	}, lockWait, 20*time.Millisecond, "unlock did not restore routing to the node")
 	require.Equal(t, "No locks.\n", mustPctl(t, c.dataDir, "", "locks", "ls"))
+}
+
+// TestLockReachesJoinedNode: a node in its own process, joined with a
+// token, learns locks through the auth API's watch: it ends a locked
+// user's open OpenSSH session (ssh -J, the reason printed) and refuses new
+// connections on its own port, and it refuses everyone once it is locked
+// itself.
+func TestLockReachesJoinedNode(t *testing.T) {
+	requireOpenSSH(t, "ssh")
+	c := newAllInOne(t)
+	out := mustPctl(t, c.dataDir, "", "tokens", "add", "--type", "node")
+	m := joinRe.FindStringSubmatch(out)
+	require.NotNil(t, m, "join command in %q", out)
+	cfg2 := procConfig(t.TempDir(), config.RoleNode)
+	cfg2.AuthServer, cfg2.Token, cfg2.CAPin, cfg2.NodeName = c.p.Addr(service.ListenerAuth).String(), m[1], m[2], "second"
+	cfg2.Labels = map[string]string{"env": "it"}
+	second := startProcess(t, cfg2)
+	waitNodes(t, adminClient(t, c.dataDir, c.p), 2)
+	secondAddr := second.Addr(service.ListenerNode).String()
+	secondPort := portOf(t, second.Addr(service.ListenerNode))
+
+	// OpenSSH prints banners and the session's stderr at LogLevel INFO.
+	sshCfg := c.opensshConfig(t, fmt.Sprintf("Host second\n  Port %d\n  ProxyJump proxy\n", secondPort))
+	data, err := os.ReadFile(sshCfg)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(sshCfg, bytes.ReplaceAll(data, []byte("LogLevel ERROR"), []byte("LogLevel INFO")), 0o600))
+
+	cmd := exec.Command("ssh", "-F", sshCfg, "second", "echo ready; exec sleep 600")
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	line := make([]byte, len("ready\n"))
+	_, err = io.ReadFull(stdout, line)
+	require.NoError(t, err, "ssh -J never got a shell: %s", stderr.String())
+	exited := make(chan error, 1)
+	go func() {
+		_, _ = io.Copy(io.Discard, stdout)
+		exited <- cmd.Wait()
+	}()
+
+	mustPctl(t, c.dataDir, "", "lock", "--user", "alice", "--message", "incident 42")
+	const want = "postern: access for user alice is locked: incident 42"
+	select {
+	case err := <-exited:
+		require.Error(t, err)
+	case <-time.After(lockWait):
+		t.Fatal("the locked user's ssh -J session on the joined node was not ended")
+	}
+	require.Contains(t, stderr.String(), want)
+
+	// New attempts: OpenSSH through the proxy prints the refusal; the
+	// joined node's own port refuses the still-valid certificate.
+	outB, err := exec.Command("ssh", "-F", sshCfg, "second", "true").CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(outB), want)
+	_, banner, err := bannerDial(t, nil, secondAddr, c.clientConfig(t))
+	require.Error(t, err)
+	require.Contains(t, banner, want)
+
+	mustPctl(t, c.dataDir, "", "unlock", "--user", "alice")
+	require.Eventually(t, func() bool {
+		n, _, err := bannerDial(t, nil, secondAddr, c.clientConfig(t))
+		if err != nil {
+			return false
+		}
+		n.Close()
+		return true
+	}, lockWait, 20*time.Millisecond, "unlock never reached the joined node")
+
+	mustPctl(t, c.dataDir, "", "lock", "--node", "second", "--message", "maintenance")
+	wantNode := fmt.Sprintf("postern: node %s is locked: maintenance", second.HostUUID())
+	require.Eventually(t, func() bool {
+		_, banner, err := bannerDial(t, nil, secondAddr, c.clientConfig(t))
+		return err != nil && strings.Contains(banner, wantNode)
+	}, lockWait, 20*time.Millisecond, "the joined node does not refuse connections while locked")
+}
+
+// lockedBuffer is a bytes.Buffer safe to read while a process writes it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
