@@ -219,6 +219,13 @@ func TestDeletedUserLosesAccess(t *testing.T) {
 	out := mustPctl(t, c.dataDir, "", "locks", "ls")
 	require.Contains(t, out, `user "alice"`)
 	require.Contains(t, out, "the user was deleted")
+
+	// Re-creating the name does not revive the old certificate: the new
+	// account stays locked until the admin lifts the lock, and is told so.
+	out = mustPctl(t, c.dataDir, "another password\n", "users", "add", "alice", "--logins", c.login)
+	require.Contains(t, out, `Note: user "alice" is locked (the user was deleted)`)
+	_, _, err = bannerDial(t, nil, nodeAddr, c.clientConfig(t))
+	require.Error(t, err)
 }
 
 // TestLockUserAndNode: `pctl lock --user` ends the user's open connection

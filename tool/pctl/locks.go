@@ -193,3 +193,27 @@ func (c *cli) locksLs(ctx context.Context) error {
 	}
 	return trace.Wrap(tw.Flush())
 }
+
+// warnLocked tells the admin who (re)creates a user that a lock still
+// holds the name, typically the lock of an earlier deletion: lifting it
+// also revives that account's unexpired certificates, so it is left to
+// the admin to decide.
+func (c *cli) warnLocked(ctx context.Context, clt *auth.Client, user string) {
+	locks, err := clt.GetLocks(ctx)
+	if err != nil {
+		return
+	}
+	for _, l := range locks {
+		if l.Target.User == user {
+			fmt.Fprintf(c.stdout, "Note: user %q is locked (%s) until %s: it cannot log in until then or until `pctl unlock --user %s`, which also revives certificates issued to an earlier account of that name.\n",
+				user, orDefault(l.Message, "no message"), lockExpiry(l), user)
+		}
+	}
+}
+
+func lockExpiry(l services.Lock) string {
+	if l.Expires.IsZero() {
+		return "unlocked"
+	}
+	return l.Expires.UTC().Format(time.RFC3339)
+}
