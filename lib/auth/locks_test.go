@@ -8,6 +8,7 @@ import (
 	"github.com/gravitational/trace"
 	"github.com/stretchr/testify/require"
 
+	"github.com/postern-dev/postern/lib/backend"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -42,6 +43,11 @@ func TestLocksOverTheWire(t *testing.T) {
 		requireKind(t, err, trace.IsAccessDenied, "may not call")
 		requireKind(t, c.DeleteLock(ctx, services.LockTarget{User: "bob"}), trace.IsAccessDenied, "may not call")
 	}
+
+	// The lock stream serves the locks prefix and nothing else: a node
+	// cannot use it to watch users (password hashes) or anything else.
+	_, err = node.LockEvents().NewWatcher(ctx, backend.Watch{Prefixes: []string{"/users/"}})
+	requireKind(t, err, trace.IsAccessDenied, "outside")
 
 	// A node's LockWatcher runs on the API: a lock written later arrives.
 	w, err := services.NewLockWatcher(services.LockWatcherConfig{Events: node.LockEvents(), Clock: env.clock, Logger: testLogger()})
