@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -183,6 +184,26 @@ func TestDeletedUserLosesAccess(t *testing.T) {
 		close(proxyEnded)
 	}()
 
+	// A real OpenSSH ControlMaster through the proxy (ssh -J), with a
+	// command multiplexed over it to show it is live.
+	requireOpenSSH(t, "ssh")
+	sshCfg := c.opensshConfig(t, "")
+	ctlPath := filepath.Join(t.TempDir(), "cm")
+	master := exec.Command("ssh", "-F", sshCfg, "-M", "-S", ctlPath, "-N", c.hostname)
+	masterErr := &lockedBuffer{}
+	master.Stderr = masterErr
+	require.NoError(t, master.Start())
+	t.Cleanup(func() { _ = master.Process.Kill() })
+	masterExited := make(chan struct{})
+	go func() {
+		_ = master.Wait()
+		close(masterExited)
+	}()
+	require.Eventually(t, func() bool {
+		out, err := exec.Command("ssh", "-F", sshCfg, "-S", ctlPath, "-o", "ControlMaster=no", c.hostname, "echo muxed").CombinedOutput()
+		return err == nil && string(out) == "muxed\n"
+	}, lockWait, 50*time.Millisecond, "the ControlMaster never came up: %s", masterErr)
+
 	mustPctl(t, c.dataDir, "", "users", "rm", "alice")
 
 	const want = "postern: access for user alice is locked: the user was deleted"
@@ -192,6 +213,11 @@ func TestDeletedUserLosesAccess(t *testing.T) {
 	case <-proxyEnded:
 	case <-time.After(lockWait):
 		t.Fatal("the proxy kept the deleted user's connection open")
+	}
+	select {
+	case <-masterExited:
+	case <-time.After(lockWait):
+		t.Fatal("the deleted user's OpenSSH ControlMaster stayed connected")
 	}
 
 	// The web session is refused at once (bounded: the deletion's lock
