@@ -47,6 +47,11 @@ func (a *APIServer) registerRoutes() {
 	a.handle("POST /v1/login", proxyRoles, a.authenticateUser)
 	a.handle("POST /v1/login/ssh", proxyRoles, a.authenticateSSHUser)
 	a.handle("GET /v1/events", adminRoles, a.searchEvents)
+	// Locks: admins write them; every host enforces them, so reads it.
+	a.handle("PUT /v1/locks", adminRoles, a.upsertLock)
+	a.handle("DELETE /v1/locks/{kind}/{name}", adminRoles, a.deleteLock)
+	a.handle("GET /v1/locks", hostRoles, a.getLocks)
+	a.handleStream("GET /v1/watch/locks", hostRoles, a.watchLocks)
 }
 
 // maxEventsPerSearch bounds one answer: enough for an operator's screen

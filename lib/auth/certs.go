@@ -55,6 +55,9 @@ func (s *Server) GenerateUserCert(ctx context.Context, req UserCertRequest) ([]b
 }
 
 func (s *Server) generateUserCert(ctx context.Context, user *services.User, req UserCertRequest) ([]byte, error) {
+	if err := s.checkUserLock(ctx, user.Name); err != nil {
+		return nil, trace.Wrap(err)
+	}
 	pub, err := parseAuthorizedKey(req.PublicKey)
 	if err != nil {
 		return nil, trace.Wrap(err)

@@ -73,6 +73,9 @@ func (p *Process) startHostRoles(ctx context.Context) error {
 	if err != nil {
 		return trace.Wrap(err)
 	}
+	if err := p.startLocks(ctx); err != nil {
+		return trace.Wrap(err)
+	}
 	if nodeLn != nil {
 		if err := p.startNode(ctx, nodeLn, nodeLim, nodeID, ap); err != nil {
 			return trace.Wrap(err)
@@ -127,6 +130,7 @@ func (p *Process) startNode(ctx context.Context, ln net.Listener, lim *limiter.C
 		IdleTimeout: p.cfg.Limits.IdleTimeout,
 		Limiter:     lim,
 		Audit:       p.audit,
+		Locks:       p.locks,
 	})
 	if err != nil {
 		return trace.Wrap(err)

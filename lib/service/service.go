@@ -82,6 +82,8 @@ type Process struct {
 	proxySSH    *srv.Server
 	nodeWatcher *services.NodeWatcher
 	router      *proxy.Router
+	// locks is the lock set every server here enforces (locks.go).
+	locks *services.LockWatcher
 
 	// mu guards listeners.
 	mu        sync.Mutex

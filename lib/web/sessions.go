@@ -22,6 +22,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/backend"
+	"github.com/postern-dev/postern/lib/services"
 )
 
 // A web session is two secrets: the session id travels in the
@@ -479,6 +480,12 @@ func (s *Server) authenticate(ctx context.Context, r *http.Request, token string
 		// Created by another proxy (or before a restart): its key is not
 		// here, so it cannot be used here.
 		return nil, errNoSession
+	}
+	if err := s.checkLocks(live.user); err != nil {
+		if services.IsLocked(err) {
+			s.endSessionCause(ctx, key, err)
+		}
+		return nil, trace.AccessDenied("%s", lockRefusal(err))
 	}
 	if now.Sub(rec.LastActive) >= touchInterval {
 		rec.LastActive = now

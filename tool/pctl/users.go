@@ -98,6 +98,7 @@ func (c *cli) usersAdd(ctx context.Context, name, logins, roles string, otp bool
 	if url != "" {
 		fmt.Fprintf(c.stdout, "One-time password enrolment (add it to an authenticator app):\n%s\n", url)
 	}
+	c.warnLocked(ctx, clt, name)
 	return nil
 }
 
