@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"golang.org/x/crypto/bcrypt"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/backend/memory"
 	"github.com/postern-dev/postern/lib/services"
@@ -127,4 +129,58 @@ func requireKind(t *testing.T, err error, is func(error) bool, want string) {
 	require.Error(t, err)
 	require.True(t, is(err), "unexpected error kind: %T %v", errors.Unwrap(err), err)
 	require.Contains(t, err.Error(), want)
+}
+
+// serveHostKey runs a real x/crypto SSH server on 127.0.0.1:0 presenting
+// signer as its host key (a node's certificate, or anything a test wants
+// to pass off as one) and returns its address. It completes key exchange
+// and then refuses every authentication, which is all an address check
+// ever gets to see.
+func serveHostKey(t *testing.T, signer ssh.Signer) string {
+	t.Helper()
+	l, err := netListen()
+	require.NoError(t, err)
+	cfg := &ssh.ServerConfig{PublicKeyCallback: func(ssh.ConnMetadata, ssh.PublicKey) (*ssh.Permissions, error) {
+		return nil, errors.New("no")
+	}}
+	cfg.AddHostKey(signer)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(10 * time.Second))
+				if sc, _, _, err := ssh.NewServerConn(c, cfg); err == nil {
+					sc.Close()
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		wg.Wait()
+	})
+	return l.Addr().String()
+}
+
+// hostNode is a host identity with an SSH server answering with its
+// certificate: what a real node looks like to auth's address check.
+type hostNode struct {
+	id   *Identity
+	addr string
+}
+
+// newHostNode issues an identity for uuid and serves its host key.
+func (e *testEnv) newHostNode(t *testing.T, uuid, role string) hostNode {
+	t.Helper()
+	id := e.identity(t, uuid, role)
+	return hostNode{id: id, addr: serveHostKey(t, id.SSHSigner)}
 }

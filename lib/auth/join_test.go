@@ -56,7 +56,7 @@ func TestJoinRefusesImpostors(t *testing.T) {
 			addr := serveImpostor(t, cert)
 			_, err := Join(ctx, JoinParams{
 				AuthAddr: addr, Token: "t", CAPin: env.auth.CAPin(), Role: RoleNode,
-				UUID: "victim", Clock: env.clock, Timeout: 10 * time.Second,
+				Hostname: "victim", Clock: env.clock, Timeout: 10 * time.Second,
 			})
 			require.Error(t, err)
 			require.True(t, trace.IsConnectionProblem(err), "%v", err)
@@ -66,11 +66,10 @@ func TestJoinRefusesImpostors(t *testing.T) {
 }
 
 func TestJoinParams(t *testing.T) {
-	good := JoinParams{AuthAddr: "a:1", Token: "t", CAPin: "sha256:" + strings.Repeat("0", 64), Role: RoleNode, UUID: "u"}
+	good := JoinParams{AuthAddr: "a:1", Token: "t", CAPin: "sha256:" + strings.Repeat("0", 64), Role: RoleNode, Hostname: "u"}
 	for name, mutate := range map[string]func(p *JoinParams){
 		"no addr":  func(p *JoinParams) { p.AuthAddr = "" },
 		"no token": func(p *JoinParams) { p.Token = "" },
-		"no uuid":  func(p *JoinParams) { p.UUID = "" },
 		"bad role": func(p *JoinParams) { p.Role = RoleAdmin },
 		"no pin":   func(p *JoinParams) { p.CAPin = "" },
 		"bad pin":  func(p *JoinParams) { p.CAPin = "md5:00" },

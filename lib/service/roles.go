@@ -44,7 +44,7 @@ func (p *Process) startHostRoles(ctx context.Context) error {
 	var nodeID, proxyID *auth.Identity
 	if nodeLn != nil {
 		principals := appendUnique(listenIPs(nodeLn.Addr()), hostOf(advertisedAddr(nodeLn.Addr())))
-		if nodeID, err = p.hostIdentity(ctx, auth.RoleNode, principals); err != nil {
+		if nodeID, err = p.hostIdentity(ctx, auth.RoleNode, advertisedAddr(nodeLn.Addr()), principals); err != nil {
 			return trace.Wrap(err)
 		}
 	}
@@ -56,7 +56,7 @@ func (p *Process) startHostRoles(ctx context.Context) error {
 		for _, a := range cfg.PublicAddrs {
 			principals = appendUnique(principals, hostOf(a))
 		}
-		if proxyID, err = p.hostIdentity(ctx, auth.RoleProxy, principals); err != nil {
+		if proxyID, err = p.hostIdentity(ctx, auth.RoleProxy, "", principals); err != nil {
 			return trace.Wrap(err)
 		}
 	}
