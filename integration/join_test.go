@@ -240,3 +240,79 @@ func TestJoinCannotChooseItsNames(t *testing.T) {
 		"10.1.2.3", "fresh.example.com", "::1", "127.0.0.1"}, cert.ValidPrincipals)
 	c.reachVictim(t)
 }
+
+// TestHeartbeatCannotRedirectOrOutlive is issue 10 item 4 (and the
+// heartbeat half of items 5 and 11) as the attack: a node that joined with
+// a real token, holding its real identity, heartbeats with an address of
+// the auth API, the web port or the victim node's SSH port, a date in
+// 2099, an endless TTL, a NAME.CLUSTER hostname and an ESC in a label.
+// Every address is refused naming it, the times are the server's, and
+// users still land on the victim.
+func TestHeartbeatCannotRedirectOrOutlive(t *testing.T) {
+	c := newAllInOne(t)
+	clt := adminClient(t, c.dataDir, c.p)
+	token, pin := nodeToken(t, c.dataDir)
+	dir := t.TempDir()
+	cfg := procConfig(dir, config.RoleNode)
+	cfg.AuthServer, cfg.Token, cfg.CAPin, cfg.NodeName = c.p.Addr(service.ListenerAuth).String(), token, pin, "rogue"
+	rogue := startProcess(t, cfg)
+	waitNodes(t, clt, 2)
+	realAddr := rogue.Addr(service.ListenerNode).String()
+	// Its own, real heartbeat went through the address check.
+	require.Equal(t, realAddr, nodeByUUID(t, clt, rogue.HostUUID()).Addr)
+
+	id, err := auth.ReadIdentity(cfg.IdentityDir(auth.RoleNode))
+	require.NoError(t, err)
+	rclt, err := auth.NewClient(auth.ClientConfig{Addr: cfg.AuthServer, Identity: id})
+	require.NoError(t, err)
+	defer rclt.Close()
+	ctx := context.Background()
+	beat := func(n services.Node) error {
+		n.UUID = rogue.HostUUID()
+		if n.Hostname == "" {
+			n.Hostname = "rogue"
+		}
+		if n.Addr == "" {
+			n.Addr = realAddr
+		}
+		return rclt.UpsertNode(ctx, n)
+	}
+
+	for name, addr := range map[string]string{
+		"auth API":         c.p.Addr(service.ListenerAuth).String(),
+		"web port":         c.p.Addr(service.ListenerWeb).String(),
+		"victim node":      c.p.Addr(service.ListenerNode).String(),
+		"proxy SSH":        c.p.Addr(service.ListenerProxySSH).String(),
+		"diagnostics":      c.p.Addr(service.ListenerDiag).String(),
+		"unresolvable":     "no-such-host.invalid:22",
+		"victim's by name": c.hostname + ":" + strconv.Itoa(c.p.Addr(service.ListenerNode).(*net.TCPAddr).Port),
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := beat(services.Node{Addr: addr})
+			require.True(t, trace.IsAccessDenied(err), "%v", err)
+			require.Contains(t, err.Error(), "may not announce address "+addr)
+			require.Equal(t, realAddr, nodeByUUID(t, clt, rogue.HostUUID()).Addr)
+		})
+	}
+
+	// Times: whatever the node says, the record carries the server's.
+	future := time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC)
+	before := time.Now()
+	require.NoError(t, beat(services.Node{LastHeartbeat: future, Expires: future.Add(24 * time.Hour)}))
+	got := nodeByUUID(t, clt, rogue.HostUUID())
+	require.WithinRange(t, got.LastHeartbeat, before.Add(-time.Second), time.Now().Add(time.Second))
+	require.False(t, got.Expires.After(got.LastHeartbeat.Add(auth.MaxHeartbeatTTL)), "expires %v: a node cannot extend its TTL", got.Expires)
+
+	// Names and labels a join would refuse, refused on the heartbeat too.
+	for _, n := range []services.Node{
+		{Hostname: c.hostname + "." + clusterName},
+		{Hostname: c.p.HostUUID()},
+		{Hostname: "10.20.30.40"},
+		{Labels: map[string]string{"env": "it\x1b[2J\x1b[H"}},
+	} {
+		err := beat(n)
+		require.True(t, trace.IsBadParameter(err), "%+v: %v", n, err)
+	}
+	require.Equal(t, "rogue", nodeByUUID(t, clt, rogue.HostUUID()).Hostname)
+	c.reachVictim(t)
+}

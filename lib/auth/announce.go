@@ -114,6 +114,8 @@ type addrVerifier struct {
 	dial func(ctx context.Context, addr string) (net.Conn, error)
 	// sem bounds concurrent checks.
 	sem chan struct{}
+	// timeout bounds one check; addrCheckTimeout.
+	timeout time.Duration
 
 	// mu guards verified: uuid -> last address proven for it.
 	mu       sync.Mutex
@@ -135,6 +137,7 @@ func newAddrVerifier(clock clockwork.Clock, log logrus.FieldLogger, hostCAKeys f
 			return d.DialContext(ctx, "tcp", addr)
 		},
 		sem:      make(chan struct{}, maxConcurrentAddrChecks),
+		timeout:  addrCheckTimeout,
 		verified: make(map[string]verifiedAddr),
 	}
 }
@@ -193,7 +196,7 @@ var errAddrProven = errors.New("host key verified")
 func (v *addrVerifier) check(ctx context.Context, uuid, addr string) error {
 	// A real-time bound on network I/O, like every dial in this package
 	// (a fake clock would never fire it).
-	ctx, cancel := context.WithTimeout(ctx, addrCheckTimeout)
+	ctx, cancel := context.WithTimeout(ctx, v.timeout)
 	defer cancel()
 	conn, err := v.dial(ctx, addr)
 	if err != nil {
@@ -235,7 +238,7 @@ func (v *addrVerifier) check(ctx context.Context, uuid, addr string) error {
 	default:
 	}
 	if ctx.Err() != nil {
-		return trace.ConnectionProblem(ctx.Err(), "no SSH host key from %s within %v", addr, addrCheckTimeout)
+		return trace.ConnectionProblem(ctx.Err(), "no SSH host key from %s within %v", addr, v.timeout)
 	}
 	return trace.BadParameter("no SSH host certificate from %s: %v", addr, err)
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -131,12 +132,19 @@ func requireKind(t *testing.T, err error, is func(error) bool, want string) {
 	require.Contains(t, err.Error(), want)
 }
 
-// serveHostKey runs a real x/crypto SSH server on 127.0.0.1:0 presenting
-// signer as its host key (a node's certificate, or anything a test wants
-// to pass off as one) and returns its address. It completes key exchange
-// and then refuses every authentication, which is all an address check
-// ever gets to see.
-func serveHostKey(t *testing.T, signer ssh.Signer) string {
+// hostKeyServer is a real x/crypto SSH server on 127.0.0.1:0 presenting
+// one host key (a node's certificate, or anything a test wants to pass
+// off as one). It completes key exchange and then refuses every
+// authentication, which is all an address check ever gets to see.
+type hostKeyServer struct {
+	addr string
+	// conns counts accepted connections: how often auth dialed.
+	conns atomic.Int64
+	l     net.Listener
+	wg    sync.WaitGroup
+}
+
+func serveHostKey(t *testing.T, signer ssh.Signer) *hostKeyServer {
 	t.Helper()
 	l, err := netListen()
 	require.NoError(t, err)
@@ -144,18 +152,19 @@ func serveHostKey(t *testing.T, signer ssh.Signer) string {
 		return nil, errors.New("no")
 	}}
 	cfg.AddHostKey(signer)
-	var wg sync.WaitGroup
-	wg.Add(1)
+	s := &hostKeyServer{addr: l.Addr().String(), l: l}
+	s.wg.Add(1)
 	go func() {
-		defer wg.Done()
+		defer s.wg.Done()
 		for {
 			c, err := l.Accept()
 			if err != nil {
 				return
 			}
-			wg.Add(1)
+			s.conns.Add(1)
+			s.wg.Add(1)
 			go func() {
-				defer wg.Done()
+				defer s.wg.Done()
 				defer c.Close()
 				c.SetDeadline(time.Now().Add(10 * time.Second))
 				if sc, _, _, err := ssh.NewServerConn(c, cfg); err == nil {
@@ -164,11 +173,14 @@ func serveHostKey(t *testing.T, signer ssh.Signer) string {
 			}()
 		}
 	}()
-	t.Cleanup(func() {
-		l.Close()
-		wg.Wait()
-	})
-	return l.Addr().String()
+	t.Cleanup(s.close)
+	return s
+}
+
+// close stops the server and waits for its goroutines; idempotent.
+func (s *hostKeyServer) close() {
+	s.l.Close()
+	s.wg.Wait()
 }
 
 // hostNode is a host identity with an SSH server answering with its
@@ -176,11 +188,13 @@ func serveHostKey(t *testing.T, signer ssh.Signer) string {
 type hostNode struct {
 	id   *Identity
 	addr string
+	srv  *hostKeyServer
 }
 
 // newHostNode issues an identity for uuid and serves its host key.
 func (e *testEnv) newHostNode(t *testing.T, uuid, role string) hostNode {
 	t.Helper()
 	id := e.identity(t, uuid, role)
-	return hostNode{id: id, addr: serveHostKey(t, id.SSHSigner)}
+	srv := serveHostKey(t, id.SSHSigner)
+	return hostNode{id: id, addr: srv.addr, srv: srv}
 }

@@ -214,7 +214,10 @@ func CheckHostnameShape(hostname, uuid, addr string, clusters []string) error {
 		host, _, _ := net.SplitHostPort(addr)
 		own, err := netip.ParseAddr(host)
 		if err != nil || own.Unmap() != ip.Unmap() {
-			return trace.BadParameter("hostname %q is an IP address that is not this node's address %q: name the node, or announce that address", hostname, addr)
+			if addr == "" {
+				return trace.BadParameter("hostname %q is an IP address that is not this node's address (it announces none): give the node a name", hostname)
+			}
+			return trace.BadParameter("hostname %q is an IP address that is not this node's address %q: give the node a name, or announce that address", hostname, addr)
 		}
 		return nil
 	}
@@ -223,6 +226,9 @@ func CheckHostnameShape(hostname, uuid, addr string, clusters []string) error {
 		if !ok {
 			if strings.ContainsRune(hostnameMetachars, r) {
 				return trace.BadParameter("hostname %q contains %q, which has a meaning in host patterns and targets", hostname, r)
+			}
+			if i == 0 {
+				return trace.BadParameter("hostname %q must start with a letter or a digit", hostname)
 			}
 			return trace.BadParameter("hostname %q contains %q: use letters, digits and . - _, starting with a letter or a digit", hostname, r)
 		}
