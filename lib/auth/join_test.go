@@ -149,6 +149,10 @@ func TestJoinPrincipals(t *testing.T) {
 			requireKind(t, err, trace.IsBadParameter, tc.want)
 		})
 	}
+	// Without a good token the names are not even looked at (no inventory
+	// read for an unauthenticated caller): the token is what is refused.
+	_, err = srv.RegisterUsingToken(ctx, registerReq(t, "0123456789abcdef0123456789abcdef", RoleNode, "h", "", victim))
+	requireKind(t, err, trace.IsAccessDenied, "not found or already used")
 	_, err = srv.RegisterUsingToken(ctx, RegisterRequest{Token: nodeTok.Name, Role: RoleNode, UUID: victim})
 	requireKind(t, err, trace.IsBadParameter, `join request carries uuid "`+victim+`": the auth server assigns host UUIDs`)
 	_, err = store.GetToken(ctx, nodeTok.Name)

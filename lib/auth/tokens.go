@@ -136,6 +136,10 @@ func (s *Server) RegisterUsingToken(ctx context.Context, req RegisterRequest) (r
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
+	// Only a token holder gets the auth server to read the inventory.
+	if _, err := s.store.CheckToken(ctx, req.Token, req.Role); err != nil {
+		return nil, trace.Wrap(err)
+	}
 	extra := append([]string(nil), req.AdditionalPrincipals...)
 	if req.Addr != "" {
 		host, _, _ := services.SplitAddr(req.Addr)
