@@ -316,3 +316,31 @@ func TestHeartbeatCannotRedirectOrOutlive(t *testing.T) {
 	require.Equal(t, "rogue", nodeByUUID(t, clt, rogue.HostUUID()).Hostname)
 	c.reachVictim(t)
 }
+
+// TestRemoteProxyJoins: a proxy on another machine joins with a proxy
+// token and keeps the names SPEC gives a proxy certificate (the cluster
+// name, localhost, loopback) under a UUID the auth server minted, kept in
+// its data dir across a restart.
+func TestRemoteProxyJoins(t *testing.T) {
+	authDir := t.TempDir()
+	a := startProcess(t, procConfig(authDir, config.RoleAuth))
+	out := mustPctl(t, authDir, "", "tokens", "add", "--type", "proxy")
+	m := joinRe.FindStringSubmatch(out)
+	require.NotNil(t, m, "join command in %q", out)
+
+	dir := t.TempDir()
+	cfg := procConfig(dir, config.RoleProxy)
+	cfg.AuthServer, cfg.Token, cfg.CAPin, cfg.NodeName = a.Addr(service.ListenerAuth).String(), m[1], m[2], "edge-1"
+	p := startProcess(t, cfg)
+	id, err := auth.ReadIdentity(cfg.IdentityDir(auth.RoleProxy))
+	require.NoError(t, err)
+	require.Equal(t, p.HostUUID(), id.ID)
+	require.NotEqual(t, a.HostUUID(), id.ID)
+	for _, want := range []string{id.ID, "edge-1", "edge-1." + clusterName, clusterName, "localhost", "127.0.0.1", "::1"} {
+		require.Contains(t, id.SSHCert.ValidPrincipals, want)
+	}
+	stopProcess(t, p)
+	cfg2 := procConfig(dir, config.RoleProxy)
+	cfg2.AuthServer, cfg2.NodeName = cfg.AuthServer, "edge-1"
+	require.Equal(t, id.ID, startProcess(t, cfg2).HostUUID())
+}
