@@ -344,3 +344,17 @@ func TestRemoteProxyJoins(t *testing.T) {
 	cfg2.AuthServer, cfg2.NodeName = cfg.AuthServer, "edge-1"
 	require.Equal(t, id.ID, startProcess(t, cfg2).HostUUID())
 }
+
+// TestNodeRecordRefusedAtStart: a node whose own heartbeat would be
+// refused (issue 10 items 5 and 11) does not start, with one line naming
+// the problem.
+func TestNodeRecordRefusedAtStart(t *testing.T) {
+	cfg := procConfig(t.TempDir(), config.RoleAuth, config.RoleNode)
+	cfg.Labels = map[string]string{"env": "it\x1b[2J"}
+	p, err := service.New(cfg, testOptions())
+	require.NoError(t, err)
+	err = p.Start(context.Background())
+	stopProcess(t, p)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), `label "env": value "it\x1b[2J" contains the control character U+001B`)
+}
