@@ -117,9 +117,12 @@ type addrVerifier struct {
 	// timeout bounds one check; addrCheckTimeout.
 	timeout time.Duration
 
-	// mu guards verified: uuid -> last address proven for it.
+	// mu guards verified (uuid -> last address proven for it) and
+	// inflight (uuids with a check running: one each, so a node announcing
+	// black holes holds at most one of the sem slots).
 	mu       sync.Mutex
 	verified map[string]verifiedAddr
+	inflight map[string]bool
 }
 
 type verifiedAddr struct {
@@ -139,6 +142,7 @@ func newAddrVerifier(clock clockwork.Clock, log logrus.FieldLogger, hostCAKeys f
 		sem:      make(chan struct{}, maxConcurrentAddrChecks),
 		timeout:  addrCheckTimeout,
 		verified: make(map[string]verifiedAddr),
+		inflight: make(map[string]bool),
 	}
 }
 
@@ -149,10 +153,21 @@ func (v *addrVerifier) verify(ctx context.Context, uuid, addr string) error {
 	now := v.clock.Now()
 	v.mu.Lock()
 	e, ok := v.verified[uuid]
-	v.mu.Unlock()
 	if ok && e.addr == addr && now.Sub(e.at) < verifiedAddrTTL {
+		v.mu.Unlock()
 		return nil
 	}
+	if v.inflight[uuid] {
+		v.mu.Unlock()
+		return trace.LimitExceeded("an address check for node %q is already running; the heartbeat will be retried", uuid)
+	}
+	v.inflight[uuid] = true
+	v.mu.Unlock()
+	defer func() {
+		v.mu.Lock()
+		delete(v.inflight, uuid)
+		v.mu.Unlock()
+	}()
 	select {
 	case v.sem <- struct{}{}:
 		defer func() { <-v.sem }()

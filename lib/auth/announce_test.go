@@ -28,14 +28,16 @@ func plainSigner(t *testing.T) ssh.Signer {
 }
 
 // silentListener accepts connections and never says a word: a black hole
-// a node could point its address at.
-func silentListener(t *testing.T) string {
+// a node could point its address at. accepted receives one value per
+// connection (dropped when nobody listens).
+func silentListener(t *testing.T) (addr string, accepted <-chan struct{}) {
 	t.Helper()
 	l, err := netListen()
 	require.NoError(t, err)
 	var mu sync.Mutex
 	var conns []net.Conn
 	done := make(chan struct{})
+	acc := make(chan struct{}, 1)
 	go func() {
 		defer close(done)
 		for {
@@ -46,6 +48,10 @@ func silentListener(t *testing.T) string {
 			mu.Lock()
 			conns = append(conns, c)
 			mu.Unlock()
+			select {
+			case acc <- struct{}{}:
+			default:
+			}
 		}
 	}()
 	t.Cleanup(func() {
@@ -57,7 +63,7 @@ func silentListener(t *testing.T) string {
 			c.Close()
 		}
 	})
-	return l.Addr().String()
+	return l.Addr().String(), acc
 }
 
 // TestHeartbeatAddressMustAnswerWithOwnCert is issue 10 item 4: a node
@@ -86,7 +92,7 @@ func TestHeartbeatAddressMustAnswerWithOwnCert(t *testing.T) {
 	closedAddr := closed.Addr().String()
 	closed.Close()
 	env.auth.addrs.timeout = 300 * time.Millisecond
-	silent := silentListener(t)
+	silent, _ := silentListener(t)
 
 	for _, tc := range []struct {
 		name, addr, reason string
@@ -238,4 +244,33 @@ func manyLabels(n int) map[string]string {
 		m["k"+strings.Repeat("x", i)] = "v"
 	}
 	return m
+}
+
+// TestAddressChecksAreBounded: one node gets one address check at a time,
+// so a node announcing black holes cannot hold more than one of auth's
+// dial slots, and a check never outlives its timeout.
+func TestAddressChecksAreBounded(t *testing.T) {
+	env := newTestAPI(t)
+	ctx := context.Background()
+	hn := env.newHostNode(t, "node-s", RoleNode)
+	clt := env.client(t, hn.id)
+	env.auth.addrs.timeout = 2 * time.Second
+	silent, accepted := silentListener(t)
+	first := make(chan error, 1)
+	go func() {
+		first <- clt.UpsertNode(ctx, services.Node{UUID: "node-s", Hostname: "s", Addr: silent})
+	}()
+	<-accepted // auth is dialing on the node's behalf
+	err := clt.UpsertNode(ctx, services.Node{UUID: "node-s", Hostname: "s", Addr: hn.addr})
+	requireKind(t, err, trace.IsLimitExceeded, `an address check for node "node-s" is already running`)
+	// Another node is not held up by it.
+	other := env.newHostNode(t, "node-o", RoleNode)
+	require.NoError(t, env.client(t, other.id).UpsertNode(ctx, services.Node{UUID: "node-o", Hostname: "o", Addr: other.addr}))
+	select {
+	case err := <-first:
+		requireKind(t, err, trace.IsAccessDenied, "may not announce address "+silent)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the address check did not end at its timeout")
+	}
+	require.NoError(t, clt.UpsertNode(ctx, services.Node{UUID: "node-s", Hostname: "s", Addr: hn.addr}))
 }
