@@ -99,6 +99,7 @@ func (a *APIServer) join(ctx context.Context, _ *peer, r *http.Request) (any, er
 	if err := a.auth.joinLimiter.check("", r.RemoteAddr); err != nil {
 		return nil, trace.Wrap(err)
 	}
+	req.RemoteAddr = r.RemoteAddr
 	resp, err := a.auth.RegisterUsingToken(ctx, req)
 	if err != nil {
 		if trace.IsAccessDenied(err) {
@@ -121,24 +122,21 @@ func (a *APIServer) ping(_ context.Context, p *peer, _ *http.Request) (any, erro
 	return PingResponse{ClusterName: a.auth.cfg.ClusterName, ID: p.ID, Role: p.Role}, nil
 }
 
-// upsertNode records a heartbeat. A node or proxy may only write its own
-// record (UUID = certificate CN) in its own cluster: a compromised node
-// must not be able to hijack another node's name or address in routing.
+// upsertNode records a heartbeat. A node or proxy goes through
+// AnnounceNode: it may only write its own record (UUID = certificate CN)
+// in its own cluster, the server sets the times, and the address must
+// answer with the caller's host certificate. Admins (and the auth
+// identity) write what they send.
 func (a *APIServer) upsertNode(ctx context.Context, p *peer, r *http.Request) (any, error) {
 	var node services.Node
 	if err := readJSON(r, &node); err != nil {
 		return nil, trace.Wrap(err)
 	}
+	if p.Role == RoleNode || p.Role == RoleProxy {
+		return nil, trace.Wrap(a.auth.AnnounceNode(ctx, p.ID, p.Role, node))
+	}
 	if node.Cluster == "" {
 		node.Cluster = a.auth.cfg.ClusterName
-	}
-	if p.Role == RoleNode || p.Role == RoleProxy {
-		if node.UUID != p.ID {
-			return nil, trace.AccessDenied("%s %q may not announce node %q", p.Role, p.ID, node.UUID)
-		}
-		if node.Cluster != a.auth.cfg.ClusterName {
-			return nil, trace.AccessDenied("%s %q may not announce a node in cluster %q", p.Role, p.ID, node.Cluster)
-		}
 	}
 	return nil, trace.Wrap(a.auth.store.UpsertNode(ctx, node))
 }

@@ -136,6 +136,10 @@ type Server struct {
 	// about guessing.
 	joinLimiter *loginLimiter
 
+	// addrs proves that announced node addresses answer with the node's
+	// own host certificate (see AnnounceNode).
+	addrs *addrVerifier
+
 	// otpMu guards lastOTP: the last accepted TOTP code per user, so that a
 	// code seen on the wire cannot be replayed within its validity window.
 	otpMu   sync.Mutex
@@ -172,6 +176,11 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err := s.initRoles(ctx); err != nil {
 		return nil, trace.Wrap(err)
 	}
+	hostCAKeys, err := parseAuthorizedKeys(s.hostCA.SSHPublicKeys)
+	if err != nil {
+		return nil, trace.Wrap(err, "host CA")
+	}
+	s.addrs = newAddrVerifier(cfg.Clock, cfg.Logger, func() []ssh.PublicKey { return hostCAKeys })
 	if cfg.AdminIdentityDir != "" {
 		if err := s.ensureAdminIdentity(ctx, cfg.AdminIdentityDir); err != nil {
 			return nil, trace.Wrap(err)

@@ -59,28 +59,41 @@ func unwrapPathError(err error) error {
 	return err
 }
 
-// readOrCreateUUID returns the node's UUID, generating it on first start.
-// The UUID is the node's identity in the inventory: keeping it across
-// restarts is what makes a restarted node the same node rather than a
-// duplicate that makes its hostname ambiguous.
+// readOrCreateUUID returns the auth host's UUID, generating it on first
+// start. The UUID is the node's identity in the inventory: keeping it
+// across restarts is what makes a restarted node the same node rather than
+// a duplicate that makes its hostname ambiguous.
 func readOrCreateUUID(path string) (string, error) {
+	id, err := readUUID(path)
+	if err != nil || id != "" {
+		return id, trace.Wrap(err)
+	}
+	id = uuid.NewString()
+	return id, trace.Wrap(writeUUID(path, id))
+}
+
+// readUUID returns the UUID kept in the data dir, or "" when there is none
+// yet (a host that has not joined).
+func readUUID(path string) (string, error) {
 	data, err := os.ReadFile(path)
 	switch {
-	case err == nil:
-		id := strings.TrimSpace(string(data))
-		if _, perr := uuid.Parse(id); perr != nil {
-			return "", trace.BadParameter("%s: not a UUID (%q); remove the file to generate a new identity", path, id)
-		}
-		return id, nil
-	case !errors.Is(err, fs.ErrNotExist):
+	case errors.Is(err, fs.ErrNotExist):
+		return "", nil
+	case err != nil:
 		return "", trace.ConvertSystemError(err)
 	}
-	id := uuid.NewString()
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return "", trace.ConvertSystemError(err)
-	}
-	if err := utils.WriteFileAtomic(path, []byte(id+"\n"), 0o600); err != nil {
-		return "", trace.Wrap(err)
+	id := strings.TrimSpace(string(data))
+	if _, perr := uuid.Parse(id); perr != nil {
+		return "", trace.BadParameter("%s: not a UUID (%q); remove the file to generate a new identity", path, id)
 	}
 	return id, nil
+}
+
+// writeUUID keeps the host's UUID in the data dir (atomically: a crash
+// leaves the old file or the new one, never half of one).
+func writeUUID(path, id string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return trace.ConvertSystemError(err)
+	}
+	return trace.Wrap(utils.WriteFileAtomic(path, []byte(id+"\n"), 0o600))
 }
