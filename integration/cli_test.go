@@ -149,3 +149,26 @@ func TestBadResourceFileChangesNothing(t *testing.T) {
 	require.Error(t, err)
 	require.Contains(t, errOut, role+":4")
 }
+
+// TestOpenDataDirIsRestricted: a data dir other users can enter would hand
+// them the admin identity pctl uses. The daemon restricts it to its owner
+// and says so, instead of running with it open.
+func TestOpenDataDirIsRestricted(t *testing.T) {
+	dataDir := filepath.Join(t.TempDir(), "data")
+	require.NoError(t, os.Mkdir(dataDir, 0o755))
+	require.NoError(t, os.Chmod(dataDir, 0o755)) // whatever the umask
+	d := startDaemon(t, dataDir)
+	st, err := os.Stat(dataDir)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o700), st.Mode().Perm())
+
+	require.NoError(t, d.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-d.done:
+		d.done <- err
+	case <-time.After(30 * time.Second):
+		t.Fatal("postern did not stop on SIGTERM")
+	}
+	require.Contains(t, d.stderr.String(), "accessible to other users")
+	require.Contains(t, d.stderr.String(), "0755")
+}

@@ -1,13 +1,16 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/service"
 )
 
@@ -52,4 +55,38 @@ func TestDiagnostics(t *testing.T) {
 	} {
 		require.Contains(t, body, m)
 	}
+}
+
+// TestDefaultDiagAddrBusy: two node processes on one machine, both with
+// the default diagnostics address, run side by side; the one that finds it
+// busy starts without diagnostics. An address someone chose stays fatal.
+func TestDefaultDiagAddrBusy(t *testing.T) {
+	// Hold the default address for the whole test when it is free; when
+	// something else holds it, it is busy all the same.
+	if ln, err := net.Listen("tcp", config.DefaultDiagAddr); err == nil {
+		t.Cleanup(func() { ln.Close() })
+	}
+	authDir := t.TempDir()
+	a := startProcess(t, procConfig(authDir, config.RoleAuth, config.RoleProxy))
+	for _, name := range []string{"laptop-1", "laptop-2"} {
+		out := mustPctl(t, authDir, "", "tokens", "add", "--type", "node")
+		m := joinRe.FindStringSubmatch(out)
+		require.NotNil(t, m, out)
+		cfg := procConfig(t.TempDir(), config.RoleNode)
+		cfg.DiagAddr = "" // the default
+		cfg.AuthServer, cfg.Token, cfg.CAPin, cfg.NodeName = a.Addr(service.ListenerAuth).String(), m[1], m[2], name
+		p := startProcess(t, cfg)
+		require.NotNil(t, p.Addr(service.ListenerNode))
+		require.Nil(t, p.Addr(service.ListenerDiag), "no diagnostics listener on a busy default")
+	}
+	waitNodes(t, adminClient(t, authDir, a), 2)
+
+	cfg := procConfig(t.TempDir(), config.RoleAuth)
+	cfg.DiagAddr = config.DefaultDiagAddr // asked for explicitly
+	p, err := service.New(cfg, testOptions())
+	require.NoError(t, err)
+	err = p.Start(context.Background())
+	stopProcess(t, p)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), config.DefaultDiagAddr)
 }

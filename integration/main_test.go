@@ -48,6 +48,5 @@ func goleakOptions() []goleak.Option {
 		// process-wide and stop on their own.
 		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
 		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
 	}
 }

@@ -60,6 +60,17 @@ func (e *pshEnv) env() []string {
 	return env
 }
 
+// withoutEnv returns env without the variable name.
+func withoutEnv(env []string, name string) []string {
+	var out []string
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, name+"=") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
 func (e *pshEnv) cmd(stdin string, args ...string) *exec.Cmd {
 	cmd := exec.Command(bin("psh"), args...)
 	cmd.Env = e.env()
@@ -288,7 +299,9 @@ func TestPshLoginAndSSH(t *testing.T) {
 		target := c.login + "@node-1." + clusterName
 
 		ssh := exec.Command("ssh", "-F", path, target, "echo via-openssh $SSH_POSTERN_USER")
-		ssh.Env = e.env()
+		// Without POSTERN_HOME: the block names psh's home itself, so it
+		// works from any shell, not only the one that ran `psh config`.
+		ssh.Env = withoutEnv(e.env(), "POSTERN_HOME")
 		out, err := output(ssh)
 		require.NoError(t, err, string(out))
 		require.Equal(t, "via-openssh alice\n", string(out))
@@ -346,6 +359,11 @@ func TestPshLoginOTP(t *testing.T) {
 	out := mustPctl(t, c.dataDir, "otp password 1\n", "users", "add", "bob", "--logins", c.login, "--otp")
 	m := regexp.MustCompile(`secret=([A-Z2-7]+)`).FindStringSubmatch(out)
 	require.NotNil(t, m, out)
+	// pctl users ls tells an enrolled user from one without OTP, though
+	// the auth API never hands out the secret.
+	users := mustPctl(t, c.dataDir, "", "users", "ls")
+	require.Regexp(t, `(?m)^bob\s.*\syes\s*$`, users)
+	require.Regexp(t, `(?m)^alice\s.*\sno\s*$`, users)
 	e := newPshEnv(t, c)
 
 	_, errOut, code := e.run(t, "otp password 1\n\n", "login", "--proxy", e.webAddr(), "--user", "bob", "--cacert", e.caCert())

@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 
-	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/service"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -68,33 +67,13 @@ func (c *allInOne) viaDirectTCPIP(t *testing.T, target string) routeOutcome {
 	return routeOutcome{banner: string(line)}
 }
 
-// announceNode joins a host with a fresh node token, as a real node does,
-// and heartbeats n under the identity it got (an admin cannot announce
-// nodes). It returns n with the UUID of that identity.
-func announceNode(t *testing.T, c *allInOne, n services.Node) services.Node {
-	t.Helper()
-	ctx := context.Background()
-	m := joinRe.FindStringSubmatch(mustPctl(t, c.dataDir, "", "tokens", "add", "--type", "node"))
-	require.NotNil(t, m)
-	id, err := auth.Join(ctx, auth.JoinParams{
-		AuthAddr: c.p.Addr(service.ListenerAuth).String(), Token: m[1], CAPin: m[2], Role: auth.RoleNode,
-		UUID: n.UUID, Hostname: n.Hostname, Addr: n.Addr,
-	})
-	require.NoError(t, err)
-	clt, err := auth.NewClient(auth.ClientConfig{Addr: c.p.Addr(service.ListenerAuth).String(), Identity: id})
-	require.NoError(t, err)
-	defer clt.Close()
-	n.UUID = id.ID
-	require.NoError(t, clt.UpsertNode(ctx, n))
-	return n
-}
-
 // TestSameAnswerOnEveryPath walks one set of targets through the proxy
 // subsystem, direct-tcpip and `pctl route`: they share one Router, so they
 // must agree on the node, on "not found", and on the ambiguous-host list.
 func TestSameAnswerOnEveryPath(t *testing.T) {
 	c := newAllInOne(t)
 	clt := adminClient(t, c.dataDir, c.p)
+	ctx := context.Background()
 	now := time.Now().UTC()
 
 	// Two records named "dup": the older one points at a dead port, the
@@ -107,8 +86,8 @@ func TestSameAnswerOnEveryPath(t *testing.T) {
 		Cluster: clusterName, LastHeartbeat: now.Add(-time.Minute), Expires: now.Add(10 * time.Minute)}
 	newer := services.Node{UUID: "00000000-0000-4000-8000-000000000002", Hostname: "dup", Addr: c.p.Addr(service.ListenerNode).String(),
 		Cluster: clusterName, LastHeartbeat: now, Expires: now.Add(10 * time.Minute), Labels: map[string]string{"env": "it"}}
-	older = announceNode(t, c, older)
-	newer = announceNode(t, c, newer)
+	require.NoError(t, clt.UpsertNode(ctx, older))
+	require.NoError(t, clt.UpsertNode(ctx, newer))
 	waitNodes(t, clt, 3)
 	// The proxy's NodeWatcher sees them through its watch.
 	require.Eventually(t, func() bool {

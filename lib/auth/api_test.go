@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
@@ -19,10 +20,10 @@ import (
 	"github.com/postern-dev/postern/lib/services"
 )
 
-func joinParams(env *testEnv, token, role, uuid string) JoinParams {
+func joinParams(env *testEnv, token, role, hostname string) JoinParams {
 	return JoinParams{
 		AuthAddr: env.addr, Token: token, CAPin: env.auth.CAPin(), Role: role,
-		UUID: uuid, Hostname: uuid + "-host", Addr: "127.0.0.1:3022", Clock: env.clock,
+		Hostname: hostname, Addr: "127.0.0.1:3022", Clock: env.clock,
 		Timeout: 10 * time.Second,
 	}
 }
@@ -34,12 +35,15 @@ func TestJoinAndUseIdentity(t *testing.T) {
 	require.NoError(t, err)
 	require.Regexp(t, `^[0-9a-f]{32}$`, tok.Name)
 
-	id, err := Join(ctx, joinParams(env, tok.Name, RoleNode, "node-1"))
+	id, err := Join(ctx, joinParams(env, tok.Name, RoleNode, "node-1-host"))
 	require.NoError(t, err)
-	require.Equal(t, "node-1", id.ID)
+	// The auth server minted the UUID: the TLS CN and the SSH KeyId.
+	_, err = uuid.Parse(id.ID)
+	require.NoError(t, err, "minted UUID %q", id.ID)
+	require.Equal(t, id.ID, id.SSHCert.KeyId)
 	require.Equal(t, RoleNode, id.Role)
 	require.Equal(t, testCluster, id.ClusterName)
-	require.Equal(t, []string{"node-1", "node-1-host", "node-1." + testCluster, "node-1-host." + testCluster, "127.0.0.1"}, id.SSHCert.ValidPrincipals)
+	require.Equal(t, []string{id.ID, "node-1-host", id.ID + "." + testCluster, "node-1-host." + testCluster, "127.0.0.1"}, id.SSHCert.ValidPrincipals)
 
 	// The identity survives a round trip through disk and works.
 	dir := t.TempDir() + "/node"
@@ -107,7 +111,7 @@ func TestJoinExpiredAndWrongTypeTokens(t *testing.T) {
 	// A malformed request does not burn the token either.
 	good, err := env.auth.CreateToken(ctx, services.TokenTypeNode, time.Hour)
 	require.NoError(t, err)
-	_, err = env.auth.RegisterUsingToken(ctx, RegisterRequest{Token: good.Name, Role: RoleNode, UUID: "n", SSHPublicKey: []byte("junk")})
+	_, err = env.auth.RegisterUsingToken(ctx, RegisterRequest{Token: good.Name, Role: RoleNode, Hostname: "n", SSHPublicKey: []byte("junk")})
 	require.True(t, trace.IsBadParameter(err), "%v", err)
 	_, err = env.store.GetToken(ctx, good.Name)
 	require.NoError(t, err)
@@ -201,22 +205,23 @@ func TestNoClientCertOnlyJoin(t *testing.T) {
 func TestNodeAuthorization(t *testing.T) {
 	env := newTestAPI(t)
 	ctx := context.Background()
-	node := env.client(t, env.identity(t, "node-a", RoleNode))
+	hn := env.newHostNode(t, "node-a", RoleNode)
+	node := env.client(t, hn.id)
 
 	ping, err := node.PingDetails(ctx)
 	require.NoError(t, err)
 	require.Equal(t, PingResponse{ClusterName: testCluster, ID: "node-a", Role: RoleNode}, *ping)
 
 	// Its own heartbeat: yes. Another node's: no.
-	require.NoError(t, node.UpsertNode(ctx, services.Node{UUID: "node-a", Hostname: "a", Addr: "127.0.0.1:3022", Expires: env.clock.Now().Add(time.Minute)}))
+	require.NoError(t, node.UpsertNode(ctx, services.Node{UUID: "node-a", Hostname: "a", Addr: hn.addr, Expires: env.clock.Now().Add(time.Minute)}))
 	got, err := env.store.GetNode(ctx, testCluster, "node-a")
 	require.NoError(t, err)
 	require.Equal(t, "a", got.Hostname)
-	err = node.UpsertNode(ctx, services.Node{UUID: "node-b", Hostname: "b", Addr: "127.0.0.1:3022", Expires: env.clock.Now().Add(time.Minute)})
+	err = node.UpsertNode(ctx, services.Node{UUID: "node-b", Hostname: "b", Addr: hn.addr, Expires: env.clock.Now().Add(time.Minute)})
 	requireKind(t, err, trace.IsAccessDenied, `may not announce node "node-b"`)
 	_, err = env.store.GetNode(ctx, testCluster, "node-b")
 	require.True(t, trace.IsNotFound(err))
-	err = node.UpsertNode(ctx, services.Node{UUID: "node-a", Cluster: "elsewhere", Addr: "127.0.0.1:3022", Expires: env.clock.Now().Add(time.Minute)})
+	err = node.UpsertNode(ctx, services.Node{UUID: "node-a", Cluster: "elsewhere", Addr: hn.addr, Expires: env.clock.Now().Add(time.Minute)})
 	require.True(t, trace.IsAccessDenied(err), "%v", err)
 
 	// Reads a node needs.
@@ -302,9 +307,7 @@ func TestAdminAndErrorKindsOverTheWire(t *testing.T) {
 	netCfg.Spec.RoutingStrategy = "random"
 	require.True(t, trace.IsBadParameter(admin.SetClusterNetworkingConfig(ctx, netCfg)))
 
-	// Heartbeats are the hosts' own: an admin cannot announce a node.
-	requireKind(t, admin.UpsertNode(ctx, services.Node{UUID: "n1", Hostname: "n1", Addr: "127.0.0.1:3022", Expires: env.clock.Now().Add(time.Minute)}), trace.IsAccessDenied, "may not call")
-	require.NoError(t, env.store.UpsertNode(ctx, services.Node{UUID: "n1", Cluster: testCluster, Hostname: "n1", Addr: "127.0.0.1:3022", Expires: env.clock.Now().Add(time.Minute)}))
+	require.NoError(t, admin.UpsertNode(ctx, services.Node{UUID: "n1", Cluster: testCluster, Hostname: "n1", Addr: "127.0.0.1:3022", Expires: env.clock.Now().Add(time.Minute)}))
 	nodes, err := admin.GetNodes(ctx, testCluster)
 	require.NoError(t, err)
 	require.Len(t, nodes, 1)
@@ -456,8 +459,9 @@ func TestRemoteNodeWatcher(t *testing.T) {
 	env := newTestAPI(t)
 	ctx := context.Background()
 	proxy := env.client(t, env.identity(t, "proxy-1", RoleProxy))
-	node := env.client(t, env.identity(t, "node-1", RoleNode))
-	require.NoError(t, node.UpsertNode(ctx, services.Node{UUID: "node-1", Hostname: "early", Addr: "127.0.0.1:3022", Expires: env.clock.Now().Add(time.Minute)}))
+	hn := env.newHostNode(t, "node-1", RoleNode)
+	node := env.client(t, hn.id)
+	require.NoError(t, node.UpsertNode(ctx, services.Node{UUID: "node-1", Hostname: "early", Addr: hn.addr, Expires: env.clock.Now().Add(time.Minute)}))
 
 	nw, err := services.NewNodeWatcher(services.NodeWatcherConfig{Events: proxy, Clock: env.clock, Logger: testLogger()})
 	require.NoError(t, err)
@@ -467,7 +471,7 @@ func TestRemoteNodeWatcher(t *testing.T) {
 	require.Len(t, found, 1)
 
 	// A later heartbeat with a new hostname arrives through the watch.
-	require.NoError(t, node.UpsertNode(ctx, services.Node{UUID: "node-1", Hostname: "renamed", Addr: "127.0.0.1:3022", Expires: env.clock.Now().Add(time.Minute)}))
+	require.NoError(t, node.UpsertNode(ctx, services.Node{UUID: "node-1", Hostname: "renamed", Addr: hn.addr, Expires: env.clock.Now().Add(time.Minute)}))
 	require.Eventually(t, func() bool {
 		found, err := nw.Find(ctx, services.NodeQuery{Cluster: testCluster, Host: "renamed"})
 		return err == nil && len(found) == 1

@@ -31,10 +31,12 @@ func (a *APIServer) registerRoutes() {
 
 	// Who am I: any identity may check that it is accepted.
 	a.handle("GET /v1/ping", allow(node, proxy, admin), a.ping)
-	// Nodes: hosts (node and proxy processes) announce themselves; proxies
+	// Nodes: hosts (node and proxy processes) announce themselves (their
+	// own record only, dated and verified by auth); an admin may write a
+	// record as given (repairs, and the tests that plant inventory); proxies
 	// route from the inventory (list and watch); pctl lists and deletes,
 	// and `pctl route` runs the proxy's NodeWatcher on the watch.
-	a.handle("PUT /v1/nodes", allow(node, proxy), a.upsertNode)
+	a.handle("PUT /v1/nodes", allow(node, proxy, admin), a.upsertNode)
 	a.handle("GET /v1/nodes", allow(proxy, admin), a.getNodes)
 	a.handle("DELETE /v1/nodes/{cluster}/{uuid}", allow(admin), a.deleteNode)
 	a.handleStream("GET /v1/watch/nodes", allow(proxy, admin), a.watchNodes)
@@ -65,6 +67,12 @@ func (a *APIServer) registerRoutes() {
 	a.handle("POST /v1/login", allow(proxy), a.authenticateUser)
 	a.handle("POST /v1/login/ssh", allow(proxy), a.authenticateSSHUser)
 	a.handle("GET /v1/events", allow(admin), a.searchEvents)
+	// Locks: admins write them (pctl lock/unlock); every host enforces
+	// them, so nodes and proxies load and watch them; pctl lists them.
+	a.handle("PUT /v1/locks", allow(admin), a.upsertLock)
+	a.handle("DELETE /v1/locks/{kind}/{name}", allow(admin), a.deleteLock)
+	a.handle("GET /v1/locks", allow(node, proxy, admin), a.getLocks)
+	a.handleStream("GET /v1/watch/locks", allow(node, proxy), a.watchLocks)
 }
 
 // maxEventsPerSearch bounds one answer: enough for an operator's screen
@@ -112,6 +120,7 @@ func (a *APIServer) join(ctx context.Context, _ *peer, r *http.Request) (any, er
 	if err := a.auth.joinLimiter.check("", r.RemoteAddr); err != nil {
 		return nil, trace.Wrap(err)
 	}
+	req.RemoteAddr = r.RemoteAddr
 	resp, err := a.auth.RegisterUsingToken(ctx, req)
 	if err != nil {
 		if trace.IsAccessDenied(err) {
@@ -134,24 +143,21 @@ func (a *APIServer) ping(_ context.Context, p *peer, _ *http.Request) (any, erro
 	return PingResponse{ClusterName: a.auth.cfg.ClusterName, ID: p.ID, Role: p.Role}, nil
 }
 
-// upsertNode records a heartbeat. A node or proxy may only write its own
-// record (UUID = certificate CN) in its own cluster: a compromised node
-// must not be able to hijack another node's name or address in routing.
+// upsertNode records a heartbeat. A node or proxy goes through
+// AnnounceNode: it may only write its own record (UUID = certificate CN)
+// in its own cluster, the server sets the times, and the address must
+// answer with the caller's host certificate. Admins (and the auth
+// identity) write what they send.
 func (a *APIServer) upsertNode(ctx context.Context, p *peer, r *http.Request) (any, error) {
 	var node services.Node
 	if err := readJSON(r, &node); err != nil {
 		return nil, trace.Wrap(err)
 	}
+	if p.Role == RoleNode || p.Role == RoleProxy {
+		return nil, trace.Wrap(a.auth.AnnounceNode(ctx, p.ID, p.Role, node))
+	}
 	if node.Cluster == "" {
 		node.Cluster = a.auth.cfg.ClusterName
-	}
-	if p.Role == RoleNode || p.Role == RoleProxy {
-		if node.UUID != p.ID {
-			return nil, trace.AccessDenied("%s %q may not announce node %q", p.Role, p.ID, node.UUID)
-		}
-		if node.Cluster != a.auth.cfg.ClusterName {
-			return nil, trace.AccessDenied("%s %q may not announce a node in cluster %q", p.Role, p.ID, node.Cluster)
-		}
 	}
 	return nil, trace.Wrap(a.auth.store.UpsertNode(ctx, node))
 }

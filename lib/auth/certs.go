@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gravitational/trace"
@@ -55,6 +57,9 @@ func (s *Server) GenerateUserCert(ctx context.Context, req UserCertRequest) ([]b
 }
 
 func (s *Server) generateUserCert(ctx context.Context, user *services.User, req UserCertRequest) ([]byte, error) {
+	if err := s.checkUserLock(ctx, user.Name); err != nil {
+		return nil, trace.Wrap(err)
+	}
 	pub, err := parseAuthorizedKey(req.PublicKey)
 	if err != nil {
 		return nil, trace.Wrap(err)
@@ -187,6 +192,139 @@ func hostPrincipals(uuid, hostname, cluster string, extra []string) []string {
 	return out
 }
 
+// knownClusters are the clusters whose NAME.CLUSTER form no host may
+// take as its name or principal: the local one. Leaf and peer clusters
+// will join this list when they exist (SPEC "Routing", rule 0).
+func (s *Server) knownClusters() []string { return []string{s.cfg.ClusterName} }
+
+// checkHostHostname validates the hostname a joining or heartbeating host
+// gives itself (uuid is its UUID, addr its announced address, possibly
+// empty): the shape rules of services.CheckHostnameShape, and for a node,
+// not one of the proxy's public names (the hostname becomes a principal,
+// and users reach the proxy by those names).
+func (s *Server) checkHostHostname(role, hostname, uuid, addr string) error {
+	if err := services.CheckHostnameShape(hostname, uuid, addr, s.knownClusters()); err != nil {
+		return trace.Wrap(err)
+	}
+	if role == RoleNode && s.isProxyName(hostname) {
+		return trace.BadParameter("hostname %q is a public name of the proxy", hostname)
+	}
+	return nil
+}
+
+// isProxyName reports whether name is one of the public names the proxy
+// and auth server were configured with (public_addrs).
+func (s *Server) isProxyName(name string) bool {
+	for _, a := range s.cfg.PublicAddrs {
+		h := a
+		if host, _, err := net.SplitHostPort(a); err == nil {
+			h = host
+		}
+		if strings.EqualFold(h, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// joinPrincipals checks the extra principals a joining host asks for and
+// returns them without the ones it gets anyway (uuid, hostname and their
+// .CLUSTER forms). The first one it may not hold is refused with a
+// BadParameter that names it; nothing is silently dropped, so the operator
+// of an honest host sees why.
+func (s *Server) joinPrincipals(ctx context.Context, role, uuid, hostname string, extra []string) ([]string, error) {
+	if len(extra) == 0 {
+		return nil, nil
+	}
+	if len(extra) > maxExtraPrincipals {
+		return nil, trace.BadParameter("%d additional principals, at most %d are allowed", len(extra), maxExtraPrincipals)
+	}
+	nodes, err := s.store.GetNodes(ctx, s.cfg.ClusterName)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	derived := hostPrincipals(uuid, hostname, s.cfg.ClusterName, nil)
+	var out []string
+	for _, p := range extra {
+		// An address with a port ("10.0.0.5:3022") contributes its host.
+		if h, _, err := net.SplitHostPort(p); err == nil {
+			p = h
+		}
+		if slices.ContainsFunc(derived, func(d string) bool { return strings.EqualFold(d, p) }) || slices.Contains(out, p) {
+			continue
+		}
+		if err := s.checkExtraPrincipal(role, p, uuid, nodes); err != nil {
+			return nil, trace.Wrap(err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// maxExtraPrincipals bounds a join's extra principals: a proxy listening on
+// every address of a busy host has a few dozen, nothing legitimate has
+// hundreds.
+const maxExtraPrincipals = 128
+
+// checkExtraPrincipal decides whether a joining host (role, with the
+// minted uuid) may hold principal p besides its derived names. A host
+// certificate principal is a name users' clients accept this host under
+// (psh trusts `@cert-authority *`), so the rule is deny by default:
+//   - an IP address is fine (hosts share machines, so IPs cannot be
+//     exclusive) unless it is another node's hostname;
+//   - a DNS-shaped name is fine unless it is another node's UUID or
+//     hostname, any UUID, the cluster name or NAME.CLUSTER for a known
+//     cluster, localhost, or (for a node) a proxy's public name;
+//   - anything else (wildcards, pattern characters, control characters,
+//     spaces) is refused.
+//
+// A proxy may name the cluster and localhost: SPEC "psh" says the proxy's
+// certificate carries them, and only a proxy token can make a proxy.
+func (s *Server) checkExtraPrincipal(role, p, uuid string, nodes []services.Node) error {
+	if p == "" {
+		return trace.BadParameter("additional principal is empty")
+	}
+	isProxy := role == RoleProxy
+	otherNode := func() *services.Node {
+		for i := range nodes {
+			n := &nodes[i]
+			if n.UUID != uuid && (strings.EqualFold(n.UUID, p) || strings.EqualFold(n.Hostname, p)) {
+				return n
+			}
+		}
+		return nil
+	}
+	if ip, err := netip.ParseAddr(p); err == nil {
+		if ip.Zone() != "" {
+			return trace.BadParameter("additional principal %q: an IP address with a zone is not a host name", p)
+		}
+		if n := otherNode(); n != nil {
+			return trace.BadParameter("additional principal %q is the hostname of node %q", p, n.UUID)
+		}
+		return nil
+	}
+	// The shape rules of a hostname apply to a principal too, with the
+	// proxy's exceptions; the error names the principal.
+	lower := strings.ToLower(p)
+	isCluster := lower == strings.ToLower(s.cfg.ClusterName)
+	isLocalhost := lower == "localhost"
+	if !(isProxy && (isCluster || isLocalhost)) {
+		if err := services.CheckHostnameShape(p, uuid, "", s.knownClusters()); err != nil {
+			return trace.BadParameter("additional principal %q refused: %v", p, trace.UserMessage(err))
+		}
+	}
+	if n := otherNode(); n != nil {
+		if strings.EqualFold(n.UUID, p) {
+			return trace.BadParameter("additional principal %q is the UUID of another node", p)
+		}
+		return trace.BadParameter("additional principal %q is the hostname of node %q", p, n.UUID)
+	}
+	if !isProxy && s.isProxyName(p) {
+		return trace.BadParameter("additional principal %q is a public name of the proxy", p)
+	}
+	return nil
+}
+
 func (s *Server) sign(cert *ssh.Certificate, signer ssh.Signer) error {
 	var serial [8]byte
 	if _, err := rand.Read(serial[:]); err != nil {
@@ -211,6 +349,19 @@ func parseAuthorizedKey(data []byte) (ssh.PublicKey, error) {
 		return nil, trace.BadParameter("invalid public key: got a certificate, want a plain key")
 	}
 	return pub, nil
+}
+
+// parseAuthorizedKeys parses CA public keys (authorized_keys lines).
+func parseAuthorizedKeys(lines []string) ([]ssh.PublicKey, error) {
+	out := make([]ssh.PublicKey, 0, len(lines))
+	for _, l := range lines {
+		pub, _, _, _, err := ssh.ParseAuthorizedKey([]byte(l))
+		if err != nil {
+			return nil, trace.BadParameter("invalid CA public key: %v", err)
+		}
+		out = append(out, pub)
+	}
+	return out, nil
 }
 
 // namePattern is what user names, host UUIDs and cluster names may hold:

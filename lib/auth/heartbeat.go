@@ -44,6 +44,8 @@ type HeartbeatConfig struct {
 	// Interval between heartbeats; zero means DefaultHeartbeatInterval.
 	Interval time.Duration
 	// TTL of each record; zero means 3 x Interval. Must exceed Interval.
+	// Through the auth API this is only a request: the auth server dates
+	// the record itself and caps the TTL at MaxHeartbeatTTL.
 	TTL time.Duration
 	// Clock drives the ticker; default real.
 	Clock clockwork.Clock

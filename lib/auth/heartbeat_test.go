@@ -124,11 +124,12 @@ func TestHeartbeatConfig(t *testing.T) {
 // and the record expires on the backend when heartbeats stop.
 func TestHeartbeatThroughAPI(t *testing.T) {
 	env := newTestAPI(t)
-	node := env.client(t, env.identity(t, "hb-node", RoleNode))
+	hn := env.newHostNode(t, "hb-node", RoleNode)
+	node := env.client(t, hn.id)
 	hb, err := NewHeartbeat(HeartbeatConfig{
 		Announcer: node,
 		GetNode: func() services.Node {
-			return services.Node{UUID: "hb-node", Hostname: "hb", Addr: "127.0.0.1:3022"}
+			return services.Node{UUID: "hb-node", Hostname: "hb", Addr: hn.addr}
 		},
 		Clock:  env.clock,
 		Logger: testLogger(),

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"golang.org/x/crypto/bcrypt"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/backend/memory"
 	"github.com/postern-dev/postern/lib/services"
@@ -127,4 +130,71 @@ func requireKind(t *testing.T, err error, is func(error) bool, want string) {
 	require.Error(t, err)
 	require.True(t, is(err), "unexpected error kind: %T %v", errors.Unwrap(err), err)
 	require.Contains(t, err.Error(), want)
+}
+
+// hostKeyServer is a real x/crypto SSH server on 127.0.0.1:0 presenting
+// one host key (a node's certificate, or anything a test wants to pass
+// off as one). It completes key exchange and then refuses every
+// authentication, which is all an address check ever gets to see.
+type hostKeyServer struct {
+	addr string
+	// conns counts accepted connections: how often auth dialed.
+	conns atomic.Int64
+	l     net.Listener
+	wg    sync.WaitGroup
+}
+
+func serveHostKey(t *testing.T, signer ssh.Signer) *hostKeyServer {
+	t.Helper()
+	l, err := netListen()
+	require.NoError(t, err)
+	cfg := &ssh.ServerConfig{PublicKeyCallback: func(ssh.ConnMetadata, ssh.PublicKey) (*ssh.Permissions, error) {
+		return nil, errors.New("no")
+	}}
+	cfg.AddHostKey(signer)
+	s := &hostKeyServer{addr: l.Addr().String(), l: l}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			s.conns.Add(1)
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(10 * time.Second))
+				if sc, _, _, err := ssh.NewServerConn(c, cfg); err == nil {
+					sc.Close()
+				}
+			}()
+		}
+	}()
+	t.Cleanup(s.close)
+	return s
+}
+
+// close stops the server and waits for its goroutines; idempotent.
+func (s *hostKeyServer) close() {
+	s.l.Close()
+	s.wg.Wait()
+}
+
+// hostNode is a host identity with an SSH server answering with its
+// certificate: what a real node looks like to auth's address check.
+type hostNode struct {
+	id   *Identity
+	addr string
+	srv  *hostKeyServer
+}
+
+// newHostNode issues an identity for uuid and serves its host key.
+func (e *testEnv) newHostNode(t *testing.T, uuid, role string) hostNode {
+	t.Helper()
+	id := e.identity(t, uuid, role)
+	srv := serveHostKey(t, id.SSHSigner)
+	return hostNode{id: id, addr: srv.addr, srv: srv}
 }

@@ -28,11 +28,13 @@ type JoinParams struct {
 	CAPin string
 	// Role is RoleNode or RoleProxy.
 	Role string
-	// UUID and Hostname name the host; Addr is where it serves SSH.
-	UUID     string
+	// Hostname names the host; Addr is where it serves SSH (empty for a
+	// proxy). There is no UUID: the auth server mints it and Join returns
+	// it as the identity's ID.
 	Hostname string
 	Addr     string
-	// AdditionalPrincipals become extra SSH principals.
+	// AdditionalPrincipals become extra SSH principals, if the auth
+	// server allows them (IPs and names no other host holds).
 	AdditionalPrincipals []string
 	// Clock is used to check the server's certificate; default real.
 	Clock clockwork.Clock
@@ -49,8 +51,6 @@ func (p *JoinParams) CheckAndSetDefaults() error {
 		return trace.BadParameter("join: missing token")
 	case p.Role != RoleNode && p.Role != RoleProxy:
 		return trace.BadParameter("join: role must be %q or %q, got %q", RoleNode, RoleProxy, p.Role)
-	case p.UUID == "":
-		return trace.BadParameter("join: missing host UUID")
 	}
 	if p.CAPin == "" {
 		return trace.BadParameter("join: missing CA pin (--ca-pin sha256:HEX, printed by `pctl tokens add`)")
@@ -70,8 +70,9 @@ func (p *JoinParams) CheckAndSetDefaults() error {
 
 // Join exchanges a token for an identity: it generates the host's SSH and
 // TLS keys locally (private keys never leave the host), sends the public
-// halves with the token, and returns the identity. The caller writes it
-// with WriteIdentity.
+// halves with the token, and returns the identity. Its ID is the host UUID
+// the auth server minted; the caller adopts it as the host's UUID and
+// writes the identity with WriteIdentity.
 func Join(ctx context.Context, p JoinParams) (*Identity, error) {
 	if err := p.CheckAndSetDefaults(); err != nil {
 		return nil, trace.Wrap(err)
@@ -94,7 +95,6 @@ func Join(ctx context.Context, p JoinParams) (*Identity, error) {
 	body, err := json.Marshal(RegisterRequest{
 		Token:                p.Token,
 		Role:                 p.Role,
-		UUID:                 p.UUID,
 		Hostname:             p.Hostname,
 		Addr:                 p.Addr,
 		AdditionalPrincipals: p.AdditionalPrincipals,
@@ -152,6 +152,11 @@ func Join(ctx context.Context, p JoinParams) (*Identity, error) {
 	})
 	if err != nil {
 		return nil, trace.BadParameter("join response: %v", err)
+	}
+	// The minted UUID, the TLS identity and the host certificate must all
+	// name the same host, or the identity would be unusable.
+	if rr.UUID == "" || id.ID != rr.UUID || id.SSHCert == nil || id.SSHCert.KeyId != rr.UUID {
+		return nil, trace.BadParameter("join response: the assigned UUID %q does not match the certificates", rr.UUID)
 	}
 	return id, nil
 }

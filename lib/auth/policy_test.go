@@ -31,7 +31,7 @@ var wantPolicy = map[string][]string{
 
 	"GET /v1/ping": {RoleNode, RoleProxy, RoleAdmin},
 
-	"PUT /v1/nodes":                     {RoleNode, RoleProxy},
+	"PUT /v1/nodes":                     {RoleNode, RoleProxy, RoleAdmin},
 	"GET /v1/nodes":                     {RoleProxy, RoleAdmin},
 	"DELETE /v1/nodes/{cluster}/{uuid}": {RoleAdmin},
 	"GET /v1/watch/nodes":               {RoleProxy, RoleAdmin},
@@ -60,6 +60,11 @@ var wantPolicy = map[string][]string{
 	"POST /v1/login/ssh":  {RoleProxy},
 
 	"GET /v1/events": {RoleAdmin},
+
+	"PUT /v1/locks":                  {RoleAdmin},
+	"DELETE /v1/locks/{kind}/{name}": {RoleAdmin},
+	"GET /v1/locks":                  {RoleNode, RoleProxy, RoleAdmin},
+	"GET /v1/watch/locks":            {RoleNode, RoleProxy},
 }
 
 var pathParamRe = regexp.MustCompile(`\{[a-z]+\}`)

@@ -134,6 +134,10 @@ type Server struct {
 	// unauthenticated peer from hammering the backend and the logs, not
 	// about guessing.
 	joinLimiter *loginLimiter
+
+	// addrs proves that announced node addresses answer with the node's
+	// own host certificate (see AnnounceNode).
+	addrs *addrVerifier
 }
 
 // NewServer starts the auth server: it loads the cluster's CAs, creating
@@ -165,6 +169,11 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err := s.initRoles(ctx); err != nil {
 		return nil, trace.Wrap(err)
 	}
+	hostCAKeys, err := parseAuthorizedKeys(s.hostCA.SSHPublicKeys)
+	if err != nil {
+		return nil, trace.Wrap(err, "host CA")
+	}
+	s.addrs = newAddrVerifier(cfg.Clock, cfg.Logger, func() []ssh.PublicKey { return hostCAKeys })
 	if cfg.AdminIdentityDir != "" {
 		if err := s.ensureAdminIdentity(ctx, cfg.AdminIdentityDir); err != nil {
 			return nil, trace.Wrap(err)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/gravitational/trace"
 
 	"github.com/postern-dev/postern/lib/services"
@@ -50,22 +51,34 @@ type RegisterRequest struct {
 	Token string `json:"token"`
 	// Role is RoleNode or RoleProxy and must match the token's type.
 	Role string `json:"role"`
-	// UUID is the host's ID (kept in its data dir); Hostname its name.
-	UUID     string `json:"uuid"`
+	// UUID must be empty: the auth server mints the host's UUID (see
+	// RegisterUsingToken). The field exists only so that a request that
+	// carries one (an older host, or someone trying to take a node's
+	// identity) is refused with a clear error instead of a JSON one.
+	UUID string `json:"uuid,omitempty"`
+	// Hostname is the host's name (--nodename); it becomes a principal.
 	Hostname string `json:"hostname"`
 	// Addr is the host:port it serves SSH on; its host becomes a principal.
 	Addr string `json:"addr,omitempty"`
-	// AdditionalPrincipals are more SSH principals (IPs, public names).
+	// AdditionalPrincipals are more SSH principals (IPs, public names);
+	// each must pass checkExtraPrincipal.
 	AdditionalPrincipals []string `json:"additional_principals,omitempty"`
 	// SSHPublicKey is the host key, authorized_keys format.
 	SSHPublicKey []byte `json:"ssh_public_key"`
 	// TLSPublicKey is the TLS key, PKIX DER or PEM.
 	TLSPublicKey []byte `json:"tls_public_key"`
+	// RemoteAddr is the joining connection's address, set by the API
+	// server for the log; never read from the wire.
+	RemoteAddr string `json:"-"`
 }
 
 // RegisterResponse carries the new host's certificates and the cluster's
 // CA keys.
 type RegisterResponse struct {
+	// UUID is the host UUID the auth server minted for the joiner: the CN
+	// of TLSCert and the KeyId of SSHCert. The host keeps it in its data
+	// dir as its identity from now on.
+	UUID string `json:"uuid"`
 	// SSHCert is the SSH host certificate, authorized_keys format.
 	SSHCert []byte `json:"ssh_cert"`
 	// TLSCert is the X.509 client certificate, PEM.
@@ -78,23 +91,43 @@ type RegisterResponse struct {
 }
 
 // RegisterUsingToken spends a join token and certifies the joiner's keys.
+//
+// The auth server mints the host's UUID here: a UUID the joiner could
+// choose would let anyone holding a node token take over an existing
+// node's identity (its certificate names, its inventory record, its
+// users). A request carrying a UUID is refused. The certificate names are
+// derived from the minted UUID and the hostname, plus only the extra
+// principals checkExtraPrincipal allows.
+//
 // Everything that can be checked without the token is checked first, so a
 // malformed request never burns a token; ConsumeToken is the single commit
 // point (one winner among concurrent joins with the same token).
-func (s *Server) RegisterUsingToken(ctx context.Context, req RegisterRequest) (*RegisterResponse, error) {
+func (s *Server) RegisterUsingToken(ctx context.Context, req RegisterRequest) (resp *RegisterResponse, err error) {
+	id := uuid.NewString()
+	log := s.log.WithFields(map[string]any{"hostname": req.Hostname, "role": req.Role, "remote_addr": req.RemoteAddr})
+	defer func() {
+		if err != nil {
+			log.WithError(err).Warn("Refused join.")
+		}
+	}()
 	if req.Role != RoleNode && req.Role != RoleProxy {
 		return nil, trace.BadParameter("join role must be %q or %q, got %q", RoleNode, RoleProxy, req.Role)
 	}
-	if err := checkName("host UUID", req.UUID); err != nil {
-		return nil, trace.Wrap(err)
-	}
-	if req.Hostname != "" {
-		if err := checkName("hostname", req.Hostname); err != nil {
-			return nil, trace.Wrap(err)
-		}
+	if req.UUID != "" {
+		return nil, trace.BadParameter("join request carries uuid %q: the auth server assigns host UUIDs at join, a host cannot choose one (upgrade the joining host)", req.UUID)
 	}
 	if req.Token == "" {
 		return nil, trace.BadParameter("missing join token")
+	}
+	if req.Addr != "" {
+		if _, _, err := services.SplitAddr(req.Addr); err != nil {
+			return nil, trace.Wrap(err)
+		}
+	}
+	if req.Hostname != "" {
+		if err := s.checkHostHostname(req.Role, req.Hostname, id, req.Addr); err != nil {
+			return nil, trace.Wrap(err)
+		}
 	}
 	if _, err := parseAuthorizedKey(req.SSHPublicKey); err != nil {
 		return nil, trace.Wrap(err)
@@ -103,23 +136,27 @@ func (s *Server) RegisterUsingToken(ctx context.Context, req RegisterRequest) (*
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	principals := append([]string(nil), req.AdditionalPrincipals...)
+	// Only a token holder gets the auth server to read the inventory.
+	if _, err := s.store.CheckToken(ctx, req.Token, req.Role); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	extra := append([]string(nil), req.AdditionalPrincipals...)
 	if req.Addr != "" {
-		host, _, err := services.SplitAddr(req.Addr)
-		if err != nil {
-			return nil, trace.Wrap(err)
-		}
-		principals = append(principals, host)
+		host, _, _ := services.SplitAddr(req.Addr)
+		extra = append(extra, host)
+	}
+	principals, err := s.joinPrincipals(ctx, req.Role, id, req.Hostname, extra)
+	if err != nil {
+		return nil, trace.Wrap(err)
 	}
 
 	if _, err := s.store.ConsumeToken(ctx, req.Token, req.Role); err != nil {
-		s.log.WithFields(map[string]any{"uuid": req.UUID, "hostname": req.Hostname, "role": req.Role}).WithError(err).Warn("Refused join.")
 		return nil, trace.Wrap(err)
 	}
 
 	sshCert, err := s.GenerateHostCert(ctx, HostCertRequest{
 		PublicKey:  req.SSHPublicKey,
-		UUID:       req.UUID,
+		UUID:       id,
 		Hostname:   req.Hostname,
 		Principals: principals,
 		Role:       req.Role,
@@ -127,12 +164,13 @@ func (s *Server) RegisterUsingToken(ctx context.Context, req RegisterRequest) (*
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	tlsCert, err := s.signIdentityTLS(tlsPub, req.UUID, req.Role, nil, nil)
+	tlsCert, err := s.signIdentityTLS(tlsPub, id, req.Role, nil, nil)
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	s.log.WithFields(map[string]any{"uuid": req.UUID, "hostname": req.Hostname, "role": req.Role}).Info("Host joined the cluster.")
+	log.WithFields(map[string]any{"uuid": id, "principals": principals}).Info("Host joined the cluster.")
 	return &RegisterResponse{
+		UUID:          id,
 		SSHCert:       sshCert,
 		TLSCert:       tlsCert,
 		TLSCACerts:    [][]byte{s.hostCA.TLSCert},

@@ -90,9 +90,18 @@ func (s *Server) CreateUser(ctx context.Context, name string, password []byte, l
 	return totpURL, nil
 }
 
-// DeleteUser removes a user. Certificates already issued stay valid until
-// they expire (max_session_ttl bounds that).
+// DeleteUser removes a user and locks the name for DeletedUserLockTTL, so
+// the certificates and web sessions already issued stop working at once on
+// every proxy and node, open connections included.
 func (s *Server) DeleteUser(ctx context.Context, name string) error {
+	// Lock first: the user's certificates and web sessions outlive the
+	// record, and the lock is what every proxy and node acts on.
+	if _, err := s.store.GetUser(ctx, name); err != nil {
+		return trace.Wrap(err)
+	}
+	if err := s.lockDeletedUser(ctx, name); err != nil {
+		return trace.Wrap(err)
+	}
 	if err := s.store.DeleteUser(ctx, name); err != nil {
 		if trace.IsNotFound(err) {
 			return trace.NotFound("user %q not found", name)
@@ -115,6 +124,7 @@ func (s *Server) ListUsers(ctx context.Context) ([]services.User, error) {
 }
 
 func publicUser(u services.User) services.User {
+	u.OTPEnabled = u.TOTPSecret != ""
 	u.PasswordHash = nil
 	u.TOTPSecret = ""
 	return u

@@ -55,17 +55,22 @@ type streamMarker struct {
 // watchNodes streams node events. Query: prefix (repeatable; each must be
 // under the nodes prefix; default the whole prefix) and queue_size.
 func (a *APIServer) watchNodes(w http.ResponseWriter, r *http.Request, p *peer) {
-	nodes := services.NodesPrefix()
+	a.watchPrefix(w, r, p, services.NodesPrefix())
+}
+
+// watchPrefix streams the events of keys under root, and nothing else:
+// every requested prefix must be under it.
+func (a *APIServer) watchPrefix(w http.ResponseWriter, r *http.Request, p *peer, root string) {
 	q := r.URL.Query()
 	prefixes := q["prefix"]
 	for _, pr := range prefixes {
-		if !strings.HasPrefix(pr, nodes) {
-			writeError(w, trace.AccessDenied("watch prefix %q is outside %q", pr, nodes))
+		if !strings.HasPrefix(pr, root) {
+			writeError(w, trace.AccessDenied("watch prefix %q is outside %q", pr, root))
 			return
 		}
 	}
 	if len(prefixes) == 0 {
-		prefixes = []string{nodes}
+		prefixes = []string{root}
 	}
 	queue, _ := strconv.Atoi(q.Get("queue_size"))
 	if queue < 0 || queue > 1<<16 {
@@ -97,8 +102,9 @@ func (a *APIServer) watchNodes(w http.ResponseWriter, r *http.Request, p *peer) 
 		return true
 	}
 	log := a.log.WithFields(logrus.Fields{"peer": p.ID, "role": p.Role})
-	log.Debug("Node watch started.")
-	defer log.Debug("Node watch ended.")
+	log = log.WithField("prefix", root)
+	log.Debug("Watch started.")
+	defer log.Debug("Watch ended.")
 	for {
 		select {
 		case ev := <-watcher.Events():
@@ -131,6 +137,11 @@ func (a *APIServer) watchNodes(w http.ResponseWriter, r *http.Request, p *peer) 
 // first, like a local backend's; it stops (Done, Error) when the stream
 // breaks, and the caller re-syncs as it would after a local watcher broke.
 func (c *Client) NewWatcher(ctx context.Context, watch backend.Watch) (backend.Watcher, error) {
+	return c.newWatcher(ctx, "/v1/watch/nodes", watch)
+}
+
+// newWatcher starts the watch stream at path (a watchPrefix endpoint).
+func (c *Client) newWatcher(ctx context.Context, path string, watch backend.Watch) (backend.Watcher, error) {
 	q := url.Values{}
 	for _, p := range watch.Prefixes {
 		q.Add("prefix", p)
@@ -143,7 +154,7 @@ func (c *Client) NewWatcher(ctx context.Context, watch backend.Watch) (backend.W
 		size = backend.DefaultWatchQueueSize
 	}
 	wctx, cancel := context.WithCancel(ctx)
-	req, err := http.NewRequestWithContext(wctx, http.MethodGet, c.base+"/v1/watch/nodes?"+q.Encode(), nil)
+	req, err := http.NewRequestWithContext(wctx, http.MethodGet, c.base+path+"?"+q.Encode(), nil)
 	if err != nil {
 		cancel()
 		return nil, trace.Wrap(err)
@@ -225,7 +236,7 @@ func (w *remoteWatcher) run(ctx context.Context, resp *http.Response) {
 	if err == nil {
 		err = trace.ConnectionProblem(nil, "auth server closed the watch stream")
 	}
-	w.setErr(trace.ConnectionProblem(err, "node watch broke: %v", err))
+	w.setErr(trace.ConnectionProblem(err, "watch broke: %v", err))
 }
 
 func (w *remoteWatcher) setErr(err error) {

@@ -165,6 +165,10 @@ func (s *Store) OpenSSHConfig(p *Profile, pshPath string) (string, error) {
 	fmt.Fprintf(&b, "Host %s\n", host)
 	fmt.Fprintf(&b, "    Port %s\n", port)
 	fmt.Fprintf(&b, "Host *.%s !%s\n", p.Cluster, host)
-	fmt.Fprintf(&b, "    ProxyCommand %s proxy ssh --cluster=%s %%r@%%h:%%p\n", q(pshPath), p.Cluster)
+	// --home names this store explicitly: OpenSSH runs the ProxyCommand
+	// with its own environment, which may lack the POSTERN_HOME this
+	// profile was found through (another shell, an IDE, cron), and psh
+	// would then look for a login in ~/.postern instead.
+	fmt.Fprintf(&b, "    ProxyCommand %s --home=%s proxy ssh --cluster=%s %%r@%%h:%%p\n", q(pshPath), q(s.Dir), p.Cluster)
 	return b.String(), nil
 }

@@ -115,6 +115,13 @@ type Config struct {
 	// ConfigFile is where FileConfig came from, for messages; empty when
 	// no file was read.
 	ConfigFile string
+	// DiagAddrDefaulted is set by CheckAndSetDefaults when nobody chose the
+	// diagnostics address. Two processes on one machine (two nodes on a
+	// laptop, a node beside an all-in-one) would both take the default, and
+	// the second must still start: a busy default only disables its
+	// diagnostics with a warning, while an address someone asked for stays
+	// a fatal error.
+	DiagAddrDefaulted bool
 }
 
 // ReadFile parses a YAML config file. Unknown keys and type errors name the
@@ -204,6 +211,7 @@ func (c *Config) CheckAndSetDefaults() error {
 		{"auth_addr", &c.AuthAddr, DefaultAuthAddr},
 		{"diag_addr", &c.DiagAddr, DefaultDiagAddr},
 	}
+	c.DiagAddrDefaulted = c.DiagAddr == ""
 	for _, d := range defaults {
 		if *d.v == "" {
 			*d.v = d.def

@@ -1,11 +1,15 @@
 package limiter
 
 import (
+	"encoding/binary"
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gravitational/trace"
@@ -24,18 +28,79 @@ type ListenerOptions struct {
 
 // refusalWriteTimeout bounds the one write to a refused connection. The
 // send buffer of a socket accepted a moment ago is empty, so the write of a
-// short line does not block in practice; the deadline only keeps a
-// pathological socket from stalling the accept loop.
+// short message does not block in practice; the deadline only keeps a
+// pathological socket from stalling anything.
 const refusalWriteTimeout = 100 * time.Millisecond
 
-// SSHRefusal formats a refusal for an SSH port. RFC 4253 section 4.2 lets a
-// server send lines before its version string; clients skip them (OpenSSH
-// shows them with -v as "banner line 0: ..."), then see the connection
-// close: "kex_exchange_identification: Connection closed by remote host".
-// The line must not start with "SSH-", or a client would parse it as the
-// version.
+// refusalLinger is how long a refused connection is drained after the
+// refusal was written and the write side shut. Closing a socket that still
+// has unread input makes the kernel send a reset, and a client that gets
+// the reset before it read the refusal discards it: OpenSSH then prints
+// "Connection reset by peer" instead of the reason. Half a second covers a
+// client's version line and KEXINIT on any sane link.
+const refusalLinger = 500 * time.Millisecond
+
+// maxLingering bounds the refused connections drained at once. Refusals
+// come in floods; past this many, a refusal is written and the socket closed
+// at once (today's best effort) rather than holding more descriptors and
+// goroutines for the flood's sake.
+const maxLingering = 64
+
+// SSHRefusal formats a refusal for an SSH port so that a client shows the
+// reason without -v. It is three things in a row:
+//   - a line before the version string (RFC 4253 section 4.2 lets a server
+//     send those; OpenSSH prints them under -v as "banner line 0"). It must
+//     not start with "SSH-", or a client would take it for the version;
+//   - the server's version string;
+//   - an unencrypted SSH_MSG_DISCONNECT packet (RFC 4253 sections 6 and
+//     11.1: before the first key exchange the "none" cipher and MAC are in
+//     force), reason SSH_DISCONNECT_TOO_MANY_CONNECTIONS. OpenSSH logs it
+//     at its default level ("Received disconnect from HOST port P:12:
+//     REASON"), and x/crypto's client returns it as the handshake error.
 func SSHRefusal(err error) []byte {
-	return []byte("postern: " + err.Error() + "\r\n")
+	reason := sanitizeLine("postern: " + err.Error())
+	out := []byte(reason + "\r\n" + refusalVersion + "\r\n")
+	return append(out, disconnectPacket(sshDisconnectTooManyConnections, reason)...)
+}
+
+// refusalVersion is the version string of a refusal: "Postern" like the
+// real servers', so logs of both look alike.
+const refusalVersion = "SSH-2.0-Postern"
+
+// sshDisconnectTooManyConnections is RFC 4253 section 11.1's reason code 12.
+const sshDisconnectTooManyConnections = 12
+
+// disconnectPacket is one unencrypted binary packet (RFC 4253 section 6)
+// carrying SSH_MSG_DISCONNECT (byte 1, uint32 reason, string description,
+// string language tag).
+func disconnectPacket(code uint32, description string) []byte {
+	payload := []byte{1}
+	payload = binary.BigEndian.AppendUint32(payload, code)
+	payload = binary.BigEndian.AppendUint32(payload, uint32(len(description)))
+	payload = append(payload, description...)
+	payload = binary.BigEndian.AppendUint32(payload, 0) // no language tag
+	// packet_length || padding_length || payload || padding must be a
+	// multiple of 8 (the "none" cipher's block size), with at least 4
+	// bytes of padding.
+	padding := 8 - (4+1+len(payload))%8
+	if padding < 4 {
+		padding += 8
+	}
+	pkt := binary.BigEndian.AppendUint32(nil, uint32(1+len(payload)+padding))
+	pkt = append(pkt, byte(padding))
+	pkt = append(pkt, payload...)
+	return append(pkt, make([]byte, padding)...)
+}
+
+// sanitizeLine keeps a refusal on one printable line: the reason may quote
+// outside input (an address), and a CR or LF in it would end the line early.
+func sanitizeLine(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
 }
 
 // WrapListener applies lim's per-address and total caps (and opts.Rate) at
@@ -55,6 +120,19 @@ type listener struct {
 	net.Listener
 	lim  *ConnectionLimiter
 	opts ListenerOptions
+
+	// lingering counts refused connections being drained (at most
+	// maxLingering); wg waits for their goroutines on Close.
+	lingering atomic.Int32
+	wg        sync.WaitGroup
+}
+
+// Close closes the listener and waits for refused connections still being
+// drained (each for at most refusalLinger).
+func (l *listener) Close() error {
+	err := l.Listener.Close()
+	l.wg.Wait()
+	return err
 }
 
 func (l *listener) Accept() (net.Conn, error) {
@@ -79,13 +157,40 @@ func (l *listener) Accept() (net.Conn, error) {
 }
 
 func (l *listener) refuse(nc net.Conn, err error) {
-	if l.opts.Refusal != nil {
-		// A socket deadline, not the Clock: only the kernel can interrupt
-		// a blocked write.
-		_ = nc.SetWriteDeadline(time.Now().Add(refusalWriteTimeout))
-		_, _ = nc.Write(l.opts.Refusal(err))
+	if l.opts.Refusal == nil {
+		_ = nc.Close()
+		return
 	}
-	_ = nc.Close()
+	msg := l.opts.Refusal(err)
+	// Socket deadlines, not the Clock: only the kernel can interrupt a
+	// blocked write or read.
+	_ = nc.SetWriteDeadline(time.Now().Add(refusalWriteTimeout))
+	if _, werr := nc.Write(msg); werr != nil || l.lingering.Add(1) > maxLingering {
+		if werr == nil {
+			l.lingering.Add(-1)
+		}
+		_ = nc.Close()
+		return
+	}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		defer l.lingering.Add(-1)
+		linger(nc)
+	}()
+}
+
+// linger shuts the write side of a refused connection, then reads and
+// drops what the client still sends until it closes or refusalLinger
+// passes, so that closing does not reset the connection before the client
+// read the refusal (see refusalLinger).
+func linger(nc net.Conn) {
+	defer nc.Close()
+	if cw, ok := nc.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	_ = nc.SetReadDeadline(time.Now().Add(refusalLinger))
+	_, _ = io.Copy(io.Discard, io.LimitReader(nc, 64<<10))
 }
 
 // conn releases its limiter slot on Close.

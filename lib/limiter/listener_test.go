@@ -7,13 +7,30 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"testing"
 	"time"
 
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
 )
+
+// openSSHClient is the path of OpenSSH's ssh, or "" (the test part that
+// needs it is skipped) outside CI; CI installs it, so there it is required.
+func openSSHClient(t *testing.T) string {
+	p, err := exec.LookPath("ssh")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("OpenSSH client not installed in CI: %v", err)
+		}
+		t.Log("OpenSSH client not installed; skipping its part")
+		return ""
+	}
+	return p
+}
 
 // acceptLoop accepts on ln until it closes, handing connections to conns.
 func acceptLoop(t *testing.T, ln net.Listener) <-chan net.Conn {
@@ -58,16 +75,37 @@ func TestWrapListenerPerIP(t *testing.T) {
 	}
 	require.Equal(t, 2, lim.Count(CapIP, "127.0.0.1"))
 
-	// The third gets one readable line, then EOF: a refusal, not a hang.
+	// The third gets a readable line, then a version and an SSH
+	// disconnect, then EOF: a refusal, not a hang.
 	c3, err := net.Dial("tcp", raw.Addr().String())
 	require.NoError(t, err)
 	defer c3.Close()
-	line, err := bufio.NewReader(c3).ReadString('\n')
+	br := bufio.NewReader(c3)
+	line, err := br.ReadString('\n')
 	require.NoError(t, err)
 	require.Equal(t, "postern: too many connections from 127.0.0.1: limit 2\r\n", line)
-	_, err = c3.Read(make([]byte, 1))
-	require.ErrorIs(t, err, io.EOF)
+	line, err = br.ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "SSH-2.0-Postern\r\n", line)
+	rest, err := io.ReadAll(br)
+	require.NoError(t, err, "EOF after the disconnect packet")
+	require.Contains(t, string(rest), "too many connections from 127.0.0.1: limit 2")
 	require.Equal(t, 1.0, metricValue(t, reg, "postern_limiter_refusals_total", map[string]string{"cap": CapIP}))
+
+	// A real SSH client is told why, as its handshake error...
+	cx, err := net.Dial("tcp", raw.Addr().String())
+	require.NoError(t, err)
+	defer cx.Close()
+	_, _, _, err = ssh.NewClientConn(cx, raw.Addr().String(), &ssh.ClientConfig{User: "u", HostKeyCallback: ssh.InsecureIgnoreHostKey()})
+	require.ErrorContains(t, err, `reason 12: "postern: too many connections from 127.0.0.1: limit 2"`)
+	// ...and so is OpenSSH, at its default log level (no -v).
+	if sshBin := openSSHClient(t); sshBin != "" {
+		host, port, _ := net.SplitHostPort(raw.Addr().String())
+		out, err := exec.Command(sshBin, "-F", "/dev/null", "-p", port, "-o", "BatchMode=yes",
+			"-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "u@"+host, "true").CombinedOutput()
+		require.Error(t, err)
+		require.Contains(t, string(out), "too many connections from 127.0.0.1: limit 2", string(out))
+	}
 
 	// The accepted connections work, half-close included.
 	_, err = clients[0].Write([]byte("x"))

@@ -71,6 +71,16 @@ type RouterConfig struct {
 	// private registry (metrics collected but not exported). Tests must
 	// never pass prometheus.DefaultRegisterer.
 	Metrics prometheus.Registerer
+	// Locks, when set, refuses to dial a locked node (`pctl lock --node`)
+	// with the lock's message; *services.LockWatcher is one. Nil means no
+	// node locks.
+	Locks NodeLocks
+}
+
+// NodeLocks checks locks; its error for a locked node is a
+// *services.LockedError.
+type NodeLocks interface {
+	Check(targets ...services.LockTarget) error
 }
 
 // CheckAndSetDefaults validates the config and fills in defaults.
@@ -346,6 +356,12 @@ func (r *Router) DialHost(ctx context.Context, req RouteRequest) (net.Conn, Rout
 	}
 	if req.Authorize != nil {
 		if err := req.Authorize(route.Node); err != nil {
+			return nil, route, trace.Wrap(err)
+		}
+	}
+	// After RBAC: only a user who may reach the node learns it is locked.
+	if r.cfg.Locks != nil {
+		if err := r.cfg.Locks.Check(services.LockTarget{Node: route.Node.UUID}); err != nil {
 			return nil, route, trace.Wrap(err)
 		}
 	}

@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"github.com/gravitational/trace"
@@ -179,12 +178,6 @@ func listenIPs(a net.Addr) []string {
 		}
 	}
 	return out
-}
-
-func portOf(a net.Addr) int {
-	_, port, _ := net.SplitHostPort(a.String())
-	n, _ := strconv.Atoi(port)
-	return n
 }
 
 // openEtcd opens the etcd backend for clusters that outgrow one machine.

@@ -3,10 +3,12 @@ package service
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 	"net/http"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gravitational/trace"
@@ -95,6 +97,11 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 func (p *Process) startDiag() error {
 	ln, err := p.listen(ListenerDiag, p.cfg.DiagAddr)
 	if err != nil {
+		if p.cfg.DiagAddrDefaulted && errors.Is(err, syscall.EADDRINUSE) {
+			p.log.WithField("diag_addr", p.cfg.DiagAddr).Warn("The default diagnostics address is in use (another Postern process on this machine?): " +
+				"this process serves no /metrics, /healthz or /readyz. Set --diag-addr (diag_addr: in postern.yaml) to serve them.")
+			return nil
+		}
 		return trace.Wrap(err)
 	}
 	d := newDiagServer(p.registry)

@@ -65,6 +65,7 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		Clock:       p.clock,
 		Logger:      p.log.WithField("component", "router"),
 		Metrics:     p.registry,
+		Locks:       p.locks,
 	})
 	if err != nil {
 		return trace.Wrap(err)
@@ -89,6 +90,7 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		Clock:       p.clock,
 		Logger:      p.log.WithField("component", "proxy:ssh"),
 		IdleTimeout: p.cfg.Limits.IdleTimeout,
+		Locks:       p.locks,
 	})
 	if err != nil {
 		return trace.Wrap(err)
@@ -142,7 +144,7 @@ func (p *Process) startWeb(sshAddr net.Addr) error {
 	// Browser sessions and the terminal use this process's Router and
 	// NodeWatcher in-process. Session records go to the backend when auth
 	// (and so the backend) is here; otherwise web keeps them in memory.
-	wcfg.WebSessions = web.WebSessionsConfig{Router: p.router, Nodes: p.nodeWatcher}
+	wcfg.WebSessions = web.WebSessionsConfig{Router: p.router, Nodes: p.nodeWatcher, Locks: p.locks}
 	if p.store != nil {
 		wcfg.WebSessions.Roles = p.store
 		wcfg.WebSessions.Store = &web.BackendSessionStore{Backend: p.store.Backend()}

@@ -44,7 +44,7 @@ func (p *Process) startHostRoles(ctx context.Context) error {
 	var nodeID, proxyID *auth.Identity
 	if nodeLn != nil {
 		principals := appendUnique(listenIPs(nodeLn.Addr()), hostOf(advertisedAddr(nodeLn.Addr())))
-		if nodeID, err = p.hostIdentity(ctx, auth.RoleNode, principals); err != nil {
+		if nodeID, err = p.hostIdentity(ctx, auth.RoleNode, advertisedAddr(nodeLn.Addr()), principals); err != nil {
 			return trace.Wrap(err)
 		}
 	}
@@ -56,7 +56,7 @@ func (p *Process) startHostRoles(ctx context.Context) error {
 		for _, a := range cfg.PublicAddrs {
 			principals = appendUnique(principals, hostOf(a))
 		}
-		if proxyID, err = p.hostIdentity(ctx, auth.RoleProxy, principals); err != nil {
+		if proxyID, err = p.hostIdentity(ctx, auth.RoleProxy, "", principals); err != nil {
 			return trace.Wrap(err)
 		}
 	}
@@ -71,6 +71,9 @@ func (p *Process) startHostRoles(ctx context.Context) error {
 	}
 	ap, err := p.accessPointFor(clientID)
 	if err != nil {
+		return trace.Wrap(err)
+	}
+	if err := p.startLocks(ctx); err != nil {
 		return trace.Wrap(err)
 	}
 	if nodeLn != nil {
@@ -117,6 +120,9 @@ func (p *Process) startNode(ctx context.Context, ln net.Listener, lim *limiter.C
 		Cluster:  p.clusterName,
 		Version:  version.Version,
 	}}
+	if err := p.checkNodeRecord(rec.node); err != nil {
+		return trace.Wrap(err)
+	}
 	server, err := srv.New(srv.Config{
 		ClusterName: p.clusterName,
 		HostSigners: []ssh.Signer{id.SSHSigner},
@@ -127,6 +133,7 @@ func (p *Process) startNode(ctx context.Context, ln net.Listener, lim *limiter.C
 		IdleTimeout: p.cfg.Limits.IdleTimeout,
 		Limiter:     lim,
 		Audit:       p.audit,
+		Locks:       p.locks,
 	})
 	if err != nil {
 		return trace.Wrap(err)
@@ -148,5 +155,23 @@ func (p *Process) startNode(ctx context.Context, ln net.Listener, lim *limiter.C
 	p.goServe("heartbeat", hb.Run)
 	p.onShutdown(func(context.Context) error { return hb.Close() })
 	p.log.WithField("addr", ln.Addr().String()).Info("Node SSH server is serving.")
+	return nil
+}
+
+// checkNodeRecord refuses to start a node whose own record every
+// heartbeat would have refused (a label with a control character, a
+// hostname a remote node may not take): one clear line at start-up instead
+// of a warning every interval and a node missing from routing. The shape
+// rules are those the auth server applies to remote nodes; the
+// all-in-one's own node is the auth server's, which trusts it.
+func (p *Process) checkNodeRecord(n services.Node) error {
+	if err := n.CheckAndSetDefaults(); err != nil {
+		return trace.BadParameter("this node's record: %v (check --nodename and --labels)", trace.UserMessage(err))
+	}
+	if p.authServer == nil {
+		if err := services.CheckHostnameShape(n.Hostname, n.UUID, n.Addr, []string{p.clusterName}); err != nil {
+			return trace.BadParameter("%v (set --nodename)", trace.UserMessage(err))
+		}
+	}
 	return nil
 }

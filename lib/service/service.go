@@ -64,8 +64,13 @@ type Process struct {
 	registry *prometheus.Registry
 	diag     *diagServer
 
-	hostUUID    string
-	clusterName string
+	// hostUUID is this host's UUID: made up on the first start of an
+	// auth host, assigned by the auth server at join otherwise (empty
+	// until then). hostUUIDBound is set once an identity in the data dir
+	// or a join has confirmed it, after which nothing may change it.
+	hostUUID      string
+	hostUUIDBound bool
+	clusterName   string
 
 	backend    backend.Backend
 	store      *services.Store
@@ -82,6 +87,8 @@ type Process struct {
 	proxySSH    *srv.Server
 	nodeWatcher *services.NodeWatcher
 	router      *proxy.Router
+	// locks is the lock set every server here enforces (locks.go).
+	locks *services.LockWatcher
 
 	// mu guards listeners.
 	mu        sync.Mutex
@@ -151,10 +158,19 @@ func Run(ctx context.Context, cfg *config.Config) error {
 // Start brings up every role; when it returns nil, every listener accepts.
 func (p *Process) Start(ctx context.Context) error {
 	cfg := p.cfg
-	if err := ensureDataDir(cfg.DataDir); err != nil {
+	if err := ensureDataDir(cfg.DataDir, p.log); err != nil {
 		return trace.Wrap(err)
 	}
-	id, err := readOrCreateUUID(cfg.HostUUIDPath())
+	// The auth role's host makes up its own UUID (it is the authority).
+	// Any other host is given one by the auth server when it joins; until
+	// then the data dir may hold one from an earlier identity, or none.
+	var id string
+	var err error
+	if cfg.HasRole(config.RoleAuth) {
+		id, err = readOrCreateUUID(cfg.HostUUIDPath())
+	} else {
+		id, err = readUUID(cfg.HostUUIDPath())
+	}
 	if err != nil {
 		return trace.Wrap(err)
 	}

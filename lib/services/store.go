@@ -407,6 +407,28 @@ const (
 // concurrent joiners with the same token exactly one wins and the others get
 // "not found or already used".
 func (s *Store) ConsumeToken(ctx context.Context, name string, wantType string) (*Token, error) {
+	t, err := s.CheckToken(ctx, name, wantType)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if t.MultiUse {
+		return t, nil
+	}
+	if err := s.b.Delete(ctx, tokenKey(name)); err != nil {
+		if trace.IsNotFound(err) {
+			return nil, trace.AccessDenied(msgTokenNotFound)
+		}
+		return nil, trace.Wrap(err)
+	}
+	return t, nil
+}
+
+// CheckToken is ConsumeToken without the spending: it answers what
+// ConsumeToken would (with the same messages) and changes nothing. The
+// join checks the token this way before any work an unauthenticated
+// caller should not be able to trigger (reading the inventory), and
+// spends it only at the end.
+func (s *Store) CheckToken(ctx context.Context, name string, wantType string) (*Token, error) {
 	if err := CheckTokenType(wantType); err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -429,15 +451,6 @@ func (s *Store) ConsumeToken(ctx context.Context, name string, wantType string) 
 	}
 	if t.Type != wantType {
 		return nil, trace.AccessDenied("join token cannot be used to join as %s", wantType)
-	}
-	if t.MultiUse {
-		return &t, nil
-	}
-	if err := s.b.Delete(ctx, tokenKey(name)); err != nil {
-		if trace.IsNotFound(err) {
-			return nil, trace.AccessDenied(msgTokenNotFound)
-		}
-		return nil, trace.Wrap(err)
 	}
 	return &t, nil
 }

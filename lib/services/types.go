@@ -26,7 +26,9 @@ const (
 // on every heartbeat; a node that stops heartbeating disappears when Expires
 // passes, and routing forgets it.
 type Node struct {
-	// UUID is the node's name: generated on first start, kept in its data dir.
+	// UUID is the node's name: assigned by the auth server when the node
+	// joins (an auth host's own node generates it on first start), kept in
+	// its data dir. A node cannot choose it.
 	UUID string `json:"uuid"`
 	// Hostname is what users type: --nodename, or the OS hostname.
 	Hostname string `json:"hostname"`
@@ -37,9 +39,12 @@ type Node struct {
 	// Cluster is the cluster the node belongs to.
 	Cluster string `json:"cluster"`
 	// Expires is when this record dies unless refreshed by a heartbeat.
+	// For a remote node the auth server sets it (LastHeartbeat plus the
+	// TTL the node asked for, Expires - LastHeartbeat as sent, capped).
 	Expires time.Time `json:"expires"`
 	// LastHeartbeat is when the node last announced itself; `most_recent`
-	// routing prefers the latest.
+	// routing prefers the latest. For a remote node it is the auth
+	// server's clock, never the node's.
 	LastHeartbeat time.Time `json:"last_heartbeat"`
 	// Version is the postern version the node runs.
 	Version string `json:"version,omitempty"`
@@ -52,6 +57,10 @@ type User struct {
 	PasswordHash []byte `json:"password_hash,omitempty"`
 	// TOTPSecret, when set, makes a one-time password mandatory at login.
 	TOTPSecret string `json:"totp_secret,omitempty"`
+	// OTPEnabled says a TOTP secret is set, in views that strip the secret
+	// itself (the auth API's user list): pctl must be able to tell who is
+	// enrolled without ever receiving a secret. Derived, never stored.
+	OTPEnabled bool `json:"otp_enabled,omitempty"`
 	// Roles names the roles granted; default ["access"].
 	Roles []string `json:"roles"`
 	// Traits are per-user values that role templates expand, e.g.

@@ -1,12 +1,16 @@
 package services
 
 import (
+	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
+	"github.com/google/uuid"
 	"github.com/gravitational/trace"
 	"golang.org/x/crypto/ssh"
 )
@@ -107,15 +111,159 @@ func (n *Node) CheckAndSetDefaults() error {
 	if err := checkKeyComponent("node hostname", n.Hostname); err != nil {
 		return trace.BadParameter("node %q: %v", n.UUID, err)
 	}
+	if err := checkText("node hostname", n.Hostname, maxNameLen); err != nil {
+		return trace.BadParameter("node %q: %v", n.UUID, err)
+	}
 	if _, _, err := SplitAddr(n.Addr); err != nil {
 		return trace.BadParameter("node %q: addr: %v", n.UUID, err)
 	}
-	for k := range n.Labels {
+	if err := CheckNodeLabels(n.Labels); err != nil {
+		return trace.BadParameter("node %q: %v", n.UUID, err)
+	}
+	return nil
+}
+
+// Label bounds. Labels are printed in `pctl nodes ls`, `psh ls`, route
+// explanations and ambiguity errors, and matched by every role check: a
+// node must not be able to fill a terminal or the inventory with them.
+// The lengths are those of Kubernetes label values and qualified keys,
+// which operators already know; 64 labels is far more than any selector
+// needs.
+const (
+	MaxNodeLabels    = 64
+	MaxLabelKeyLen   = 253
+	MaxLabelValueLen = 253
+)
+
+// CheckNodeLabels validates a node's labels: at most MaxNodeLabels, keys
+// not empty, keys and values within their bounds and free of control
+// characters. A label is written by the node itself (heartbeats), so it
+// is untrusted text that later lands on an admin's terminal: an ESC in a
+// value would let a node rewrite what `pctl nodes ls` shows.
+func CheckNodeLabels(labels map[string]string) error {
+	if len(labels) > MaxNodeLabels {
+		return trace.BadParameter("%d labels, at most %d are allowed", len(labels), MaxNodeLabels)
+	}
+	for k, v := range labels {
 		if k == "" {
-			return trace.BadParameter("node %q: empty label key", n.UUID)
+			return trace.BadParameter("empty label key")
+		}
+		if err := checkText("label key", k, MaxLabelKeyLen); err != nil {
+			return trace.Wrap(err)
+		}
+		if err := checkText(fmt.Sprintf("label %q: value", k), v, MaxLabelValueLen); err != nil {
+			return trace.Wrap(err)
 		}
 	}
 	return nil
+}
+
+// checkText refuses text that would make a terminal or a log line lie:
+// invalid UTF-8, control characters (C0, DEL and C1: ESC, CR, LF, BEL...),
+// format characters (bidirectional overrides, zero-width joiners) and the
+// Unicode line and paragraph separators. The value is quoted with %q in
+// the error, which escapes all of these, so the error itself is safe to
+// print.
+func checkText(field, v string, maxLen int) error {
+	if len(v) > maxLen {
+		return trace.BadParameter("%s %q is longer than %d bytes", field, truncate([]byte(v), 40), maxLen)
+	}
+	if !utf8.ValidString(v) {
+		return trace.BadParameter("%s %q is not valid UTF-8", field, v)
+	}
+	for _, r := range v {
+		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == '\u2028' || r == '\u2029' {
+			return trace.BadParameter("%s %q contains the control character %U", field, v, r)
+		}
+	}
+	return nil
+}
+
+// hostnameMetachars are characters with a meaning in the places a
+// hostname ends up: OpenSSH host patterns and principals ("*", "?", "!",
+// ","), known_hosts ("[", "]"), proxy targets ("HOST:PORT", "@CLUSTER",
+// "LOGIN@HOST") and URL paths ("/", "%").
+const hostnameMetachars = "*?!,[]:@/%"
+
+// CheckHostnameShape refuses a hostname that a node may not take because
+// it would capture or confuse other names, whatever the charset allows.
+// It is what the auth server applies at join and at every remote
+// heartbeat; uuid is the caller's own UUID, addr its announced host:port
+// (may be empty at join), and clusters the clusters the proxy routes to
+// (the local one today; leaf clusters later). Refused:
+//   - hostnames with characters outside letters, digits, ".", "-" and "_",
+//     or not starting with a letter or digit (wildcards and pattern
+//     characters above all: the hostname is a certificate principal);
+//   - NAME.CLUSTER (any case) for a known cluster, and the cluster name
+//     itself: routing rule 0 reads NAME.CLUSTER as NAME in CLUSTER, and the
+//     cluster name is the proxy's principal;
+//   - a UUID other than the node's own (routing rule 1 matches UUIDs
+//     before hostnames: SPEC "Routing");
+//   - an IP address other than the host of the node's own addr (rule 2
+//     matches addr hosts: a node called 10.0.0.5 would answer for the node
+//     at 10.0.0.5);
+//   - localhost and its subdomains: the proxy answers to localhost.
+func CheckHostnameShape(hostname, uuid, addr string, clusters []string) error {
+	if hostname == "" {
+		return trace.BadParameter("hostname is empty")
+	}
+	if err := checkText("hostname", hostname, maxNameLen); err != nil {
+		return trace.Wrap(err)
+	}
+	if ip, err := netip.ParseAddr(hostname); err == nil {
+		host, _, _ := net.SplitHostPort(addr)
+		own, err := netip.ParseAddr(host)
+		if err != nil || own.Unmap() != ip.Unmap() {
+			if addr == "" {
+				return trace.BadParameter("hostname %q is an IP address that is not this node's address (it announces none): give the node a name", hostname)
+			}
+			return trace.BadParameter("hostname %q is an IP address that is not this node's address %q: give the node a name, or announce that address", hostname, addr)
+		}
+		return nil
+	}
+	for i, r := range hostname {
+		ok := r < unicode.MaxASCII && (isASCIILetterOrDigit(r) || (i > 0 && strings.ContainsRune("._-", r)))
+		if !ok {
+			if strings.ContainsRune(hostnameMetachars, r) {
+				return trace.BadParameter("hostname %q contains %q, which has a meaning in host patterns and targets", hostname, r)
+			}
+			if i == 0 {
+				return trace.BadParameter("hostname %q must start with a letter or a digit", hostname)
+			}
+			return trace.BadParameter("hostname %q contains %q: use letters, digits and . - _, starting with a letter or a digit", hostname, r)
+		}
+	}
+	if strings.Contains(hostname, "..") || strings.HasSuffix(hostname, ".") {
+		return trace.BadParameter("hostname %q has an empty DNS label", hostname)
+	}
+	if IsUUIDShaped(hostname) && !strings.EqualFold(hostname, uuid) {
+		return trace.BadParameter("hostname %q is a UUID that is not this node's UUID: it would answer for another node", hostname)
+	}
+	lower := strings.ToLower(hostname)
+	if lower == "localhost" || strings.HasSuffix(lower, ".localhost") || lower == "localhost.localdomain" {
+		return trace.BadParameter("hostname %q names the local machine, which the proxy answers to", hostname)
+	}
+	for _, c := range clusters {
+		c = strings.ToLower(c)
+		if c == "" {
+			continue
+		}
+		if lower == c {
+			return trace.BadParameter("hostname %q is the name of cluster %q", hostname, c)
+		}
+		if strings.HasSuffix(lower, "."+c) {
+			return trace.BadParameter("hostname %q ends in .%s: NAME.CLUSTER means NAME in cluster %q, so no node may be called that", hostname, c, c)
+		}
+	}
+	return nil
+}
+
+// IsUUIDShaped reports whether s parses as a UUID in any of the forms the
+// uuid package accepts (canonical, braces, urn:uuid:, 32 hex digits): a
+// name that looks like a UUID is reserved for the node minted with it.
+func IsUUIDShaped(s string) bool {
+	_, err := uuid.Parse(s)
+	return err == nil
 }
 
 // SplitAddr splits a node address "host:port" (IPv6 as "[v6]:port") and

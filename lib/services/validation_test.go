@@ -132,3 +132,114 @@ func TestLabelValues(t *testing.T) {
 	require.Equal(t, map[string]LabelValues{"a": {"x"}, "b": {"y", "z"}, "*": {"*"}}, y)
 	require.ErrorContains(t, yaml.Unmarshal([]byte("a: {b: c}\n"), &y), "line 1")
 }
+
+// TestNodeLabelsAndHostnameText is issue 10 item 11 at the store: every
+// node record, however it is written (a remote heartbeat through auth or
+// the all-in-one node straight to the store), is refused when a label or
+// the hostname carries a control character or is out of bounds, with an
+// error that names the label and prints the value escaped.
+func TestNodeLabelsAndHostnameText(t *testing.T) {
+	base := func() Node { return Node{UUID: "u1", Hostname: "web", Addr: "10.0.0.1:3022", Cluster: "c1"} }
+	ok := base()
+	ok.Labels = map[string]string{"env": "prod", "team/app": "shop-1", "unicode": "café ☕", "empty": ""}
+	require.NoError(t, ok.CheckAndSetDefaults())
+
+	for _, tc := range []struct {
+		name   string
+		mutate func(n *Node)
+		want   string
+	}{
+		{"ESC in a value", func(n *Node) { n.Labels = map[string]string{"env": "\x1b[31mprod"} }, `node "u1": label "env": value "\x1b[31mprod" contains the control character U+001B`},
+		{"LF in a value", func(n *Node) { n.Labels = map[string]string{"env": "a\nb"} }, `U+000A`},
+		{"CR in a key", func(n *Node) { n.Labels = map[string]string{"e\rnv": "x"} }, `label key "e\rnv" contains the control character U+000D`},
+		{"NUL", func(n *Node) { n.Labels = map[string]string{"env": "a\x00"} }, `U+0000`},
+		{"DEL", func(n *Node) { n.Labels = map[string]string{"env": "a\x7f"} }, `U+007F`},
+		{"C1 CSI", func(n *Node) { n.Labels = map[string]string{"env": "a\u009b2J"} }, `U+009B`},
+		{"bidi override", func(n *Node) { n.Labels = map[string]string{"env": "\u202egnp.exe"} }, `U+202E`},
+		{"zero width joiner", func(n *Node) { n.Labels = map[string]string{"env": "a\u200db"} }, `U+200D`},
+		{"line separator", func(n *Node) { n.Labels = map[string]string{"env": "a\u2028b"} }, `U+2028`},
+		{"invalid UTF-8", func(n *Node) { n.Labels = map[string]string{"env": "a\xffb"} }, `not valid UTF-8`},
+		{"empty key", func(n *Node) { n.Labels = map[string]string{"": "x"} }, `empty label key`},
+		{"long key", func(n *Node) { n.Labels = map[string]string{strings.Repeat("k", MaxLabelKeyLen+1): "x"} }, `longer than 253 bytes`},
+		{"long value", func(n *Node) { n.Labels = map[string]string{"env": strings.Repeat("v", MaxLabelValueLen+1)} }, `label "env": value`},
+		{"too many", func(n *Node) {
+			n.Labels = map[string]string{}
+			for i := range MaxNodeLabels + 1 {
+				n.Labels[strings.Repeat("k", i+1)] = "v"
+			}
+		}, `65 labels, at most 64`},
+		{"ESC in the hostname", func(n *Node) { n.Hostname = "web\x1b]0;x\x07" }, `node hostname "web\x1b]0;x\a"`},
+		{"bidi in the hostname", func(n *Node) { n.Hostname = "web\u202e" }, `U+202E`},
+		{"long hostname", func(n *Node) { n.Hostname = strings.Repeat("h", maxNameLen+1) }, `longer than 253`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := base()
+			tc.mutate(&n)
+			err := n.CheckAndSetDefaults()
+			require.True(t, trace.IsBadParameter(err), "%v", err)
+			require.ErrorContains(t, err, tc.want)
+			// The message itself is safe to print: no raw control bytes.
+			for _, r := range err.Error() {
+				require.False(t, r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0), "raw control character %U in %q", r, err.Error())
+			}
+		})
+	}
+}
+
+// TestHostnameShape is issue 10 item 5 as a table: the hostnames no node
+// may take at join or heartbeat, for a list of known clusters.
+func TestHostnameShape(t *testing.T) {
+	const own = "0b6a8a8e-9f0c-4c4e-9a55-0d7b1f0c1a2b"
+	clusters := []string{"prod.example", "leaf"}
+	for _, tc := range []struct {
+		hostname, addr string
+		want           string // "" = allowed
+	}{
+		{"web1", "10.0.0.1:3022", ""},
+		{"Web-Upper_2.internal", "10.0.0.1:3022", ""},
+		{"web1.example", "10.0.0.1:3022", ""},
+		{own, "10.0.0.1:3022", ""},
+		{strings.ToUpper(own), "10.0.0.1:3022", ""},
+		{"10.0.0.1", "10.0.0.1:3022", ""},
+		{"2001:db8::1", "[2001:db8::1]:3022", ""},
+		{"::ffff:10.0.0.1", "10.0.0.1:3022", ""},
+		{"web1.prod.example", "", `"web1.prod.example" ends in .prod.example`},
+		{"WEB1.Prod.Example", "", `ends in .prod.example`},
+		{"web1.leaf", "", `ends in .leaf`},
+		{"LEAF", "", `is the name of cluster "leaf"`},
+		{"00000000-0000-4000-8000-000000000001", "", "is a UUID that is not this node's UUID"},
+		{"{00000000-0000-4000-8000-000000000001}", "", `must start with a letter or a digit`},
+		{"urn:uuid:00000000-0000-4000-8000-000000000001", "", `contains ':'`},
+		{"00000000000040008000000000000001", "", "is a UUID"},
+		{"10.0.0.2", "10.0.0.1:3022", `"10.0.0.2" is an IP address that is not this node's address "10.0.0.1:3022"`},
+		{"10.0.0.1", "", "is an IP address that is not this node's address"},
+		{"2001:db8::2", "[2001:db8::1]:3022", "is an IP address"},
+		{"*", "", `contains '*'`},
+		{"web?", "", `contains '?'`},
+		{"a,b", "", `contains ','`},
+		{"!web", "", `contains '!'`},
+		{"[web]", "", `contains '['`},
+		{"web:22", "", `contains ':'`},
+		{"alice@web", "", `contains '@'`},
+		{"web/1", "", `contains '/'`},
+		{"-web", "", `must start with`},
+		{"web..x", "", "empty DNS label"},
+		{"web.", "", "empty DNS label"},
+		{"café", "", `contains 'é'`},
+		{"localhost", "", "names the local machine"},
+		{"x.LOCALHOST", "", "names the local machine"},
+		{"web\x1b[0m", "", "U+001B"},
+		{"", "", "empty"},
+	} {
+		err := CheckHostnameShape(tc.hostname, own, tc.addr, clusters)
+		if tc.want == "" {
+			require.NoError(t, err, tc.hostname)
+			continue
+		}
+		require.True(t, trace.IsBadParameter(err), "%q: %v", tc.hostname, err)
+		require.ErrorContains(t, err, tc.want, tc.hostname)
+	}
+	// With no known clusters only the cluster rules go away.
+	require.NoError(t, CheckHostnameShape("web1.prod.example", own, "", nil))
+	require.Error(t, CheckHostnameShape("*", own, "", nil))
+}

@@ -50,10 +50,6 @@ const (
 	extPermitAgentForwarding = "permit-agent-forwarding"
 )
 
-// sourceAddressOption is the only critical option Postern understands;
-// x/crypto's CertChecker enforces it.
-const sourceAddressOption = "source-address"
-
 // identityFromCert reads Postern's extensions. A certificate from the
 // right CA but without readable roles grants nothing, so it is refused
 // rather than treated as "no roles".

@@ -92,6 +92,9 @@ type Config struct {
 	// implements it). Nil means no caps here; per-address caps apply at the
 	// listener, before any handshake work is spent.
 	Limiter Limiter
+	// Locks refuses and ends what a lock covers (locks.go). Nil means no
+	// locks are enforced; the service always sets it.
+	Locks LockChecker
 }
 
 // Limiter is the part of lib/limiter the server uses. A refusal is a

@@ -107,6 +107,13 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 	if err := checkCertificate(id, s.cfg.ClusterName); err != nil {
 		return deny(err.Error())
 	}
+	if err := s.checkLocks(id.User); err != nil {
+		// The one refusal explained before authentication ends: the user
+		// is known (the certificate checked out) and must learn why.
+		msg := lockRefusal(err)
+		_, _ = deny(msg)
+		return nil, &ssh.BannerError{Err: errDenied, Message: msg + "\r\n"}
+	}
 	id.Checker, err = NewAccessChecker(apCtx, s.cfg.AccessPoint, id.Roles, id.Traits)
 	if err != nil {
 		log.WithError(err).Error("Cannot fetch roles: the auth server or its backend is unavailable.")
@@ -157,6 +164,7 @@ type conn struct {
 	forwards    map[uint32]*remoteForward // -R listeners by bound port
 	agentWanted bool                      // auth-agent-req accepted
 	agent       *agentSocket              // created on first session that needs it
+	sessions    map[*session]struct{}     // open session channels (lockOut)
 }
 
 func newConn(s *Server, nc net.Conn, sconn *ssh.ServerConn) *conn {
@@ -215,6 +223,11 @@ func (c *conn) go_(f func()) {
 func (c *conn) dispatch(nch ssh.NewChannel) {
 	switch t := nch.ChannelType(); t {
 	case "session", "direct-tcpip":
+		if err := c.srv.checkLocks(c.auth.id.User); err != nil {
+			c.log.WithField("reason", err.Error()).WithField("channel_type", t).Warn("Channel refused by a lock.")
+			_ = nch.Reject(ssh.Prohibited, lockRefusal(err))
+			return
+		}
 		release, err := c.acquireChannel()
 		if err != nil {
 			c.log.WithError(err).WithField("channel_type", t).Warn("Channel refused by a cap.")
@@ -433,7 +446,7 @@ func (c *conn) acquireChannel() (func(), error) {
 }
 
 func rejectReason(err error) ssh.RejectionReason {
-	if trace.IsAccessDenied(err) {
+	if trace.IsAccessDenied(err) || services.IsLocked(err) {
 		return ssh.Prohibited
 	}
 	if trace.IsLimitExceeded(err) {

@@ -33,6 +33,11 @@
 // ssh.Permissions.ExtraData. The decisions themselves are pure functions
 // in authz.go.
 //
+// Locks (Config.Locks, locks.go) are checked at authentication and at
+// every channel open, from memory; the Server's enforceLocks loop, owned by
+// the Server and stopped by Close and Shutdown, ends the live conns a new
+// lock covers.
+//
 // # Lock order
 //
 // Server.mu, then conn.mu, then session.mu; none is held while blocking on

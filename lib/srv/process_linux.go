@@ -60,7 +60,6 @@ func (s *session) startProcess(spec procSpec) (*process, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: spec.cred}
 	p := &process{cmd: cmd, outputDone: make(chan struct{}), exited: make(chan struct{})}
 	var outputs sync.WaitGroup
-	var parentEnds []*os.File // the child's ends, closed in the parent after start
 
 	if spec.pty != nil {
 		ptmx, tty, err := openPTY()
@@ -84,7 +83,6 @@ func (s *session) startProcess(spec procSpec) (*process, error) {
 		cmd.Env = append(cmd.Env, "SSH_TTY="+tty.Name())
 		p.ptmx = ptmx
 		p.closers = []io.Closer{ptmx}
-		parentEnds = []*os.File{tty}
 		if err := cmd.Start(); err != nil {
 			ptmx.Close()
 			tty.Close()
@@ -114,7 +112,7 @@ func (s *session) startProcess(spec procSpec) (*process, error) {
 			return nil, trace.Wrap(err)
 		}
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = stdinR, stdoutW, stderrW
-		parentEnds = []*os.File{stdinR, stdoutW, stderrW}
+		parentEnds := []*os.File{stdinR, stdoutW, stderrW} // the child's ends, closed in the parent after start
 		if err := cmd.Start(); err != nil {
 			closeAll(stdinR, stdinW, stdoutR, stdoutW, stderrR, stderrW)
 			return nil, trace.Wrap(err)

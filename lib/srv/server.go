@@ -9,6 +9,8 @@ import (
 
 	"github.com/gravitational/trace"
 	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/services"
 )
 
 // ErrServerClosed is returned by Serve after Shutdown or Close.
@@ -31,6 +33,8 @@ type Server struct {
 	closing   bool
 	// wg counts Serve loops and connection handlers.
 	wg sync.WaitGroup
+	// locksDone is closed when enforceLocks returns (nil without Locks).
+	locksDone chan struct{}
 }
 
 // New creates a server; call Serve to accept connections.
@@ -69,6 +73,10 @@ func New(cfg Config) (*Server, error) {
 	}
 	for _, signer := range cfg.HostSigners {
 		s.sshCfg.AddHostKey(signer)
+	}
+	if cfg.Locks != nil {
+		s.locksDone = make(chan struct{})
+		go s.enforceLocks()
 	}
 	return s, nil
 }
@@ -131,12 +139,21 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	select {
 	case <-done:
 		s.cancel()
+		s.waitLocks()
 		return nil
 	case <-ctx.Done():
 		s.cancel()
 		s.closeConns()
 		<-done
+		s.waitLocks()
 		return trace.Wrap(ctx.Err())
+	}
+}
+
+// waitLocks waits for enforceLocks to return after s.cancel.
+func (s *Server) waitLocks() {
+	if s.locksDone != nil {
+		<-s.locksDone
 	}
 }
 
@@ -146,6 +163,7 @@ func (s *Server) Close() error {
 	s.cancel()
 	s.closeConns()
 	s.wg.Wait()
+	s.waitLocks()
 	return nil
 }
 
@@ -210,6 +228,11 @@ func (s *Server) handleConn(nc net.Conn) {
 		delete(s.conns, c)
 		s.mu.Unlock()
 	}()
+	// A lock that landed between authentication and the registration
+	// above was missed by the sweep: check once more.
+	if err := s.checkLocks(res.id.User); services.IsLocked(err) {
+		c.close(lockRefusal(err))
+	}
 	c.serve(chans, reqs)
 }
 

@@ -68,6 +68,8 @@ func (c *conn) handleSession(nch ssh.NewChannel) {
 	s := &session{c: c, id: uuid.NewString(), ch: trackedChannel{Channel: ch, c: c, counts: &byteCounts{}}}
 	s.log = c.log.WithField("session_id", s.id)
 	s.ctx, s.cancel = context.WithCancel(c.ctx)
+	c.addSession(s)
+	defer c.removeSession(s)
 	s.serve(reqs)
 }
 

@@ -45,6 +45,9 @@ type WebSessionsConfig struct {
 	// KeepAliveInterval is how often a terminal pings its browser, and how
 	// long it waits for the answer; zero means DefaultKeepAliveInterval.
 	KeepAliveInterval time.Duration
+	// Locks refuses and ends the sessions of locked (and deleted) users
+	// (locks.go); nil means no locks. The service always sets it.
+	Locks LockChecker
 }
 
 func (c *WebSessionsConfig) enabled() bool { return c.Router != nil }
@@ -85,6 +88,8 @@ type webState struct {
 	mu        sync.Mutex
 	closed    bool
 	terminals sync.WaitGroup
+	// locksDone is closed when enforceLocks returns (nil without Locks).
+	locksDone chan struct{}
 }
 
 // track registers a running terminal; false after shutdown began.
@@ -106,6 +111,9 @@ func (w *webState) shutdown(ctx context.Context) error {
 	w.mu.Unlock()
 	w.sessions.closeAll()
 	w.cancel()
+	if w.locksDone != nil {
+		<-w.locksDone
+	}
 	done := make(chan struct{})
 	go func() {
 		w.terminals.Wait()
@@ -127,6 +135,10 @@ func (s *Server) registerWebRoutes(mux *http.ServeMux) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.web = &webState{ctx: ctx, cancel: cancel}
+	if locks := s.cfg.WebSessions.Locks; locks != nil {
+		s.web.locksDone = make(chan struct{})
+		go s.web.enforceLocks(s, locks)
+	}
 	mux.HandleFunc("POST /webapi/sessions", s.createSession)
 	mux.HandleFunc("DELETE /webapi/sessions", s.requireSession(s.deleteSession))
 	mux.HandleFunc("GET /webapi/nodes", s.requireSession(s.listNodes))

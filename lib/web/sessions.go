@@ -22,6 +22,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/backend"
+	"github.com/postern-dev/postern/lib/services"
 )
 
 // A web session is two secrets: the session id travels in the
@@ -480,6 +481,12 @@ func (s *Server) authenticate(ctx context.Context, r *http.Request, token string
 		// here, so it cannot be used here.
 		return nil, errNoSession
 	}
+	if err := s.checkLocks(live.user); err != nil {
+		if services.IsLocked(err) {
+			s.endSessionCause(ctx, key, err)
+		}
+		return nil, trace.AccessDenied("%s", lockRefusal(err))
+	}
 	if now.Sub(rec.LastActive) >= touchInterval {
 		rec.LastActive = now
 		if err := cfg.Store.UpdateSession(ctx, key, *rec); err != nil {
@@ -535,9 +542,4 @@ func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request, live *liv
 	http.SetCookie(w, &http.Cookie{Name: SessionCookieName, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, Secure: true, SameSite: http.SameSiteStrictMode})
 	s.cfg.Logger.WithField("user", live.user).Info("Web session deleted.")
 	w.WriteHeader(http.StatusNoContent)
-}
-
-// isClosedErr reports errors that just mean "the other side went away".
-func isClosedErr(err error) bool {
-	return err == nil || errors.Is(err, io.EOF) || errors.Is(err, context.Canceled)
 }

@@ -68,6 +68,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) 
 	c.registerNodes(app, add)
 	c.registerAuth(app, add)
 	c.registerEvents(app, add)
+	c.registerLocks(app, add)
 
 	cmd, err := app.Parse(args)
 	if err != nil {

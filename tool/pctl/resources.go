@@ -24,7 +24,7 @@ func (c *cli) registerResources(app *kingpin.Application, add adder) {
 	add(cr, func(ctx context.Context) error { return c.create(ctx, file) })
 
 	var kind, name string
-	get := app.Command("get", "Print resources as YAML: role, user, node, cluster_networking_config.")
+	get := app.Command("get", "Print resources as YAML: role, user, node, lock, cluster_networking_config.")
 	get.Arg("kind", "Resource kind.").Required().StringVar(&kind)
 	get.Arg("name", "Resource name (all when omitted).").StringVar(&name)
 	add(get, func(ctx context.Context) error { return c.get(ctx, kind, name) })
@@ -164,8 +164,21 @@ func (c *cli) get(ctx context.Context, kind, name string) error {
 		if name != "" && len(out) == 0 {
 			return trace.NotFound("node %q not found", name)
 		}
+	case services.KindLock, "locks":
+		locks, err := clt.GetLocks(ctx)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		for _, l := range locks {
+			if name == "" || l.Target.User == name || l.Target.Node == name {
+				out = append(out, l)
+			}
+		}
+		if name != "" && len(out) == 0 {
+			return trace.NotFound("no lock on %q", name)
+		}
 	default:
-		return trace.BadParameter("unknown kind %q: want role, user, node or cluster_networking_config", kind)
+		return trace.BadParameter("unknown kind %q: want role, user, node, lock or cluster_networking_config", kind)
 	}
 	for i, v := range out {
 		data, err := services.MarshalResourceYAML(v)

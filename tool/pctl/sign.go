@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 func (c *cli) registerAuth(app *kingpin.Application, add adder) {
@@ -47,37 +47,16 @@ func (c *cli) authSign(ctx context.Context, user string, ttl time.Duration, out 
 		return trace.Wrap(err)
 	}
 	knownHosts := strings.Join(auth.KnownHostsLines(hostCA.SSHPublicKeys), "\n") + "\n"
-	// Write everything to temp names first and rename at the end, so a
-	// failure never leaves a key without its certificate.
-	files := []struct {
-		path string
-		data []byte
-		mode os.FileMode
-	}{
-		{out, priv, 0o600},
-		{out + ".pub", pub, 0o644},
-		{out + "-cert.pub", cert, 0o644},
-		{out + ".known_hosts", []byte(knownHosts), 0o644},
+	// All four files or none: a key without its certificate is useless,
+	// and the temporaries are created O_EXCL (see utils.WriteFilesAtomic).
+	if err := utils.WriteFilesAtomic([]utils.File{
+		{Path: out, Data: priv, Mode: 0o600},
+		{Path: out + ".pub", Data: pub, Mode: 0o644},
+		{Path: out + "-cert.pub", Data: cert, Mode: 0o644},
+		{Path: out + ".known_hosts", Data: []byte(knownHosts), Mode: 0o644},
+	}); err != nil {
+		return trace.Wrap(err)
 	}
-	var tmps []string
-	defer func() {
-		for _, t := range tmps {
-			os.Remove(t)
-		}
-	}()
-	for _, f := range files {
-		tmp := f.path + ".tmp"
-		if err := os.WriteFile(tmp, f.data, f.mode); err != nil {
-			return trace.ConvertSystemError(err)
-		}
-		tmps = append(tmps, tmp)
-	}
-	for i, f := range files {
-		if err := os.Rename(tmps[i], f.path); err != nil {
-			return trace.ConvertSystemError(err)
-		}
-	}
-	tmps = nil
 	fmt.Fprintf(c.stdout, "Wrote %s, %s.pub, %s-cert.pub and %s.known_hosts (valid for %s).\n", out, out, out, out, ttl)
 	return nil
 }

@@ -104,6 +104,7 @@ func (c *cli) usersAdd(ctx context.Context, name, logins, roles string, otp bool
 	if url != "" {
 		fmt.Fprintf(c.stdout, "One-time password enrolment (add it to an authenticator app):\n%s\n", url)
 	}
+	c.warnLocked(ctx, clt, name)
 	return nil
 }
 
@@ -121,7 +122,7 @@ func (c *cli) usersLs(ctx context.Context) error {
 	fmt.Fprintln(tw, "USER\tROLES\tLOGINS\tOTP")
 	for _, u := range users {
 		otp := "no"
-		if u.TOTPSecret != "" {
+		if u.OTPEnabled {
 			otp = "yes"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", u.Name, strings.Join(u.Roles, ","), strings.Join(u.Traits["logins"], ","), otp)

@@ -1,0 +1,290 @@
+package auth
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
+	"github.com/sirupsen/logrus"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/services"
+)
+
+// MaxHeartbeatTTL is the longest a remote host's inventory record lives
+// without a fresh heartbeat: three default intervals, the TTL a Heartbeat
+// uses by default. A node may ask for less (Expires - LastHeartbeat in its
+// heartbeat), never more, so a node that is killed, or that wants to
+// outlive its own death, leaves routing within this bound.
+const MaxHeartbeatTTL = heartbeatTTLFactor * DefaultHeartbeatInterval
+
+const (
+	// addrCheckTimeout bounds one address check (dial and SSH handshake up
+	// to the host key): a node's SSH server answers in milliseconds, and
+	// the check must fit well inside the heartbeat's own deadline (one
+	// interval) and the API's request timeout.
+	addrCheckTimeout = 5 * time.Second
+	// maxConcurrentAddrChecks bounds the dials auth makes on nodes' behalf.
+	// Steady-state heartbeats never dial (the cache answers); this only
+	// matters when many nodes start or move at once, or after an auth
+	// restart, and keeps a node that announces a black-holed address from
+	// tying up more than its share.
+	maxConcurrentAddrChecks = 16
+	// verifiedAddrTTL: a verified (uuid, addr) pair is trusted this long,
+	// then re-checked on the next heartbeat. It bounds how long a node
+	// that stopped listening at a verified address (and something else
+	// started to) keeps sending users there.
+	verifiedAddrTTL = 10 * time.Minute
+	// maxVerifiedAddrs bounds the cache: one entry per node.
+	maxVerifiedAddrs = 100_000
+)
+
+// AnnounceNode stores a heartbeat sent over the API by a remote host whose
+// certificate says it is callerID with role callerRole (RoleNode or
+// RoleProxy). What the host says is checked, not believed:
+//   - it may announce only itself (UUID = certificate CN) in this cluster;
+//   - its hostname and labels must pass the same rules as at join
+//     (checkHostHostname, services.CheckNodeLabels);
+//   - LastHeartbeat is the auth server's time, and Expires is that plus
+//     the TTL the host asked for, at most MaxHeartbeatTTL: a record dated
+//     2099 would win `most_recent` routing forever and never expire;
+//   - its address enters the inventory only once auth has seen the host's
+//     own host certificate answer there (verifyAddr); a refused address
+//     leaves the previous record as it was.
+//
+// The all-in-one process's own node writes to the Store directly and is
+// trusted: it is the auth server.
+func (s *Server) AnnounceNode(ctx context.Context, callerID, callerRole string, node services.Node) error {
+	if node.Cluster == "" {
+		node.Cluster = s.cfg.ClusterName
+	}
+	if node.UUID != callerID {
+		return trace.AccessDenied("%s %q may not announce node %q", callerRole, callerID, node.UUID)
+	}
+	if node.Cluster != s.cfg.ClusterName {
+		return trace.AccessDenied("%s %q may not announce a node in cluster %q", callerRole, callerID, node.Cluster)
+	}
+	if node.Hostname != "" {
+		if err := s.checkHostHostname(callerRole, node.Hostname, node.UUID, node.Addr); err != nil {
+			return trace.BadParameter("node %q: %v", node.UUID, trace.UserMessage(err))
+		}
+	}
+	now := s.clock.Now().UTC()
+	ttl := node.Expires.Sub(node.LastHeartbeat)
+	if node.Expires.IsZero() || node.LastHeartbeat.IsZero() || ttl <= 0 || ttl > MaxHeartbeatTTL {
+		ttl = MaxHeartbeatTTL
+	}
+	node.LastHeartbeat = now
+	node.Expires = now.Add(ttl)
+	// Everything else about the record, before anything is dialed.
+	if err := node.CheckAndSetDefaults(); err != nil {
+		return trace.Wrap(err)
+	}
+	if err := s.addrs.verify(ctx, node.UUID, node.Addr); err != nil {
+		return trace.Wrap(err)
+	}
+	return trace.Wrap(s.store.UpsertNode(ctx, node))
+}
+
+// addrVerifier proves that an announced address answers with the
+// announcing host's own host certificate, and remembers the pairs it has
+// proven.
+//
+// Why: the proxy dials whatever address the inventory holds and relays the
+// bytes, so without this a node could point users (and their forwarded
+// agents) at the auth API, the web port, another node or any internal
+// service. The check is an SSH handshake up to the host key: the server
+// has to sign the exchange hash with the key the certificate is for
+// (x/crypto checks that before the callback), the certificate must be a
+// host certificate of this cluster's host CA for exactly the caller's UUID,
+// and the handshake is abandoned right after, so no user authentication is
+// ever attempted.
+type addrVerifier struct {
+	clock clockwork.Clock
+	log   logrus.FieldLogger
+	// hostCAKeys returns the host CA's public keys (a func so that a
+	// future CA rotation is seen here).
+	hostCAKeys func() []ssh.PublicKey
+	// dial connects to an address; net.Dialer's by default.
+	dial func(ctx context.Context, addr string) (net.Conn, error)
+	// sem bounds concurrent checks.
+	sem chan struct{}
+	// timeout bounds one check; addrCheckTimeout.
+	timeout time.Duration
+
+	// mu guards verified (uuid -> last address proven for it) and
+	// inflight (uuids with a check running: one each, so a node announcing
+	// black holes holds at most one of the sem slots).
+	mu       sync.Mutex
+	verified map[string]verifiedAddr
+	inflight map[string]bool
+}
+
+type verifiedAddr struct {
+	addr string
+	at   time.Time
+}
+
+func newAddrVerifier(clock clockwork.Clock, log logrus.FieldLogger, hostCAKeys func() []ssh.PublicKey) *addrVerifier {
+	d := &net.Dialer{}
+	return &addrVerifier{
+		clock:      clock,
+		log:        log,
+		hostCAKeys: hostCAKeys,
+		dial: func(ctx context.Context, addr string) (net.Conn, error) {
+			return d.DialContext(ctx, "tcp", addr)
+		},
+		sem:      make(chan struct{}, maxConcurrentAddrChecks),
+		timeout:  addrCheckTimeout,
+		verified: make(map[string]verifiedAddr),
+		inflight: make(map[string]bool),
+	}
+}
+
+// verify returns nil when addr is proven to answer with uuid's host
+// certificate (from the cache, or by a fresh check), AccessDenied naming
+// the address otherwise.
+func (v *addrVerifier) verify(ctx context.Context, uuid, addr string) error {
+	now := v.clock.Now()
+	v.mu.Lock()
+	e, ok := v.verified[uuid]
+	if ok && e.addr == addr && now.Sub(e.at) < verifiedAddrTTL {
+		v.mu.Unlock()
+		return nil
+	}
+	if v.inflight[uuid] {
+		v.mu.Unlock()
+		return trace.LimitExceeded("an address check for node %q is already running; the heartbeat will be retried", uuid)
+	}
+	v.inflight[uuid] = true
+	v.mu.Unlock()
+	defer func() {
+		v.mu.Lock()
+		delete(v.inflight, uuid)
+		v.mu.Unlock()
+	}()
+	select {
+	case v.sem <- struct{}{}:
+		defer func() { <-v.sem }()
+	case <-ctx.Done():
+		return trace.ConnectionProblem(ctx.Err(), "too many node address checks in progress; the heartbeat will be retried")
+	}
+	if err := v.check(ctx, uuid, addr); err != nil {
+		v.log.WithFields(logrus.Fields{"uuid": uuid, "addr": addr}).WithError(err).Warn("Refused a node address: it does not answer with the node's host certificate.")
+		return trace.AccessDenied("node %q may not announce address %s: it does not answer with this node's host certificate (see the auth server's log)", uuid, addr)
+	}
+	v.remember(uuid, addr, now)
+	v.log.WithFields(logrus.Fields{"uuid": uuid, "addr": addr}).Info("Verified a node address.")
+	return nil
+}
+
+func (v *addrVerifier) remember(uuid, addr string, at time.Time) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if _, ok := v.verified[uuid]; !ok && len(v.verified) >= maxVerifiedAddrs {
+		for k, e := range v.verified {
+			if at.Sub(e.at) >= verifiedAddrTTL {
+				delete(v.verified, k)
+			}
+		}
+		// Still full: forget an arbitrary entry; it is re-checked on its
+		// node's next heartbeat, which costs a dial, not correctness.
+		for k := range v.verified {
+			if len(v.verified) < maxVerifiedAddrs {
+				break
+			}
+			delete(v.verified, k)
+		}
+	}
+	v.verified[uuid] = verifiedAddr{addr: addr, at: at}
+}
+
+// errAddrProven ends the handshake once the host key has been checked.
+var errAddrProven = errors.New("host key verified")
+
+// check dials addr and runs an SSH handshake up to the host key.
+func (v *addrVerifier) check(ctx context.Context, uuid, addr string) error {
+	// A real-time bound on network I/O, like every dial in this package
+	// (a fake clock would never fire it).
+	ctx, cancel := context.WithTimeout(ctx, v.timeout)
+	defer cancel()
+	conn, err := v.dial(ctx, addr)
+	if err != nil {
+		return trace.ConnectionProblem(err, "dialing %s: %v", addr, err)
+	}
+	// Closing the connection is what unblocks a handshake stuck on a peer
+	// that never answers.
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	defer conn.Close()
+
+	// The callback runs on the handshake's goroutine: it reports through
+	// a channel. A nil verdict means the host key was proven.
+	verdicts := make(chan error, 1)
+	cfg := &ssh.ClientConfig{
+		User: "postern-address-check",
+		// Ask for certificates only: a server that can only show a plain
+		// key fails the negotiation, which is the right answer.
+		HostKeyAlgorithms: []string{
+			ssh.CertAlgoED25519v01, ssh.CertAlgoECDSA256v01, ssh.CertAlgoECDSA384v01, ssh.CertAlgoECDSA521v01,
+			ssh.CertAlgoRSASHA256v01, ssh.CertAlgoRSASHA512v01,
+		},
+		HostKeyCallback: func(_ string, _ net.Addr, key ssh.PublicKey) error {
+			verdict := v.checkHostKey(uuid, key)
+			select {
+			case verdicts <- verdict:
+			default:
+			}
+			if verdict != nil {
+				return verdict
+			}
+			return errAddrProven
+		},
+	}
+	_, _, _, err = ssh.NewClientConn(conn, addr, cfg)
+	select {
+	case verdict := <-verdicts:
+		return verdict
+	default:
+	}
+	if ctx.Err() != nil {
+		return trace.ConnectionProblem(ctx.Err(), "no SSH host key from %s within %v", addr, v.timeout)
+	}
+	return trace.BadParameter("no SSH host certificate from %s: %v", addr, err)
+}
+
+// checkHostKey accepts only a host certificate of this cluster's host CA,
+// issued to uuid, valid now, with a good signature.
+func (v *addrVerifier) checkHostKey(uuid string, key ssh.PublicKey) error {
+	cert, ok := key.(*ssh.Certificate)
+	if !ok {
+		return trace.AccessDenied("the server presented a plain %s key, not a host certificate", key.Type())
+	}
+	if cert.CertType != ssh.HostCert {
+		return trace.AccessDenied("the server presented a user certificate")
+	}
+	signedByCA := false
+	for _, ca := range v.hostCAKeys() {
+		if bytes.Equal(ca.Marshal(), cert.SignatureKey.Marshal()) {
+			signedByCA = true
+		}
+	}
+	if !signedByCA {
+		return trace.AccessDenied("the host certificate (key id %q) is not signed by this cluster's host CA", cert.KeyId)
+	}
+	if cert.KeyId != uuid {
+		return trace.AccessDenied("the server presented the host certificate of %q, not of %q", cert.KeyId, uuid)
+	}
+	// CheckCert verifies the CA's signature, the validity window and that
+	// the UUID is among the principals.
+	checker := ssh.CertChecker{Clock: v.clock.Now}
+	if err := checker.CheckCert(uuid, cert); err != nil {
+		return trace.AccessDenied("host certificate of %q: %v", uuid, err)
+	}
+	return nil
+}

@@ -1,0 +1,48 @@
+package service
+
+import (
+	"context"
+	"time"
+
+	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/services"
+)
+
+// lockSyncWait bounds how long start-up waits for the first load of the
+// lock set. Until it is loaded every server refuses everyone (deny by
+// default); waiting here keeps a healthy start from refusing its first
+// connections, and a slow auth server does not stop the process from
+// coming up (it keeps retrying in the background).
+const lockSyncWait = 10 * time.Second
+
+// startLocks starts the process's one LockWatcher: on the backend when
+// auth runs here, through the auth API otherwise. The node's SSH server,
+// the proxy's SSH server, its Router and its web sessions all enforce it.
+func (p *Process) startLocks(ctx context.Context) error {
+	var events services.LockEvents
+	switch {
+	case p.store != nil:
+		events = p.store
+	case p.authClient != nil:
+		events = p.authClient.LockEvents()
+	default:
+		return trace.BadParameter("no auth server to read locks from")
+	}
+	w, err := services.NewLockWatcher(services.LockWatcherConfig{
+		Events: events,
+		Clock:  p.clock,
+		Logger: p.log.WithField("component", "watcher:locks"),
+	})
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	p.locks = w
+	p.onShutdown(func(context.Context) error { return w.Close() })
+	wctx, cancel := context.WithTimeout(ctx, lockSyncWait)
+	defer cancel()
+	if err := w.WaitSynced(wctx); err != nil {
+		p.log.WithError(err).Warn("The lock list is not loaded yet: connections are refused until it is.")
+	}
+	return nil
+}

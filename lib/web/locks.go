@@ -1,0 +1,91 @@
+package web
+
+import (
+	"context"
+
+	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/services"
+)
+
+// Locks end web sessions the way they end SSH connections: a request of a
+// locked (or deleted: deletion writes a lock) user is refused with 401 and
+// its session is ended, and every change of the lock set ends the locked
+// users' sessions and terminals on this proxy at once, not at their next
+// request.
+
+// LockChecker is what the web server needs of the cluster's locks;
+// *services.LockWatcher is the production one.
+type LockChecker interface {
+	Check(targets ...services.LockTarget) error
+	Changes() <-chan struct{}
+}
+
+var _ LockChecker = (*services.LockWatcher)(nil)
+
+// checkLocks is the lock check of one session's user.
+func (s *Server) checkLocks(user string) error {
+	locks := s.cfg.WebSessions.Locks
+	if locks == nil {
+		return nil
+	}
+	return locks.Check(services.LockTarget{User: user})
+}
+
+// enforceLocks ends locked users' sessions at start and at every change
+// of the lock set, until the web state is shut down.
+func (w *webState) enforceLocks(s *Server, locks LockChecker) {
+	defer close(w.locksDone)
+	for {
+		changed := locks.Changes()
+		for _, live := range w.sessions.all() {
+			if err := s.checkLocks(live.user); services.IsLocked(err) {
+				s.cfg.Logger.WithField("user", live.user).WithField("reason", err.Error()).Warn("Ending a locked user's web session.")
+				s.endSessionCause(w.ctx, live.key, err)
+			}
+		}
+		select {
+		case <-changed:
+		case <-w.ctx.Done():
+			return
+		}
+	}
+}
+
+// endSessionCause is endSession with the reason its terminals show.
+func (s *Server) endSessionCause(ctx context.Context, key string, cause error) {
+	if err := s.cfg.WebSessions.Store.DeleteSession(ctx, key); err != nil && !trace.IsNotFound(err) {
+		s.cfg.Logger.WithError(err).Warn("Could not delete a web session.")
+	}
+	s.web.sessions.removeCause(key, cause)
+}
+
+// all returns the live sessions.
+func (r *sessionRegistry) all() []*liveSession {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*liveSession, 0, len(r.byKey))
+	for _, s := range r.byKey {
+		out = append(out, s)
+	}
+	return out
+}
+
+// removeCause drops a session and ends its terminals with cause.
+func (r *sessionRegistry) removeCause(key string, cause error) {
+	r.mu.Lock()
+	s := r.byKey[key]
+	delete(r.byKey, key)
+	r.mu.Unlock()
+	if s != nil {
+		s.cancel(cause)
+	}
+}
+
+// lockRefusal is the line a refused browser or client reads.
+func lockRefusal(err error) string {
+	if services.IsLocked(err) {
+		return err.Error()
+	}
+	return "postern: " + trace.UserMessage(err)
+}
