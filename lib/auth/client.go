@@ -284,7 +284,8 @@ func (c *Client) DeleteToken(ctx context.Context, name string) error {
 	return trace.Wrap(c.do(ctx, http.MethodDelete, "/v1/tokens/"+url.PathEscape(name), nil, nil, nil))
 }
 
-// GenerateUserCert signs a user certificate (proxy and admin only).
+// GenerateUserCert signs a user certificate without a password: admin only
+// (pctl auth sign); a proxy logs users in with AuthenticateSSHUser.
 func (c *Client) GenerateUserCert(ctx context.Context, req UserCertRequest) ([]byte, error) {
 	var resp certResponse
 	return resp.Cert, trace.Wrap(c.do(ctx, http.MethodPost, "/v1/certs/user", nil, req, &resp))
