@@ -57,7 +57,7 @@ func (a *APIServer) registerRoutes() {
 	a.handle("GET /v1/users", allow(admin), a.getUsers)
 	a.handle("POST /v1/users", allow(admin), a.createUser)
 	a.handle("DELETE /v1/users/{name}", allow(admin), a.deleteUser)
-	a.handle("POST /v1/users/{name}/unlock", allow(admin), a.unlockUser)
+	a.handle("DELETE /v1/users/{name}/lockout", allow(admin), a.clearLockout)
 	a.handle("GET /v1/tokens", allow(admin), a.getTokens)
 	a.handle("POST /v1/tokens", allow(admin), a.createToken)
 	a.handle("DELETE /v1/tokens/{name}", allow(admin), a.deleteToken)
@@ -279,29 +279,22 @@ func (a *APIServer) deleteUser(ctx context.Context, _ *peer, r *http.Request) (a
 	return nil, trace.Wrap(a.auth.DeleteUser(ctx, r.PathValue("name")))
 }
 
-// UnlockRequest is the body of POST /v1/users/{name}/unlock.
-type UnlockRequest struct {
-	// Addr, when set, also clears the lockout of this source address (for
-	// every user).
-	Addr string `json:"addr,omitempty"`
-}
-
-// UnlockResponse says whether anything was cleared.
-type UnlockResponse struct {
+// ClearLockoutResponse answers DELETE /v1/users/{name}/lockout[?addr=A]:
+// whether anything was cleared.
+type ClearLockoutResponse struct {
 	Cleared bool `json:"cleared"`
 }
 
-func (a *APIServer) unlockUser(ctx context.Context, p *peer, r *http.Request) (any, error) {
-	var req UnlockRequest
-	if err := readJSON(r, &req); err != nil {
-		return nil, trace.Wrap(err)
-	}
-	cleared, err := a.auth.UnlockUser(ctx, r.PathValue("name"), req.Addr)
+// clearLockout clears the failed-login counts and lockouts of a user (and,
+// with ?addr=, of that source address for every user).
+func (a *APIServer) clearLockout(ctx context.Context, p *peer, r *http.Request) (any, error) {
+	addr := r.URL.Query().Get("addr")
+	cleared, err := a.auth.ClearLockout(ctx, r.PathValue("name"), addr)
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	a.log.WithFields(map[string]any{"user": r.PathValue("name"), "addr": req.Addr, "by": p.ID}).Info("Login lockout cleared over the API.")
-	return UnlockResponse{Cleared: cleared}, nil
+	a.log.WithFields(map[string]any{"user": r.PathValue("name"), "addr": addr, "by": p.ID}).Info("Login lockout cleared over the API.")
+	return ClearLockoutResponse{Cleared: cleared}, nil
 }
 
 func (a *APIServer) getTokens(ctx context.Context, _ *peer, _ *http.Request) (any, error) {

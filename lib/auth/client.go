@@ -258,10 +258,15 @@ func (c *Client) GetUsers(ctx context.Context) ([]services.User, error) {
 	return users, trace.Wrap(c.do(ctx, http.MethodGet, "/v1/users", nil, nil, &users))
 }
 
-// UnlockUser clears the login lockouts of user (and of addr's address when
-// it is not empty); see Server.UnlockUser.
-func (c *Client) UnlockUser(ctx context.Context, name, addr string) (bool, error) {
-	resp, err := call[UnlockResponse](ctx, c, http.MethodPost, "/v1/users/"+url.PathEscape(name)+"/unlock", nil, UnlockRequest{Addr: addr})
+// ClearLockout clears the failed-login counts and lockouts of user (and of
+// addr's address, for every user, when addr is not empty); see
+// Server.ClearLockout.
+func (c *Client) ClearLockout(ctx context.Context, name, addr string) (bool, error) {
+	var q url.Values
+	if addr != "" {
+		q = url.Values{"addr": {addr}}
+	}
+	resp, err := call[ClearLockoutResponse](ctx, c, http.MethodDelete, "/v1/users/"+url.PathEscape(name)+"/lockout", q, nil)
 	if err != nil {
 		return false, trace.Wrap(err)
 	}

@@ -36,8 +36,8 @@ import (
 // locks itself out for every user. A successful login clears the (user, address) count of the
 // address it came from; the address and user counts are kept (a valid
 // account must not reset an attacker's budget). An admin clears every lock
-// of a user, and optionally of one address, with `pctl users unlock`
-// (POST /v1/users/{name}/unlock). The counts live in the memory of each auth
+// of a user, and optionally of one address, with `pctl users clear-lockout`
+// (DELETE /v1/users/{name}/lockout). The counts live in the memory of each auth
 // server: they reset when it restarts.
 type LoginLimits struct {
 	// MaxFailures per (user, address) within Window; zero means
@@ -265,10 +265,10 @@ func (l *loginLimiter) success(user, remoteAddr string) {
 	delete(l.entries, k.userAddr)
 }
 
-// unlock clears every count and lock of user (from every address) and,
+// clear clears every count and lock of user (from every address) and,
 // when remoteAddr is not empty, of that address. It reports how many
 // entries it removed.
-func (l *loginLimiter) unlock(user, remoteAddr string) int {
+func (l *loginLimiter) clear(user, remoteAddr string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := 0

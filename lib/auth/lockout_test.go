@@ -110,19 +110,19 @@ func TestLockoutThrottlesDistributedGuessing(t *testing.T) {
 	requireKind(t, login(env, "carol", "carol-pw", "10.7.0.1:2"), trace.IsLimitExceeded, "try again in")
 	require.NoError(t, login(env, "carol", "carol-pw", "198.51.100.9:1"))
 
-	// The admin's way out: pctl users unlock (over the API, admin only).
+	// The admin's way out: pctl users clear-lockout (over the API, admin only).
 	admin := env.adminClient(t)
-	cleared, err := admin.UnlockUser(ctx, "carol", "")
+	cleared, err := admin.ClearLockout(ctx, "carol", "")
 	require.NoError(t, err)
 	require.True(t, cleared)
 	require.NoError(t, login(env, "carol", "carol-pw", "10.7.0.1:2"))
-	cleared, err = admin.UnlockUser(ctx, "carol", "")
+	cleared, err = admin.ClearLockout(ctx, "carol", "")
 	require.NoError(t, err)
 	require.False(t, cleared)
 	proxy := env.client(t, env.identity(t, "proxy-1", RoleProxy))
-	_, err = proxy.UnlockUser(ctx, "carol", "")
+	_, err = proxy.ClearLockout(ctx, "carol", "")
 	requireKind(t, err, trace.IsAccessDenied, "may not call")
-	_, err = admin.UnlockUser(ctx, "", "")
+	_, err = admin.ClearLockout(ctx, "", "")
 	require.Error(t, err)
 
 	// --addr clears an address locked for everyone.
@@ -130,7 +130,7 @@ func TestLockoutThrottlesDistributedGuessing(t *testing.T) {
 		require.Error(t, login(env, fmt.Sprintf("w%d", i), "bad", "192.0.2.99:1"))
 	}
 	requireKind(t, login(env, "carol", "carol-pw", "192.0.2.99:2"), trace.IsLimitExceeded, "try again in")
-	cleared, err = admin.UnlockUser(ctx, "carol", "192.0.2.99")
+	cleared, err = admin.ClearLockout(ctx, "carol", "192.0.2.99")
 	require.NoError(t, err)
 	require.True(t, cleared)
 	require.NoError(t, login(env, "carol", "carol-pw", "192.0.2.99:2"))

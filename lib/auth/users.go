@@ -256,16 +256,17 @@ func otpUsedUntil(step int64) time.Time {
 	return time.Unix((step+int64(totpOpts.Skew)+2)*period, 0)
 }
 
-// UnlockUser clears the login limiter's counts and locks for user, from
-// every address, and for remoteAddr's address when it is not empty: the
-// admin's way out of a lockout (`pctl users unlock`). It reports whether
+// ClearLockout clears the login limiter's counts and lockouts for user,
+// from every address, and for remoteAddr's address when it is not empty:
+// the admin's way out of a lockout (`pctl users clear-lockout`). (Not to
+// be confused with `pctl unlock`, which lifts an admin's lock.) It reports whether
 // anything was locked or counted. The limiter lives in this auth server's
 // memory: with several auth servers, call each (or wait out the window).
-func (s *Server) UnlockUser(_ context.Context, name, remoteAddr string) (bool, error) {
+func (s *Server) ClearLockout(_ context.Context, name, remoteAddr string) (bool, error) {
 	if name == "" {
-		return false, trace.BadParameter("unlock: missing user name")
+		return false, trace.BadParameter("clear lockout: missing user name")
 	}
-	n := s.limiter.unlock(name, remoteAddr)
+	n := s.limiter.clear(name, remoteAddr)
 	s.log.WithFields(map[string]any{"user": name, "remote_addr": remoteAddr, "cleared": n}).Info("Cleared login lockouts.")
 	return n > 0, nil
 }

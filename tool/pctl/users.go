@@ -34,11 +34,11 @@ func (c *cli) registerUsers(app *kingpin.Application, add adder) {
 	ur.Arg("name", "User name.").Required().StringVar(&rmName)
 	add(ur, func(ctx context.Context) error { return c.usersRm(ctx, rmName) })
 
-	var unlockName, unlockAddr string
-	ul := users.Command("unlock", "Clear a user's login lockouts (failed passwords), from every address.")
-	ul.Arg("name", "User name.").Required().StringVar(&unlockName)
-	ul.Flag("addr", "Also clear the lockout of this source address (for every user).").StringVar(&unlockAddr)
-	add(ul, func(ctx context.Context) error { return c.usersUnlock(ctx, unlockName, unlockAddr) })
+	var clName, clAddr string
+	cl := users.Command("clear-lockout", "Clear a user's failed-login counts and lockouts, from every address (see also pctl unlock for locks).")
+	cl.Arg("name", "User name.").Required().StringVar(&clName)
+	cl.Flag("addr", "Also clear the lockout of this source address (for every user).").StringVar(&clAddr)
+	add(cl, func(ctx context.Context) error { return c.usersClearLockout(ctx, clName, clAddr) })
 }
 
 func splitList(s string) []string {
@@ -143,13 +143,13 @@ func (c *cli) usersRm(ctx context.Context, name string) error {
 	return nil
 }
 
-func (c *cli) usersUnlock(ctx context.Context, name, addr string) error {
+func (c *cli) usersClearLockout(ctx context.Context, name, addr string) error {
 	clt, _, err := c.connect(ctx)
 	if err != nil {
 		return trace.Wrap(err)
 	}
 	defer clt.Close()
-	cleared, err := clt.UnlockUser(ctx, name, addr)
+	cleared, err := clt.ClearLockout(ctx, name, addr)
 	if err != nil {
 		return trace.Wrap(err)
 	}
@@ -157,6 +157,6 @@ func (c *cli) usersUnlock(ctx context.Context, name, addr string) error {
 		fmt.Fprintf(c.stdout, "No login lockout or failed attempts recorded for %q.\n", name)
 		return nil
 	}
-	fmt.Fprintf(c.stdout, "Login lockouts of %q cleared.\n", name)
+	fmt.Fprintf(c.stdout, "Failed logins and lockouts of %q cleared.\n", name)
 	return nil
 }
