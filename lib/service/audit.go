@@ -9,21 +9,30 @@ import (
 )
 
 // openAudit starts the audit log: DATA_DIR/log/events.log always, plus the
-// backend (searchable with `pctl events ls`) where the auth role runs. It
-// is opened before any server and closed after all of them, so the last
-// session.end of a drain is still recorded.
+// backend (searchable with `pctl events ls`) where the auth role runs, or,
+// where it does not, shipping to the auth server with this host's identity
+// (auth stamps its cluster name and this host's UUID on what it records).
+// It is opened before any server and closed after all of them (and before
+// the auth client), so the last session.end of a drain is still recorded
+// and shipped. It must be opened after the host knows its cluster: a
+// joined host learns the name from its identity (accessPointFor), and
+// events stamped with the config's default name would be misfiled.
 func (p *Process) openAudit() error {
 	if p.audit != nil {
 		return nil
 	}
-	log, err := events.NewEmitter(events.Config{
+	cfg := events.Config{
 		Dir:         p.cfg.LogDir(),
 		Backend:     p.backend, // nil without the auth role
 		ClusterName: p.clusterName,
 		Clock:       p.clock,
 		Logger:      p.log.WithField("component", "audit"),
 		Metrics:     p.registry,
-	})
+	}
+	if p.backend == nil && p.authClient != nil {
+		cfg.Remote = p.authClient
+	}
+	log, err := events.NewEmitter(cfg)
 	if err != nil {
 		return trace.Wrap(err)
 	}
