@@ -61,6 +61,7 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 	ca, err := s.cfg.AccessPoint.GetCertAuthority(s.ctx, s.cfg.ClusterName, services.UserCA, false)
 	if err != nil {
 		log.WithError(err).Error("Cannot fetch the user CA.")
+		s.emitDenied(meta, cert, unavailableReason(err))
 		return nil, errDenied
 	}
 	checker := &ssh.CertChecker{
@@ -85,6 +86,7 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 	id.Checker, err = NewAccessChecker(s.ctx, s.cfg.AccessPoint, id.Roles, id.Traits)
 	if err != nil {
 		log.WithError(err).Error("Cannot fetch roles.")
+		s.emitDenied(meta, cert, unavailableReason(err))
 		return nil, errDenied
 	}
 	res := &authResult{id: id}
