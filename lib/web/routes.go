@@ -9,6 +9,7 @@ import (
 
 	"github.com/gravitational/trace"
 
+	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/proxy/sshproxy"
 	"github.com/postern-dev/postern/lib/srv"
@@ -45,6 +46,9 @@ type WebSessionsConfig struct {
 	// KeepAliveInterval is how often a terminal pings its browser, and how
 	// long it waits for the answer; zero means DefaultKeepAliveInterval.
 	KeepAliveInterval time.Duration
+	// Audit receives the terminal's refusals (access.denied) and
+	// ambiguous targets (route.ambiguous); nil means events.Discard.
+	Audit events.Emitter
 }
 
 func (c *WebSessionsConfig) enabled() bool { return c.Router != nil }
@@ -70,6 +74,9 @@ func (c *WebSessionsConfig) checkAndSetDefaults(now func() time.Time) error {
 	}
 	if c.KeepAliveInterval <= 0 {
 		c.KeepAliveInterval = DefaultKeepAliveInterval
+	}
+	if c.Audit == nil {
+		c.Audit = events.Discard
 	}
 	return nil
 }
