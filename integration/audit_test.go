@@ -1,7 +1,9 @@
 package integration
 
 import (
+	"bufio"
 	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -162,4 +164,48 @@ func TestJoinedNodeEventsReachAuth(t *testing.T) {
 	require.Contains(t, string(data), `"event":"session.start"`)
 	require.Contains(t, string(data), `"cluster":"`+clusterName+`"`)
 	require.NotContains(t, string(data), `"cluster":"`+config.DefaultClusterName+`"`)
+}
+
+// TestConnectionRefusalsAudited: connections refused at the per-address
+// cap, before any handshake, are in `pctl events ls` (once per address
+// and minute, with a count), not only in the process log.
+func TestConnectionRefusalsAudited(t *testing.T) {
+	c := newAllInOneWith(t, func(cfg *config.Config) { cfg.Limits.MaxConnectionsPerIP = 2 })
+	addr := c.p.Addr(service.ListenerProxySSH).String()
+	var held []net.Conn
+	t.Cleanup(func() {
+		for _, conn := range held {
+			conn.Close()
+		}
+	})
+	for range 2 {
+		conn, err := net.Dial("tcp", addr)
+		require.NoError(t, err)
+		held = append(held, conn)
+	}
+	for range 3 {
+		conn, err := net.Dial("tcp", addr)
+		require.NoError(t, err)
+		line, _ := bufio.NewReader(conn).ReadString('\n')
+		conn.Close()
+		require.Contains(t, line, "too many connections from 127.0.0.1")
+	}
+
+	var refused []events.Event
+	require.Eventually(t, func() bool {
+		refused = refused[:0]
+		for _, e := range eventsLs(t, c.dataDir) {
+			if e.Type == events.ConnRefused {
+				refused = append(refused, e)
+			}
+		}
+		return len(refused) > 0
+	}, 20*time.Second, 100*time.Millisecond)
+	require.Len(t, refused, 1, "one event per address and minute, not one per connection: %v", refused)
+	e := refused[0]
+	require.Equal(t, service.ListenerProxySSH, e.Fields[events.FieldListener])
+	require.Equal(t, "ip", e.Fields[events.FieldCap])
+	require.Contains(t, e.Fields[events.FieldReason], "too many connections from 127.0.0.1: limit 2")
+	require.Contains(t, e.Fields[events.FieldRemoteAddr], "127.0.0.1:")
+	require.Equal(t, clusterName, e.Cluster)
 }

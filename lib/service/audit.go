@@ -6,6 +6,7 @@ import (
 	"github.com/gravitational/trace"
 
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/limiter"
 )
 
 // openAudit starts the audit log: DATA_DIR/log/events.log always, plus the
@@ -39,4 +40,25 @@ func (p *Process) openAudit() error {
 	p.audit = log
 	p.onShutdown(func(context.Context) error { return log.Close() })
 	return nil
+}
+
+// auditRefusal records connections a listener refused before any
+// handshake (limiter.ListenerOptions.OnRefuse, already throttled per
+// address and cap). Listeners accept only once their servers run, after
+// the audit log is open; a refusal before that has nowhere to go.
+func (p *Process) auditRefusal(r limiter.Refusal) {
+	if p.audit == nil {
+		return
+	}
+	addr := ""
+	if r.Addr != nil {
+		addr = r.Addr.String()
+	}
+	p.audit.Emit(context.Background(), events.Event{Type: events.ConnRefused, Fields: events.Fields{
+		events.FieldListener:   r.Listener,
+		events.FieldCap:        r.Cap,
+		events.FieldRemoteAddr: addr,
+		events.FieldReason:     r.Err.Error(),
+		events.FieldCount:      r.Count,
+	}})
 }
