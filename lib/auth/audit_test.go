@@ -156,3 +156,25 @@ func TestShipEventsOverTheWire(t *testing.T) {
 	err = node.ShipEvents(ctx, big)
 	require.True(t, trace.IsBadParameter(err), "%v", err)
 }
+
+// TestLoginRateLimitAudited: a login refused by the rate limit (per user
+// or per source address) is an auth.failed naming the address and the
+// reason, told apart from a wrong password.
+func TestLoginRateLimitAudited(t *testing.T) {
+	env, rec := newAuditedAPI(t)
+	ctx := context.Background()
+	_, err := env.auth.CreateUser(ctx, "alice", []byte("correct horse battery"), []string{"alice"}, nil, false)
+	require.NoError(t, err)
+	for range DefaultMaxLoginFailures {
+		_, err := env.auth.AuthenticateUser(ctx, AuthRequest{User: "alice", Password: "wrong", RemoteAddr: "192.0.2.7:5555"})
+		require.True(t, trace.IsAccessDenied(err), "%v", err)
+	}
+	_, err = env.auth.AuthenticateUser(ctx, AuthRequest{User: "alice", Password: "wrong", RemoteAddr: "192.0.2.7:5555"})
+	require.True(t, trace.IsLimitExceeded(err), "%v", err)
+	e := waitEvent(t, rec, events.AuthFailed, func(e events.Event) bool {
+		return e.Fields[events.FieldReason] != "invalid credentials"
+	})
+	require.Equal(t, "alice", e.User)
+	require.Equal(t, "192.0.2.7:5555", e.Fields[events.FieldRemoteAddr])
+	require.NotEmpty(t, e.Fields[events.FieldReason])
+}

@@ -1,7 +1,11 @@
 // Package events is Postern's audit log: what happened, to whom, when,
 // written as one JSON object per line to DATA_DIR/log/events.log and, when
 // the process runs the auth role, into the backend under /events/ (where
-// `pctl events ls` finds them through Search).
+// `pctl events ls` finds them through Search). A process without the auth
+// role (a joined node, a separate proxy) has no backend: it ships its
+// events in batches to auth (Config.Remote, POST /v1/events), which stamps
+// them with what it can vouch for (ShippedEvent: its cluster name, the
+// shipping host's UUID from its certificate) and stores them like its own.
 //
 // Producers (lib/srv, lib/web, lib/auth) depend only on the narrow Emitter
 // interface; Emit never blocks and never fails the caller: auditing a
