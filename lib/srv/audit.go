@@ -62,3 +62,19 @@ func (c *conn) emitRefused(kind, target, reason string) {
 func unavailableReason(err error) string {
 	return "auth server or backend unavailable: " + err.Error()
 }
+
+// emitCapRefused records an authenticated connection refused by the
+// per-user connection cap.
+func (s *Server) emitCapRefused(sconn *ssh.ServerConn, res *authResult, err error) {
+	fields := events.Fields{
+		events.FieldLogin:      res.id.Login,
+		events.FieldRemoteAddr: sconn.RemoteAddr().String(),
+		events.FieldReason:     err.Error(),
+		events.FieldKind:       "connection",
+	}
+	if res.node.UUID != "" {
+		fields[events.FieldServerID] = res.node.UUID
+		fields[events.FieldServerHostname] = res.node.Hostname
+	}
+	s.cfg.Audit.Emit(s.ctx, events.Event{Type: events.AccessDenied, User: res.id.User, Fields: fields})
+}

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/crypto/ssh/agent"
 
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/limiter"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/srv/srvtest"
 )
@@ -136,4 +137,30 @@ func TestAuditDeniedWhileBackendDown(t *testing.T) {
 		r, _ := e.Fields[events.FieldReason].(string)
 		return strings.HasPrefix(r, "auth server or backend unavailable: fetching role") && strings.Contains(r, "backend unavailable")
 	})
+}
+
+// TestAuditCapRefusals: a connection or a channel refused by a per-user
+// cap is audited with the reason.
+func TestAuditCapRefusals(t *testing.T) {
+	rec := events.NewRecorder()
+	lim, err := limiter.NewConnectionLimiter(limiter.Config{Name: "test", MaxConnectionsPerUser: 1, MaxSessionsPerUser: 1})
+	require.NoError(t, err)
+	e := newTestEnv(t, func(c *Config) { c.Limiter = lim; c.Audit = rec })
+	first := e.dial()
+	s1, err := first.NewSession()
+	require.NoError(t, err)
+	defer s1.Close()
+	_, err = first.NewSession()
+	require.Error(t, err)
+	ch := waitAudit(t, rec, events.AccessDenied, kindIs("session"))
+	require.Contains(t, ch.Fields[events.FieldReason], `too many sessions for user "alice"`)
+
+	second, err := e.dialAs(e.me, e.signer(e.me))
+	require.NoError(t, err)
+	defer second.Close()
+	_, _ = second.NewSession()
+	conn := waitAudit(t, rec, events.AccessDenied, kindIs("connection"))
+	require.Equal(t, "alice", conn.User)
+	require.Contains(t, conn.Fields[events.FieldReason], `too many connections for user "alice"`)
+	require.Equal(t, e.node.UUID, conn.Fields[events.FieldServerID])
 }

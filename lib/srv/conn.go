@@ -195,6 +195,7 @@ func (c *conn) dispatch(nch ssh.NewChannel) {
 		release, err := c.acquireChannel()
 		if err != nil {
 			c.log.WithError(err).WithField("channel_type", t).Warn("Channel refused by a cap.")
+			c.emitRefused(t, "", err.Error())
 			_ = nch.Reject(ssh.ResourceShortage, trace.UserMessage(err))
 			return
 		}
