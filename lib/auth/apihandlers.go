@@ -22,7 +22,7 @@ func (a *APIServer) registerRoutes() {
 
 	a.handle("GET /v1/ping", hostRoles, a.ping)
 	// Nodes: hosts announce themselves; proxies read the inventory.
-	a.handle("PUT /v1/nodes", hostRoles, a.upsertNode)
+	a.handle("PUT /v1/nodes", hostRoles, a.audited("PUT /v1/nodes", a.upsertNode))
 	a.handle("GET /v1/nodes", proxyRoles, a.getNodes)
 	a.handle("DELETE /v1/nodes/{cluster}/{uuid}", adminRoles, a.deleteNode)
 	a.handleStream("GET /v1/watch/nodes", proxyRoles, a.watchNodes)
@@ -52,6 +52,7 @@ func (a *APIServer) registerRoutes() {
 	a.handle("DELETE /v1/locks/{kind}/{name}", adminRoles, a.deleteLock)
 	a.handle("GET /v1/locks", hostRoles, a.getLocks)
 	a.handleStream("GET /v1/watch/locks", hostRoles, a.watchLocks)
+	a.handle("POST /v1/events", shipperRoles, a.shipEvents)
 }
 
 // maxEventsPerSearch bounds one answer: enough for an operator's screen
@@ -91,8 +92,9 @@ func (a *APIServer) searchEvents(ctx context.Context, _ *peer, r *http.Request) 
 	return found, nil
 }
 
-func (a *APIServer) join(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+func (a *APIServer) join(ctx context.Context, _ *peer, r *http.Request) (out any, err error) {
 	var req RegisterRequest
+	defer func() { a.emitJoin(ctx, r, &req, out, err) }()
 	if err := readJSON(r, &req); err != nil {
 		return nil, trace.Wrap(err)
 	}

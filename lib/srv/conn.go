@@ -61,6 +61,7 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 	ca, err := s.cfg.AccessPoint.GetCertAuthority(s.ctx, s.cfg.ClusterName, services.UserCA, false)
 	if err != nil {
 		log.WithError(err).Error("Cannot fetch the user CA.")
+		s.emitDenied(meta, cert, unavailableReason(err))
 		return nil, errDenied
 	}
 	checker := &ssh.CertChecker{
@@ -92,6 +93,7 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 	id.Checker, err = NewAccessChecker(s.ctx, s.cfg.AccessPoint, id.Roles, id.Traits)
 	if err != nil {
 		log.WithError(err).Error("Cannot fetch roles.")
+		s.emitDenied(meta, cert, unavailableReason(err))
 		return nil, errDenied
 	}
 	res := &authResult{id: id}
@@ -206,6 +208,7 @@ func (c *conn) dispatch(nch ssh.NewChannel) {
 		release, err := c.acquireChannel()
 		if err != nil {
 			c.log.WithError(err).WithField("channel_type", t).Warn("Channel refused by a cap.")
+			c.emitRefused(t, "", err.Error())
 			_ = nch.Reject(ssh.ResourceShortage, trace.UserMessage(err))
 			return
 		}
