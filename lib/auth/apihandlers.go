@@ -36,7 +36,7 @@ func (a *APIServer) registerRoutes() {
 	// record as given (repairs, and the tests that plant inventory); proxies
 	// route from the inventory (list and watch); pctl lists and deletes,
 	// and `pctl route` runs the proxy's NodeWatcher on the watch.
-	a.handle("PUT /v1/nodes", allow(node, proxy, admin), a.upsertNode)
+	a.handle("PUT /v1/nodes", allow(node, proxy, admin), a.audited("PUT /v1/nodes", a.upsertNode))
 	a.handle("GET /v1/nodes", allow(proxy, admin), a.getNodes)
 	a.handle("DELETE /v1/nodes/{cluster}/{uuid}", allow(admin), a.deleteNode)
 	a.handleStream("GET /v1/watch/nodes", allow(proxy, admin), a.watchNodes)
@@ -73,6 +73,9 @@ func (a *APIServer) registerRoutes() {
 	a.handle("DELETE /v1/locks/{kind}/{name}", allow(admin), a.deleteLock)
 	a.handle("GET /v1/locks", allow(node, proxy, admin), a.getLocks)
 	a.handleStream("GET /v1/watch/locks", allow(node, proxy), a.watchLocks)
+	// Audit events of the processes without a backend of their own (node-
+	// and proxy-only hosts); admins and auth write events locally.
+	a.handle("POST /v1/events", allow(node, proxy), a.shipEvents)
 }
 
 // maxEventsPerSearch bounds one answer: enough for an operator's screen
@@ -112,8 +115,9 @@ func (a *APIServer) searchEvents(ctx context.Context, _ *peer, r *http.Request) 
 	return found, nil
 }
 
-func (a *APIServer) join(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+func (a *APIServer) join(ctx context.Context, _ *peer, r *http.Request) (out any, err error) {
 	var req RegisterRequest
+	defer func() { a.emitJoin(ctx, r, &req, out, err) }()
 	if err := readJSON(r, &req); err != nil {
 		return nil, trace.Wrap(err)
 	}

@@ -317,7 +317,9 @@ func (a *APIServer) handle(pattern string, roles []string, h apiHandler) {
 		}
 		if !slices.Contains(roles, p.Role) {
 			a.log.WithFields(logrus.Fields{"peer": p.ID, "role": p.Role, "endpoint": pattern}).Warn("Denied API call.")
-			writeError(w, trace.AccessDenied("role %q may not call %s", p.Role, pattern))
+			err := trace.AccessDenied("role %q may not call %s", p.Role, pattern)
+			a.emitAPIDenied(r.Context(), p, r, pattern, err)
+			writeError(w, err)
 			return
 		}
 		a.respond(w, r, p, h)

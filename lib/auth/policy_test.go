@@ -59,7 +59,8 @@ var wantPolicy = map[string][]string{
 	"POST /v1/login":      {RoleProxy},
 	"POST /v1/login/ssh":  {RoleProxy},
 
-	"GET /v1/events": {RoleAdmin},
+	"GET /v1/events":  {RoleAdmin},
+	"POST /v1/events": {RoleNode, RoleProxy},
 
 	"PUT /v1/locks":                  {RoleAdmin},
 	"DELETE /v1/locks/{kind}/{name}": {RoleAdmin},

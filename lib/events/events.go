@@ -1,7 +1,11 @@
 // Package events is Postern's audit log: what happened, to whom, when,
 // written as one JSON object per line to DATA_DIR/log/events.log and, when
 // the process runs the auth role, into the backend under /events/ (where
-// `pctl events ls` finds them through Search).
+// `pctl events ls` finds them through Search). A process without the auth
+// role (a joined node, a separate proxy) has no backend: it ships its
+// events in batches to auth (Config.Remote, POST /v1/events), which stamps
+// them with what it can vouch for (ShippedEvent: its cluster name, the
+// shipping host's UUID from its certificate) and stores them like its own.
 //
 // Producers (lib/srv, lib/web, lib/auth) depend only on the narrow Emitter
 // interface; Emit never blocks and never fails the caller: auditing a
@@ -52,6 +56,21 @@ const (
 	PortForward = "port.forward"
 	// AgentForward: a connection to the forwarded agent socket.
 	AgentForward = "agent.forward"
+	// ConnRefused: a connection refused before any handshake, by a cap on
+	// its source address or the listener's total, or by the per-address
+	// rate of new connections. Emitted at most once per source address
+	// and cap per ConnRefusedInterval, with the number refused meanwhile
+	// in FieldCount, so that a flood cannot flood the audit log too.
+	ConnRefused = "conn.refused"
+	// HostJoin: a host joined the cluster with a token (auth emits it).
+	HostJoin = "host.join"
+	// HostJoinFailed: a join was refused (bad or spent token, wrong
+	// role, rate limited, invalid request).
+	HostJoinFailed = "host.join.failed"
+	// APIDenied: a host's auth API call refused: an endpoint its role may
+	// not call, or a write outside what its identity may touch (a node
+	// announcing another node).
+	APIDenied = "api.denied"
 )
 
 // Field names, snake_case like the log keys (DESIGN.md rule 6). Use these
@@ -85,6 +104,23 @@ const (
 	FieldAddr       = "addr"
 	FieldCandidates = "candidates"
 	FieldRoles      = "roles"
+	// FieldRole is a host's role ("node", "proxy") in join and API events.
+	FieldRole = "role"
+	// FieldHostname is the hostname a joining host asked for.
+	FieldHostname = "hostname"
+	// FieldEndpoint is an auth API endpoint ("PUT /v1/nodes").
+	FieldEndpoint = "endpoint"
+	// FieldListener names the listener that refused a connection
+	// ("proxy_ssh", "web", "node"), FieldCap the cap that did
+	// (lib/limiter's cap names) and FieldCount how many were refused.
+	FieldListener = "listener"
+	FieldCap      = "cap"
+	FieldCount    = "count"
+	// FieldEmitterID is the UUID, from its client certificate, of the
+	// host that shipped an event to auth, and FieldEmitterRole its role:
+	// set by auth, never taken from the event (see ShippedEvent).
+	FieldEmitterID   = "emitter_id"
+	FieldEmitterRole = "emitter_role"
 )
 
 // Fields are an event's own fields, beside the common ones.

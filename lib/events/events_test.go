@@ -234,7 +234,7 @@ func TestConcurrentEmit(t *testing.T) {
 	require.Len(t, items, producers*each)
 }
 
-// slowBackend blocks Put until released (or its ctx ends), or fails it.
+// slowBackend blocks Create until released (or its ctx ends), or fails it.
 type slowBackend struct {
 	backend.Backend
 	release chan struct{}
@@ -242,7 +242,7 @@ type slowBackend struct {
 	fail    error
 }
 
-func (s *slowBackend) Put(ctx context.Context, item backend.Item) (*backend.Item, error) {
+func (s *slowBackend) Create(ctx context.Context, item backend.Item) (*backend.Item, error) {
 	if s.fail != nil {
 		return nil, s.fail
 	}
@@ -252,7 +252,7 @@ func (s *slowBackend) Put(ctx context.Context, item backend.Item) (*backend.Item
 	}
 	select {
 	case <-s.release:
-		return s.Backend.Put(ctx, item)
+		return s.Backend.Create(ctx, item)
 	case <-ctx.Done():
 		return nil, trace.ConnectionProblem(ctx.Err(), "backend unreachable")
 	}

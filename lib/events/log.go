@@ -38,9 +38,34 @@ const (
 	// shows up as drops, rather than hanging the writer forever.
 	DefaultBackendTimeout = 5 * time.Second
 	// DefaultCloseGrace is how long Close lets the queues drain before it
-	// gives up on the backend (the file always drains: it is local).
+	// gives up on the backend and the auth server (the file always
+	// drains: it is local).
 	DefaultCloseGrace = 5 * time.Second
+	// DefaultBatchSize is how many events one shipment to auth carries at
+	// most: a round trip per 100 events keeps a busy node's shipping
+	// cheap, and a batch of 100 events (a few hundred bytes each, 4 KiB
+	// per field at most) stays well under the auth API's 1 MiB body limit.
+	DefaultBatchSize = 100
+	// maxBatchBytes bounds a batch by size as well, whatever the count: a
+	// batch of events carrying long commands must still fit the auth
+	// API's 1 MiB request limit with room for JSON overhead.
+	maxBatchBytes = 256 << 10
+	// DefaultRetryMin and DefaultRetryMax bound the backoff between
+	// attempts to ship a batch while auth is unreachable: a second to
+	// ride out a restart, at most 30 s between attempts so that events
+	// arrive soon after auth is back, without a down auth server meeting
+	// a reconnect storm from every node.
+	DefaultRetryMin = time.Second
+	DefaultRetryMax = 30 * time.Second
 )
+
+// Shipper sends events to the auth server, whose backend makes them
+// searchable (lib/auth.Client implements it). Processes without the auth
+// role have no backend of their own: without shipping, their events would
+// only ever be in their local events.log.
+type Shipper interface {
+	ShipEvents(ctx context.Context, events []Event) error
+}
 
 // Config configures a Log.
 type Config struct {
@@ -51,6 +76,19 @@ type Config struct {
 	// Backend, when set, also stores events under /events/ with TTL, for
 	// Search. Set it where the auth role (the backend's owner) runs.
 	Backend backend.Backend
+	// Remote, when set, also ships events in batches to the auth server.
+	// Set it where the auth role does not run. A batch that cannot be
+	// shipped is retried with backoff, on the Clock; meanwhile new events
+	// wait in the queue, and past QueueSize they are dropped and counted,
+	// never blocking a session. The auth server answers a batch it
+	// refuses outright (BadParameter, AccessDenied, NotFound) once, and
+	// that batch is dropped: retrying would never succeed.
+	Remote Shipper
+	// BatchSize bounds one shipment; zero means DefaultBatchSize.
+	BatchSize int
+	// RetryMin and RetryMax bound the shipping backoff; zero means
+	// DefaultRetryMin and DefaultRetryMax.
+	RetryMin, RetryMax time.Duration
 	// TTL of backend events; zero means DefaultTTL.
 	TTL time.Duration
 	// ClusterName fills Event.Cluster when an event has none.
@@ -71,11 +109,24 @@ type Config struct {
 
 // CheckAndSetDefaults validates and fills in defaults.
 func (c *Config) CheckAndSetDefaults() error {
-	if c.Dir == "" && c.Backend == nil {
-		return trace.BadParameter("events: neither Dir nor Backend is set: events would go nowhere")
+	if c.Dir == "" && c.Backend == nil && c.Remote == nil {
+		return trace.BadParameter("events: none of Dir, Backend and Remote is set: events would go nowhere")
 	}
-	if c.TTL < 0 || c.QueueSize < 0 || c.BackendTimeout < 0 || c.CloseGrace < 0 {
-		return trace.BadParameter("events: negative TTL, QueueSize, BackendTimeout or CloseGrace")
+	if c.TTL < 0 || c.QueueSize < 0 || c.BackendTimeout < 0 || c.CloseGrace < 0 ||
+		c.BatchSize < 0 || c.RetryMin < 0 || c.RetryMax < 0 {
+		return trace.BadParameter("events: negative TTL, QueueSize, BackendTimeout, CloseGrace, BatchSize, RetryMin or RetryMax")
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.RetryMin == 0 {
+		c.RetryMin = DefaultRetryMin
+	}
+	if c.RetryMax == 0 {
+		c.RetryMax = DefaultRetryMax
+	}
+	if c.RetryMax < c.RetryMin {
+		c.RetryMax = c.RetryMin
 	}
 	if c.TTL == 0 {
 		c.TTL = DefaultTTL
@@ -150,6 +201,11 @@ func NewEmitter(cfg Config) (*Log, error) {
 	}
 	if cfg.Backend != nil {
 		l.sinks = append(l.sinks, l.newSink("backend", l.writeBackend))
+	}
+	if cfg.Remote != nil {
+		s := l.newSink("remote", nil)
+		s.ship = cfg.Remote.ShipEvents
+		l.sinks = append(l.sinks, s)
 	}
 	for _, s := range l.sinks {
 		l.wg.Add(1)
@@ -270,6 +326,9 @@ type sink struct {
 	l     *Log
 	queue chan record
 	write func(record) error
+	// ship, when set, replaces write: records are shipped in batches
+	// (runBatches).
+	ship func(context.Context, []Event) error
 	// dropping is true from the first dropped event to the next queued
 	// one: one Warn per streak of drops.
 	dropping atomic.Bool
@@ -297,6 +356,10 @@ func (s *sink) enqueue(r record) {
 }
 
 func (s *sink) run() {
+	if s.ship != nil {
+		s.runBatches()
+		return
+	}
 	for r := range s.queue {
 		if r.flushed != nil {
 			close(r.flushed)
@@ -317,6 +380,93 @@ func (s *sink) run() {
 	}
 }
 
+// runBatches ships what is queued in batches of up to BatchSize events:
+// the first record waits, the rest are whatever is already queued behind
+// it. A flush marker is acknowledged once the batch it arrived in has been
+// shipped (or given up on).
+func (s *sink) runBatches() {
+	var (
+		batch []Event
+		acks  []chan struct{}
+		size  int
+	)
+	add := func(r record) {
+		if r.flushed != nil {
+			acks = append(acks, r.flushed)
+			return
+		}
+		batch = append(batch, r.event)
+		size += len(r.line)
+	}
+	for r := range s.queue {
+		add(r)
+	drain:
+		for len(batch) < s.l.cfg.BatchSize && size < maxBatchBytes {
+			select {
+			case r, ok := <-s.queue:
+				if !ok {
+					break drain
+				}
+				add(r)
+			default:
+				break drain
+			}
+		}
+		if len(batch) > 0 {
+			s.shipWithRetry(batch)
+		}
+		for _, ack := range acks {
+			close(ack)
+		}
+		batch, acks, size = nil, nil, 0
+	}
+}
+
+// shipWithRetry ships one batch, retrying with backoff until it is taken,
+// refused for good, or Close's grace runs out.
+func (s *sink) shipWithRetry(batch []Event) {
+	cfg := &s.l.cfg
+	backoff := cfg.RetryMin
+	for {
+		ctx, cancel := context.WithTimeout(s.l.ctx, cfg.BackendTimeout)
+		err := s.ship(ctx, batch)
+		cancel()
+		if err == nil {
+			if s.failing {
+				s.failing = false
+				s.l.log.WithField("sink", s.name).Info("Audit events are being shipped to the auth server again.")
+			}
+			return
+		}
+		s.l.metrics.writeErrors.WithLabelValues(s.name).Inc()
+		if permanentShipError(err) {
+			s.l.metrics.dropped.WithLabelValues(s.name).Add(float64(len(batch)))
+			s.l.log.WithError(err).WithFields(logrus.Fields{"sink": s.name, "events": len(batch)}).
+				Error("The auth server refused a batch of audit events; dropped it.")
+			return
+		}
+		if !s.failing {
+			s.failing = true
+			s.l.log.WithError(err).WithField("sink", s.name).Error("Cannot ship audit events to the auth server; will keep trying.")
+		}
+		timer := cfg.Clock.NewTimer(backoff)
+		select {
+		case <-timer.Chan():
+		case <-s.l.ctx.Done():
+			timer.Stop()
+			s.l.metrics.dropped.WithLabelValues(s.name).Add(float64(len(batch)))
+			return
+		}
+		backoff = min(2*backoff, cfg.RetryMax)
+	}
+}
+
+// permanentShipError says a retry cannot succeed: the auth server
+// understood the batch and refused it (or has no such endpoint).
+func permanentShipError(err error) bool {
+	return trace.IsBadParameter(err) || trace.IsAccessDenied(err) || trace.IsNotFound(err) || trace.IsNotImplemented(err)
+}
+
 func (l *Log) writeFile(r record) error {
 	line := make([]byte, 0, len(r.line)+1)
 	line = append(append(line, r.line...), '\n')
@@ -327,11 +477,18 @@ func (l *Log) writeFile(r record) error {
 func (l *Log) writeBackend(r record) error {
 	ctx, cancel := context.WithTimeout(l.ctx, l.cfg.BackendTimeout)
 	defer cancel()
-	_, err := l.cfg.Backend.Put(ctx, backend.Item{
+	// Create, not Put: an event is written once. A batch a host shipped
+	// again (its first answer was lost) carries the same ids and times,
+	// so the copy is refused here instead of doubling the record, and no
+	// event can overwrite another.
+	_, err := l.cfg.Backend.Create(ctx, backend.Item{
 		Key:     eventKey(r.event),
 		Value:   r.line,
 		Expires: r.event.Time.Add(l.cfg.TTL),
 	})
+	if trace.IsAlreadyExists(err) {
+		return nil
+	}
 	return trace.Wrap(err)
 }
 

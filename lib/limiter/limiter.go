@@ -209,17 +209,23 @@ func (l *ConnectionLimiter) Name() string { return l.cfg.Name }
 // address that is not TCP/UDP/IP (a unix socket, an in-memory pipe) counts
 // only against the total: there is no remote host to hold responsible.
 func (l *ConnectionLimiter) AcquireIP(addr net.Addr) (release func(), err error) {
+	release, _, err = l.acquireIP(addr)
+	return release, err
+}
+
+// acquireIP is AcquireIP that also names the cap that refused.
+func (l *ConnectionLimiter) acquireIP(addr net.Addr) (release func(), capName string, err error) {
 	key, display := ipKey(addr)
 	l.mu.Lock()
 	if max := l.cfg.MaxConnections; max > 0 && l.total >= max {
 		l.mu.Unlock()
-		return nil, l.refuse(CapConnections, "", trace.LimitExceeded(
+		return nil, CapConnections, l.refuse(CapConnections, "", trace.LimitExceeded(
 			"too many connections to %s: limit %d", l.cfg.Name, max))
 	}
 	if key != "" {
 		if max := l.cfg.MaxConnectionsPerIP; max > 0 && l.ips[key] >= max {
 			l.mu.Unlock()
-			return nil, l.refuse(CapIP, display, trace.LimitExceeded(
+			return nil, CapIP, l.refuse(CapIP, display, trace.LimitExceeded(
 				"too many connections from %s: limit %d", display, max))
 		}
 		l.ips[key]++
@@ -235,7 +241,7 @@ func (l *ConnectionLimiter) AcquireIP(addr net.Addr) (release func(), err error)
 		}
 		l.mu.Unlock()
 		l.metrics.active.WithLabelValues(l.cfg.Name, CapConnections).Dec()
-	}), nil
+	}), "", nil
 }
 
 // AcquireUser counts one authenticated connection of user.

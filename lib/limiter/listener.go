@@ -24,7 +24,42 @@ type ListenerOptions struct {
 	// only right choice for TLS ports (plaintext would only make the
 	// client's TLS stack report garbage); use SSHRefusal for SSH ports.
 	Refusal func(err error) []byte
+	// OnRefuse, when set, is told about refused connections for the audit
+	// log: the first refusal of a source address by one cap, then at most
+	// one report per RefusalReportInterval for that address and cap,
+	// carrying how many were refused since the last report. A flood from
+	// one address costs one report a minute, not one per connection, and
+	// a flood from many addresses at most MaxRefusalReportKeys tracked
+	// addresses (beyond that, refusals of untracked addresses are reported
+	// under the cap alone, with an empty Key). It is called from Accept:
+	// it must not block (an audit Emit does not).
+	OnRefuse func(Refusal)
 }
+
+// Refusal is one report of refused connections.
+type Refusal struct {
+	// Listener is the limiter's Name.
+	Listener string
+	// Addr is the remote address of the connection that triggered the
+	// report; Key the counting key (IPv4 address or IPv6 /64), "" when
+	// reported under the cap alone.
+	Addr net.Addr
+	Key  string
+	// Cap is CapIP, CapConnections or CapRate.
+	Cap string
+	// Err is the refusal, as the client was told.
+	Err error
+	// Count is how many connections were refused for Key and Cap since
+	// the previous report, this one included.
+	Count int
+}
+
+// RefusalReportInterval is how often OnRefuse hears of one address and
+// cap at most, the same cadence as the Warn log of a cap.
+const RefusalReportInterval = refusalLogInterval
+
+// MaxRefusalReportKeys bounds the addresses tracked for OnRefuse.
+const MaxRefusalReportKeys = 10_000
 
 // refusalWriteTimeout bounds the one write to a refused connection. The
 // send buffer of a socket accepted a moment ago is empty, so the write of a
@@ -113,7 +148,7 @@ func sanitizeLine(s string) string {
 //
 //	ln = limiter.WrapListener(utils.NewRetryingListener(raw, ...), lim, opts)
 func WrapListener(ln net.Listener, lim *ConnectionLimiter, opts ListenerOptions) net.Listener {
-	return &listener{Listener: ln, lim: lim, opts: opts}
+	return &listener{Listener: ln, lim: lim, opts: opts, reports: map[reportKey]*reportState{}}
 }
 
 type listener struct {
@@ -125,6 +160,12 @@ type listener struct {
 	// maxLingering); wg waits for their goroutines on Close.
 	lingering atomic.Int32
 	wg        sync.WaitGroup
+
+	// mu guards reports (only Accept touches it, but a server may call
+	// Accept from several goroutines).
+	mu        sync.Mutex
+	reports   map[reportKey]*reportState
+	lastSweep time.Time
 }
 
 // Close closes the listener and waits for refused connections still being
@@ -135,6 +176,13 @@ func (l *listener) Close() error {
 	return err
 }
 
+type reportKey struct{ cap, key string }
+
+type reportState struct {
+	last  time.Time
+	count int
+}
+
 func (l *listener) Accept() (net.Conn, error) {
 	for {
 		nc, err := l.Listener.Accept()
@@ -143,17 +191,68 @@ func (l *listener) Accept() (net.Conn, error) {
 		}
 		if l.opts.Rate != nil {
 			if err := l.opts.Rate.AllowAddr(nc.RemoteAddr()); err != nil {
+				l.report(nc.RemoteAddr(), CapRate, err)
 				l.refuse(nc, err)
 				continue
 			}
 		}
-		release, err := l.lim.AcquireIP(nc.RemoteAddr())
+		release, capName, err := l.lim.acquireIP(nc.RemoteAddr())
 		if err != nil {
+			l.report(nc.RemoteAddr(), capName, err)
 			l.refuse(nc, err)
 			continue
 		}
 		return &conn{Conn: nc, release: release}, nil
 	}
+}
+
+// report throttles refusals into OnRefuse calls (see ListenerOptions).
+func (l *listener) report(addr net.Addr, capName string, err error) {
+	if l.opts.OnRefuse == nil {
+		return
+	}
+	_, key := ipKey(addr)
+	if capName == CapConnections {
+		// The total cap is not about one address: one report per
+		// interval for the listener.
+		key = ""
+	}
+	now := l.lim.cfg.Clock.Now()
+	l.mu.Lock()
+	k := reportKey{capName, key}
+	st := l.reports[k]
+	if st == nil && len(l.reports) >= MaxRefusalReportKeys {
+		// Forget addresses not reported for an interval (their next
+		// refusal is reported at once again), at most once per interval:
+		// under a flood from many addresses the sweep must not cost every
+		// accept a pass over the map.
+		if now.Sub(l.lastSweep) >= RefusalReportInterval {
+			l.lastSweep = now
+			for rk, s := range l.reports {
+				if now.Sub(s.last) >= RefusalReportInterval {
+					delete(l.reports, rk)
+				}
+			}
+		}
+		if len(l.reports) >= MaxRefusalReportKeys {
+			k = reportKey{capName, ""}
+			key = ""
+			st = l.reports[k]
+		}
+	}
+	if st == nil {
+		// The first refusal is reported at once.
+		st = &reportState{}
+		l.reports[k] = st
+	} else if now.Sub(st.last) < RefusalReportInterval {
+		st.count++
+		l.mu.Unlock()
+		return
+	}
+	count := st.count + 1
+	st.last, st.count = now, 0
+	l.mu.Unlock()
+	l.opts.OnRefuse(Refusal{Listener: l.lim.Name(), Addr: addr, Key: key, Cap: capName, Err: err, Count: count})
 }
 
 func (l *listener) refuse(nc net.Conn, err error) {

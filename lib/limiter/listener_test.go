@@ -211,3 +211,51 @@ func TestHTTPMiddleware(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 	http.DefaultClient.CloseIdleConnections()
 }
+
+// TestWrapListenerReportsRefusals: refusals reach OnRefuse at once for a
+// new address and cap, then at most once per interval with the count
+// refused meanwhile.
+func TestWrapListenerReportsRefusals(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	clock := clockwork.NewFakeClock()
+	lim, _ := newTestLimiter(t, Config{Name: "proxy_ssh", MaxConnectionsPerIP: 1, Clock: clock})
+	reports := make(chan Refusal, 16)
+	ln := WrapListener(raw, lim, ListenerOptions{Refusal: SSHRefusal, OnRefuse: func(r Refusal) { reports <- r }})
+	conns := acceptLoop(t, ln)
+
+	held, err := net.Dial("tcp", raw.Addr().String())
+	require.NoError(t, err)
+	defer held.Close()
+	s := <-conns
+	defer s.Close()
+
+	refused := func() {
+		t.Helper()
+		c, err := net.Dial("tcp", raw.Addr().String())
+		require.NoError(t, err)
+		defer c.Close()
+		// The report is made before the connection is closed: EOF means
+		// it is done.
+		_, err = io.ReadAll(c)
+		require.NoError(t, err)
+	}
+	refused()
+	r := <-reports
+	require.Equal(t, "proxy_ssh", r.Listener)
+	require.Equal(t, CapIP, r.Cap)
+	require.Equal(t, "127.0.0.1", r.Key)
+	require.Equal(t, 1, r.Count)
+	require.Contains(t, r.Err.Error(), "too many connections from 127.0.0.1: limit 1")
+	host, _, err := net.SplitHostPort(r.Addr.String())
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1", host)
+
+	refused()
+	refused()
+	require.Empty(t, reports, "throttled within the interval")
+	clock.Advance(RefusalReportInterval)
+	refused()
+	r = <-reports
+	require.Equal(t, 3, r.Count, "the two throttled and this one")
+}

@@ -34,7 +34,7 @@ func (p *Process) capListener(name string, ln net.Listener, perIP int, sshRefusa
 	if err != nil {
 		return nil, nil, trace.Wrap(err)
 	}
-	var opts limiter.ListenerOptions
+	opts := limiter.ListenerOptions{OnRefuse: p.auditRefusal}
 	if sshRefusal {
 		opts.Refusal = limiter.SSHRefusal
 	}

@@ -144,7 +144,7 @@ func (p *Process) startWeb(sshAddr net.Addr) error {
 	// Browser sessions and the terminal use this process's Router and
 	// NodeWatcher in-process. Session records go to the backend when auth
 	// (and so the backend) is here; otherwise web keeps them in memory.
-	wcfg.WebSessions = web.WebSessionsConfig{Router: p.router, Nodes: p.nodeWatcher, Locks: p.locks}
+	wcfg.WebSessions = web.WebSessionsConfig{Router: p.router, Nodes: p.nodeWatcher, Locks: p.locks, Audit: p.audit}
 	if p.store != nil {
 		wcfg.WebSessions.Roles = p.store
 		wcfg.WebSessions.Store = &web.BackendSessionStore{Backend: p.store.Backend()}

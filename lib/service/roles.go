@@ -73,6 +73,9 @@ func (p *Process) startHostRoles(ctx context.Context) error {
 	if err != nil {
 		return trace.Wrap(err)
 	}
+	if err := p.openAudit(); err != nil {
+		return trace.Wrap(err)
+	}
 	if err := p.startLocks(ctx); err != nil {
 		return trace.Wrap(err)
 	}

@@ -182,10 +182,13 @@ func (p *Process) Start(ctx context.Context) error {
 			return trace.Wrap(err)
 		}
 	}
-	if err := p.openAudit(); err != nil {
+	// The host roles open the audit log themselves once they know the
+	// cluster (a joined host learns its name from its identity); this
+	// covers a process that runs none.
+	if err := p.startHostRoles(ctx); err != nil {
 		return trace.Wrap(err)
 	}
-	if err := p.startHostRoles(ctx); err != nil {
+	if err := p.openAudit(); err != nil {
 		return trace.Wrap(err)
 	}
 	if err := p.startDiag(); err != nil {

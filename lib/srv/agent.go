@@ -34,10 +34,12 @@ type agentSocket struct {
 func (c *conn) requestAgentForwarding(log logrus.FieldLogger) bool {
 	if c.cfg.Proxy != nil {
 		log.WithField("reason", "agent forwarding is not available on the proxy").Warn("auth-agent-req denied.")
+		c.emitRefused("-A", "", "agent forwarding is not available on the proxy")
 		return false
 	}
 	if !c.auth.permits.AgentForwarding {
 		log.WithField("reason", "agent forwarding is not allowed for user "+c.auth.id.User+" on this node").Warn("auth-agent-req denied.")
+		c.emitRefused("-A", "", "agent forwarding is not allowed for user "+c.auth.id.User+" on this node")
 		return false
 	}
 	c.mu.Lock()

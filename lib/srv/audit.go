@@ -43,3 +43,38 @@ func (s *Server) emitDenied(meta ssh.ConnMetadata, cert *ssh.Certificate, reason
 	}
 	s.cfg.Audit.Emit(s.ctx, events.Event{Type: events.AccessDenied, User: user, Fields: fields})
 }
+
+// emitRefused records a request refused on an authenticated connection:
+// a -L, -R or -A forward, or a session refused because the user's access
+// changed while the connection stayed open. kind says which ("-L", "-R",
+// "-A", "session"), target what was asked for.
+func (c *conn) emitRefused(kind, target, reason string) {
+	fields := events.Fields{events.FieldKind: kind, events.FieldReason: reason}
+	if target != "" {
+		fields[events.FieldTarget] = target
+	}
+	c.emit(events.AccessDenied, fields)
+}
+
+// unavailableReason is the audit reason of a connection refused because
+// what authentication needs (the user CA, the roles) could not be read:
+// the refusal is the auth server's or the backend's, not the user's.
+func unavailableReason(err error) string {
+	return "auth server or backend unavailable: " + err.Error()
+}
+
+// emitCapRefused records an authenticated connection refused by the
+// per-user connection cap.
+func (s *Server) emitCapRefused(sconn *ssh.ServerConn, res *authResult, err error) {
+	fields := events.Fields{
+		events.FieldLogin:      res.id.Login,
+		events.FieldRemoteAddr: sconn.RemoteAddr().String(),
+		events.FieldReason:     err.Error(),
+		events.FieldKind:       "connection",
+	}
+	if res.node.UUID != "" {
+		fields[events.FieldServerID] = res.node.UUID
+		fields[events.FieldServerHostname] = res.node.Hostname
+	}
+	s.cfg.Audit.Emit(s.ctx, events.Event{Type: events.AccessDenied, User: res.id.User, Fields: fields})
+}

@@ -86,6 +86,7 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 	ca, err := s.cfg.AccessPoint.GetCertAuthority(apCtx, s.cfg.ClusterName, services.UserCA, false)
 	if err != nil {
 		log.WithError(err).Error("Cannot fetch the user CA: the auth server or its backend is unavailable.")
+		s.emitDenied(meta, cert, unavailableReason(err))
 		return nil, errUnavailable()
 	}
 	checker := &ssh.CertChecker{
@@ -117,6 +118,7 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 	id.Checker, err = NewAccessChecker(apCtx, s.cfg.AccessPoint, id.Roles, id.Traits)
 	if err != nil {
 		log.WithError(err).Error("Cannot fetch roles: the auth server or its backend is unavailable.")
+		s.emitDenied(meta, cert, unavailableReason(err))
 		return nil, errUnavailable()
 	}
 	res := &authResult{id: id}
@@ -231,6 +233,7 @@ func (c *conn) dispatch(nch ssh.NewChannel) {
 		release, err := c.acquireChannel()
 		if err != nil {
 			c.log.WithError(err).WithField("channel_type", t).Warn("Channel refused by a cap.")
+			c.emitRefused(t, "", err.Error())
 			_ = nch.Reject(ssh.ResourceShortage, trace.UserMessage(err))
 			return
 		}

@@ -31,12 +31,14 @@ func (c *conn) handleDirectTCPIP(nch ssh.NewChannel) {
 	if !c.auth.permits.PortForwarding {
 		reason := fmt.Sprintf("port forwarding is not allowed for user %q on this node", c.auth.id.User)
 		log.WithField("reason", reason).Warn("direct-tcpip denied.")
+		c.emitRefused("-L", target, reason)
 		_ = nch.Reject(ssh.Prohibited, reason)
 		return
 	}
 	release, err := c.acquireForward("-L/" + target)
 	if err != nil {
 		log.WithError(err).Warn("direct-tcpip refused by a cap.")
+		c.emitRefused("-L", target, err.Error())
 		_ = nch.Reject(ssh.ResourceShortage, trace.UserMessage(err))
 		return
 	}
@@ -111,6 +113,7 @@ func (c *conn) handleTCPIPForward(req *ssh.Request) {
 	log := c.log.WithFields(logrus.Fields{"bind_addr": m.Addr, "bind_port": m.Port})
 	deny := func(reason string) {
 		log.WithField("reason", reason).Warn("tcpip-forward denied.")
+		c.emitRefused("-R", net.JoinHostPort(m.Addr, strconv.FormatUint(uint64(m.Port), 10)), reason)
 		reply(req, false)
 	}
 	if c.cfg.Proxy != nil {

@@ -209,6 +209,7 @@ func (s *Server) handleConn(nc net.Conn) {
 	if s.cfg.Limiter != nil {
 		release, err := s.cfg.Limiter.AcquireUser(res.id.User)
 		if err != nil {
+			s.emitCapRefused(sconn, res, err)
 			s.refuseConn(sconn, chans, reqs, err)
 			return
 		}

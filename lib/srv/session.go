@@ -57,6 +57,7 @@ type session struct {
 func (c *conn) handleSession(nch ssh.NewChannel) {
 	if err := c.recheckAccess(); err != nil {
 		c.log.WithField("reason", err.Error()).Warn("Session denied.")
+		c.emitRefused("session", "", err.Error())
 		_ = nch.Reject(ssh.Prohibited, trace.UserMessage(err))
 		return
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gravitational/trace"
 
+	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/proxy/sshproxy"
 	"github.com/postern-dev/postern/lib/srv"
@@ -48,6 +49,9 @@ type WebSessionsConfig struct {
 	// Locks refuses and ends the sessions of locked (and deleted) users
 	// (locks.go); nil means no locks. The service always sets it.
 	Locks LockChecker
+	// Audit receives the terminal's refusals (access.denied) and
+	// ambiguous targets (route.ambiguous); nil means events.Discard.
+	Audit events.Emitter
 }
 
 func (c *WebSessionsConfig) enabled() bool { return c.Router != nil }
@@ -73,6 +77,9 @@ func (c *WebSessionsConfig) checkAndSetDefaults(now func() time.Time) error {
 	}
 	if c.KeepAliveInterval <= 0 {
 		c.KeepAliveInterval = DefaultKeepAliveInterval
+	}
+	if c.Audit == nil {
+		c.Audit = events.Discard
 	}
 	return nil
 }

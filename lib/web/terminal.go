@@ -94,11 +94,12 @@ func (s *Server) terminal(w http.ResponseWriter, r *http.Request) {
 	live, err := s.authenticateSocket(c, r)
 	if err != nil {
 		log.WithError(err).Info("Terminal authentication failed.")
+		s.emitTerminalAuthFailed(r, err)
 		c.Close(websocket.StatusPolicyViolation, truncateReason(trace.UserMessage(err)))
 		return
 	}
 	log = log.WithField("user", live.user)
-	t := &termSession{srv: s, c: c, live: live, log: log}
+	t := &termSession{srv: s, c: c, live: live, log: log, remoteAddr: r.RemoteAddr}
 	t.run(r.URL.Query().Get("params"))
 }
 
@@ -140,6 +141,8 @@ type termSession struct {
 	c    *websocket.Conn
 	live *liveSession
 	log  logrus.FieldLogger
+	// remoteAddr is the browser's address, for the audit trail.
+	remoteAddr string
 }
 
 // sessionEnd is the cause that ends a terminal, with what the browser is
@@ -257,6 +260,7 @@ func (t *termSession) connect(ctx context.Context, p *TerminalParams) (*ssh.Clie
 		},
 	})
 	if err != nil {
+		t.auditRoute(ctx, p, route, err)
 		if trace.IsAccessDenied(err) {
 			// As on the SSH port: a denied node looks like a missing one.
 			t.log.WithError(err).Warn("Access denied.")

@@ -1,0 +1,130 @@
+package auth
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"net/http"
+
+	"github.com/gravitational/trace"
+	"github.com/sirupsen/logrus"
+
+	"github.com/postern-dev/postern/lib/events"
+)
+
+// shipEventsRequest is the body of POST /v1/events.
+type shipEventsRequest struct {
+	Events []events.Event `json:"events"`
+}
+
+// ShipEventsResponse says how many events of a batch were recorded and how
+// many were refused (a type a host may not ship).
+type ShipEventsResponse struct {
+	Accepted int `json:"accepted"`
+	Refused  int `json:"refused"`
+}
+
+// shipEvents records a batch a node or proxy shipped. Each event is
+// stamped by events.ShippedEvent with what auth vouches for (the cluster
+// name, the emitter's UUID and role from its certificate); an event of a
+// type hosts do not produce is refused alone, so one bad event does not
+// cost the rest of its batch.
+func (a *APIServer) shipEvents(ctx context.Context, p *peer, r *http.Request) (any, error) {
+	var req shipEventsRequest
+	if err := readJSON(r, &req); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if len(req.Events) > events.MaxShippedBatch {
+		return nil, trace.BadParameter("%d events in one batch: at most %d", len(req.Events), events.MaxShippedBatch)
+	}
+	now := a.auth.clock.Now()
+	var resp ShipEventsResponse
+	var firstErr error
+	for _, e := range req.Events {
+		stamped, err := events.ShippedEvent(e, now, a.auth.cfg.ClusterName, p.ID, p.Role)
+		if err != nil {
+			resp.Refused++
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		a.auth.cfg.Audit.Emit(ctx, stamped)
+		resp.Accepted++
+	}
+	if firstErr != nil {
+		a.log.WithError(firstErr).WithFields(logrus.Fields{"peer": p.ID, "role": p.Role, "refused": resp.Refused}).
+			Warn("Refused audit events a host shipped.")
+	}
+	return resp, nil
+}
+
+// ShipEvents sends a batch of audit events to auth (node and proxy
+// identities only); it is the events.Shipper of processes without the
+// auth role.
+func (c *Client) ShipEvents(ctx context.Context, es []events.Event) error {
+	return trace.Wrap(c.do(ctx, http.MethodPost, "/v1/events", nil, shipEventsRequest{Events: es}, nil))
+}
+
+var _ events.Shipper = (*Client)(nil)
+
+// emitJoin records a join attempt: host.join with the UUID auth certified
+// (read from the issued certificate, whoever chose it), or
+// host.join.failed with the reason. The token is never recorded: it is a
+// credential.
+func (a *APIServer) emitJoin(ctx context.Context, r *http.Request, req *RegisterRequest, out any, err error) {
+	fields := events.Fields{
+		events.FieldRemoteAddr: r.RemoteAddr,
+		events.FieldRole:       req.Role,
+		events.FieldHostname:   req.Hostname,
+		"requested_uuid":       req.UUID,
+		events.FieldMethod:     "token",
+	}
+	typ := events.HostJoin
+	if err != nil {
+		typ = events.HostJoinFailed
+		fields[events.FieldReason] = trace.UserMessage(err)
+	} else if resp, ok := out.(*RegisterResponse); ok {
+		fields[events.FieldServerID] = certCommonName(resp.TLSCert)
+	}
+	a.auth.cfg.Audit.Emit(ctx, events.Event{Type: typ, Fields: fields})
+}
+
+// certCommonName is the CN (the host UUID) of a PEM certificate, "" when
+// it cannot be read.
+func certCommonName(certPEM []byte) string {
+	block, _ := pem.Decode(certPEM)
+	if block == nil {
+		return ""
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return ""
+	}
+	return cert.Subject.CommonName
+}
+
+// emitAPIDenied records an auth API call refused to a host: an endpoint
+// its role may not call, or a write outside its own identity.
+func (a *APIServer) emitAPIDenied(ctx context.Context, p *peer, r *http.Request, endpoint string, err error) {
+	a.auth.cfg.Audit.Emit(ctx, events.Event{Type: events.APIDenied, Fields: events.Fields{
+		events.FieldServerID:   p.ID,
+		events.FieldRole:       p.Role,
+		events.FieldEndpoint:   endpoint,
+		events.FieldRemoteAddr: r.RemoteAddr,
+		events.FieldReason:     trace.UserMessage(err),
+	}})
+}
+
+// audited records the AccessDenied answers of a host-facing endpoint as
+// api.denied: a node that tries to announce another node is an attack,
+// not a typo, and belongs in the audit log, not just the process log.
+func (a *APIServer) audited(endpoint string, h apiHandler) apiHandler {
+	return func(ctx context.Context, p *peer, r *http.Request) (any, error) {
+		out, err := h(ctx, p, r)
+		if err != nil && trace.IsAccessDenied(err) {
+			a.emitAPIDenied(ctx, p, r, endpoint, err)
+		}
+		return out, err
+	}
+}

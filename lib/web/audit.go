@@ -1,0 +1,64 @@
+package web
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/proxy"
+)
+
+// The web terminal's audit events carry method "web" and kind "terminal",
+// so that one query tells them from the SSH port's.
+const (
+	auditMethod = "web"
+	auditKind   = "terminal"
+)
+
+// emitTerminalAuthFailed records a terminal socket whose first message did
+// not authenticate (no, wrong or expired token, no cookie). Nobody is
+// known yet: the record names the address.
+func (s *Server) emitTerminalAuthFailed(r *http.Request, err error) {
+	s.cfg.WebSessions.Audit.Emit(s.web.ctx, events.Event{Type: events.AccessDenied, Fields: events.Fields{
+		events.FieldMethod:     auditMethod,
+		events.FieldKind:       auditKind,
+		events.FieldRemoteAddr: r.RemoteAddr,
+		events.FieldReason:     trace.UserMessage(err),
+	}})
+}
+
+// auditRoute records a terminal refused by RBAC (access.denied, with the
+// node that was refused: the user is told "not found", the audit log
+// says why) or by an ambiguous target (route.ambiguous with every
+// candidate: the audit log is for admins, who see all nodes). Other
+// routing errors are not audited.
+func (t *termSession) auditRoute(ctx context.Context, p *TerminalParams, route proxy.Route, err error) {
+	fields := events.Fields{
+		events.FieldMethod:     auditMethod,
+		events.FieldKind:       auditKind,
+		events.FieldTarget:     p.Host,
+		events.FieldLogin:      p.Login,
+		events.FieldRemoteAddr: t.remoteAddr,
+	}
+	typ := events.AccessDenied
+	switch {
+	case trace.IsAccessDenied(err):
+		fields[events.FieldReason] = err.Error()
+		if route.Node.UUID != "" {
+			fields[events.FieldServerID] = route.Node.UUID
+			fields[events.FieldServerHostname] = route.Node.Hostname
+		}
+	case proxy.IsAmbiguousHost(err):
+		typ = events.RouteAmbiguous
+		uuids := make([]string, 0, len(route.Candidates))
+		for _, n := range route.Candidates {
+			uuids = append(uuids, n.UUID)
+		}
+		fields[events.FieldCandidates] = uuids
+	default:
+		return
+	}
+	t.srv.cfg.WebSessions.Audit.Emit(ctx, events.Event{Type: typ, User: t.live.user, Fields: fields})
+}
