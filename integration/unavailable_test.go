@@ -133,7 +133,9 @@ func TestFaultSQLiteBackendUnavailable(t *testing.T) {
 	require.Equal(t, "before\n", got)
 
 	path := filepath.Join(c.dataDir, "backend", "postern.db")
-	for _, p := range []string{path, path + "-wal"} {
+	// In place, all three files: the WAL index (-shm) too, or a reader
+	// with a warm page cache would not notice.
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
 		require.NoError(t, os.WriteFile(p, bytes.Repeat([]byte("garbage!"), 4096), 0o600))
 	}
 	requireAuthUnavailableEverywhere(t, c)

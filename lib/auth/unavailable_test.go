@@ -44,7 +44,9 @@ func TestBackendDownIs503(t *testing.T) {
 	_, pub, err := GenerateKeyPair()
 	require.NoError(t, err)
 
-	for _, p := range []string{path, path + "-wal"} {
+	// Overwritten in place, the WAL index too (a warm reader would not
+	// notice otherwise): every read and write now fails.
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
 		require.NoError(t, os.WriteFile(p, bytes.Repeat([]byte("garbage!"), 1024), 0o600))
 	}
 
