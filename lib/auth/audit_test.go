@@ -55,13 +55,13 @@ func TestJoinAudited(t *testing.T) {
 	ok := waitEvent(t, rec, events.HostJoin, nil)
 	require.Equal(t, id.ID, ok.Fields[events.FieldServerID], "the certified UUID")
 	require.Equal(t, RoleNode, ok.Fields[events.FieldRole])
-	require.Equal(t, "node-1-host", ok.Fields[events.FieldHostname])
+	require.Equal(t, "node-1", ok.Fields[events.FieldHostname])
 	require.Regexp(t, `^127\.0\.0\.1:\d+$`, ok.Fields[events.FieldRemoteAddr])
 
 	// The spent token again, and a wrong role.
 	_, err = Join(ctx, joinParams(env, tok.Name, RoleNode, "node-2"))
 	require.Error(t, err)
-	failed := waitEvent(t, rec, events.HostJoinFailed, func(e events.Event) bool { return e.Fields["requested_uuid"] == "node-2" })
+	failed := waitEvent(t, rec, events.HostJoinFailed, func(e events.Event) bool { return e.Fields[events.FieldHostname] == "node-2" })
 	require.Contains(t, failed.Fields[events.FieldReason], "not found or already used")
 	require.Regexp(t, `^127\.0\.0\.1:\d+$`, failed.Fields[events.FieldRemoteAddr])
 	require.Equal(t, RoleNode, failed.Fields[events.FieldRole])
@@ -69,7 +69,7 @@ func TestJoinAudited(t *testing.T) {
 	require.NoError(t, err)
 	_, err = Join(ctx, joinParams(env, proxyTok.Name, RoleNode, "sneaky"))
 	require.Error(t, err)
-	wrong := waitEvent(t, rec, events.HostJoinFailed, func(e events.Event) bool { return e.Fields["requested_uuid"] == "sneaky" })
+	wrong := waitEvent(t, rec, events.HostJoinFailed, func(e events.Event) bool { return e.Fields[events.FieldHostname] == "sneaky" })
 	require.Contains(t, wrong.Fields[events.FieldReason], "cannot be used to join as node")
 
 	// Rate limited: still audited.
@@ -78,7 +78,7 @@ func TestJoinAudited(t *testing.T) {
 	}
 	_, err = Join(ctx, joinParams(env, "0123456789abcdef0123456789abcdef", RoleNode, "limited"))
 	require.True(t, trace.IsLimitExceeded(err), "%v", err)
-	limited := waitEvent(t, rec, events.HostJoinFailed, func(e events.Event) bool { return e.Fields["requested_uuid"] == "limited" })
+	limited := waitEvent(t, rec, events.HostJoinFailed, func(e events.Event) bool { return e.Fields[events.FieldHostname] == "limited" })
 	require.Contains(t, limited.Fields[events.FieldReason], "try again in")
 
 	for _, e := range rec.Events() {
@@ -95,9 +95,10 @@ func TestJoinAudited(t *testing.T) {
 func TestAPIViolationsAudited(t *testing.T) {
 	env, rec := newAuditedAPI(t)
 	ctx := context.Background()
-	node := env.client(t, env.identity(t, "node-a", RoleNode))
+	hn := env.newHostNode(t, "node-a", RoleNode)
+	node := env.client(t, hn.id)
 
-	err := node.UpsertNode(ctx, services.Node{UUID: "node-b", Hostname: "b", Addr: "127.0.0.1:3022", Expires: env.clock.Now().Add(time.Minute)})
+	err := node.UpsertNode(ctx, services.Node{UUID: "node-b", Hostname: "b", Addr: hn.addr, Expires: env.clock.Now().Add(time.Minute)})
 	require.True(t, trace.IsAccessDenied(err), "%v", err)
 	e := waitEvent(t, rec, events.APIDenied, func(e events.Event) bool { return e.Fields[events.FieldEndpoint] == "PUT /v1/nodes" })
 	require.Equal(t, "node-a", e.Fields[events.FieldServerID])
@@ -111,7 +112,7 @@ func TestAPIViolationsAudited(t *testing.T) {
 
 	// Its own heartbeat is no violation.
 	n := len(rec.Events())
-	require.NoError(t, node.UpsertNode(ctx, services.Node{UUID: "node-a", Hostname: "a", Addr: "127.0.0.1:3022", Expires: env.clock.Now().Add(time.Minute)}))
+	require.NoError(t, node.UpsertNode(ctx, services.Node{UUID: "node-a", Hostname: "a", Addr: hn.addr, Expires: env.clock.Now().Add(time.Minute)}))
 	require.Len(t, rec.Events(), n)
 }
 
