@@ -56,9 +56,10 @@ func Explain(route Route) string {
 }
 
 // ExplainTarget routes t without dialing and explains the outcome, failed
-// or not: the body of `pctl route`.
+// or not: the body of `pctl route`. It is the admin view: every node takes
+// part, whoever may reach it.
 func (r *Router) ExplainTarget(ctx context.Context, t Target) Explanation {
-	route, err := r.Route(ctx, t)
+	route, err := r.Route(ctx, t, nil)
 	e := NewExplanation(route)
 	e.Target = t.String()
 	if e.Cluster == "" {

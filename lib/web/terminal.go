@@ -252,11 +252,19 @@ func (t *termSession) connect(ctx context.Context, p *TerminalParams) (*ssh.Clie
 	target.Cluster = p.Cluster
 	conn, route, err := cfg.Router.DialHost(ctx, proxy.RouteRequest{
 		Target: target,
+		// The same candidates as on the SSH port and in the node list:
+		// nodes the user may reach with any of their logins. The exact
+		// login is then checked on the chosen node, and a refusal looks
+		// like "not found" too (the log says why).
+		Access: func(node services.Node) bool { return canReach(id, node) },
 		Authorize: func(node services.Node) error {
 			return checkLogin(id, node, p.Login)
 		},
 	})
 	if err != nil {
+		if trace.IsNotFound(err) && len(route.Hidden) > 0 {
+			t.log.WithField("hidden", route.Hidden).Warn("Access denied: the user may not reach the matching nodes.")
+		}
 		if trace.IsAccessDenied(err) {
 			// As on the SSH port: a denied node looks like a missing one.
 			t.log.WithError(err).Warn("Access denied.")
