@@ -133,3 +133,17 @@ func TestDialHostAccessFilter(t *testing.T) {
 	require.Equal(t, "a1", route.Node.UUID)
 	require.Equal(t, []string{"10.1.0.1:3022"}, dialer.addrs())
 }
+
+// TestAmbiguousErrorEscapes: the candidate lines reach users' terminals
+// (ssh -J stderr, psh, the browser): node-supplied text is escaped.
+func TestAmbiguousErrorEscapes(t *testing.T) {
+	env := newRouterEnv(t, []services.Node{
+		node("e1", "evil", "10.2.0.1:3022", 0, "env", "\x1b[31m\r\n"),
+		node("e2", "evil", "10.2.0.2:3022", 0),
+	}, nil)
+	_, err := env.router.Route(context.Background(), Target{Host: "evil"}, nil)
+	require.True(t, IsAmbiguousHost(err))
+	require.Contains(t, err.Error(), `e1 addr=10.2.0.1:3022 labels=env="\x1b[31m\r\n" last_heartbeat=`)
+	require.NotContains(t, err.Error(), "\x1b")
+	require.NotContains(t, err.Error(), "\r")
+}

@@ -99,10 +99,10 @@ func (e Explanation) String() string {
 		if e.Chosen != nil && e.Chosen.UUID == n.UUID {
 			mark = "* "
 		}
-		b.WriteString("\n  " + mark + n.Hostname + " " + CandidateLine(n))
+		b.WriteString("\n  " + mark + services.EscapeText(n.Hostname) + " " + CandidateLine(n))
 	}
 	if e.Chosen != nil {
-		b.WriteString("\nchosen:     " + e.Chosen.UUID + " (" + e.Chosen.Hostname + ", " + e.Chosen.Addr + ")")
+		b.WriteString("\nchosen:     " + services.EscapeText(e.Chosen.UUID) + " (" + services.EscapeText(e.Chosen.Hostname) + ", " + services.EscapeText(e.Chosen.Addr) + ")")
 		b.WriteString("\nreason:     " + e.Reason)
 	}
 	if e.Error != "" {
