@@ -35,6 +35,12 @@ type SessionConfig struct {
 // psh makes its own.
 type ExitStatusError struct {
 	Status int
+	// Message, when set, is printed (one line, "psh: MESSAGE") before psh
+	// exits with Status: why a session ended without an exit status.
+	Message string
+	// missing: the session ended without an exit status or signal
+	// (NodeClient.Explain fills in Message).
+	missing bool
 }
 
 func (e *ExitStatusError) Error() string { return "remote command exited with a non-zero status" }
@@ -99,7 +105,7 @@ func exitError(err error) error {
 	}
 	var missing *ssh.ExitMissingError
 	if errors.As(err, &missing) {
-		return &ExitStatusError{Status: 255}
+		return &ExitStatusError{Status: 255, missing: true, Message: "the session ended without an exit status"}
 	}
 	return trace.ConnectionProblem(err, "session ended: %v", err)
 }
