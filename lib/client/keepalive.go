@@ -98,6 +98,18 @@ func (k *keepAlive) loop() {
 				return // the connection is gone; its own error says why
 			}
 		case <-timer.Chan():
+			if pending != nil {
+				// select picks at random among ready cases: an answer
+				// already there must not count as a miss.
+				select {
+				case err := <-pending:
+					pending, missed = nil, 0
+					if err != nil {
+						return
+					}
+				default:
+				}
+			}
 			if pending == nil {
 				pending = make(chan error, 1)
 				ch := pending
