@@ -17,6 +17,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/proxy"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // DialTimeout bounds the TCP connect and SSH handshake with the proxy.
@@ -219,7 +220,7 @@ type NodeClient struct {
 	proxy *ssh.Client
 	// host is the node as the user named it.
 	host              string
-	kaNode, kaProxy   *keepAlive
+	kaNode, kaProxy   *utils.SSHKeepAlive
 	clock             clockwork.Clock
 	nodeDone, pxyDone chan struct{}
 }
@@ -305,6 +306,10 @@ func waitDone(clt *ssh.Client) chan struct{} {
 	return ch
 }
 
+// KeepAliveConfig configures psh's keep-alives on the proxy and node
+// connections (zero: every 10s, given up after 3 unanswered).
+type KeepAliveConfig = utils.SSHKeepAliveConfig
+
 // DialNode dials the proxy, opens `proxy:TARGET` and runs an SSH client
 // over it as login. The node's host certificate must be signed by the host
 // CA and name target.Host (hostnames, UUIDs, HOST.CLUSTER and IPs are all
@@ -343,8 +348,8 @@ func DialNode(ctx context.Context, creds *Credentials, target proxy.Target, logi
 	}
 	nc := &NodeClient{Client: ssh.NewClient(sconn, chans, reqs), proxy: pc, host: target.Host, clock: ka.Clock}
 	nc.nodeDone, nc.pxyDone = waitDone(nc.Client), waitDone(pc)
-	nc.kaProxy = startKeepAlive(pc, "the proxy at "+creds.Profile.ProxySSH, ka)
-	nc.kaNode = startKeepAlive(nc.Client, target.Host, ka)
+	nc.kaProxy = utils.StartSSHKeepAlive(pc, "the proxy at "+creds.Profile.ProxySSH, ka)
+	nc.kaNode = utils.StartSSHKeepAlive(nc.Client, target.Host, ka)
 	return nc, nil
 }
 

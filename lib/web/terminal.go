@@ -19,6 +19,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // Timeouts of the terminal websocket.
@@ -177,6 +178,18 @@ func (t *termSession) run(rawParams string) {
 		return
 	}
 	defer client.Close()
+	kaCfg := t.srv.cfg.WebSessions.NodeKeepAlive
+	if kaCfg.Clock == nil {
+		kaCfg.Clock = t.srv.cfg.Clock
+	}
+	// The proxy is the node's SSH client here, so unlike the spliced
+	// paths it can probe the node at the SSH level. The client is closed
+	// first, which ends a probe in flight.
+	ka := utils.StartSSHKeepAlive(client, fmt.Sprintf("node %q", params.Host), kaCfg)
+	defer func() {
+		client.Close()
+		ka.Close()
+	}()
 	log.Info("Web terminal started.")
 
 	var wg sync.WaitGroup
@@ -193,6 +206,9 @@ func (t *termSession) run(rawParams string) {
 			end.code = 0
 		case errors.As(err, &exitErr):
 			end.code = exitErr.ExitStatus()
+		case ka.Err() != nil:
+			end.err = ka.Err()
+			end.reason = truncateReason(ka.Err().Error())
 		default:
 			end.reason = "connection to the node lost"
 		}

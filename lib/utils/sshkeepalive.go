@@ -1,4 +1,4 @@
-package client
+package utils
 
 import (
 	"fmt"
@@ -9,54 +9,55 @@ import (
 	"golang.org/x/crypto/ssh"
 )
 
-// Keep-alive defaults, as OpenSSH's ServerAliveInterval and
+// SSH keep-alive defaults, as OpenSSH's ServerAliveInterval and
 // ServerAliveCountMax would be set for a bastion: a frozen node or proxy
 // (SIGSTOP, a paused VM, a dropped route) whose TCP connection stays
 // "up" ends the session within 30s of the first unanswered probe, instead
 // of hanging forever.
 const (
-	DefaultKeepAliveInterval = 10 * time.Second
-	DefaultKeepAliveCountMax = 3
+	DefaultSSHKeepAliveInterval = 10 * time.Second
+	DefaultSSHKeepAliveCountMax = 3
 )
 
 // keepAliveRequest is OpenSSH's keep-alive global request. Any reply, even
 // a refusal from a server that does not know it, proves the peer alive.
 const keepAliveRequest = "keepalive@openssh.com"
 
-// KeepAliveConfig configures psh's SSH keep-alives on the proxy and node
-// connections. The zero value means the defaults.
-type KeepAliveConfig struct {
-	// Interval between probes; zero means DefaultKeepAliveInterval,
+// SSHKeepAliveConfig configures keep-alives on an SSH connection where
+// Postern is the client: psh's proxy and node connections, the web
+// terminal's connection to the node. The zero value means the defaults.
+type SSHKeepAliveConfig struct {
+	// Interval between probes; zero means DefaultSSHKeepAliveInterval,
 	// negative turns keep-alives off.
 	Interval time.Duration
 	// CountMax is how many intervals a probe may stay unanswered before
-	// the connection is given up; zero means DefaultKeepAliveCountMax.
+	// the connection is given up; zero means DefaultSSHKeepAliveCountMax.
 	CountMax int
 	// Clock times the probes; nil means the real clock.
 	Clock clockwork.Clock
 }
 
 // CheckAndSetDefaults fills in the defaults.
-func (c *KeepAliveConfig) CheckAndSetDefaults() {
+func (c *SSHKeepAliveConfig) CheckAndSetDefaults() {
 	if c.Interval == 0 {
-		c.Interval = DefaultKeepAliveInterval
+		c.Interval = DefaultSSHKeepAliveInterval
 	}
 	if c.CountMax <= 0 {
-		c.CountMax = DefaultKeepAliveCountMax
+		c.CountMax = DefaultSSHKeepAliveCountMax
 	}
 	if c.Clock == nil {
 		c.Clock = clockwork.NewRealClock()
 	}
 }
 
-// keepAlive probes one SSH connection and closes it when the peer stops
+// SSHKeepAlive probes one SSH connection and closes it when the peer stops
 // answering. It owns two goroutines: the loop, and at most one probe in
 // flight (which returns when the peer answers or the connection closes).
-type keepAlive struct {
+type SSHKeepAlive struct {
 	conn ssh.Conn
 	// what names the peer in the message, e.g. `node "web"`.
 	what string
-	cfg  KeepAliveConfig
+	cfg  SSHKeepAliveConfig
 	stop chan struct{}
 	done chan struct{}
 	// mu guards cause.
@@ -64,19 +65,20 @@ type keepAlive struct {
 	cause error
 }
 
-// startKeepAlive probes conn every cfg.Interval; nil when keep-alives are
-// off.
-func startKeepAlive(conn ssh.Conn, what string, cfg KeepAliveConfig) *keepAlive {
+// StartSSHKeepAlive probes conn every cfg.Interval; nil (whose methods do
+// nothing) when keep-alives are off. what names the peer in the error,
+// e.g. `node "web"`.
+func StartSSHKeepAlive(conn ssh.Conn, what string, cfg SSHKeepAliveConfig) *SSHKeepAlive {
 	cfg.CheckAndSetDefaults()
 	if cfg.Interval < 0 {
 		return nil
 	}
-	k := &keepAlive{conn: conn, what: what, cfg: cfg, stop: make(chan struct{}), done: make(chan struct{})}
+	k := &SSHKeepAlive{conn: conn, what: what, cfg: cfg, stop: make(chan struct{}), done: make(chan struct{})}
 	go k.loop()
 	return k
 }
 
-func (k *keepAlive) loop() {
+func (k *SSHKeepAlive) loop() {
 	defer close(k.done)
 	var probes sync.WaitGroup
 	// The probe in flight ends when conn closes: close it before waiting
@@ -135,7 +137,7 @@ func (k *keepAlive) loop() {
 }
 
 // Err is why the keep-alive closed the connection; nil if it did not.
-func (k *keepAlive) Err() error {
+func (k *SSHKeepAlive) Err() error {
 	if k == nil {
 		return nil
 	}
@@ -146,7 +148,7 @@ func (k *keepAlive) Err() error {
 
 // Close stops the probes. The connection must be closed first (or be
 // closing) so that a probe in flight returns.
-func (k *keepAlive) Close() {
+func (k *SSHKeepAlive) Close() {
 	if k == nil {
 		return
 	}

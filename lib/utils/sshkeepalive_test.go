@@ -1,4 +1,4 @@
-package client
+package utils
 
 import (
 	"crypto/ed25519"
@@ -157,7 +157,7 @@ func TestKeepAliveFrozenPeer(t *testing.T) {
 	go func() { waited <- clt.Wait() }()
 
 	const interval, count = 100 * time.Millisecond, 3
-	k := startKeepAlive(clt, `node "web"`, KeepAliveConfig{Interval: interval, CountMax: count, Clock: clockwork.NewRealClock()})
+	k := StartSSHKeepAlive(clt, `node "web"`, SSHKeepAliveConfig{Interval: interval, CountMax: count, Clock: clockwork.NewRealClock()})
 	defer k.Close()
 
 	// Alive: five probes answered, through as many intervals as it takes
