@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -132,4 +133,49 @@ func routeOut(t *testing.T, c *allInOne) string {
 	t.Helper()
 	out, _, _ := pctl(t, c.dataDir, "", "route", "node-1")
 	return out
+}
+
+// TestOpenSSHMixedCaseHost: OpenSSH lower-cases the host it is given, so
+// `ssh -J proxy Web-Upper` opens direct-tcpip to "web-upper". Routing falls
+// back to a case-insensitive match when the exact one finds nothing, so the
+// node is reached. (Strict host-key checking is pinned to the node's UUID
+// principal with HostKeyAlias: the host certificate names "Web-Upper",
+// not the lower-cased form OpenSSH checks; see the report.)
+func TestOpenSSHMixedCaseHost(t *testing.T) {
+	requireOpenSSH(t, "ssh")
+	c := newAllInOneWith(t, func(cfg *config.Config) { cfg.NodeName = "Web-Upper" })
+	c.hostname = "Web-Upper"
+	cfg := c.opensshConfig(t, "")
+	out, err := exec.Command("ssh", "-F", cfg, "-o", "HostKeyAlias="+c.p.HostUUID(), "Web-Upper", "echo $SSH_POSTERN_HOST_UUID").CombinedOutput()
+	require.NoError(t, err, string(out))
+	require.Equal(t, c.p.HostUUID()+"\n", string(out))
+
+	// The exact case still routes, and so does x/crypto's lower-cased
+	// direct-tcpip, as OpenSSH sends it.
+	clt, err := c.viaJumpAs(t, "web-upper:0", c.p.HostUUID())
+	require.NoError(t, err)
+	got, err := run(t, clt, "echo $SSH_POSTERN_HOST_UUID")
+	require.NoError(t, err)
+	require.Equal(t, c.p.HostUUID()+"\n", got)
+}
+
+// viaJumpAs is viaJump with the node's host certificate checked against
+// principal rather than the target's host.
+func (c *allInOne) viaJumpAs(t *testing.T, target, principal string) (*ssh.Client, error) {
+	t.Helper()
+	cfg := c.clientConfig(t)
+	proxy, err := ssh.Dial("tcp", c.p.Addr(service.ListenerProxySSH).String(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Close() })
+	conn, err := proxy.Dial("tcp", target)
+	if err != nil {
+		return nil, err
+	}
+	sconn, chans, reqs, err := ssh.NewClientConn(conn, principal+":22", cfg)
+	if err != nil {
+		return nil, err
+	}
+	clt := ssh.NewClient(sconn, chans, reqs)
+	t.Cleanup(func() { clt.Close() })
+	return clt, nil
 }
