@@ -185,3 +185,14 @@ func TestNodesTableEscapes(t *testing.T) {
 	require.Equal(t, 3, bytes.Count(out.Bytes(), []byte("\n")), "one line per node plus the header:\n%s", s)
 	require.Contains(t, s, "db  ")
 }
+
+// TestOpenSSHConfigKeepAlives: the block `psh config` writes asks OpenSSH
+// for keep-alives on both hops, so a frozen node or proxy ends the session.
+func TestOpenSSHConfigKeepAlives(t *testing.T) {
+	s := NewStore(t.TempDir())
+	out, err := s.OpenSSHConfig(&Profile{Proxy: "proxy.example:3080", ProxySSH: "proxy.example:3023", User: "alice", Cluster: "c1"}, "/usr/bin/psh")
+	require.NoError(t, err)
+	block := out[strings.Index(out, "Host *.c1 proxy.example\n"):strings.Index(out, "Host proxy.example\n")]
+	require.Contains(t, block, "    ServerAliveInterval 15\n")
+	require.Contains(t, block, "    ServerAliveCountMax 2\n")
+}

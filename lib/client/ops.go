@@ -150,6 +150,11 @@ func (s *Store) OpenSSHConfig(p *Profile, pshPath string) (string, error) {
 	fmt.Fprintf(&b, "    IdentityFile %s\n", q(s.KeyPath(p)))
 	fmt.Fprintf(&b, "    CertificateFile %s\n", q(s.CertPath(p)))
 	fmt.Fprintf(&b, "    IdentitiesOnly yes\n")
+	// The proxy splices the node's bytes and cannot probe the user's SSH
+	// connection for them: OpenSSH's own keep-alives end a session to a
+	// frozen node (or proxy) within 30-45s instead of never.
+	fmt.Fprintf(&b, "    ServerAliveInterval 15\n")
+	fmt.Fprintf(&b, "    ServerAliveCountMax 2\n")
 	fmt.Fprintf(&b, "Host %s\n", host)
 	fmt.Fprintf(&b, "    Port %s\n", port)
 	fmt.Fprintf(&b, "Host *.%s !%s\n", p.Cluster, host)
