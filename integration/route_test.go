@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -178,4 +180,57 @@ func (c *allInOne) viaJumpAs(t *testing.T, target, principal string) (*ssh.Clien
 	clt := ssh.NewClient(sconn, chans, reqs)
 	t.Cleanup(func() { clt.Close() })
 	return clt, nil
+}
+
+// TestPshNodeDiesMidSession: `psh ssh` exits 255 when its node dies, as
+// OpenSSH does, and now says why in one line instead of nothing.
+func TestPshNodeDiesMidSession(t *testing.T) {
+	c := newAllInOne(t)
+	b := c.joinNode(t, "second", map[string]string{"env": "it"})
+	waitNodes(t, adminClient(t, c.dataDir, c.p), 2)
+	e := newPshEnv(t, c)
+	e.login(t, "alice", alicePassword+"\n")
+
+	var cmd *exec.Cmd
+	var stderr bytes.Buffer
+	var lines *bufio.Reader
+	require.Eventually(t, func() bool {
+		// The proxy's NodeWatcher learns of the node through its watch.
+		cmd = e.cmd("", "ssh", "second", "echo ready; exec sleep 600")
+		stderr.Reset()
+		cmd.Stderr = &stderr
+		out, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		lines = bufio.NewReader(out)
+		line, err := lines.ReadString('\n')
+		if err == nil && line == "ready\n" {
+			return true
+		}
+		_ = cmd.Wait()
+		return false
+	}, 20*time.Second, 100*time.Millisecond)
+
+	// A kill, not a drain (the context is already done).
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = b.Shutdown(ctx)
+	waited := make(chan error, 1)
+	go func() {
+		_, _ = io.Copy(io.Discard, lines)
+		waited <- cmd.Wait()
+	}()
+	var err error
+	select {
+	case err = <-waited:
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("psh outlived its node")
+	}
+	var exitErr *exec.ExitError
+	require.ErrorAs(t, err, &exitErr)
+	require.Equal(t, 255, exitErr.ExitCode())
+	msg := strings.TrimSpace(stderr.String())
+	require.NotContains(t, msg, "\n", "one line: %q", msg)
+	require.True(t, strings.HasPrefix(msg, "psh: connection to second lost"), "stderr: %q", msg)
 }
