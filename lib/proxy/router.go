@@ -3,9 +3,11 @@
 // `pctl route`, so the same target gets the same answer on every path.
 //
 // Routing is split in two. Route is a pure decision over the NodeWatcher's
-// in-memory inventory and the live networking config: no network, so it is
-// table-tested and explainable. DialHost runs Route and then dials exactly
-// the chosen node's registered address, bounded by ssh_dial_timeout.
+// in-memory inventory, the caller's access filter and the live networking
+// config: no network, so it is table-tested and explainable. DialHost runs
+// Route and then dials exactly the chosen node's registered address,
+// bounded by ssh_dial_timeout, and hands over the connection only once the
+// node has answered as an SSH server.
 package proxy
 
 import (
