@@ -99,7 +99,7 @@ func exitError(err error) error {
 		if exitErr.ExitStatus() == 0 && exitErr.Signal() != "" {
 			// Killed by a signal: 128+n is what shells report; without
 			// the number at hand, OpenSSH's 255 for "no status".
-			return &ExitStatusError{Status: 255}
+			return &ExitStatusError{Status: 255, Message: "the remote command was killed by signal " + exitErr.Signal()}
 		}
 		return &ExitStatusError{Status: exitErr.ExitStatus()}
 	}
