@@ -56,10 +56,11 @@ func (c *SSHKeepAliveConfig) CheckAndSetDefaults() {
 type SSHKeepAlive struct {
 	conn ssh.Conn
 	// what names the peer in the message, e.g. `node "web"`.
-	what string
-	cfg  SSHKeepAliveConfig
-	stop chan struct{}
-	done chan struct{}
+	what     string
+	cfg      SSHKeepAliveConfig
+	stop     chan struct{}
+	stopOnce sync.Once
+	done     chan struct{}
 	// mu guards cause.
 	mu    sync.Mutex
 	cause error
@@ -152,10 +153,6 @@ func (k *SSHKeepAlive) Close() {
 	if k == nil {
 		return
 	}
-	select {
-	case <-k.stop:
-	default:
-		close(k.stop)
-	}
+	k.stopOnce.Do(func() { close(k.stop) })
 	<-k.done
 }
