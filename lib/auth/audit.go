@@ -77,8 +77,12 @@ func (a *APIServer) emitJoin(ctx context.Context, r *http.Request, req *Register
 		events.FieldRemoteAddr: r.RemoteAddr,
 		events.FieldRole:       req.Role,
 		events.FieldHostname:   req.Hostname,
-		"requested_uuid":       req.UUID,
 		events.FieldMethod:     "token",
+	}
+	if req.UUID != "" {
+		// Hosts no longer send a UUID (auth assigns it): one that does is
+		// an old binary or someone trying to take a node's identity.
+		fields["requested_uuid"] = req.UUID
 	}
 	typ := events.HostJoin
 	if err != nil {

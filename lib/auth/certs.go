@@ -181,6 +181,17 @@ func hostPrincipals(uuid, hostname, cluster string, extra []string) []string {
 	add(uuid + "." + cluster)
 	if hostname != "" {
 		add(hostname + "." + cluster)
+		// OpenSSH lower-cases the host name it was given before it checks
+		// the certificate (`ssh -J proxy Web-1` checks "web-1"), and the
+		// Router routes that lower-cased name back to the node. Without
+		// these a strict client could not reach a node whose name has
+		// capitals. Another node whose name differs only in case holds the
+		// same lower-cased principals, exactly as two nodes with the same
+		// name do: which one a name means is the Router's decision (an
+		// ambiguous-host error unless most_recent), and both are nodes the
+		// cluster certified.
+		add(strings.ToLower(hostname))
+		add(strings.ToLower(hostname + "." + cluster))
 	}
 	for _, p := range extra {
 		// An address with a port ("10.0.0.5:3022") contributes its host.

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"encoding/pem"
 	"fmt"
@@ -15,6 +16,8 @@ import (
 
 	"github.com/gravitational/trace"
 	"github.com/stretchr/testify/require"
+
+	"github.com/postern-dev/postern/lib/proxy/sshproxy"
 )
 
 func TestParseForwardSpec(t *testing.T) {
@@ -164,4 +167,32 @@ func TestLoginErrorsMapped(t *testing.T) {
 
 func pemCert(der []byte) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// TestNodesTableEscapes: `psh ls` prints node-supplied text escaped, never
+// raw control characters, with the labels formatted as everywhere else.
+func TestNodesTableEscapes(t *testing.T) {
+	var out bytes.Buffer
+	require.NoError(t, WriteNodesTable(&out, []sshproxy.NodeEntry{{
+		UUID: "u1", Hostname: "web\r\nfake-host", Addr: "10.0.0.1:3022",
+		Labels: map[string]string{"env": "\x1b[31m\r\n", "a": "1"}, Logins: []string{"root"},
+	}, {UUID: "u2", Hostname: "db", Addr: "10.0.0.2:3022", Logins: []string{"root"}}}))
+	s := out.String()
+	require.Contains(t, s, `a=1,env="\x1b[31m\r\n"`)
+	require.Contains(t, s, `"web\r\nfake-host"`)
+	require.NotContains(t, s, "\x1b")
+	require.NotContains(t, s, "\r")
+	require.Equal(t, 3, bytes.Count(out.Bytes(), []byte("\n")), "one line per node plus the header:\n%s", s)
+	require.Contains(t, s, "db  ")
+}
+
+// TestOpenSSHConfigKeepAlives: the block `psh config` writes asks OpenSSH
+// for keep-alives on both hops, so a frozen node or proxy ends the session.
+func TestOpenSSHConfigKeepAlives(t *testing.T) {
+	s := NewStore(t.TempDir())
+	out, err := s.OpenSSHConfig(&Profile{Proxy: "proxy.example:3080", ProxySSH: "proxy.example:3023", User: "alice", Cluster: "c1"}, "/usr/bin/psh")
+	require.NoError(t, err)
+	block := out[strings.Index(out, "Host *.c1 proxy.example\n"):strings.Index(out, "Host proxy.example\n")]
+	require.Contains(t, block, "    ServerAliveInterval 15\n")
+	require.Contains(t, block, "    ServerAliveCountMax 2\n")
 }

@@ -3,6 +3,8 @@ package client
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -11,9 +13,11 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/proxy"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // DialTimeout bounds the TCP connect and SSH handshake with the proxy.
@@ -208,10 +212,17 @@ func (s *Subsystem) ExitStatus() int {
 	return int(s.exitStatus.Load())
 }
 
-// NodeClient is an SSH client to a node through the proxy.
+// NodeClient is an SSH client to a node through the proxy. Both SSH
+// connections (to the proxy, and to the node inside it) are kept alive
+// with keepalive@openssh.com probes.
 type NodeClient struct {
 	*ssh.Client
 	proxy *ssh.Client
+	// host is the node as the user named it.
+	host              string
+	kaNode, kaProxy   *utils.SSHKeepAlive
+	clock             clockwork.Clock
+	nodeDone, pxyDone chan struct{}
 }
 
 // Close closes the node connection, then the proxy connection.
@@ -220,14 +231,92 @@ func (c *NodeClient) Close() error {
 	if perr := c.proxy.Close(); err == nil {
 		err = perr
 	}
+	c.kaNode.Close()
+	c.kaProxy.Close()
 	return err
 }
+
+// lostWait bounds how long Explain waits for a connection whose session
+// just ended without an exit status to report itself closed.
+const lostWait = 2 * time.Second
+
+// Explain turns the end of a session into what the user is told: a
+// session that ended without an exit status (psh exits 255, as OpenSSH
+// does) gets a one-line reason, the keep-alive's when it gave up, or which
+// connection was lost.
+func (c *NodeClient) Explain(err error) error {
+	if err == nil {
+		return nil
+	}
+	var exit *ExitStatusError
+	if errors.As(err, &exit) && !exit.missing {
+		return err
+	}
+	if exit == nil {
+		// Another end (the connection broke mid-request): only a
+		// keep-alive's verdict says more than the error itself.
+		cause := c.kaProxy.Err()
+		if cause == nil {
+			cause = c.kaNode.Err()
+		}
+		if cause == nil {
+			return err
+		}
+		return &ExitStatusError{Status: 255, Message: cause.Error()}
+	}
+	timer := c.clock.NewTimer(lostWait)
+	defer timer.Stop()
+	select {
+	case <-c.nodeDone:
+	case <-c.pxyDone:
+	case <-timer.Chan():
+	}
+	switch {
+	case c.kaProxy.Err() != nil:
+		exit.Message = c.kaProxy.Err().Error()
+	case c.kaNode.Err() != nil:
+		exit.Message = c.kaNode.Err().Error()
+	case isDone(c.pxyDone):
+		exit.Message = "connection to the proxy lost"
+	case isDone(c.nodeDone):
+		exit.Message = fmt.Sprintf("connection to %s lost: the node or the proxy closed it", c.host)
+	default:
+		exit.Message = fmt.Sprintf("%s ended the session without an exit status", c.host)
+	}
+	return exit
+}
+
+func isDone(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitDone returns a channel closed when clt's connection has ended.
+// The goroutine ends with the connection (Close ends it).
+func waitDone(clt *ssh.Client) chan struct{} {
+	ch := make(chan struct{})
+	go func() {
+		_ = clt.Wait()
+		close(ch)
+	}()
+	return ch
+}
+
+// KeepAliveConfig configures psh's keep-alives on the proxy and node
+// connections (zero: every 10s, given up after 3 unanswered).
+type KeepAliveConfig = utils.SSHKeepAliveConfig
 
 // DialNode dials the proxy, opens `proxy:TARGET` and runs an SSH client
 // over it as login. The node's host certificate must be signed by the host
 // CA and name target.Host (hostnames, UUIDs, HOST.CLUSTER and IPs are all
-// among a node's principals).
-func DialNode(ctx context.Context, creds *Credentials, target proxy.Target, login string) (*NodeClient, error) {
+// among a node's principals). ka configures the keep-alives of both
+// connections (zero: the defaults).
+func DialNode(ctx context.Context, creds *Credentials, target proxy.Target, login string, ka KeepAliveConfig) (*NodeClient, error) {
+	ka.CheckAndSetDefaults()
 	pc, err := DialProxy(ctx, creds)
 	if err != nil {
 		return nil, trace.Wrap(err)
@@ -257,7 +346,11 @@ func DialNode(ctx context.Context, creds *Credentials, target proxy.Target, logi
 		}
 		return nil, handshakeError("node "+target.Host, err)
 	}
-	return &NodeClient{Client: ssh.NewClient(sconn, chans, reqs), proxy: pc}, nil
+	nc := &NodeClient{Client: ssh.NewClient(sconn, chans, reqs), proxy: pc, host: target.Host, clock: ka.Clock}
+	nc.nodeDone, nc.pxyDone = waitDone(nc.Client), waitDone(pc)
+	nc.kaProxy = utils.StartSSHKeepAlive(pc, "the proxy at "+creds.Profile.ProxySSH, ka)
+	nc.kaNode = utils.StartSSHKeepAlive(nc.Client, target.Host, ka)
+	return nc, nil
 }
 
 // channelConn makes an SSH channel a net.Conn for ssh.NewClientConn.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sort"
 	"strings"
 	"text/tabwriter"
 
@@ -55,23 +54,12 @@ func WriteNodesTable(w io.Writer, nodes []sshproxy.NodeEntry) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "HOSTNAME\tADDRESS\tLABELS\tLOGINS\tUUID")
 	for _, n := range nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Hostname, n.Addr, FormatLabels(n.Labels), strings.Join(n.Logins, ","), n.UUID)
+		// Node-supplied text is escaped: a label or hostname must not
+		// drive the user's terminal.
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", services.EscapeText(n.Hostname), services.EscapeText(n.Addr),
+			services.FormatLabels(n.Labels), strings.Join(n.Logins, ","), services.EscapeText(n.UUID))
 	}
 	return trace.Wrap(tw.Flush())
-}
-
-// FormatLabels renders labels as k=v,k2=v2 sorted by key.
-func FormatLabels(labels map[string]string) string {
-	keys := make([]string, 0, len(labels))
-	for k := range labels {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	parts := make([]string, 0, len(keys))
-	for _, k := range keys {
-		parts = append(parts, k+"="+labels[k])
-	}
-	return strings.Join(parts, ",")
 }
 
 // ProxyStdio is `psh proxy ssh`: the raw bytes of the node's SSH port on
@@ -162,6 +150,11 @@ func (s *Store) OpenSSHConfig(p *Profile, pshPath string) (string, error) {
 	fmt.Fprintf(&b, "    IdentityFile %s\n", q(s.KeyPath(p)))
 	fmt.Fprintf(&b, "    CertificateFile %s\n", q(s.CertPath(p)))
 	fmt.Fprintf(&b, "    IdentitiesOnly yes\n")
+	// The proxy splices the node's bytes and cannot probe the user's SSH
+	// connection for them: OpenSSH's own keep-alives end a session to a
+	// frozen node (or proxy) within 30-45s instead of never.
+	fmt.Fprintf(&b, "    ServerAliveInterval 15\n")
+	fmt.Fprintf(&b, "    ServerAliveCountMax 2\n")
 	fmt.Fprintf(&b, "Host %s\n", host)
 	fmt.Fprintf(&b, "    Port %s\n", port)
 	fmt.Fprintf(&b, "Host *.%s !%s\n", p.Cluster, host)

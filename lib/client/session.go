@@ -35,6 +35,12 @@ type SessionConfig struct {
 // psh makes its own.
 type ExitStatusError struct {
 	Status int
+	// Message, when set, is printed (one line, "psh: MESSAGE") before psh
+	// exits with Status: why a session ended without an exit status.
+	Message string
+	// missing: the session ended without an exit status or signal
+	// (NodeClient.Explain fills in Message).
+	missing bool
 }
 
 func (e *ExitStatusError) Error() string { return "remote command exited with a non-zero status" }
@@ -93,13 +99,13 @@ func exitError(err error) error {
 		if exitErr.ExitStatus() == 0 && exitErr.Signal() != "" {
 			// Killed by a signal: 128+n is what shells report; without
 			// the number at hand, OpenSSH's 255 for "no status".
-			return &ExitStatusError{Status: 255}
+			return &ExitStatusError{Status: 255, Message: "the remote command was killed by signal " + exitErr.Signal()}
 		}
 		return &ExitStatusError{Status: exitErr.ExitStatus()}
 	}
 	var missing *ssh.ExitMissingError
 	if errors.As(err, &missing) {
-		return &ExitStatusError{Status: 255}
+		return &ExitStatusError{Status: 255, missing: true, Message: "the session ended without an exit status"}
 	}
 	return trace.ConnectionProblem(err, "session ended: %v", err)
 }

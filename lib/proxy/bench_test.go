@@ -108,7 +108,7 @@ func benchmarkRoute(b *testing.B, netWatcher bool) {
 			i := 0
 			for b.Loop() {
 				t := targets[i%len(targets)]
-				_, err := r.Route(ctx, t)
+				_, err := r.Route(ctx, t, nil)
 				if (err == nil) != (i%4 != 3) {
 					b.Fatalf("target %v: %v", t, err)
 				}
@@ -200,7 +200,7 @@ func BenchmarkRouteConcurrent1000(b *testing.B) {
 				for i := range lookups {
 					done.Add(1)
 					go func() {
-						rt, _ := r.Route(ctx, targets[i%len(targets)])
+						rt, _ := r.Route(ctx, targets[i%len(targets)], nil)
 						routes[i] = rt
 						done.Done()
 						release.Wait()
@@ -240,7 +240,7 @@ func TestRouteCostIndependentOfClusterSize(t *testing.T) {
 		ctx := context.Background()
 		i := 0
 		allocs[n] = testing.AllocsPerRun(400, func() {
-			r.Route(ctx, targets[i%len(targets)])
+			r.Route(ctx, targets[i%len(targets)], nil)
 			i++
 		})
 		w.Close()

@@ -3,8 +3,6 @@ package proxy
 import (
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -53,28 +51,10 @@ func IsAmbiguousHost(err error) bool {
 }
 
 // CandidateLine describes one node on one line:
-// "UUID addr=ADDR labels=k=v,k2=v2 last_heartbeat=RFC3339".
+// "UUID addr=ADDR labels=k=v,k2=v2 last_heartbeat=RFC3339". Node-supplied
+// text is escaped (services.EscapeText): this line reaches terminals.
 func CandidateLine(n services.Node) string {
-	return n.UUID + " addr=" + n.Addr + " labels=" + FormatLabels(n.Labels) + " last_heartbeat=" + formatHeartbeat(n.LastHeartbeat)
-}
-
-// FormatLabels renders labels as "k=v,k2=v2" sorted by key ("-" when none),
-// the form `pctl nodes ls` uses too.
-func FormatLabels(labels map[string]string) string {
-	if len(labels) == 0 {
-		return "-"
-	}
-	keys := slices.Sorted(maps.Keys(labels))
-	var b strings.Builder
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(k)
-		b.WriteByte('=')
-		b.WriteString(labels[k])
-	}
-	return b.String()
+	return services.EscapeText(n.UUID) + " addr=" + services.EscapeText(n.Addr) + " labels=" + services.FormatLabels(n.Labels) + " last_heartbeat=" + formatHeartbeat(n.LastHeartbeat)
 }
 
 func formatHeartbeat(t time.Time) string {

@@ -56,9 +56,10 @@ func Explain(route Route) string {
 }
 
 // ExplainTarget routes t without dialing and explains the outcome, failed
-// or not: the body of `pctl route`.
+// or not: the body of `pctl route`. It is the admin view: every node takes
+// part, whoever may reach it.
 func (r *Router) ExplainTarget(ctx context.Context, t Target) Explanation {
-	route, err := r.Route(ctx, t)
+	route, err := r.Route(ctx, t, nil)
 	e := NewExplanation(route)
 	e.Target = t.String()
 	if e.Cluster == "" {
@@ -98,10 +99,10 @@ func (e Explanation) String() string {
 		if e.Chosen != nil && e.Chosen.UUID == n.UUID {
 			mark = "* "
 		}
-		b.WriteString("\n  " + mark + n.Hostname + " " + CandidateLine(n))
+		b.WriteString("\n  " + mark + services.EscapeText(n.Hostname) + " " + CandidateLine(n))
 	}
 	if e.Chosen != nil {
-		b.WriteString("\nchosen:     " + e.Chosen.UUID + " (" + e.Chosen.Hostname + ", " + e.Chosen.Addr + ")")
+		b.WriteString("\nchosen:     " + services.EscapeText(e.Chosen.UUID) + " (" + services.EscapeText(e.Chosen.Hostname) + ", " + services.EscapeText(e.Chosen.Addr) + ")")
 		b.WriteString("\nreason:     " + e.Reason)
 	}
 	if e.Error != "" {

@@ -3,9 +3,11 @@
 // `pctl route`, so the same target gets the same answer on every path.
 //
 // Routing is split in two. Route is a pure decision over the NodeWatcher's
-// in-memory inventory and the live networking config: no network, so it is
-// table-tested and explainable. DialHost runs Route and then dials exactly
-// the chosen node's registered address, bounded by ssh_dial_timeout.
+// in-memory inventory, the caller's access filter and the live networking
+// config: no network, so it is table-tested and explainable. DialHost runs
+// Route and then dials exactly the chosen node's registered address,
+// bounded by ssh_dial_timeout, and hands over the connection only once the
+// node has answered as an SSH server.
 package proxy
 
 import (
@@ -60,8 +62,17 @@ type RouterConfig struct {
 	// Networking supplies the routing strategy, case sensitivity and dial
 	// timeout. Required.
 	Networking NetworkingGetter
-	// Dialer dials nodes; nil means a net.Dialer with TCP keep-alives.
+	// Dialer dials nodes; nil means a net.Dialer with KeepAlive and
+	// TCPUserTimeout applied.
 	Dialer Dialer
+	// KeepAlive configures TCP keep-alives on the proxy -> node leg of
+	// the default Dialer; zero fields mean DefaultKeepAliveIdle,
+	// DefaultKeepAliveInterval and DefaultKeepAliveCount.
+	KeepAlive net.KeepAliveConfig
+	// TCPUserTimeout fails a node connection whose sent data stays
+	// unacknowledged this long (Linux TCP_USER_TIMEOUT) on the default
+	// Dialer; zero means DefaultTCPUserTimeout, negative turns it off.
+	TCPUserTimeout time.Duration
 	// Clock times routing decisions and stamps Sites. Nil means the real
 	// clock.
 	Clock clockwork.Clock
@@ -97,8 +108,21 @@ func (c *RouterConfig) CheckAndSetDefaults() error {
 	if c.Networking == nil {
 		return trace.BadParameter("router: missing Networking")
 	}
+	c.KeepAlive.Enable = true
+	if c.KeepAlive.Idle == 0 {
+		c.KeepAlive.Idle = DefaultKeepAliveIdle
+	}
+	if c.KeepAlive.Interval == 0 {
+		c.KeepAlive.Interval = DefaultKeepAliveInterval
+	}
+	if c.KeepAlive.Count == 0 {
+		c.KeepAlive.Count = DefaultKeepAliveCount
+	}
+	if c.TCPUserTimeout == 0 {
+		c.TCPUserTimeout = DefaultTCPUserTimeout
+	}
 	if c.Dialer == nil {
-		c.Dialer = &net.Dialer{KeepAlive: 30 * time.Second}
+		c.Dialer = newNodeDialer(c.KeepAlive, c.TCPUserTimeout)
 	}
 	if c.Clock == nil {
 		c.Clock = clockwork.NewRealClock()
@@ -138,9 +162,15 @@ type Route struct {
 	Node services.Node
 	// Reason says in words why Node was chosen.
 	Reason string
-	// Candidates are every node that matched host and port, sorted by
-	// UUID; on an ambiguous error they are the nodes listed in it.
+	// Candidates are every node the caller may reach that matched host
+	// and port, sorted by UUID; on an ambiguous error they are the nodes
+	// listed in it.
 	Candidates []services.Node
+	// Hidden are the UUIDs of nodes that matched host and port but that
+	// the caller's AccessFilter refused. They took no part in the
+	// decision and are for logs and the audit log only: never show them
+	// to the caller.
+	Hidden []string
 	// Cluster is the cluster the target resolved to.
 	Cluster string
 	// Target is the target after NAME.CLUSTER resolution (rule 0).
@@ -149,17 +179,26 @@ type Route struct {
 	Strategy string
 }
 
-// Route decides which node t means, following SPEC.md "Routing" rules 0-5.
+// AccessFilter says whether the caller's roles let them reach a node. It
+// runs on the candidates before routing rules 1-5 decide (SPEC.md
+// "Routing" rule 5), so a node the caller may not see is never chosen,
+// named or counted: it cannot make an ambiguous error list it, turn a
+// unique name ambiguous, or win most_recent over the node the caller may
+// use. Nil means the admin view (`pctl route`): every node takes part.
+type AccessFilter func(node services.Node) bool
+
+// Route decides which node t means for a caller whose access is filter
+// (nil: the admin view), following SPEC.md "Routing" rules 0-5.
 // Errors: NotFound `node "HOST" not found in cluster "C"` and
 // `cluster "C" not found`; *AmbiguousHostError (also a BadParameter) for
 // several matches under unambiguous_match. On an ambiguous error the
 // returned Route carries the candidates.
-func (r *Router) Route(ctx context.Context, t Target) (Route, error) {
-	route, _, err := r.route(ctx, t)
+func (r *Router) Route(ctx context.Context, t Target, filter AccessFilter) (Route, error) {
+	route, _, err := r.route(ctx, t, filter)
 	return route, err
 }
 
-func (r *Router) route(ctx context.Context, t Target) (Route, *services.ClusterNetworkingConfig, error) {
+func (r *Router) route(ctx context.Context, t Target, filter AccessFilter) (Route, *services.ClusterNetworkingConfig, error) {
 	start := r.cfg.Clock.Now()
 	defer func() { r.metrics.routeDuration.Observe(r.cfg.Clock.Since(start).Seconds()) }()
 
@@ -181,45 +220,43 @@ func (r *Router) route(ctx context.Context, t Target) (Route, *services.ClusterN
 		return Route{}, netCfg, trace.BadParameter("missing host in target %q", t.String())
 	}
 
-	matches, err := r.cfg.NodeWatcher.Find(ctx, services.NodeQuery{Cluster: route.Cluster, Host: t.Host, CaseInsensitive: ci})
-	if err != nil {
-		return Route{}, netCfg, trace.Wrap(err)
-	}
 	var prefix string
-	// Rule 0: NAME.CLUSTER means NAME in CLUSTER, unless a node in the
-	// requested cluster is literally called NAME.CLUSTER.
-	if name, cluster, ok := r.splitClusterSuffix(t.Host); ok && !slices.ContainsFunc(matches, func(n services.Node) bool {
-		return hostnameEqual(n.Hostname, t.Host, ci)
-	}) {
+	// Rule 0: NAME.CLUSTER always means NAME in CLUSTER. There is no
+	// exception for a node literally called NAME.CLUSTER: joins and
+	// heartbeats refuse such hostnames, and an exception would let a node
+	// capture the name `psh config` and host certificates rely on.
+	if name, cluster, ok := r.splitClusterSuffix(t.Host); ok {
 		prefix = t.Host + " resolved to " + name + " in cluster " + cluster + "; "
 		route.Cluster = cluster
 		route.Target.Host, route.Target.Cluster = name, cluster
-		matches, err = r.cfg.NodeWatcher.Find(ctx, services.NodeQuery{Cluster: cluster, Host: name, CaseInsensitive: ci})
-		if err != nil {
-			return Route{}, netCfg, trace.Wrap(err)
-		}
 	}
 	host := route.Target.Host
 
-	// Rule 1: a UUID match wins alone. Rule 2: otherwise hostname or
-	// address host. The finder's answer is re-checked here: rule 6 says
-	// only what matches is ever dialed, whatever a finder returns.
-	how := "uuid"
-	if i := slices.IndexFunc(matches, func(n services.Node) bool { return n.UUID == host }); i >= 0 {
-		matches = matches[i : i+1]
-	} else {
-		how = ""
-		canon := services.CanonicalAddrHost(host)
-		matches = slices.DeleteFunc(matches, func(n services.Node) bool {
-			return !hostnameEqual(n.Hostname, host, ci) && addrHostOf(n.Addr) != canon
-		})
+	matches, how, hidden, err := r.candidates(ctx, route.Cluster, host, t.Port, ci, filter)
+	if err != nil {
+		return Route{}, netCfg, trace.Wrap(err)
 	}
-	// Rule 3: ports.
-	if !anyPort(t.Port) {
-		matches = slices.DeleteFunc(matches, func(n services.Node) bool { return addrPortOf(n.Addr) != t.Port })
+	if len(matches) == 0 && !ci {
+		// OpenSSH lower-cases the host it is given (`ssh -J proxy
+		// Web-Upper` opens direct-tcpip to "web-upper"), so a miss under
+		// case-sensitive routing is retried case-insensitively. An exact
+		// match always wins; the fallback only answers what would
+		// otherwise be "not found", and is subject to the strategy like
+		// any other several-node answer.
+		var fbHidden []string
+		matches, how, fbHidden, err = r.candidates(ctx, route.Cluster, host, t.Port, true, filter)
+		if err != nil {
+			return Route{}, netCfg, trace.Wrap(err)
+		}
+		// The case-insensitive set contains the exact one.
+		hidden = fbHidden
+		if len(matches) > 0 {
+			ci = true
+			prefix += "no exact match; "
+		}
 	}
-	slices.SortFunc(matches, func(a, b services.Node) int { return strings.Compare(a.UUID, b.UUID) })
 	route.Candidates = matches
+	route.Hidden = hidden
 
 	switch {
 	case len(matches) == 0:
@@ -260,6 +297,63 @@ func (r *Router) route(ctx context.Context, t Target) (Route, *services.ClusterN
 		r.metrics.ambiguous.Inc()
 		return route, netCfg, &AmbiguousHostError{Host: t.Host, Cluster: route.Cluster, Candidates: matches}
 	}
+}
+
+// candidates applies rules 1-3 to the nodes of cluster the caller may
+// reach: how is "uuid" for a rule 1 match. hidden lists the UUIDs the
+// same rules would have matched among the nodes filter refused (nil when
+// there are none, so the common case allocates nothing more).
+func (r *Router) candidates(ctx context.Context, cluster, host, port string, ci bool, filter AccessFilter) (visible []services.Node, how string, hidden []string, err error) {
+	found, err := r.cfg.NodeWatcher.Find(ctx, services.NodeQuery{Cluster: cluster, Host: host, CaseInsensitive: ci})
+	if err != nil {
+		return nil, "", nil, trace.Wrap(err)
+	}
+	if filter == nil {
+		visible, how = matchRules(found, host, port, ci)
+		return visible, how, nil, nil
+	}
+	// Find returns copies: partition in place, visible first.
+	var invisible []services.Node
+	n := 0
+	for i := range found {
+		if filter(found[i]) {
+			found[n], found[i] = found[i], found[n]
+			n++
+		}
+	}
+	found, invisible = found[:n], found[n:]
+	visible, how = matchRules(found, host, port, ci)
+	if len(invisible) > 0 {
+		inv, _ := matchRules(invisible, host, port, ci)
+		for _, h := range inv {
+			hidden = append(hidden, h.UUID)
+		}
+	}
+	return visible, how, hidden, nil
+}
+
+// matchRules applies rules 1-3 to what a finder returned. The finder's
+// answer is re-checked here: rule 6 says only what matches is ever
+// dialed, whatever a finder returns. The result is sorted by UUID.
+func matchRules(matches []services.Node, host, port string, ci bool) ([]services.Node, string) {
+	// Rule 1: a UUID match wins alone. Rule 2: otherwise hostname or
+	// address host.
+	how := "uuid"
+	if i := slices.IndexFunc(matches, func(n services.Node) bool { return n.UUID == host }); i >= 0 {
+		matches = matches[i : i+1]
+	} else {
+		how = ""
+		canon := services.CanonicalAddrHost(host)
+		matches = slices.DeleteFunc(matches, func(n services.Node) bool {
+			return !hostnameEqual(n.Hostname, host, ci) && addrHostOf(n.Addr) != canon
+		})
+	}
+	// Rule 3: ports.
+	if !anyPort(port) {
+		matches = slices.DeleteFunc(matches, func(n services.Node) bool { return addrPortOf(n.Addr) != port })
+	}
+	slices.SortFunc(matches, func(a, b services.Node) int { return strings.Compare(a.UUID, b.UUID) })
+	return matches, how
 }
 
 // knowsCluster reports whether the proxy can route to cluster. Only the
@@ -338,17 +432,24 @@ func portNote(p string) string {
 type RouteRequest struct {
 	// Target is where the user wants to go.
 	Target Target
+	// Access is the caller's access filter, applied to the candidates
+	// before routing decides (see AccessFilter). Every user-facing path
+	// sets it; nil means the admin view.
+	Access AccessFilter
 	// Authorize, when set, runs on the chosen node before anything is
-	// dialed (RBAC: role logins and node_labels). Its error is returned
-	// as is and nothing is dialed.
+	// dialed (the web terminal checks the exact login there). Its error
+	// is returned as is and nothing is dialed.
 	Authorize func(node services.Node) error
 }
 
 // DialHost routes req.Target and dials the chosen node's registered
-// address, bounded by ssh_dial_timeout. The returned Route is filled in
-// whenever routing got that far, also on error, for logs and audit.
+// address, bounded by ssh_dial_timeout, then waits (as long again at
+// most) for the node's SSH identification string: nothing that does not
+// answer as an SSH server is ever handed to a caller to splice. The
+// returned Route is filled in whenever routing got that far, also on
+// error, for logs and audit.
 func (r *Router) DialHost(ctx context.Context, req RouteRequest) (net.Conn, Route, error) {
-	route, netCfg, err := r.route(ctx, req.Target)
+	route, netCfg, err := r.route(ctx, req.Target, req.Access)
 	if err != nil {
 		// Already classified (NotFound, *AmbiguousHostError, ...); not
 		// wrapped again so a miss stays cheap.
@@ -384,7 +485,17 @@ func (r *Router) DialHost(ctx context.Context, req RouteRequest) (net.Conn, Rout
 		}
 		return nil, route, trace.ConnectionProblem(err, "failed to dial node %q (%s): %v", node.Hostname, node.Addr, err)
 	}
-	return conn, route, nil
+	checked, err := checkBanner(ctx, conn, timeout)
+	if err != nil {
+		conn.Close()
+		r.metrics.dialFailures.Inc()
+		r.cfg.Logger.WithFields(logrus.Fields{"node": node.UUID, "addr": node.Addr}).WithError(err).Warn("Node did not answer as an SSH server; not relaying.")
+		if ctx.Err() != nil {
+			return nil, route, trace.ConnectionProblem(err, "dialing node %q (%s) canceled: %v", node.Hostname, node.Addr, context.Cause(ctx))
+		}
+		return nil, route, trace.ConnectionProblem(err, "node %q (%s) did not answer as an SSH server", node.Hostname, node.Addr)
+	}
+	return checked, route, nil
 }
 
 // Site is one entry of the `proxysites` answer.

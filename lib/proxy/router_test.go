@@ -36,6 +36,13 @@ type routerEnv struct {
 // clock so that it never sweeps under the test.
 func newRouterEnv(t testing.TB, nodes []services.Node, dialer Dialer) *routerEnv {
 	t.Helper()
+	return newRouterEnvWith(t, nodes, func(c *RouterConfig) { c.Dialer = dialer })
+}
+
+// newRouterEnvWith is newRouterEnv with the router's config adjusted by
+// mutate.
+func newRouterEnvWith(t testing.TB, nodes []services.Node, mutate func(*RouterConfig)) *routerEnv {
+	t.Helper()
 	ctx := context.Background()
 	b, err := memory.New(memory.Config{Clock: clockwork.NewFakeClockAt(t0)})
 	require.NoError(t, err)
@@ -50,7 +57,9 @@ func newRouterEnv(t testing.TB, nodes []services.Node, dialer Dialer) *routerEnv
 	t.Cleanup(func() { w.Close() })
 	require.NoError(t, w.WaitSynced(ctx))
 	reg := prometheus.NewRegistry()
-	r, err := NewRouter(RouterConfig{ClusterName: testCluster, NodeWatcher: w, Networking: store, Dialer: dialer, Clock: clock, Metrics: reg})
+	cfg := RouterConfig{ClusterName: testCluster, NodeWatcher: w, Networking: store, Clock: clock, Metrics: reg}
+	mutate(&cfg)
+	r, err := NewRouter(cfg)
 	require.NoError(t, err)
 	return &routerEnv{store: store, watcher: w, router: r, clock: clock, reg: reg}
 }
@@ -107,6 +116,7 @@ func routingNodes() []services.Node {
 		node("u9", "build", "10.0.0.9:3022", 5*time.Minute),
 		node("u10", "build", "10.0.0.10:3022", 10*time.Second),
 		node("u11", "10.0.0.4", "10.0.0.11:3022", 0), // a hostname equal to another node's address
+		node("u12", "Web-Upper", "10.0.0.12:3022", 0),
 	}
 }
 
@@ -133,7 +143,17 @@ func TestRoute(t *testing.T) {
 		// Rule 2: hostname, case-sensitive by default.
 		{target: "web", want: "u1", reason: "matched hostname"},
 		{target: "Web", want: "u2", reason: "matched hostname"},
-		{target: "WEB", err: `node "WEB" not found in cluster "c1"`, isErr: notFound},
+		// No exact match: the case-insensitive fallback (OpenSSH
+		// lower-cases hosts), subject to the strategy.
+		{target: "WEB", err: "ambiguous host \"WEB\" matches 2 nodes in cluster \"c1\"; connect by UUID instead:\n" +
+			"  u1 addr=10.0.0.1:3022 labels=app=shop,env=prod last_heartbeat=2026-11-30T12:00:00Z\n" +
+			"  u2 addr=10.0.0.2:3022 labels=- last_heartbeat=2026-11-30T12:00:00Z", isErr: ambiguous},
+		{target: "WEB", strat: services.RoutingMostRecent, want: "u1", reason: "no exact match; most_recent"},
+		{target: "web-upper", want: "u12", reason: "no exact match; matched hostname (case-insensitive)"},
+		{target: "web-upper:22", want: "u12"},
+		{target: "web-upper:2222", err: `node "web-upper" not found in cluster "c1"`, isErr: notFound},
+		{target: "web-upper.c1", want: "u12", reason: "web-upper.c1 resolved to web-upper in cluster c1; no exact match; matched hostname (case-insensitive)"},
+		{target: "Web-Upper", want: "u12", reason: "matched hostname"},
 		{target: "WEB", ci: true, err: "ambiguous host \"WEB\" matches 2 nodes in cluster \"c1\"; connect by UUID instead:\n" +
 			"  u1 addr=10.0.0.1:3022 labels=app=shop,env=prod last_heartbeat=2026-11-30T12:00:00Z\n" +
 			"  u2 addr=10.0.0.2:3022 labels=- last_heartbeat=2026-11-30T12:00:00Z", isErr: ambiguous},
@@ -170,8 +190,13 @@ func TestRoute(t *testing.T) {
 		{target: "cache.c1", want: "u7", reason: "cache.c1 resolved to cache in cluster c1; matched hostname"},
 		{target: "cache.C1:3022", want: "u7"},
 		{target: "u3.c1", want: "u3", reason: "matched uuid"},
-		{target: "web.c1", want: "u6", reason: "matched hostname"}, // literal hostname wins
-		{target: "WEB.C1", ci: true, want: "u6"},
+		// No literal exception: NAME.CLUSTER always means NAME in
+		// CLUSTER, even with a node (refused at join nowadays) literally
+		// called web.c1.
+		{target: "web.c1", want: "u1", reason: "web.c1 resolved to web in cluster c1; matched hostname"},
+		{target: "web.C1", want: "u1"},
+		{target: "web.c1.c1", want: "u6", reason: "web.c1.c1 resolved to web.c1 in cluster c1; matched hostname"},
+		{target: "WEB.C1", ci: true, isErr: ambiguous},
 		{target: "cache.c2", err: `node "cache.c2" not found in cluster "c1"`, isErr: notFound},
 		{target: ".c1", err: `node ".c1" not found in cluster "c1"`, isErr: notFound},
 		// Rule 4 and clusters.
@@ -192,7 +217,7 @@ func TestRoute(t *testing.T) {
 			tgt, err := ParseTarget(c.target)
 			require.NoError(t, err)
 			tgt.Cluster = c.cluster
-			route, err := env.router.Route(ctx, tgt)
+			route, err := env.router.Route(ctx, tgt, nil)
 			if c.err != "" || c.isErr != nil {
 				require.Error(t, err)
 				if c.err != "" {
@@ -223,7 +248,7 @@ func uuidsOf(nodes []services.Node) []string {
 
 func TestAmbiguousHostError(t *testing.T) {
 	env := newRouterEnv(t, routingNodes(), nil)
-	route, err := env.router.Route(context.Background(), Target{Host: "api"})
+	route, err := env.router.Route(context.Background(), Target{Host: "api"}, nil)
 	require.True(t, trace.IsBadParameter(err), "ambiguous is a bad parameter")
 	require.True(t, IsAmbiguousHost(err))
 	require.False(t, trace.IsNotFound(err))
@@ -231,7 +256,7 @@ func TestAmbiguousHostError(t *testing.T) {
 	require.Equal(t, err.Error(), trace.UserMessage(err))
 	require.False(t, IsAmbiguousHost(trace.BadParameter("x")))
 	require.Equal(t, 1.0, env.counter(t, "postern_proxy_route_ambiguous_total"))
-	_, err = env.router.Route(context.Background(), Target{Host: "nope"})
+	_, err = env.router.Route(context.Background(), Target{Host: "nope"}, nil)
 	require.Error(t, err)
 	require.Equal(t, 1.0, env.counter(t, "postern_proxy_route_not_found_total"))
 	require.Equal(t, 2.0, env.counter(t, "postern_proxy_route_duration_seconds"))
@@ -241,12 +266,12 @@ func TestRouteExpiredNode(t *testing.T) {
 	env := newRouterEnv(t, routingNodes(), nil)
 	ctx := context.Background()
 	env.setNetworking(t, services.RoutingUnambiguousMatch, false, 0)
-	_, err := env.router.Route(ctx, Target{Host: "build"})
+	_, err := env.router.Route(ctx, Target{Host: "build"}, nil)
 	require.True(t, IsAmbiguousHost(err))
 	// The old "build" (heartbeat 5 minutes ago, TTL 10 minutes) expires
 	// 5 minutes from t0; from then on the name is unambiguous.
 	env.clock.Advance(5 * time.Minute)
-	route, err := env.router.Route(ctx, Target{Host: "build"})
+	route, err := env.router.Route(ctx, Target{Host: "build"}, nil)
 	require.NoError(t, err)
 	require.Equal(t, "u10", route.Node.UUID)
 }
@@ -254,10 +279,10 @@ func TestRouteExpiredNode(t *testing.T) {
 func TestRouteNetworkingChangesApplyLive(t *testing.T) {
 	env := newRouterEnv(t, routingNodes(), nil)
 	ctx := context.Background()
-	_, err := env.router.Route(ctx, Target{Host: "build"})
+	_, err := env.router.Route(ctx, Target{Host: "build"}, nil)
 	require.True(t, IsAmbiguousHost(err), "default strategy is unambiguous_match")
 	env.setNetworking(t, services.RoutingMostRecent, false, 0)
-	route, err := env.router.Route(ctx, Target{Host: "build"})
+	route, err := env.router.Route(ctx, Target{Host: "build"}, nil)
 	require.NoError(t, err)
 	require.Equal(t, "u10", route.Node.UUID)
 	require.Equal(t, services.RoutingMostRecent, route.Strategy)
@@ -365,11 +390,19 @@ func TestDialHostDefaultDialer(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			c.Write([]byte("SSH-2.0-test\r\n"))
+		}
+		accepted <- c
+	}()
 	env := newRouterEnv(t, []services.Node{node("n1", "n1", ln.Addr().String(), 0)}, nil)
 	conn, _, err := env.router.DialHost(context.Background(), RouteRequest{Target: Target{Host: "n1"}})
 	require.NoError(t, err)
-	srv, err := ln.Accept()
-	require.NoError(t, err)
+	srv := <-accepted
+	require.NotNil(t, srv)
 	srv.Close()
 	conn.Close()
 }
@@ -380,7 +413,7 @@ func TestSitesAndExplain(t *testing.T) {
 	sites := env.router.Sites(ctx)
 	require.Equal(t, []Site{{Name: testCluster, Status: "online", LastConnected: t0}}, sites)
 
-	route, err := env.router.Route(ctx, Target{Host: "cache.c1", Port: "3022"})
+	route, err := env.router.Route(ctx, Target{Host: "cache.c1", Port: "3022"}, nil)
 	require.NoError(t, err)
 	out := Explain(route)
 	require.Contains(t, out, "target:     cache:3022@c1")
@@ -414,7 +447,7 @@ func TestNewRouterConfig(t *testing.T) {
 	// A second router on the same registry shares the metrics.
 	r2, err := NewRouter(RouterConfig{ClusterName: testCluster, NodeWatcher: env.watcher, Networking: env.store, Metrics: env.reg})
 	require.NoError(t, err)
-	_, err = r2.Route(context.Background(), Target{Host: "x"})
+	_, err = r2.Route(context.Background(), Target{Host: "x"}, nil)
 	require.True(t, trace.IsNotFound(err))
 	require.Equal(t, 1.0, env.counter(t, "postern_proxy_route_not_found_total"))
 }

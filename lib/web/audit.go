@@ -50,6 +50,11 @@ func (t *termSession) auditRoute(ctx context.Context, p *TerminalParams, route p
 			fields[events.FieldServerID] = route.Node.UUID
 			fields[events.FieldServerHostname] = route.Node.Hostname
 		}
+	case trace.IsNotFound(err) && len(route.Hidden) > 0:
+		// The user is told "not found"; the audit log says that nodes
+		// matched but the user's roles may not reach them.
+		fields[events.FieldReason] = "the user's roles may not reach the matching nodes"
+		fields[events.FieldCandidates] = route.Hidden
 	case proxy.IsAmbiguousHost(err):
 		typ = events.RouteAmbiguous
 		uuids := make([]string, 0, len(route.Candidates))

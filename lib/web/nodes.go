@@ -46,6 +46,17 @@ func checkLogin(id *srv.Identity, node services.Node, login string) error {
 	return trace.Wrap(id.Checker.CheckAccessToNode(&node, login))
 }
 
+// canReach reports whether one of the session certificate's logins may be
+// used on node: the visibility rule of the node list and of routing.
+func canReach(id *srv.Identity, node services.Node) bool {
+	for _, login := range id.Cert.ValidPrincipals {
+		if id.Checker.CheckAccessToNode(&node, login) == nil {
+			return true
+		}
+	}
+	return false
+}
+
 // NodesResponse is GET /webapi/nodes.
 type NodesResponse struct {
 	Items []sshproxy.NodeEntry `json:"items"`

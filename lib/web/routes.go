@@ -13,6 +13,7 @@ import (
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/proxy/sshproxy"
 	"github.com/postern-dev/postern/lib/srv"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // HostDialer routes and dials a node: *proxy.Router. The web terminal uses
@@ -52,6 +53,11 @@ type WebSessionsConfig struct {
 	// Audit receives the terminal's refusals (access.denied) and
 	// ambiguous targets (route.ambiguous); nil means events.Discard.
 	Audit events.Emitter
+	// NodeKeepAlive probes a terminal's SSH connection to its node
+	// (keepalive@openssh.com): a frozen node ends the terminal with a
+	// clear message instead of hanging it. Zero means every 10s, given up
+	// after 3 unanswered; a nil Clock means the server's.
+	NodeKeepAlive utils.SSHKeepAliveConfig
 }
 
 func (c *WebSessionsConfig) enabled() bool { return c.Router != nil }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // Timeouts of the terminal websocket.
@@ -180,6 +181,18 @@ func (t *termSession) run(rawParams string) {
 		return
 	}
 	defer client.Close()
+	kaCfg := t.srv.cfg.WebSessions.NodeKeepAlive
+	if kaCfg.Clock == nil {
+		kaCfg.Clock = t.srv.cfg.Clock
+	}
+	// The proxy is the node's SSH client here, so unlike the spliced
+	// paths it can probe the node at the SSH level. The client is closed
+	// first, which ends a probe in flight.
+	ka := utils.StartSSHKeepAlive(client, fmt.Sprintf("node %q", params.Host), kaCfg)
+	defer func() {
+		client.Close()
+		ka.Close()
+	}()
 	log.Info("Web terminal started.")
 
 	var wg sync.WaitGroup
@@ -196,6 +209,9 @@ func (t *termSession) run(rawParams string) {
 			end.code = 0
 		case errors.As(err, &exitErr):
 			end.code = exitErr.ExitStatus()
+		case ka.Err() != nil:
+			end.err = ka.Err()
+			end.reason = truncateReason(ka.Err().Error())
 		default:
 			end.reason = "connection to the node lost"
 		}
@@ -255,12 +271,20 @@ func (t *termSession) connect(ctx context.Context, p *TerminalParams) (*ssh.Clie
 	target.Cluster = p.Cluster
 	conn, route, err := cfg.Router.DialHost(ctx, proxy.RouteRequest{
 		Target: target,
+		// The same candidates as on the SSH port and in the node list:
+		// nodes the user may reach with any of their logins. The exact
+		// login is then checked on the chosen node, and a refusal looks
+		// like "not found" too (the log says why).
+		Access: func(node services.Node) bool { return canReach(id, node) },
 		Authorize: func(node services.Node) error {
 			return checkLogin(id, node, p.Login)
 		},
 	})
 	if err != nil {
 		t.auditRoute(ctx, p, route, err)
+		if trace.IsNotFound(err) && len(route.Hidden) > 0 {
+			t.log.WithField("hidden", route.Hidden).Warn("Access denied: the user may not reach the matching nodes.")
+		}
 		if trace.IsAccessDenied(err) {
 			// As on the SSH port: a denied node looks like a missing one.
 			t.log.WithError(err).Warn("Access denied.")

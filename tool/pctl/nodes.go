@@ -4,8 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"sort"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -34,17 +34,6 @@ func (c *cli) registerNodes(app *kingpin.Application, add adder) {
 	add(rt, func(ctx context.Context) error { return c.route(ctx, cluster, target) })
 }
 
-// FormatLabels renders labels as k=v,k2=v2, sorted, as SPEC.md fixes for
-// `pctl nodes ls`.
-func FormatLabels(labels map[string]string) string {
-	parts := make([]string, 0, len(labels))
-	for k, v := range labels {
-		parts = append(parts, k+"="+v)
-	}
-	sort.Strings(parts)
-	return strings.Join(parts, ",")
-}
-
 func (c *cli) nodesLs(ctx context.Context, format string) error {
 	clt, _, err := c.connect(ctx)
 	if err != nil {
@@ -69,10 +58,18 @@ func (c *cli) nodesLs(ctx context.Context, format string) error {
 		enc.SetIndent("", "  ")
 		return trace.Wrap(enc.Encode(nodes))
 	}
-	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	return trace.Wrap(writeNodesTable(c.stdout, nodes))
+}
+
+// writeNodesTable prints the text form of `pctl nodes ls`.
+func writeNodesTable(w io.Writer, nodes []services.Node) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "HOSTNAME\tUUID\tADDRESS\tLABELS\tLAST HEARTBEAT")
 	for _, n := range nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Hostname, n.UUID, n.Addr, FormatLabels(n.Labels), n.LastHeartbeat.UTC().Format(time.RFC3339))
+		// Node-supplied text is escaped: a label or hostname must not
+		// drive the admin's terminal.
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", services.EscapeText(n.Hostname), services.EscapeText(n.UUID), services.EscapeText(n.Addr),
+			services.FormatLabels(n.Labels), n.LastHeartbeat.UTC().Format(time.RFC3339))
 	}
 	return trace.Wrap(tw.Flush())
 }

@@ -146,7 +146,7 @@ func (c *cli) doSSH(ctx context.Context) error {
 		}
 	}
 	dialCtx, cancel := context.WithTimeout(ctx, client.DialTimeout*2)
-	nc, err := client.DialNode(dialCtx, creds, target, login)
+	nc, err := client.DialNode(dialCtx, creds, target, login, client.KeepAliveConfig{})
 	cancel()
 	if err != nil {
 		return trace.Wrap(err)
@@ -170,7 +170,7 @@ func (c *cli) doSSH(ctx context.Context) error {
 		v := c.ssh.tty
 		cfg.TTY = &v
 	}
-	return client.RunSession(ctx, nc.Client, cfg)
+	return nc.Explain(client.RunSession(ctx, nc.Client, cfg))
 }
 
 func (c *cli) doProxySSH(ctx context.Context) error {

@@ -24,6 +24,11 @@ func main() {
 	err := run(context.Background(), os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	var exit *client.ExitStatusError
 	if errors.As(err, &exit) {
+		if exit.Message != "" {
+			// One line, as OpenSSH says "Connection to HOST closed.":
+			// a bare 255 would leave the user guessing.
+			fmt.Fprintf(os.Stderr, "psh: %s\n", exit.Message)
+		}
 		os.Exit(exit.Status)
 	}
 	if err != nil {

@@ -2,13 +2,14 @@
 // proxy.Router into lib/srv's ProxyHandler seam, so that the `proxy:`
 // subsystem and `direct-tcpip` (ssh -J) route exactly like every other path.
 //
-// RBAC happens here, between the routing decision and the dial: the proxy
-// cannot see which login the user will present to the node (that is inside
-// the encrypted inner SSH connection), so it asks whether the user may reach
-// the chosen node with any of the logins their certificate carries. The node
-// itself then checks the actual login. A user who may not reach a node gets
-// the same "not found" answer as for a node that does not exist, so the
-// proxy never confirms what a user is not allowed to see.
+// RBAC happens here, before the routing decision: the proxy cannot see
+// which login the user will present to the node (that is inside the
+// encrypted inner SSH connection), so only nodes the user may reach with
+// any of the logins their certificate carries take part in routing. The
+// node itself then checks the actual login. A user who may not reach a node
+// gets the same "not found" answer as for a node that does not exist, and
+// an ambiguous-host answer never lists such a node, so the proxy never
+// confirms what a user is not allowed to see.
 package sshproxy
 
 import (
@@ -17,6 +18,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 
 	"github.com/gravitational/trace"
 	"github.com/sirupsen/logrus"
@@ -116,16 +118,29 @@ func (h *Handler) DialDirectTCPIP(ctx context.Context, id *srv.Identity, req srv
 	return h.dial(ctx, id, target, "direct-tcpip")
 }
 
-// dial routes target, checks RBAC on the chosen node and dials it.
+// dial routes target among the nodes the user may reach and dials the
+// chosen one.
 func (h *Handler) dial(ctx context.Context, id *srv.Identity, target proxy.Target, via string) (net.Conn, error) {
 	log := h.cfg.Logger.WithFields(logrus.Fields{"user": id.User, "target": target.String(), "via": via})
 	conn, route, err := h.cfg.Router.DialHost(ctx, proxy.RouteRequest{
 		Target: target,
-		Authorize: func(node services.Node) error {
-			return checkAnyLogin(id, node)
+		// RBAC first, then routing (SPEC.md "Routing" rule 5): a node
+		// the user may not reach takes no part in the decision.
+		Access: func(node services.Node) bool {
+			return checkAnyLogin(id, node) == nil
 		},
 	})
 	if err != nil {
+		if trace.IsNotFound(err) && len(route.Hidden) > 0 {
+			// The user is told "not found", as for a node that does not
+			// exist; the audit log says which nodes RBAC kept from them.
+			reason := fmt.Sprintf("user %q may not reach node %s with any of the logins %v", id.User, strings.Join(route.Hidden, ", "), certLogins(id))
+			log.WithField("hidden", route.Hidden).Warn("Access denied.")
+			h.emit(ctx, events.AccessDenied, id, target, via, events.Fields{
+				events.FieldReason: reason, events.FieldServerID: route.Hidden[0],
+			})
+			return nil, trace.Wrap(err)
+		}
 		if trace.IsAccessDenied(err) {
 			log.WithError(err).Warn("Access denied.")
 			h.emit(ctx, events.AccessDenied, id, target, via, events.Fields{
@@ -145,6 +160,13 @@ func (h *Handler) dial(ctx context.Context, id *srv.Identity, target proxy.Targe
 	}
 	log.WithFields(logrus.Fields{"node": route.Node.UUID, "addr": route.Node.Addr, "reason": route.Reason}).Debug("Routed.")
 	return conn, nil
+}
+
+func certLogins(id *srv.Identity) []string {
+	if id.Cert == nil {
+		return nil
+	}
+	return id.Cert.ValidPrincipals
 }
 
 // checkAnyLogin allows the hop when one of the certificate's logins may be

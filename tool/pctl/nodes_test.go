@@ -1,0 +1,29 @@
+package main
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/postern-dev/postern/lib/services"
+)
+
+// TestNodesTableEscapes: node-supplied text (labels, hostnames) reaches
+// the admin's terminal escaped, never as raw control characters.
+func TestNodesTableEscapes(t *testing.T) {
+	var out bytes.Buffer
+	require.NoError(t, writeNodesTable(&out, []services.Node{{
+		UUID: "u1", Hostname: "web\x1b]0;pwned\x07", Addr: "10.0.0.1:3022",
+		Labels:        map[string]string{"env": "\x1b[31m\r\n", "a": "1"},
+		LastHeartbeat: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC),
+	}, {UUID: "u2", Hostname: "db", Addr: "10.0.0.2:3022"}}))
+	s := out.String()
+	require.Contains(t, s, `a=1,env="\x1b[31m\r\n"`)
+	require.Contains(t, s, `"web\x1b]0;pwned\a"`)
+	require.NotContains(t, s, "\x1b")
+	require.NotContains(t, s, "\r")
+	require.NotContains(t, s, "\x07")
+	require.Equal(t, 3, bytes.Count(out.Bytes(), []byte("\n")), "one line per node plus the header:\n%s", s)
+}
