@@ -238,10 +238,10 @@ func TestNodeAuthorization(t *testing.T) {
 	role, err := node.GetRole(ctx, services.PresetAccessRole)
 	require.NoError(t, err)
 	require.Equal(t, services.PresetAccessRole, role.Metadata.Name)
-	_, err = node.GetClusterNetworkingConfig(ctx)
-	require.NoError(t, err)
 
-	// Everything else: denied.
+	// Everything else: denied (the routing config is the proxy's).
+	_, err = node.GetClusterNetworkingConfig(ctx)
+	requireKind(t, err, trace.IsAccessDenied, "may not call")
 	_, err = node.CreateUser(ctx, "eve", []byte("pw"), []string{"root"}, nil, false)
 	requireKind(t, err, trace.IsAccessDenied, "may not call")
 	_, err = node.GetNodes(ctx, "")
@@ -307,7 +307,7 @@ func TestAdminAndErrorKindsOverTheWire(t *testing.T) {
 	netCfg.Spec.RoutingStrategy = "random"
 	require.True(t, trace.IsBadParameter(admin.SetClusterNetworkingConfig(ctx, netCfg)))
 
-	require.NoError(t, admin.UpsertNode(ctx, services.Node{UUID: "n1", Hostname: "n1", Addr: "127.0.0.1:3022", Expires: env.clock.Now().Add(time.Minute)}))
+	require.NoError(t, admin.UpsertNode(ctx, services.Node{UUID: "n1", Cluster: testCluster, Hostname: "n1", Addr: "127.0.0.1:3022", Expires: env.clock.Now().Add(time.Minute)}))
 	nodes, err := admin.GetNodes(ctx, testCluster)
 	require.NoError(t, err)
 	require.Len(t, nodes, 1)
@@ -345,8 +345,11 @@ func TestProxyLoginAndRateLimitOverTheWire(t *testing.T) {
 		_, err := proxy.AuthenticateUser(ctx, AuthRequest{User: "ivy", Password: "bad", RemoteAddr: "198.51.100.2:1"})
 		requireKind(t, err, trace.IsAccessDenied, "invalid credentials")
 	}
-	_, err = proxy.AuthenticateUser(ctx, AuthRequest{User: "ivy", Password: "pw"})
+	// Locked out from that address, not from another one.
+	_, err = proxy.AuthenticateUser(ctx, AuthRequest{User: "ivy", Password: "pw", RemoteAddr: "198.51.100.2:2"})
 	requireKind(t, err, trace.IsLimitExceeded, "try again in")
+	_, err = proxy.AuthenticateUser(ctx, AuthRequest{User: "ivy", Password: "pw", RemoteAddr: "198.51.100.3:1"})
+	require.NoError(t, err)
 
 	// A proxy lists nodes but cannot administer.
 	_, err = proxy.GetNodes(ctx, "")

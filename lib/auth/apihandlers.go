@@ -13,46 +13,69 @@ import (
 )
 
 // registerRoutes lists every endpoint with the roles allowed to call it.
-// The table is the authorization policy of the API: read it as such.
+// The table is the authorization policy of the API: read it as such. Each
+// row names exactly the roles whose processes call the endpoint (callers:
+// lib/service and lib/srv for nodes, lib/service, lib/web and lib/proxy
+// for proxies, tool/pctl for admins); a role that does not need an
+// endpoint does not get it. In particular a proxy acts for a user only by
+// presenting that user's password and OTP (/v1/login/ssh): it cannot ask
+// for a certificate for a name (/v1/certs/user is pctl's, admin only).
 func (a *APIServer) registerRoutes() {
+	const node, proxy, admin = RoleNode, RoleProxy, RoleAdmin
+
 	// The only endpoint reachable without a client certificate.
+	a.routes = append(a.routes, apiRoute{pattern: "POST /v1/join"})
 	a.joinMux.HandleFunc("POST /v1/join", func(w http.ResponseWriter, r *http.Request) {
 		a.respond(w, r, nil, a.join)
 	})
 
-	a.handle("GET /v1/ping", hostRoles, a.ping)
-	// Nodes: hosts announce themselves; proxies read the inventory.
-	a.handle("PUT /v1/nodes", hostRoles, a.audited("PUT /v1/nodes", a.upsertNode))
-	a.handle("GET /v1/nodes", proxyRoles, a.getNodes)
-	a.handle("DELETE /v1/nodes/{cluster}/{uuid}", adminRoles, a.deleteNode)
-	a.handleStream("GET /v1/watch/nodes", proxyRoles, a.watchNodes)
-	// Public CA keys and roles: every host needs them to check users.
-	a.handle("GET /v1/authorities/{type}", hostRoles, a.getCAs)
-	a.handle("GET /v1/authorities/{type}/{cluster}", hostRoles, a.getCA)
-	a.handle("GET /v1/roles", hostRoles, a.getRoles)
-	a.handle("GET /v1/roles/{name}", hostRoles, a.getRole)
-	a.handle("PUT /v1/roles", adminRoles, a.upsertRole)
-	a.handle("DELETE /v1/roles/{name}", adminRoles, a.deleteRole)
-	a.handle("GET /v1/networking", hostRoles, a.getNetworking)
-	a.handle("PUT /v1/networking", adminRoles, a.setNetworking)
+	// Who am I: any identity may check that it is accepted.
+	a.handle("GET /v1/ping", allow(node, proxy, admin), a.ping)
+	// Nodes: hosts (node and proxy processes) announce themselves (their
+	// own record only, dated and verified by auth); an admin may write a
+	// record as given (repairs, and the tests that plant inventory); proxies
+	// route from the inventory (list and watch); pctl lists and deletes,
+	// and `pctl route` runs the proxy's NodeWatcher on the watch.
+	a.handle("PUT /v1/nodes", allow(node, proxy, admin), a.audited("PUT /v1/nodes", a.upsertNode))
+	a.handle("GET /v1/nodes", allow(proxy, admin), a.getNodes)
+	a.handle("DELETE /v1/nodes/{cluster}/{uuid}", allow(admin), a.deleteNode)
+	a.handleStream("GET /v1/watch/nodes", allow(proxy, admin), a.watchNodes)
+	// Public CA keys: nodes and proxies check user certificates with them,
+	// pctl auth sign writes the host CA into the identity file.
+	a.handle("GET /v1/authorities/{type}", allow(node, proxy, admin), a.getCAs)
+	a.handle("GET /v1/authorities/{type}/{cluster}", allow(node, proxy, admin), a.getCA)
+	// Roles: nodes and proxies read the roles a certificate names (RBAC
+	// is evaluated live); listing and writing is administration.
+	a.handle("GET /v1/roles", allow(admin), a.getRoles)
+	a.handle("GET /v1/roles/{name}", allow(node, proxy, admin), a.getRole)
+	a.handle("PUT /v1/roles", allow(admin), a.upsertRole)
+	a.handle("DELETE /v1/roles/{name}", allow(admin), a.deleteRole)
+	// Networking (routing strategy): the proxy's router reads it.
+	a.handle("GET /v1/networking", allow(proxy, admin), a.getNetworking)
+	a.handle("PUT /v1/networking", allow(admin), a.setNetworking)
 	// Users and tokens: administration only.
-	a.handle("GET /v1/users", adminRoles, a.getUsers)
-	a.handle("POST /v1/users", adminRoles, a.createUser)
-	a.handle("DELETE /v1/users/{name}", adminRoles, a.deleteUser)
-	a.handle("GET /v1/tokens", adminRoles, a.getTokens)
-	a.handle("POST /v1/tokens", adminRoles, a.createToken)
-	a.handle("DELETE /v1/tokens/{name}", adminRoles, a.deleteToken)
-	// Acting for users: proxies (web logins) and admins (pctl auth sign).
-	a.handle("POST /v1/certs/user", proxyRoles, a.generateUserCert)
-	a.handle("POST /v1/login", proxyRoles, a.authenticateUser)
-	a.handle("POST /v1/login/ssh", proxyRoles, a.authenticateSSHUser)
-	a.handle("GET /v1/events", adminRoles, a.searchEvents)
-	// Locks: admins write them; every host enforces them, so reads it.
-	a.handle("PUT /v1/locks", adminRoles, a.upsertLock)
-	a.handle("DELETE /v1/locks/{kind}/{name}", adminRoles, a.deleteLock)
-	a.handle("GET /v1/locks", hostRoles, a.getLocks)
-	a.handleStream("GET /v1/watch/locks", hostRoles, a.watchLocks)
-	a.handle("POST /v1/events", shipperRoles, a.shipEvents)
+	a.handle("GET /v1/users", allow(admin), a.getUsers)
+	a.handle("POST /v1/users", allow(admin), a.createUser)
+	a.handle("DELETE /v1/users/{name}", allow(admin), a.deleteUser)
+	a.handle("DELETE /v1/users/{name}/lockout", allow(admin), a.clearLockout)
+	a.handle("GET /v1/tokens", allow(admin), a.getTokens)
+	a.handle("POST /v1/tokens", allow(admin), a.createToken)
+	a.handle("DELETE /v1/tokens/{name}", allow(admin), a.deleteToken)
+	// A certificate for a name, without a password: pctl auth sign only.
+	a.handle("POST /v1/certs/user", allow(admin), a.generateUserCert)
+	// Logins with the user's own credentials: the proxy's web API.
+	a.handle("POST /v1/login", allow(proxy), a.authenticateUser)
+	a.handle("POST /v1/login/ssh", allow(proxy), a.authenticateSSHUser)
+	a.handle("GET /v1/events", allow(admin), a.searchEvents)
+	// Locks: admins write them (pctl lock/unlock); every host enforces
+	// them, so nodes and proxies load and watch them; pctl lists them.
+	a.handle("PUT /v1/locks", allow(admin), a.upsertLock)
+	a.handle("DELETE /v1/locks/{kind}/{name}", allow(admin), a.deleteLock)
+	a.handle("GET /v1/locks", allow(node, proxy, admin), a.getLocks)
+	a.handleStream("GET /v1/watch/locks", allow(node, proxy), a.watchLocks)
+	// Audit events of the processes without a backend of their own (node-
+	// and proxy-only hosts); admins and auth write events locally.
+	a.handle("POST /v1/events", allow(node, proxy), a.shipEvents)
 }
 
 // maxEventsPerSearch bounds one answer: enough for an operator's screen
@@ -258,6 +281,24 @@ func (a *APIServer) createUser(ctx context.Context, _ *peer, r *http.Request) (a
 
 func (a *APIServer) deleteUser(ctx context.Context, _ *peer, r *http.Request) (any, error) {
 	return nil, trace.Wrap(a.auth.DeleteUser(ctx, r.PathValue("name")))
+}
+
+// ClearLockoutResponse answers DELETE /v1/users/{name}/lockout[?addr=A]:
+// whether anything was cleared.
+type ClearLockoutResponse struct {
+	Cleared bool `json:"cleared"`
+}
+
+// clearLockout clears the failed-login counts and lockouts of a user (and,
+// with ?addr=, of that source address for every user).
+func (a *APIServer) clearLockout(ctx context.Context, p *peer, r *http.Request) (any, error) {
+	addr := r.URL.Query().Get("addr")
+	cleared, err := a.auth.ClearLockout(ctx, r.PathValue("name"), addr)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	a.log.WithFields(map[string]any{"user": r.PathValue("name"), "addr": addr, "by": p.ID}).Info("Login lockout cleared over the API.")
+	return ClearLockoutResponse{Cleared: cleared}, nil
 }
 
 func (a *APIServer) getTokens(ctx context.Context, _ *peer, _ *http.Request) (any, error) {

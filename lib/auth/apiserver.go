@@ -99,6 +99,9 @@ type APIServer struct {
 
 	mainMux *http.ServeMux
 	joinMux *http.ServeMux
+	// routes is every endpoint registered, in order (set up once by
+	// registerRoutes, read-only afterwards).
+	routes []apiRoute
 
 	// closing is closed when Close or Shutdown starts; long-lived handlers
 	// (watches) return on it.
@@ -278,15 +281,21 @@ func (a *APIServer) peerFromCert(cert *x509.Certificate) (*peer, error) {
 	return &peer{ID: s.CommonName, Role: s.Organization[0]}, nil
 }
 
-// Which roles may call an endpoint.
-var (
-	// hostRoles: anything holding a cluster identity.
-	hostRoles = []string{RoleNode, RoleProxy, RoleAdmin, RoleAuth}
-	// proxyRoles: proxies act for users (logins, certificates, routing).
-	proxyRoles = []string{RoleProxy, RoleAdmin, RoleAuth}
-	// adminRoles manage the cluster.
-	adminRoles = []string{RoleAdmin, RoleAuth}
-)
+// allow lists the system roles that may call one endpoint (a row of the
+// table in registerRoutes). Deny by default: a role not listed is refused
+// with 403 before the handler runs. RoleAuth is in no row: the auth
+// server's own identity serves the API and never calls it, so a stolen
+// copy of it buys nothing here either.
+func allow(roles ...string) []string { return roles }
+
+// apiRoute is one registered endpoint and the roles allowed to call it;
+// roles is nil for the join endpoint, which takes no client certificate.
+// The list exists so that the policy can be read back (and tested,
+// endpoint by endpoint) exactly as it was registered.
+type apiRoute struct {
+	pattern string
+	roles   []string
+}
 
 // apiHandler handles one request for an authorized peer and returns the
 // value to send as JSON (nil sends {}).
@@ -295,6 +304,7 @@ type apiHandler func(ctx context.Context, p *peer, r *http.Request) (any, error)
 // handle registers an endpoint on the main mux. The role check runs before
 // the handler, from the certificate verified in the handshake.
 func (a *APIServer) handle(pattern string, roles []string, h apiHandler) {
+	a.routes = append(a.routes, apiRoute{pattern: pattern, roles: roles})
 	a.mainMux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		if len(r.TLS.VerifiedChains) == 0 {
 			writeError(w, trace.AccessDenied("client certificate required"))
@@ -326,8 +336,15 @@ func (a *APIServer) respond(w http.ResponseWriter, r *http.Request, p *peer, h a
 	timedOut := ctx.Err() == context.DeadlineExceeded && r.Context().Err() == nil
 	cancel()
 	if err != nil {
-		if timedOut && !trace.IsConnectionProblem(err) {
-			err = trace.ConnectionProblem(err, "the auth server did not complete the request within %v: its backend may be unavailable", a.cfg.RequestTimeout)
+		switch {
+		case timedOut && !trace.IsConnectionProblem(err):
+			err = trace.ConnectionProblem(err, "the auth server's backend is unavailable: the request did not complete within %v", a.cfg.RequestTimeout)
+		case trace.IsConnectionProblem(err):
+			// Handlers reach nothing but the backend (and the audit
+			// log on it): a connection problem is the backend's. Say so,
+			// so that pctl, psh and the proxy's logs name the culprit.
+			a.log.WithError(err).WithField("path", r.URL.Path).Warn("API call failed: the backend is unavailable.")
+			err = trace.ConnectionProblem(err, "the auth server's backend is unavailable: %s", trace.UserMessage(err))
 		}
 		if _, status := errorKind(err); status == http.StatusInternalServerError {
 			a.log.WithError(err).WithField("path", r.URL.Path).Warn("API call failed.")

@@ -12,10 +12,6 @@ import (
 	"github.com/postern-dev/postern/lib/events"
 )
 
-// shipperRoles may ship audit events (POST /v1/events): the processes
-// without a backend of their own. Admins and auth write events locally.
-var shipperRoles = []string{RoleNode, RoleProxy}
-
 // shipEventsRequest is the body of POST /v1/events.
 type shipEventsRequest struct {
 	Events []events.Event `json:"events"`

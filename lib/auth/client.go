@@ -258,6 +258,21 @@ func (c *Client) GetUsers(ctx context.Context) ([]services.User, error) {
 	return users, trace.Wrap(c.do(ctx, http.MethodGet, "/v1/users", nil, nil, &users))
 }
 
+// ClearLockout clears the failed-login counts and lockouts of user (and of
+// addr's address, for every user, when addr is not empty); see
+// Server.ClearLockout.
+func (c *Client) ClearLockout(ctx context.Context, name, addr string) (bool, error) {
+	var q url.Values
+	if addr != "" {
+		q = url.Values{"addr": {addr}}
+	}
+	resp, err := call[ClearLockoutResponse](ctx, c, http.MethodDelete, "/v1/users/"+url.PathEscape(name)+"/lockout", q, nil)
+	if err != nil {
+		return false, trace.Wrap(err)
+	}
+	return resp.Cleared, nil
+}
+
 // CreateToken makes a join token; see Server.CreateToken.
 func (c *Client) CreateToken(ctx context.Context, tokenType string, ttl time.Duration) (*services.Token, error) {
 	return call[services.Token](ctx, c, http.MethodPost, "/v1/tokens", nil, createTokenRequest{Type: tokenType, TTL: services.Duration(ttl)})
@@ -274,7 +289,8 @@ func (c *Client) DeleteToken(ctx context.Context, name string) error {
 	return trace.Wrap(c.do(ctx, http.MethodDelete, "/v1/tokens/"+url.PathEscape(name), nil, nil, nil))
 }
 
-// GenerateUserCert signs a user certificate (proxy and admin only).
+// GenerateUserCert signs a user certificate without a password: admin only
+// (pctl auth sign); a proxy logs users in with AuthenticateSSHUser.
 func (c *Client) GenerateUserCert(ctx context.Context, req UserCertRequest) ([]byte, error) {
 	var resp certResponse
 	return resp.Cert, trace.Wrap(c.do(ctx, http.MethodPost, "/v1/certs/user", nil, req, &resp))

@@ -2,6 +2,7 @@ package auth
 
 import (
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -9,12 +10,46 @@ import (
 	"github.com/jonboulle/clockwork"
 )
 
-// LoginLimits bounds failed login attempts.
+// LoginLimits bounds failed login attempts. The policy, in full:
+//
+//   - (user, address): MaxFailures failed logins for one user from one
+//     source address within Window lock that user out *from that address
+//     only*, for Window after the failure that reached the limit. The same
+//     user from any other address is not affected.
+//   - address: MaxAddrFailures failed logins from one source address (any
+//     users) within Window lock the address out for every user, for Window.
+//     This is what stops one address spraying many accounts.
+//   - user (distributed guessing): once a user has MaxUserFailures failures
+//     within Window from all addresses together, an address that has itself
+//     failed for that user within Window is refused for that user until the
+//     count falls below the limit again. An address with no failure for the
+//     user is never refused on the user's account: the right password from a
+//     clean address always reaches the password check, so nobody can lock a
+//     user out by failing on purpose. An attacker spread over many addresses
+//     gets one guess per address per Window instead of MaxFailures.
+//
+// IPv6 addresses count by /64, the smallest block a host is usually given.
+// An attempt refused by a lock is not a failure of that lock, so hammering
+// a lock does not prolong it; but one refused for a user's sake (the
+// (user, address) lock or the per-user throttle) counts against the
+// address, so an address that keeps guessing at a locked account soon
+// locks itself out for every user. A successful login clears the (user, address) count of the
+// address it came from; the address and user counts are kept (a valid
+// account must not reset an attacker's budget). An admin clears every lock
+// of a user, and optionally of one address, with `pctl users clear-lockout`
+// (DELETE /v1/users/{name}/lockout). The counts live in the memory of each auth
+// server: they reset when it restarts.
 type LoginLimits struct {
-	// MaxFailures failed attempts within Window lock the user name, or the
-	// source address, out until Window has passed since the last of them.
-	// Zero means DefaultMaxLoginFailures.
+	// MaxFailures per (user, address) within Window; zero means
+	// DefaultMaxLoginFailures.
 	MaxFailures int
+	// MaxAddrFailures per address, all users together, within Window; zero
+	// means DefaultMaxAddrFailures.
+	MaxAddrFailures int
+	// MaxUserFailures per user, all addresses together, within Window,
+	// before addresses that failed for the user are refused; zero means
+	// DefaultMaxUserFailures.
+	MaxUserFailures int
 	// Window is the counting window and the lockout; zero means
 	// DefaultLoginWindow.
 	Window time.Duration
@@ -23,6 +58,12 @@ type LoginLimits struct {
 const (
 	// DefaultMaxLoginFailures tolerates a few typos, not a dictionary.
 	DefaultMaxLoginFailures = 5
+	// DefaultMaxAddrFailures is higher than the per-user limit: several
+	// users behind one NAT share an address, and each may mistype.
+	DefaultMaxAddrFailures = 20
+	// DefaultMaxUserFailures: two addresses' worth of typos before the
+	// per-user throttle starts.
+	DefaultMaxUserFailures = 10
 	// DefaultLoginWindow: with 5 tries per 10 minutes an online guesser
 	// gets ~700 guesses a day per user and per address.
 	DefaultLoginWindow = 10 * time.Minute
@@ -38,15 +79,19 @@ func (l *LoginLimits) setDefaults() {
 	if l.MaxFailures <= 0 {
 		l.MaxFailures = DefaultMaxLoginFailures
 	}
+	if l.MaxAddrFailures <= 0 {
+		l.MaxAddrFailures = DefaultMaxAddrFailures
+	}
+	if l.MaxUserFailures <= 0 {
+		l.MaxUserFailures = DefaultMaxUserFailures
+	}
 	if l.Window <= 0 {
 		l.Window = DefaultLoginWindow
 	}
 }
 
-// loginLimiter counts failures per user name and per source address.
-// Counting both is the point: per user stops a guesser focused on one
-// account from many addresses, per address stops one address spraying many
-// accounts.
+// loginLimiter counts failures per (user, address), per address and per
+// user, and decides from them as LoginLimits describes.
 type loginLimiter struct {
 	limits LoginLimits
 	clock  clockwork.Clock
@@ -71,79 +116,180 @@ func newLoginLimiter(limits LoginLimits, clock clockwork.Clock) *loginLimiter {
 // megabyte of limiter memory.
 const maxLimiterKeyLen = 256
 
-func limiterKeys(user, remoteAddr string) []string {
+// limiterKeys names the three counters of an attempt; a part is empty when
+// user is empty (the join limiter counts addresses only).
+type limiterKeys struct {
+	userAddr, addr, user string
+}
+
+func keysFor(user, remoteAddr string) limiterKeys {
 	if len(user) > maxLimiterKeyLen {
 		user = user[:maxLimiterKeyLen]
 	}
-	var keys []string
+	host := addrKey(remoteAddr)
+	k := limiterKeys{addr: "addr:" + host}
 	if user != "" {
-		keys = append(keys, "user:"+user)
+		// NUL cannot occur in a host, so user and address cannot be
+		// shifted into each other.
+		k.userAddr = "ua:" + host + "\x00" + user
+		k.user = "user:" + user
 	}
-	if remoteAddr != "" {
-		host := remoteAddr
-		if h, _, err := net.SplitHostPort(remoteAddr); err == nil {
-			host = h
-		}
-		keys = append(keys, "addr:"+host)
-	}
-	return keys
+	return k
 }
 
-// check refuses an attempt while the user or the address is locked out.
+// addrKey is the address an attempt is counted under: the host without
+// port, and for IPv6 its /64. An empty address (a caller that did not say)
+// is one address of its own.
+func addrKey(remoteAddr string) string {
+	host := remoteAddr
+	if h, _, err := net.SplitHostPort(remoteAddr); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if ip := net.ParseIP(host); ip != nil {
+		if ip.To4() == nil {
+			return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
+		}
+		return ip.String()
+	}
+	if len(host) > maxLimiterKeyLen {
+		host = host[:maxLimiterKeyLen]
+	}
+	return host
+}
+
+func errLocked(wait time.Duration) error {
+	return trace.LimitExceeded("too many failed login attempts; try again in %v", wait.Round(time.Second))
+}
+
+// check refuses an attempt while the address, or the user from this
+// address, is locked out, or while the user is under distributed attack and
+// this address has failed for the user. An attempt refused for the user's
+// sake counts as a failure of the address: an address that keeps guessing
+// at a locked account locks itself out for everyone.
 func (l *loginLimiter) check(user, remoteAddr string) error {
 	now := l.clock.Now()
+	k := keysFor(user, remoteAddr)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var wait time.Duration
-	for _, k := range limiterKeys(user, remoteAddr) {
-		e := l.entries[k]
-		if e == nil || e.lockedTo.IsZero() {
-			continue
-		}
-		if d := e.lockedTo.Sub(now); d > wait {
-			wait = d
+	if e := l.entries[k.addr]; e != nil {
+		e.prune(now, l.limits.Window)
+		if d := e.lockedTo.Sub(now); d > 0 {
+			return errLocked(d)
 		}
 	}
-	if wait > 0 {
-		return trace.LimitExceeded("too many failed login attempts; try again in %v", wait.Round(time.Second))
+	if k.user == "" {
+		return nil
+	}
+	if wait := l.userWaitLocked(now, k); wait > 0 {
+		l.countLocked(now, k.addr, l.limits.MaxAddrFailures)
+		return errLocked(wait)
 	}
 	return nil
 }
 
-// failure records a failed attempt.
+// userWaitLocked is how long user is refused from this address: the
+// (user, address) lock, or the per-user throttle for an address that has
+// failed for the user. Zero means not refused. l.mu held.
+func (l *loginLimiter) userWaitLocked(now time.Time, k limiterKeys) time.Duration {
+	ae := l.entries[k.userAddr]
+	if ae == nil {
+		// A clean address: never refused on the user's account.
+		return 0
+	}
+	ae.prune(now, l.limits.Window)
+	if d := ae.lockedTo.Sub(now); d > 0 {
+		return d
+	}
+	ue := l.entries[k.user]
+	if ue == nil || len(ae.failures) == 0 {
+		return 0
+	}
+	ue.prune(now, l.limits.Window)
+	if len(ue.failures) < l.limits.MaxUserFailures {
+		return 0
+	}
+	// Refused until enough of the user's failures age out to go below the
+	// limit, or this address's own failures do, whichever comes first.
+	userWait := ue.failures[len(ue.failures)-l.limits.MaxUserFailures].Add(l.limits.Window).Sub(now)
+	addrWait := ae.failures[len(ae.failures)-1].Add(l.limits.Window).Sub(now)
+	return min(userWait, addrWait)
+}
+
+// failure records a failed attempt on every counter.
 func (l *loginLimiter) failure(user, remoteAddr string) {
 	now := l.clock.Now()
+	k := keysFor(user, remoteAddr)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, k := range limiterKeys(user, remoteAddr) {
-		e := l.entries[k]
-		if e == nil {
-			if len(l.entries) >= maxLimiterEntries {
-				l.sweepLocked(now)
-				if len(l.entries) >= maxLimiterEntries {
-					continue
-				}
-			}
-			e = &limiterEntry{}
-			l.entries[k] = e
-		}
-		e.prune(now, l.limits.Window)
-		e.failures = append(e.failures, now)
-		if len(e.failures) >= l.limits.MaxFailures {
-			e.lockedTo = now.Add(l.limits.Window)
-		}
+	l.countLocked(now, k.addr, l.limits.MaxAddrFailures)
+	if k.user != "" {
+		l.countLocked(now, k.userAddr, l.limits.MaxFailures)
+		// The user count never locks by itself; check reads it.
+		l.countLocked(now, k.user, 0)
 	}
 }
 
-// success clears the user's count. The address count is kept: an attacker
-// holding one valid account must not be able to reset their address's
-// budget by logging in between guesses at other accounts.
-func (l *loginLimiter) success(user string) {
+// countLocked adds a failure at key, locking it at lockAt failures (0:
+// never); l.mu held.
+func (l *loginLimiter) countLocked(now time.Time, key string, lockAt int) {
+	e := l.entries[key]
+	if e == nil {
+		if len(l.entries) >= maxLimiterEntries {
+			l.sweepLocked(now)
+			if len(l.entries) >= maxLimiterEntries {
+				return
+			}
+		}
+		e = &limiterEntry{}
+		l.entries[key] = e
+	}
+	e.prune(now, l.limits.Window)
+	e.failures = append(e.failures, now)
+	if lockAt > 0 && len(e.failures) >= lockAt {
+		e.lockedTo = now.Add(l.limits.Window)
+	}
+}
+
+// success clears the (user, address) count of a successful login. The
+// address and user counts are kept: an attacker holding one valid account
+// must not be able to reset their address's budget by logging in between
+// guesses at other accounts, nor a real user's login reset an attacker's.
+func (l *loginLimiter) success(user, remoteAddr string) {
+	k := keysFor(user, remoteAddr)
+	if k.userAddr == "" {
+		return
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, k := range limiterKeys(user, "") {
-		delete(l.entries, k)
+	delete(l.entries, k.userAddr)
+}
+
+// clear clears every count and lock of user (from every address) and,
+// when remoteAddr is not empty, of that address. It reports how many
+// entries it removed.
+func (l *loginLimiter) clear(user, remoteAddr string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	if remoteAddr != "" {
+		if k := "addr:" + addrKey(remoteAddr); l.entries[k] != nil {
+			delete(l.entries, k)
+			n++
+		}
 	}
+	if user == "" {
+		return n
+	}
+	k := keysFor(user, "")
+	suffix := "\x00" + strings.TrimPrefix(k.user, "user:")
+	for key := range l.entries {
+		if key == k.user || (strings.HasPrefix(key, "ua:") && strings.HasSuffix(key, suffix)) {
+			delete(l.entries, key)
+			n++
+		}
+	}
+	return n
 }
 
 func (e *limiterEntry) prune(now time.Time, window time.Duration) {

@@ -16,7 +16,6 @@ import (
 	"context"
 	"crypto"
 	"crypto/x509"
-	"sync"
 	"time"
 
 	"github.com/gravitational/trace"
@@ -139,11 +138,6 @@ type Server struct {
 	// addrs proves that announced node addresses answer with the node's
 	// own host certificate (see AnnounceNode).
 	addrs *addrVerifier
-
-	// otpMu guards lastOTP: the last accepted TOTP code per user, so that a
-	// code seen on the wire cannot be replayed within its validity window.
-	otpMu   sync.Mutex
-	lastOTP map[string]string
 }
 
 // NewServer starts the auth server: it loads the cluster's CAs, creating
@@ -165,9 +159,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		dummyHash: dummy,
 		limiter:   newLoginLimiter(cfg.Limits, cfg.Clock),
 		joinLimiter: newLoginLimiter(LoginLimits{
-			MaxFailures: maxJoinFailures, Window: cfg.Limits.Window,
+			MaxAddrFailures: maxJoinFailures, Window: cfg.Limits.Window,
 		}, cfg.Clock),
-		lastOTP: make(map[string]string),
 	}
 	ctx := context.Background()
 	if err := s.initCAs(ctx); err != nil {

@@ -227,40 +227,6 @@ func TestAuthenticateUser(t *testing.T) {
 	require.Equal(t, "invalid credentials", errWrong.Error())
 }
 
-func TestLoginRateLimit(t *testing.T) {
-	env := newTestAuth(t)
-	ctx := context.Background()
-	_, err := env.auth.CreateUser(ctx, "erin", []byte("right-pw"), []string{"erin"}, nil, false)
-	require.NoError(t, err)
-
-	// Per user: failures from different addresses add up.
-	for i := range DefaultMaxLoginFailures {
-		_, err := env.auth.AuthenticateUser(ctx, AuthRequest{User: "erin", Password: "bad", RemoteAddr: "10.0.0." + string(rune('1'+i)) + ":22"})
-		require.True(t, trace.IsAccessDenied(err), "%v", err)
-	}
-	_, err = env.auth.AuthenticateUser(ctx, AuthRequest{User: "erin", Password: "right-pw", RemoteAddr: "10.9.9.9:1"})
-	requireKind(t, err, trace.IsLimitExceeded, "try again in 10m0s")
-
-	env.clock.Advance(DefaultLoginWindow - time.Second)
-	_, err = env.auth.AuthenticateUser(ctx, AuthRequest{User: "erin", Password: "right-pw"})
-	requireKind(t, err, trace.IsLimitExceeded, "try again in 1s")
-	env.clock.Advance(time.Second)
-	_, err = env.auth.AuthenticateUser(ctx, AuthRequest{User: "erin", Password: "right-pw"})
-	require.NoError(t, err)
-
-	// Per address: one address spraying many users is stopped, even for
-	// a user with no failures of their own.
-	for i := range DefaultMaxLoginFailures {
-		_, err := env.auth.AuthenticateUser(ctx, AuthRequest{User: "u" + string(rune('a'+i)), Password: "bad", RemoteAddr: "192.0.2.7:4000"})
-		require.True(t, trace.IsAccessDenied(err), "%v", err)
-	}
-	_, err = env.auth.AuthenticateUser(ctx, AuthRequest{User: "erin", Password: "right-pw", RemoteAddr: "192.0.2.7:4001"})
-	require.True(t, trace.IsLimitExceeded(err), "%v", err)
-	// Another address is not affected.
-	_, err = env.auth.AuthenticateUser(ctx, AuthRequest{User: "erin", Password: "right-pw", RemoteAddr: "192.0.2.8:4001"})
-	require.NoError(t, err)
-}
-
 func TestTOTP(t *testing.T) {
 	env := newTestAuth(t)
 	ctx := context.Background()

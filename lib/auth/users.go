@@ -158,7 +158,7 @@ func (s *Server) AuthenticateUser(ctx context.Context, req AuthRequest) (*servic
 		}
 		return nil, trace.Wrap(err)
 	}
-	s.limiter.success(req.User)
+	s.limiter.success(req.User, req.RemoteAddr)
 	s.emitLogin(ctx, events.AuthLogin, req, "")
 	return user, nil
 }
@@ -193,7 +193,7 @@ func (s *Server) checkCredentials(ctx context.Context, req AuthRequest) (*servic
 		return nil, errInvalidCredentials()
 	}
 	if user.TOTPSecret != "" {
-		if err := s.checkOTP(user, req.OTP); err != nil {
+		if err := s.checkOTP(ctx, user, req.OTP); err != nil {
 			return nil, trace.Wrap(err)
 		}
 	}
@@ -203,22 +203,72 @@ func (s *Server) checkCredentials(ctx context.Context, req AuthRequest) (*servic
 
 // checkOTP validates a TOTP code at the server's clock and refuses a code
 // already used by this user (RFC 6238 section 5.2: a verifier must not
-// accept the second attempt of the same OTP).
-func (s *Server) checkOTP(user *services.User, code string) error {
+// accept the second attempt of the same OTP). Every accepted code is
+// remembered in the backend for as long as it could be accepted (one item
+// per user and time step, created atomically), so neither an older code
+// after a newer one, nor the same code at another auth server sharing the
+// backend, gets in twice.
+func (s *Server) checkOTP(ctx context.Context, user *services.User, code string) error {
 	if code == "" {
 		return errInvalidCredentials()
 	}
-	ok, err := totp.ValidateCustom(code, user.TOTPSecret, s.clock.Now(), totpOpts)
-	if err != nil || !ok {
+	now := s.clock.Now()
+	step, ok := matchTOTPStep(user.TOTPSecret, code, now)
+	if !ok {
 		return errInvalidCredentials()
 	}
-	s.otpMu.Lock()
-	defer s.otpMu.Unlock()
-	if last, seen := s.lastOTP[user.Name]; seen && subtle.ConstantTimeCompare([]byte(last), []byte(code)) == 1 {
+	err := s.store.MarkOTPUsed(ctx, user.Name, step, otpUsedUntil(step))
+	if trace.IsAlreadyExists(err) {
+		s.log.WithField("user", user.Name).Warn("Refused a one-time password that was already used.")
 		return errInvalidCredentials()
 	}
-	s.lastOTP[user.Name] = code
-	return nil
+	return trace.Wrap(err)
+}
+
+// matchTOTPStep finds the time step, within the skew around now, whose
+// code is code. Each step is compared in constant time, and all of them
+// are, so timing does not say which step matched.
+func matchTOTPStep(secret, code string, now time.Time) (int64, bool) {
+	period := int64(totpOpts.Period)
+	current := now.Unix() / period
+	var matched int64
+	found := 0
+	for d := -int64(totpOpts.Skew); d <= int64(totpOpts.Skew); d++ {
+		step := current + d
+		want, err := totp.GenerateCodeCustom(secret, time.Unix(step*period, 0), totpOpts)
+		if err != nil {
+			return 0, false
+		}
+		if subtle.ConstantTimeCompare([]byte(want), []byte(code)) == 1 && found == 0 {
+			matched, found = step, 1
+		}
+	}
+	return matched, found == 1
+}
+
+// otpUsedUntil is when a used code of step can no longer be accepted
+// anywhere: the last moment the step is within the skew is the end of step
+// step+skew; one more period covers clock differences between auth servers
+// sharing the backend. The validity window is thus
+// period x (2 x skew + 1) and the record outlives it.
+func otpUsedUntil(step int64) time.Time {
+	period := int64(totpOpts.Period)
+	return time.Unix((step+int64(totpOpts.Skew)+2)*period, 0)
+}
+
+// ClearLockout clears the login limiter's counts and lockouts for user,
+// from every address, and for remoteAddr's address when it is not empty:
+// the admin's way out of a lockout (`pctl users clear-lockout`). (Not to
+// be confused with `pctl unlock`, which lifts an admin's lock.) It reports whether
+// anything was locked or counted. The limiter lives in this auth server's
+// memory: with several auth servers, call each (or wait out the window).
+func (s *Server) ClearLockout(_ context.Context, name, remoteAddr string) (bool, error) {
+	if name == "" {
+		return false, trace.BadParameter("clear lockout: missing user name")
+	}
+	n := s.limiter.clear(name, remoteAddr)
+	s.log.WithFields(map[string]any{"user": name, "remote_addr": remoteAddr, "cleared": n}).Info("Cleared login lockouts.")
+	return n > 0, nil
 }
 
 // SSHLoginRequest is AuthRequest plus the key to certify.

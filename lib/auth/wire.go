@@ -48,7 +48,9 @@ func errorKind(err error) (string, int) {
 	case trace.IsLimitExceeded(err):
 		return kindLimitExceeded, http.StatusTooManyRequests
 	case trace.IsConnectionProblem(err):
-		return kindConnectionProblem, http.StatusBadGateway
+		// 503: the auth server is up but cannot serve (its backend is
+		// down, or it is shutting down); clients retry later.
+		return kindConnectionProblem, http.StatusServiceUnavailable
 	case trace.IsCompareFailed(err):
 		return kindCompareFailed, http.StatusPreconditionFailed
 	}
@@ -107,6 +109,10 @@ func readErrorResponse(resp *http.Response) error {
 		return trace.AccessDenied("auth API: %s", msg)
 	case http.StatusBadRequest:
 		return trace.BadParameter("auth API: %s", msg)
+	case http.StatusServiceUnavailable, http.StatusBadGateway, http.StatusGatewayTimeout:
+		// A load balancer in front of auth, or auth itself without its
+		// JSON body: either way the server is not there for us.
+		return trace.ConnectionProblem(nil, "the auth server is unavailable: %d %s", resp.StatusCode, msg)
 	}
 	return trace.Errorf("auth API: unexpected response %d %s", resp.StatusCode, msg)
 }

@@ -144,6 +144,10 @@ func (c *WebClient) SSHLogin(ctx context.Context, req web.SSHLoginRequest) (*web
 			return nil, trace.LimitExceeded("login refused: %s", e.Error)
 		case http.StatusBadRequest:
 			return nil, trace.BadParameter("login refused: %s", e.Error)
+		case http.StatusServiceUnavailable:
+			// The proxy is fine; auth (or its backend) is not: say that,
+			// not a status code.
+			return nil, trace.ConnectionProblem(nil, "login failed: %s", e.Error)
 		default:
 			return nil, trace.ConnectionProblem(nil, "login failed: proxy %s answered %d: %s", c.cfg.Proxy, code, e.Error)
 		}

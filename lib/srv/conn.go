@@ -37,6 +37,29 @@ type authResult struct {
 // reason is logged only, so that a client cannot probe which part failed.
 var errDenied = errors.New("access denied")
 
+// MsgAuthUnavailable is the banner sent when the server cannot check a
+// certificate because auth (or its backend) does not answer. Without it
+// OpenSSH would print only "Permission denied (publickey)", and a user
+// with a perfectly valid certificate would look for the fault in their
+// key. It says nothing about the certificate, so it is no oracle.
+const MsgAuthUnavailable = "postern: the auth server is unavailable, try again later\r\n"
+
+// accessPointTimeout bounds the access point calls of one authentication.
+// A backend that stops answering (etcd down) would otherwise hold the
+// callback until the handshake timeout closes the connection, and the
+// client would never hear why. It is well above a normal call (a few
+// backend reads, or one auth API round trip) and below
+// DefaultHandshakeTimeout, so the banner reaches the client. Real time:
+// it bounds I/O, like the auth client's own timeout.
+const accessPointTimeout = 10 * time.Second
+
+// errUnavailable refuses an authentication that failed on the access point
+// (not on the certificate): the client is told auth is unavailable, in an
+// SSH_MSG_USERAUTH_BANNER that OpenSSH prints before giving up.
+func errUnavailable() error {
+	return &ssh.BannerError{Err: errDenied, Message: MsgAuthUnavailable}
+}
+
 // authenticate is the PublicKeyCallback: certificate checks, then (node
 // mode) RBAC, once per connection.
 func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permissions, error) {
@@ -58,11 +81,13 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 		return nil, errDenied
 	}
 
-	ca, err := s.cfg.AccessPoint.GetCertAuthority(s.ctx, s.cfg.ClusterName, services.UserCA, false)
+	apCtx, cancel := context.WithTimeout(s.ctx, accessPointTimeout)
+	defer cancel()
+	ca, err := s.cfg.AccessPoint.GetCertAuthority(apCtx, s.cfg.ClusterName, services.UserCA, false)
 	if err != nil {
-		log.WithError(err).Error("Cannot fetch the user CA.")
+		log.WithError(err).Error("Cannot fetch the user CA: the auth server or its backend is unavailable.")
 		s.emitDenied(meta, cert, unavailableReason(err))
-		return nil, errDenied
+		return nil, errUnavailable()
 	}
 	checker := &ssh.CertChecker{
 		IsUserAuthority: func(auth ssh.PublicKey) bool { return isUserAuthority(ca, auth) },
@@ -90,11 +115,11 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 		_, _ = deny(msg)
 		return nil, &ssh.BannerError{Err: errDenied, Message: msg + "\r\n"}
 	}
-	id.Checker, err = NewAccessChecker(s.ctx, s.cfg.AccessPoint, id.Roles, id.Traits)
+	id.Checker, err = NewAccessChecker(apCtx, s.cfg.AccessPoint, id.Roles, id.Traits)
 	if err != nil {
-		log.WithError(err).Error("Cannot fetch roles.")
+		log.WithError(err).Error("Cannot fetch roles: the auth server or its backend is unavailable.")
 		s.emitDenied(meta, cert, unavailableReason(err))
-		return nil, errDenied
+		return nil, errUnavailable()
 	}
 	res := &authResult{id: id}
 	if s.cfg.Proxy == nil {

@@ -49,7 +49,7 @@ func newLoginEnv(t *testing.T) *loginEnv {
 	store := services.NewStore(bk)
 	as, err := auth.NewServer(auth.ServerConfig{
 		Store: store, ClusterName: "c1", BcryptCost: bcrypt.MinCost, Clock: clock,
-		Limits: auth.LoginLimits{MaxFailures: 3, Window: time.Minute}, Logger: quietLogger(),
+		Limits: auth.LoginLimits{MaxFailures: 3, MaxAddrFailures: 5, Window: time.Minute}, Logger: quietLogger(),
 	})
 	require.NoError(t, err)
 
@@ -154,8 +154,14 @@ func TestSSHCertsLogin(t *testing.T) {
 		resp, body := e.post(t, loginBody(t, "bob", "nope", ""))
 		requireError(t, resp, body, http.StatusTooManyRequests, "too many failed login attempts")
 		require.Equal(t, "61", resp.Header.Get("Retry-After"))
-		// The address is locked too: even alice's right password is
-		// refused until the window passes.
+		// bob is locked at this address, not the address: alice's right
+		// password from it still works...
+		resp, body = e.post(t, loginBody(t, "alice", "secret pass", ""))
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+		// ...until it keeps guessing at bob: then the address is locked
+		// for everyone until the window passes.
+		resp, body = e.post(t, loginBody(t, "bob", "nope", ""))
+		requireError(t, resp, body, http.StatusTooManyRequests, "too many failed login attempts")
 		resp, body = e.post(t, loginBody(t, "alice", "secret pass", ""))
 		requireError(t, resp, body, http.StatusTooManyRequests, "too many")
 		e.clock.Advance(2 * time.Minute)

@@ -25,6 +25,13 @@ var _ UserLister = (*services.Store)(nil)
 // user enrolled in OTP a few seconds ago is at worst asked with --otp.
 const secondFactorTTL = 10 * time.Second
 
+// secondFactorLookupTimeout bounds the user scan behind /webapi/ping. A
+// backend that stops answering (etcd down) would otherwise hold every
+// ping, and with it `psh login`, until the client gives up, so the user
+// would never hear the login's own "auth server unavailable". A scan of
+// the users takes milliseconds; real time, as it bounds I/O.
+const secondFactorLookupTimeout = 2 * time.Second
+
 // OTPEnrolled returns a Config.SecondFactor that reports "otp" when any
 // user of the cluster has a TOTP secret. The cluster-wide flag cannot say
 // which users have OTP (that would tell an anonymous caller who does), so
@@ -47,11 +54,16 @@ func OTPEnrolled(users UserLister, clock clockwork.Clock) func(context.Context) 
 		if value != "" && now.Before(expires) {
 			return value
 		}
+		ctx, cancel := context.WithTimeout(ctx, secondFactorLookupTimeout)
+		defer cancel()
 		list, err := users.GetUsers(ctx)
 		if err != nil {
 			// Fail towards asking: a prompt the user can leave empty is
-			// better than a login that cannot succeed.
-			return SecondFactorOTP
+			// better than a login that cannot succeed. Remembered like
+			// an answer, so that pings during an outage do not each wait
+			// for the bound.
+			value, expires = SecondFactorOTP, now.Add(secondFactorTTL)
+			return value
 		}
 		value = SecondFactorOff
 		for _, u := range list {

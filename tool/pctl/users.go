@@ -33,6 +33,12 @@ func (c *cli) registerUsers(app *kingpin.Application, add adder) {
 	ur := users.Command("rm", "Remove a user.")
 	ur.Arg("name", "User name.").Required().StringVar(&rmName)
 	add(ur, func(ctx context.Context) error { return c.usersRm(ctx, rmName) })
+
+	var clName, clAddr string
+	cl := users.Command("clear-lockout", "Clear a user's failed-login counts and lockouts, from every address (see also pctl unlock for locks).")
+	cl.Arg("name", "User name.").Required().StringVar(&clName)
+	cl.Flag("addr", "Also clear the lockout of this source address (for every user).").StringVar(&clAddr)
+	add(cl, func(ctx context.Context) error { return c.usersClearLockout(ctx, clName, clAddr) })
 }
 
 func splitList(s string) []string {
@@ -134,5 +140,23 @@ func (c *cli) usersRm(ctx context.Context, name string) error {
 		return trace.Wrap(err)
 	}
 	fmt.Fprintf(c.stdout, "User %q removed.\n", name)
+	return nil
+}
+
+func (c *cli) usersClearLockout(ctx context.Context, name, addr string) error {
+	clt, _, err := c.connect(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer clt.Close()
+	cleared, err := clt.ClearLockout(ctx, name, addr)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	if !cleared {
+		fmt.Fprintf(c.stdout, "No login lockout or failed attempts recorded for %q.\n", name)
+		return nil
+	}
+	fmt.Fprintf(c.stdout, "Failed logins and lockouts of %q cleared.\n", name)
 	return nil
 }

@@ -33,7 +33,8 @@ import (
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
 	"github.com/sirupsen/logrus"
-	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+	"modernc.org/sqlite" // registers the "sqlite" database/sql driver
+	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/postern-dev/postern/lib/backend"
 )
@@ -375,14 +376,29 @@ func (b *Backend) txLocked(ctx context.Context, fn func(tx *sql.Tx) error) error
 	return convertError(tx.Commit())
 }
 
-// convertError keeps trace classifications and maps a closed database to
-// ConnectionProblem; other driver errors are wrapped as they are.
+// convertError keeps trace classifications and maps a closed database,
+// and SQLite's errors that mean the store itself cannot be used (an I/O
+// error, a full disk, a file that cannot be opened or is locked, corrupt
+// or not a database), to ConnectionProblem: the backend contract's "the
+// store cannot be reached", which every caller up to the user reports as
+// "unavailable, try again later" rather than as an internal error. Other
+// driver errors (a bad query: our bug) are wrapped as they are.
 func convertError(err error) error {
 	if err == nil {
 		return nil
 	}
 	if errors.Is(err, sql.ErrConnDone) || strings.Contains(err.Error(), "database is closed") {
 		return trace.ConnectionProblem(err, "sqlite backend is closed")
+	}
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		switch se.Code() & 0xff { // the primary result code
+		case sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN,
+			sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_READONLY,
+			sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_PERM,
+			sqlite3.SQLITE_PROTOCOL, sqlite3.SQLITE_NOMEM:
+			return trace.ConnectionProblem(err, "sqlite backend is unavailable: %v", se)
+		}
 	}
 	return trace.Wrap(err)
 }
