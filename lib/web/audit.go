@@ -55,6 +55,9 @@ func (t *termSession) auditRoute(ctx context.Context, p *TerminalParams, route p
 		// matched but the user's roles may not reach them.
 		fields[events.FieldReason] = "the user's roles may not reach the matching nodes"
 		fields[events.FieldCandidates] = route.Hidden
+		if len(route.Hidden) == 1 {
+			fields[events.FieldServerID] = route.Hidden[0]
+		}
 	case proxy.IsAmbiguousHost(err):
 		typ = events.RouteAmbiguous
 		uuids := make([]string, 0, len(route.Candidates))
