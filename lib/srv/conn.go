@@ -15,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -28,7 +29,7 @@ type authKey struct{}
 // authResult is what authentication decided, handed from the public key
 // callback to the connection.
 type authResult struct {
-	id      *Identity
+	id      *authz.Identity
 	permits Permits
 	node    services.Node
 }
@@ -100,12 +101,12 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 		}
 		return deny(certValidityReason(err, cert, s.cfg.Clock.Now()))
 	}
-	id, err := identityFromCert(cert, meta.User())
+	id, err := authz.FromCertificate(cert, meta.User())
 	if err != nil {
 		return deny(err.Error())
 	}
 	log = log.WithField("user", id.User)
-	if err := checkCertificate(id, s.cfg.ClusterName); err != nil {
+	if err := id.CheckCluster(s.cfg.ClusterName); err != nil {
 		return deny(err.Error())
 	}
 	if err := s.checkLocks(id.User); err != nil {
@@ -115,8 +116,7 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 		_, _ = deny(msg)
 		return nil, &ssh.BannerError{Err: errDenied, Message: msg + "\r\n"}
 	}
-	id.Checker, err = NewAccessChecker(apCtx, s.cfg.AccessPoint, id.Roles, id.Traits)
-	if err != nil {
+	if err := id.Load(apCtx, s.cfg.AccessPoint); err != nil {
 		log.WithError(err).Error("Cannot fetch roles: the auth server or its backend is unavailable.")
 		s.emitDenied(meta, cert, unavailableReason(err))
 		return nil, errUnavailable()
@@ -124,7 +124,7 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 	res := &authResult{id: id}
 	if s.cfg.Proxy == nil {
 		res.node = s.cfg.GetNode()
-		if err := authorizeNode(id.Checker, &res.node, id.Login); err != nil {
+		if err := id.CheckLogin(&res.node, id.Login); err != nil {
 			return deny(err.Error())
 		}
 		res.permits = permitsFor(perms.Extensions, id.Checker, &res.node)
@@ -430,13 +430,12 @@ func (c *conn) recheckAccess() error {
 	if c.cfg.Proxy != nil {
 		return nil
 	}
-	id := c.auth.id
-	checker, err := NewAccessChecker(c.ctx, c.cfg.AccessPoint, id.Roles, id.Traits)
-	if err != nil {
+	fresh := *c.auth.id
+	if err := fresh.Load(c.ctx, c.cfg.AccessPoint); err != nil {
 		return trace.Wrap(err)
 	}
 	node := c.cfg.GetNode()
-	return trace.Wrap(authorizeNode(checker, &node, id.Login))
+	return trace.Wrap(fresh.CheckLogin(&node, fresh.Login))
 }
 
 // rejectReason maps an error to a channel-open failure.

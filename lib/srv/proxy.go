@@ -9,6 +9,8 @@ import (
 	"github.com/gravitational/trace"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/authz"
 )
 
 // ProxyHandler is the seam through which the proxy reuses this server: it
@@ -31,10 +33,10 @@ type ProxyHandler interface {
 	// "proxysites") for id. On success the request is accepted and serve
 	// runs with the session channel; its error ends the channel with exit
 	// status 1 and the message on stderr, nil with exit status 0.
-	Subsystem(ctx context.Context, id *Identity, name string) (serve SubsystemFunc, err error)
+	Subsystem(ctx context.Context, id *authz.Identity, name string) (serve SubsystemFunc, err error)
 	// DialDirectTCPIP connects to the target of a direct-tcpip channel.
 	// The returned connection is spliced to the channel with half-close.
-	DialDirectTCPIP(ctx context.Context, id *Identity, req DirectTCPIPRequest) (net.Conn, error)
+	DialDirectTCPIP(ctx context.Context, id *authz.Identity, req DirectTCPIPRequest) (net.Conn, error)
 }
 
 // SubsystemFunc serves an accepted subsystem on its session channel. It

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/agent"
 
+	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/utils"
 )
 
@@ -19,10 +20,10 @@ import (
 // every target resolves to one echo server.
 type fakeProxy struct {
 	target string
-	seen   chan *Identity
+	seen   chan *authz.Identity
 }
 
-func (p *fakeProxy) Subsystem(ctx context.Context, id *Identity, name string) (SubsystemFunc, error) {
+func (p *fakeProxy) Subsystem(ctx context.Context, id *authz.Identity, name string) (SubsystemFunc, error) {
 	if !strings.HasPrefix(name, "proxy:") {
 		return nil, trace.BadParameter("invalid proxy subsystem request %q: expected proxy:host:port[@cluster]", name)
 	}
@@ -38,7 +39,7 @@ func (p *fakeProxy) Subsystem(ctx context.Context, id *Identity, name string) (S
 	}, nil
 }
 
-func (p *fakeProxy) DialDirectTCPIP(ctx context.Context, id *Identity, req DirectTCPIPRequest) (net.Conn, error) {
+func (p *fakeProxy) DialDirectTCPIP(ctx context.Context, id *authz.Identity, req DirectTCPIPRequest) (net.Conn, error) {
 	if req.Host == "secret" {
 		return nil, trace.AccessDenied("access denied to %q", req.Host)
 	}
@@ -47,7 +48,7 @@ func (p *fakeProxy) DialDirectTCPIP(ctx context.Context, id *Identity, req Direc
 }
 
 func TestProxyModeSeam(t *testing.T) {
-	proxy := &fakeProxy{target: echoServer(t), seen: make(chan *Identity, 4)}
+	proxy := &fakeProxy{target: echoServer(t), seen: make(chan *authz.Identity, 4)}
 	e := newTestEnv(t, func(c *Config) {
 		c.Proxy = proxy
 		c.GetNode = nil
