@@ -122,7 +122,7 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 		return nil, errUnavailable()
 	}
 	res := &authResult{id: id}
-	if s.cfg.Proxy == nil {
+	if s.policy.checkNode {
 		res.node = s.cfg.GetNode()
 		if err := id.CheckLogin(&res.node, id.Login); err != nil {
 			return deny(err.Error())
@@ -222,9 +222,12 @@ func (c *conn) go_(f func()) {
 	}()
 }
 
+// dispatch serves a new channel as the server's policy says (policy.go):
+// a type it does not list is rejected as unknown. Every channel served
+// passes the locks and the per-user channel cap first.
 func (c *conn) dispatch(nch ssh.NewChannel) {
-	switch t := nch.ChannelType(); t {
-	case "session", "direct-tcpip":
+	c.srv.policy.dispatchChannel(c, nch, func(handle func(*conn, ssh.NewChannel)) {
+		t := nch.ChannelType()
 		if err := c.srv.checkLocks(c.auth.id.User); err != nil {
 			c.log.WithField("reason", err.Error()).WithField("channel_type", t).Warn("Channel refused by a lock.")
 			_ = nch.Reject(ssh.Prohibited, lockRefusal(err))
@@ -237,32 +240,16 @@ func (c *conn) dispatch(nch ssh.NewChannel) {
 			_ = nch.Reject(ssh.ResourceShortage, trace.UserMessage(err))
 			return
 		}
-		handle := c.handleSession
-		if t == "direct-tcpip" {
-			handle = c.handleDirectTCPIP
-		}
 		c.go_(func() {
 			defer release()
-			handle(nch)
+			handle(c, nch)
 		})
-	default:
-		c.log.WithField("channel_type", t).Debug("Rejected unknown channel type.")
-		_ = nch.Reject(ssh.UnknownChannelType, fmt.Sprintf("unknown channel type %q", t))
-	}
+	})
 }
 
 func (c *conn) handleGlobalRequests(reqs <-chan *ssh.Request) {
 	for req := range reqs {
-		switch req.Type {
-		case "tcpip-forward":
-			c.handleTCPIPForward(req)
-		case "cancel-tcpip-forward":
-			c.handleCancelTCPIPForward(req)
-		default:
-			if req.WantReply {
-				_ = req.Reply(false, nil)
-			}
-		}
+		c.srv.policy.dispatchGlobal(c, req)
 	}
 }
 
@@ -427,7 +414,7 @@ func (t trackedRW) Write(p []byte) (int, error) {
 // now, so that a role tightened or deleted while a connection stays open
 // applies to its next session. Proxy mode has no node to check.
 func (c *conn) recheckAccess() error {
-	if c.cfg.Proxy != nil {
+	if !c.srv.policy.checkNode {
 		return nil
 	}
 	fresh := *c.auth.id

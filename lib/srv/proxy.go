@@ -55,7 +55,43 @@ type DirectTCPIPRequest struct {
 // ProxyShellRefusal is what a shell or exec request on the proxy gets.
 const ProxyShellRefusal = "this is a Postern proxy: it does not run shells or commands; connect to a node with `ssh -J` or `psh ssh`\r\n"
 
-// startProxySubsystem runs a proxy-mode subsystem request.
+// refuseShellOnProxy and refuseExecOnProxy answer shell and exec on the
+// proxy, which runs nothing: the request succeeds so that the client
+// prints ProxyShellRefusal, then the session ends with exit status 1.
+func (s *session) refuseShellOnProxy(req *ssh.Request) {
+	s.refuseCommandOnProxy(req, "")
+}
+
+func (s *session) refuseExecOnProxy(req *ssh.Request) {
+	var e execRequest
+	if err := ssh.Unmarshal(req.Payload, &e); err != nil {
+		reply(req, false)
+		return
+	}
+	s.refuseCommandOnProxy(req, e.Command)
+}
+
+func (s *session) refuseCommandOnProxy(req *ssh.Request, command string) {
+	if !s.claim() {
+		reply(req, false)
+		return
+	}
+	s.setCommand(command)
+	reply(req, true)
+	_, _ = s.ch.Stderr().Write([]byte(ProxyShellRefusal))
+	s.finish(exitCode(1))
+}
+
+// refuseAgentOnProxy: the proxy has no sessions to give an agent to.
+func (s *session) refuseAgentOnProxy(req *ssh.Request) {
+	const reason = "agent forwarding is not available on the proxy"
+	s.log.WithField("reason", reason).Warn("auth-agent-req denied.")
+	s.c.emitRefused("-A", "", reason)
+	reply(req, false)
+}
+
+// startProxySubsystem runs a proxy-mode subsystem request (the session is
+// already claimed).
 func (s *session) startProxySubsystem(req *ssh.Request, name string) {
 	serve, err := s.c.cfg.Proxy.Subsystem(s.ctx, s.c.auth.id, name)
 	if err != nil {
@@ -86,8 +122,14 @@ func (s *session) startProxySubsystem(req *ssh.Request, name string) {
 	}()
 }
 
-// proxyDirectTCPIP serves direct-tcpip in proxy mode.
-func (c *conn) proxyDirectTCPIP(nch ssh.NewChannel, req DirectTCPIPRequest) {
+// handleProxyDirectTCPIP serves direct-tcpip in proxy mode (ssh -J).
+func (c *conn) handleProxyDirectTCPIP(nch ssh.NewChannel) {
+	var p directTCPIPPayload
+	if err := ssh.Unmarshal(nch.ExtraData(), &p); err != nil {
+		_ = nch.Reject(ssh.ConnectionFailed, "malformed direct-tcpip request")
+		return
+	}
+	req := DirectTCPIPRequest(p)
 	target, err := c.cfg.Proxy.DialDirectTCPIP(c.ctx, c.auth.id, req)
 	if err != nil {
 		c.log.WithError(err).WithField("target", net.JoinHostPort(req.Host, fmt.Sprint(req.Port))).Info("direct-tcpip refused.")
