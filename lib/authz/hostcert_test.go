@@ -1,7 +1,6 @@
-package authz
+package authz_test
 
 import (
-	"crypto/ed25519"
 	"crypto/rand"
 	"testing"
 	"time"
@@ -9,16 +8,10 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
-)
 
-func newSigner(t *testing.T) ssh.Signer {
-	t.Helper()
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
-	require.NoError(t, err)
-	s, err := ssh.NewSignerFromKey(priv)
-	require.NoError(t, err)
-	return s
-}
+	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/srv/srvtest"
+)
 
 func signHost(t *testing.T, ca ssh.Signer, key ssh.PublicKey, typ uint32, principals []string, after, before time.Time) *ssh.Certificate {
 	t.Helper()
@@ -36,9 +29,9 @@ func signHost(t *testing.T, ca ssh.Signer, key ssh.PublicKey, typ uint32, princi
 func TestHostKeyCallback(t *testing.T) {
 	clock := clockwork.NewFakeClockAt(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
 	now := clock.Now()
-	ca, other := newSigner(t), newSigner(t)
-	hostKey := newSigner(t).PublicKey()
-	check := HostKeyCallback([]ssh.PublicKey{other.PublicKey(), ca.PublicKey()}, clock)
+	ca, other := srvtest.NewSigner(t), srvtest.NewSigner(t)
+	hostKey := srvtest.NewSigner(t).PublicKey()
+	check := authz.HostKeyCallback([]ssh.PublicKey{other.PublicKey(), ca.PublicKey()}, clock)
 	good := signHost(t, ca, hostKey, ssh.HostCert, []string{"node-1", "node-1.c1", "127.0.0.1"}, now.Add(-time.Minute), now.Add(time.Hour))
 
 	require.NoError(t, check("node-1:22", nil, good))
@@ -52,7 +45,7 @@ func TestHostKeyCallback(t *testing.T) {
 		want string
 	}{
 		"principal must match":                      {"node-2:22", good, `"node-2"`},
-		"foreign CA":                                {"node-1:22", signHost(t, newSigner(t), hostKey, ssh.HostCert, []string{"node-1"}, now.Add(-time.Minute), now.Add(time.Hour)), "not signed by a trusted host CA"},
+		"foreign CA":                                {"node-1:22", signHost(t, srvtest.NewSigner(t), hostKey, ssh.HostCert, []string{"node-1"}, now.Add(-time.Minute), now.Add(time.Hour)), "not signed by a trusted host CA"},
 		"plain host keys are never trusted":         {"node-1:22", hostKey, "plain"},
 		"a user certificate is no host certificate": {"node-1:22", signHost(t, ca, hostKey, ssh.UserCert, []string{"node-1"}, now.Add(-time.Minute), now.Add(time.Hour)), "user certificate"},
 		"not yet valid":                             {"node-1:22", signHost(t, ca, hostKey, ssh.HostCert, []string{"node-1"}, now.Add(time.Minute), now.Add(time.Hour)), "not yet valid"},
@@ -66,5 +59,5 @@ func TestHostKeyCallback(t *testing.T) {
 	// Expiry follows the injected clock, not the wall clock.
 	clock.Advance(2 * time.Hour)
 	require.ErrorContains(t, check("node-1:22", nil, good), "expired")
-	require.Error(t, HostKeyCallback(nil, clock)("node-1:22", nil, good), "no CA trusts nothing")
+	require.Error(t, authz.HostKeyCallback(nil, clock)("node-1:22", nil, good), "no CA trusts nothing")
 }

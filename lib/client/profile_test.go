@@ -186,4 +186,3 @@ func TestStoreRejectsBadFiles(t *testing.T) {
 		require.Error(t, st.Save(l))
 	})
 }
-

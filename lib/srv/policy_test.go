@@ -1,60 +1,16 @@
 package srv
 
 import (
-	"context"
 	"io"
 	"net"
 	"sort"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/gravitational/trace"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
-
-	"github.com/postern-dev/postern/lib/authz"
-	"github.com/postern-dev/postern/lib/utils"
 )
-
-// tableProxy is the narrow ProxyHandler of TestModePolicy: it serves the
-// names the real one (lib/proxy/sshproxy) serves, proxysites, nodes and
-// proxy:HOST[:PORT], and refuses the rest with the real one's words, and
-// it records what it was asked, so that the test sees which requests the
-// server handed to it.
-type tableProxy struct {
-	echo  string
-	asked chan string
-}
-
-func (p *tableProxy) Subsystem(ctx context.Context, id *authz.Identity, name string) (SubsystemFunc, error) {
-	p.asked <- "subsystem:" + name
-	switch {
-	case name == "proxysites" || name == "nodes":
-		return func(ctx context.Context, ch ssh.Channel) error {
-			_, err := ch.Write([]byte("[]"))
-			return err
-		}, nil
-	case strings.HasPrefix(name, "proxy:"):
-		return func(ctx context.Context, ch ssh.Channel) error {
-			var d net.Dialer
-			nc, err := d.DialContext(ctx, "tcp", p.echo)
-			if err != nil {
-				return trace.ConnectionProblem(err, "dial failed")
-			}
-			_, _, err = utils.Splice(ctx, ch, nc)
-			return err
-		}, nil
-	}
-	return nil, trace.BadParameter("invalid proxy subsystem request %q: expected proxy:host:port[@cluster]", name)
-}
-
-func (p *tableProxy) DialDirectTCPIP(ctx context.Context, id *authz.Identity, req DirectTCPIPRequest) (net.Conn, error) {
-	p.asked <- "direct-tcpip"
-	var d net.Dialer
-	return d.DialContext(ctx, "tcp", p.echo)
-}
 
 // The SSH vocabulary a client can send: RFC 4254, OpenSSH's PROTOCOL
 // (…@openssh.com) and x/crypto's names, plus names nobody defines.
@@ -83,14 +39,14 @@ type modeEnv struct {
 	echo  string
 	e     *testEnv
 	clt   *ssh.Client
-	proxy *tableProxy
+	proxy *fakeProxy
 }
 
 func newModeEnv(t *testing.T, mode string) *modeEnv {
 	echo := echoServer(t)
 	m := &modeEnv{echo: echo}
 	if mode == "proxy" {
-		m.proxy = &tableProxy{echo: echo, asked: make(chan string, 64)}
+		m.proxy = &fakeProxy{target: echo, asked: make(chan string, 64)}
 		m.e = newTestEnv(t, func(c *Config) { c.Proxy = m.proxy; c.GetNode = nil })
 	} else {
 		m.e = newTestEnv(t)

@@ -16,18 +16,36 @@ import (
 	"github.com/postern-dev/postern/lib/utils"
 )
 
-// fakeProxy is the shape of the Router-backed handler the proxy plugs in:
-// every target resolves to one echo server.
+// fakeProxy is the shape of the Router-backed handler the proxy plugs in
+// (lib/proxy/sshproxy): it serves the names the real one serves
+// (proxysites, nodes, proxy:HOST[:PORT]) and refuses the rest with the
+// real one's words; every target resolves to one echo server.
 type fakeProxy struct {
 	target string
-	seen   chan *authz.Identity
+	// seen receives the identity of each proxy: subsystem; nil: not
+	// recorded.
+	seen chan *authz.Identity
+	// asked receives every request handed to the handler; nil: not
+	// recorded.
+	asked chan string
 }
 
 func (p *fakeProxy) Subsystem(ctx context.Context, id *authz.Identity, name string) (SubsystemFunc, error) {
-	if !strings.HasPrefix(name, "proxy:") {
+	if p.asked != nil {
+		p.asked <- "subsystem:" + name
+	}
+	switch {
+	case name == "proxysites" || name == "nodes":
+		return func(ctx context.Context, ch ssh.Channel) error {
+			_, err := ch.Write([]byte("[]"))
+			return err
+		}, nil
+	case !strings.HasPrefix(name, "proxy:"):
 		return nil, trace.BadParameter("invalid proxy subsystem request %q: expected proxy:host:port[@cluster]", name)
 	}
-	p.seen <- id
+	if p.seen != nil {
+		p.seen <- id
+	}
 	return func(ctx context.Context, ch ssh.Channel) error {
 		var d net.Dialer
 		nc, err := d.DialContext(ctx, "tcp", p.target)
@@ -40,6 +58,9 @@ func (p *fakeProxy) Subsystem(ctx context.Context, id *authz.Identity, name stri
 }
 
 func (p *fakeProxy) DialDirectTCPIP(ctx context.Context, id *authz.Identity, req DirectTCPIPRequest) (net.Conn, error) {
+	if p.asked != nil {
+		p.asked <- "direct-tcpip"
+	}
 	if req.Host == "secret" {
 		return nil, trace.AccessDenied("access denied to %q", req.Host)
 	}
