@@ -208,12 +208,7 @@ func TestModePolicy(t *testing.T) {
 						if typ == "direct-tcpip" {
 							// It reaches the echo server: the node dials
 							// the target, the proxy its handler.
-							_, err := ch.Write([]byte("hi"))
-							require.NoError(t, err)
-							require.NoError(t, ch.CloseWrite())
-							got, err := io.ReadAll(ch)
-							require.NoError(t, err)
-							require.Equal(t, "hi", string(got))
+							echoRoundTrip(t, ch, "hi")
 						}
 						ch.Close()
 					default:
