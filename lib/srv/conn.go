@@ -226,24 +226,26 @@ func (c *conn) go_(f func()) {
 // a type it does not list is rejected as unknown. Every channel served
 // passes the locks and the per-user channel cap first.
 func (c *conn) dispatch(nch ssh.NewChannel) {
-	c.srv.policy.dispatchChannel(c, nch, func(handle func(*conn, ssh.NewChannel)) {
-		t := nch.ChannelType()
-		if err := c.srv.checkLocks(c.auth.id.User); err != nil {
-			c.log.WithField("reason", err.Error()).WithField("channel_type", t).Warn("Channel refused by a lock.")
-			_ = nch.Reject(ssh.Prohibited, lockRefusal(err))
-			return
-		}
-		release, err := c.acquireChannel()
-		if err != nil {
-			c.log.WithError(err).WithField("channel_type", t).Warn("Channel refused by a cap.")
-			c.emitRefused(t, "", err.Error())
-			_ = nch.Reject(ssh.ResourceShortage, trace.UserMessage(err))
-			return
-		}
-		c.go_(func() {
-			defer release()
-			handle(c, nch)
-		})
+	handle := c.srv.policy.channelHandler(c, nch)
+	if handle == nil {
+		return
+	}
+	t := nch.ChannelType()
+	if err := c.srv.checkLocks(c.auth.id.User); err != nil {
+		c.log.WithField("reason", err.Error()).WithField("channel_type", t).Warn("Channel refused by a lock.")
+		_ = nch.Reject(ssh.Prohibited, lockRefusal(err))
+		return
+	}
+	release, err := c.acquireChannel()
+	if err != nil {
+		c.log.WithError(err).WithField("channel_type", t).Warn("Channel refused by a cap.")
+		c.emitRefused(t, "", err.Error())
+		_ = nch.Reject(ssh.ResourceShortage, trace.UserMessage(err))
+		return
+	}
+	c.go_(func() {
+		defer release()
+		handle(c, nch)
 	})
 }
 

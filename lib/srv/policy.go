@@ -133,16 +133,17 @@ func proxyPolicy() *policy {
 	}
 }
 
-// dispatchChannel serves nch if the policy lists its type, else refuses it.
-func (p *policy) dispatchChannel(c *conn, nch ssh.NewChannel, serve func(handle func(*conn, ssh.NewChannel))) {
+// channelHandler returns the handler of nch's type, or rejects nch as an
+// unknown channel type and returns nil.
+func (p *policy) channelHandler(c *conn, nch ssh.NewChannel) func(*conn, ssh.NewChannel) {
 	t := nch.ChannelType()
 	handle, ok := p.channels[t]
 	if !ok {
 		c.log.WithField("channel_type", t).Debug("Rejected unknown channel type.")
 		_ = nch.Reject(ssh.UnknownChannelType, fmt.Sprintf("unknown channel type %q", t))
-		return
+		return nil
 	}
-	serve(handle)
+	return handle
 }
 
 // dispatchGlobal serves req if the policy lists it, else fails it.

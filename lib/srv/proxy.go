@@ -21,7 +21,8 @@ import (
 //   - a `subsystem` request on a session channel goes to Subsystem;
 //   - a `direct-tcpip` channel (ssh -J) goes to DialDirectTCPIP;
 //   - shell and exec are refused with ProxyShellRefusal on stderr; -R and
-//     agent forwarding are refused.
+//     agent forwarding are refused;
+//   - anything else is refused, as on a node (proxyPolicy in policy.go).
 //
 // Errors are shown to the client: trace.UserMessage(err) on the channel's
 // stderr for a subsystem, the channel-open failure message for
