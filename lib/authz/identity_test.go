@@ -11,7 +11,7 @@ import (
 	"github.com/postern-dev/postern/lib/services"
 )
 
-func TestIdentityFromCert(t *testing.T) {
+func TestFromCertificate(t *testing.T) {
 	mk := func(ext map[string]string, keyID string) *ssh.Certificate {
 		return &ssh.Certificate{KeyId: keyID, Permissions: ssh.Permissions{Extensions: ext}}
 	}
@@ -116,9 +116,9 @@ func TestNewAccessCheckerSkipsDeletedRoles(t *testing.T) {
 	require.Equal(t, []string{"access"}, checker.RoleNames())
 }
 
-// FuzzIdentityFromCert: certificate extensions are outside input too
+// FuzzFromCertificate: certificate extensions are outside input too
 // (signed, but by whatever issued them).
-func FuzzIdentityFromCert(f *testing.F) {
+func FuzzFromCertificate(f *testing.F) {
 	f.Add("alice", `["access"]`, `{"logins":["root"]}`)
 	f.Add("", `[]`, ``)
 	f.Add("x", `[1,2`, `{"logins":"root"}`)
