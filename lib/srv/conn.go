@@ -251,7 +251,7 @@ func (c *conn) dispatch(nch ssh.NewChannel) {
 
 func (c *conn) handleGlobalRequests(reqs <-chan *ssh.Request) {
 	for req := range reqs {
-		c.srv.policy.dispatchGlobal(c, req)
+		dispatchRequest(c.srv.policy.global, c, c.log, req)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
 )
 
@@ -74,17 +75,12 @@ func nodePolicy() *policy {
 			reqTCPIPForward:       (*conn).handleTCPIPForward,
 			reqCancelTCPIPForward: (*conn).handleCancelTCPIPForward,
 		},
-		session: map[string]func(*session, *ssh.Request){
+		session: sessionRequests(map[string]func(*session, *ssh.Request){
 			"pty-req":          func(s *session, req *ssh.Request) { s.handlePtyReq(req, true) },
-			"env":              (*session).handleEnv,
 			"shell":            (*session).handleShell,
 			"exec":             (*session).handleExec,
-			"subsystem":        (*session).handleSubsystem,
-			"window-change":    (*session).handleWindowChange,
-			"signal":           (*session).handleSignal,
 			reqAgentForwarding: func(s *session, req *ssh.Request) { reply(req, s.c.requestAgentForwarding(s.log)) },
-			"x11-req":          (*session).refuseX11,
-		},
+		}),
 		subsystem: (*session).startNodeSubsystem,
 		// The client's cipher order wins, and OpenSSH lists
 		// chacha20-poly1305 first, which x/crypto runs without assembly
@@ -107,19 +103,14 @@ func proxyPolicy() *policy {
 		global: map[string]func(*conn, *ssh.Request){
 			reqTCPIPForward: (*conn).refuseTCPIPForwardOnProxy,
 		},
-		session: map[string]func(*session, *ssh.Request){
+		session: sessionRequests(map[string]func(*session, *ssh.Request){
 			// A pty is harmless here (nothing runs on it) and clients ask
 			// for one before a subsystem or a refused shell.
 			"pty-req":          func(s *session, req *ssh.Request) { s.handlePtyReq(req, false) },
-			"env":              (*session).handleEnv,
 			"shell":            (*session).refuseShellOnProxy,
 			"exec":             (*session).refuseExecOnProxy,
-			"subsystem":        (*session).handleSubsystem,
-			"window-change":    (*session).handleWindowChange,
-			"signal":           (*session).handleSignal,
 			reqAgentForwarding: (*session).refuseAgentOnProxy,
-			"x11-req":          (*session).refuseX11,
-		},
+		}),
 		subsystem:    (*session).startProxySubsystem,
 		lockOutGrace: lockOutProxyGrace,
 		// On the proxy, where every byte of every session passes, AES-GCM
@@ -131,6 +122,24 @@ func proxyPolicy() *policy {
 		// speaks AES-GCM (OpenSSH 6.2, PuTTY 0.76, libssh2 1.11).
 		ciphers: []string{ssh.CipherAES128GCM, ssh.CipherAES256GCM},
 	}
+}
+
+// sessionRequests are the session requests both modes answer alike (env
+// by the allow-list; subsystem by the mode's subsystem starter;
+// window-change and signal only act on a pty or a process there is; x11
+// is never forwarded), plus the mode's own.
+func sessionRequests(own map[string]func(*session, *ssh.Request)) map[string]func(*session, *ssh.Request) {
+	m := map[string]func(*session, *ssh.Request){
+		"env":           (*session).handleEnv,
+		"subsystem":     (*session).handleSubsystem,
+		"window-change": (*session).handleWindowChange,
+		"signal":        (*session).handleSignal,
+		"x11-req":       (*session).refuseX11,
+	}
+	for name, handle := range own {
+		m[name] = handle
+	}
+	return m
 }
 
 // channelHandler returns the handler of nch's type, or rejects nch as an
@@ -146,25 +155,15 @@ func (p *policy) channelHandler(c *conn, nch ssh.NewChannel) func(*conn, ssh.New
 	return handle
 }
 
-// dispatchGlobal serves req if the policy lists it, else fails it.
-func (p *policy) dispatchGlobal(c *conn, req *ssh.Request) {
-	handle, ok := p.global[req.Type]
+// dispatchRequest serves req with its handler in handlers (a policy's
+// global or session requests), or fails it: the one default refusal of
+// every request a policy does not list.
+func dispatchRequest[T any](handlers map[string]func(T, *ssh.Request), on T, log logrus.FieldLogger, req *ssh.Request) {
+	handle, ok := handlers[req.Type]
 	if !ok {
-		c.log.WithField("request", req.Type).Debug("Refused unknown global request.")
+		log.WithField("request", req.Type).Debug("Refused unknown request.")
 		reply(req, false)
 		return
 	}
-	handle(c, req)
-}
-
-// dispatchSession serves a session request if the policy lists it, else
-// fails it.
-func (p *policy) dispatchSession(s *session, req *ssh.Request) {
-	handle, ok := p.session[req.Type]
-	if !ok {
-		s.log.WithField("request", req.Type).Debug("Refused unknown session request.")
-		reply(req, false)
-		return
-	}
-	handle(s, req)
+	handle(on, req)
 }

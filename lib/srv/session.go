@@ -101,7 +101,7 @@ func reply(req *ssh.Request, ok bool) {
 // handleRequest serves one request of the session channel as the
 // server's policy says (policy.go): what it does not list is refused.
 func (s *session) handleRequest(req *ssh.Request) {
-	s.c.srv.policy.dispatchSession(s, req)
+	dispatchRequest(s.c.srv.policy.session, s, s.log, req)
 }
 
 // handlePtyReq records a pty for the command to come. checkPermit is set
