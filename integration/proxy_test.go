@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/service"
 )
@@ -108,15 +109,7 @@ func hostCAChecker(t *testing.T, path string) ssh.HostKeyCallback {
 		data = rest
 	}
 	require.NotEmpty(t, cas)
-	checker := &ssh.CertChecker{IsHostAuthority: func(auth ssh.PublicKey, _ string) bool {
-		for _, ca := range cas {
-			if bytes.Equal(ca.Marshal(), auth.Marshal()) {
-				return true
-			}
-		}
-		return false
-	}}
-	return checker.CheckHostKey
+	return authz.HostKeyCallback(cas, nil)
 }
 
 func run(t *testing.T, clt *ssh.Client, cmd string) (string, error) {

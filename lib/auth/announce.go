@@ -1,7 +1,6 @@
 package auth
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -13,6 +12,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -259,32 +259,14 @@ func (v *addrVerifier) check(ctx context.Context, uuid, addr string) error {
 }
 
 // checkHostKey accepts only a host certificate of this cluster's host CA,
-// issued to uuid, valid now, with a good signature.
+// valid now, with a good signature, naming uuid: the host-CA check of
+// every other dialer (authz.CheckHostCert). It must also be the node's own
+// certificate (key id), which is said first: another node's certificate
+// behind the announced address is the likely mistake.
 func (v *addrVerifier) checkHostKey(uuid string, key ssh.PublicKey) error {
-	cert, ok := key.(*ssh.Certificate)
-	if !ok {
-		return trace.AccessDenied("the server presented a plain %s key, not a host certificate", key.Type())
-	}
-	if cert.CertType != ssh.HostCert {
-		return trace.AccessDenied("the server presented a user certificate")
-	}
-	signedByCA := false
-	for _, ca := range v.hostCAKeys() {
-		if bytes.Equal(ca.Marshal(), cert.SignatureKey.Marshal()) {
-			signedByCA = true
-		}
-	}
-	if !signedByCA {
-		return trace.AccessDenied("the host certificate (key id %q) is not signed by this cluster's host CA", cert.KeyId)
-	}
-	if cert.KeyId != uuid {
+	cas := v.hostCAKeys()
+	if cert, ok := key.(*ssh.Certificate); ok && cert.CertType == ssh.HostCert && authz.IsAuthority(cas, cert.SignatureKey) && cert.KeyId != uuid {
 		return trace.AccessDenied("the server presented the host certificate of %q, not of %q", cert.KeyId, uuid)
 	}
-	// CheckCert verifies the CA's signature, the validity window and that
-	// the UUID is among the principals.
-	checker := ssh.CertChecker{Clock: v.clock.Now}
-	if err := checker.CheckCert(uuid, cert); err != nil {
-		return trace.AccessDenied("host certificate of %q: %v", uuid, err)
-	}
-	return nil
+	return trace.Wrap(authz.CheckHostCert(cas, uuid, key, v.clock))
 }

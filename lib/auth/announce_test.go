@@ -101,7 +101,7 @@ func TestHeartbeatAddressMustAnswerWithOwnCert(t *testing.T) {
 		{"an HTTPS port", strings.TrimPrefix(web.URL, "https://"), "no SSH host certificate from"},
 		{"another node's SSH port", other.addr, `the host certificate of "node-b", not of "node-a"`},
 		{"a plain host key", plain.addr, "no common algorithm for host key"},
-		{"another cluster's certificate", foreign.addr, "not signed by this cluster's host CA"},
+		{"another cluster's certificate", foreign.addr, "not signed by a trusted host CA"},
 		{"a closed port", closedAddr, "dialing"},
 		{"a port that never answers", silent, "within 300ms"},
 	} {

@@ -28,23 +28,6 @@ const DialTimeout = 30 * time.Second
 // already there).
 const stderrWait = 5 * time.Second
 
-// HostCAChecker accepts only host certificates signed by one of cas whose
-// principals include the host psh dialed. A plain host key is refused:
-// psh never trusts on first use.
-func HostCAChecker(cas []ssh.PublicKey) ssh.HostKeyCallback {
-	checker := &ssh.CertChecker{
-		IsHostAuthority: func(auth ssh.PublicKey, _ string) bool {
-			for _, ca := range cas {
-				if bytes.Equal(ca.Marshal(), auth.Marshal()) {
-					return true
-				}
-			}
-			return false
-		},
-	}
-	return checker.CheckHostKey
-}
-
 // hostKeyAlgorithms asks for certificates first so that servers holding
 // both a key and a certificate present the certificate.
 var hostKeyAlgorithms = []string{

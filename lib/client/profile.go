@@ -18,6 +18,7 @@ import (
 	"golang.org/x/crypto/ssh"
 	"gopkg.in/yaml.v3"
 
+	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/utils"
 )
 
@@ -249,7 +250,7 @@ func (s *Store) Credentials(now time.Time) (*Credentials, error) {
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	return &Credentials{Profile: p, Signer: signer, Cert: cert, KeyPEM: keyPEM, HostCAs: cas, HostKeyCallback: HostCAChecker(cas)}, nil
+	return &Credentials{Profile: p, Signer: signer, Cert: cert, KeyPEM: keyPEM, HostCAs: cas, HostKeyCallback: authz.HostKeyCallback(cas, nil)}, nil
 }
 
 // readPrivateFile reads a private key after checking that only its owner

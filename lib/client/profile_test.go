@@ -186,20 +186,3 @@ func TestStoreRejectsBadFiles(t *testing.T) {
 		require.Error(t, st.Save(l))
 	})
 }
-
-func TestHostCAChecker(t *testing.T) {
-	ca := newTestCA(t)
-	other := newTestCA(t)
-	_, pub, err := auth.GenerateKeyPair()
-	require.NoError(t, err)
-	hostKey, _, _, _, err := ssh.ParseAuthorizedKey(pub)
-	require.NoError(t, err)
-	check := HostCAChecker([]ssh.PublicKey{ca.signer.PublicKey()})
-	good := ca.sign(t, hostKey, ssh.HostCert, []string{"node-1", "node-1.c1", "127.0.0.1"}, time.Now().Add(time.Hour))
-	require.NoError(t, check("node-1:22", nil, good))
-	require.NoError(t, check("node-1.c1:22", nil, good))
-	require.NoError(t, check("127.0.0.1:3022", nil, good))
-	require.Error(t, check("node-2:22", nil, good), "principal must match")
-	require.Error(t, check("node-1:22", nil, other.sign(t, hostKey, ssh.HostCert, []string{"node-1"}, time.Now().Add(time.Hour))), "foreign CA")
-	require.Error(t, check("node-1:22", nil, hostKey), "plain host keys are never trusted")
-}

@@ -265,7 +265,7 @@ func (r *Router) route(ctx context.Context, t Target, filter AccessFilter) (Rout
 		// A plain *trace.NotFoundError, without trace.NotFound's stack
 		// capture: misses (typos, scanners) are common and must stay as
 		// cheap as hits. trace.IsNotFound recognises it all the same.
-		return route, netCfg, &trace.NotFoundError{Message: fmt.Sprintf("node %q not found in cluster %q", t.Host, route.Cluster)}
+		return route, netCfg, nodeNotFound(t.Host, route.Cluster)
 	case len(matches) == 1:
 		route.Node = matches[0]
 		route.Reason = prefix + "matched " + matchedBy(route.Node, host, how, ci) + portNote(t.Port)
@@ -440,6 +440,36 @@ type RouteRequest struct {
 	// dialed (the web terminal checks the exact login there). Its error
 	// is returned as is and nothing is dialed.
 	Authorize func(node services.Node) error
+}
+
+// nodeNotFound is rule 4's answer, and the answer to every caller whose
+// access keeps a node from them: one sentence for both, so the two cannot
+// be told apart.
+func nodeNotFound(host, cluster string) error {
+	return &trace.NotFoundError{Message: fmt.Sprintf("node %q not found in cluster %q", host, cluster)}
+}
+
+// HideDenied maps what Route or DialHost returned to what the caller may
+// be told: a refusal by the caller's access (nodes the AccessFilter kept
+// out, leaving none; or Authorize's trace.AccessDenied on the chosen node)
+// reads exactly like a node that does not exist. denied reports such a
+// refusal, so that the caller logs and audits the real cause; any other
+// error is returned as is with denied false. Every user-facing path (the
+// SSH proxy, the web terminal) answers through it.
+func HideDenied(t Target, route Route, err error) (visible error, denied bool) {
+	switch {
+	case err == nil:
+		return nil, false
+	case trace.IsNotFound(err) && len(route.Hidden) > 0:
+		return err, true
+	case trace.IsAccessDenied(err):
+		cluster := route.Cluster
+		if cluster == "" {
+			cluster = t.Cluster
+		}
+		return nodeNotFound(t.Host, cluster), true
+	}
+	return err, false
 }
 
 // DialHost routes req.Target and dials the chosen node's registered

@@ -30,13 +30,9 @@ type agentSocket struct {
 	ln   *net.UnixListener
 }
 
-// requestAgentForwarding records the wish when allowed.
+// requestAgentForwarding records the wish when allowed (node mode; the
+// proxy refuses in refuseAgentOnProxy).
 func (c *conn) requestAgentForwarding(log logrus.FieldLogger) bool {
-	if c.cfg.Proxy != nil {
-		log.WithField("reason", "agent forwarding is not available on the proxy").Warn("auth-agent-req denied.")
-		c.emitRefused("-A", "", "agent forwarding is not available on the proxy")
-		return false
-	}
 	if !c.auth.permits.AgentForwarding {
 		log.WithField("reason", "agent forwarding is not allowed for user "+c.auth.id.User+" on this node").Warn("auth-agent-req denied.")
 		c.emitRefused("-A", "", "agent forwarding is not allowed for user "+c.auth.id.User+" on this node")

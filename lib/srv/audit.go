@@ -36,7 +36,7 @@ func (s *Server) emitDenied(meta ssh.ConnMetadata, cert *ssh.Certificate, reason
 		events.FieldRemoteAddr: meta.RemoteAddr().String(),
 		events.FieldReason:     reason,
 	}
-	if s.cfg.Proxy == nil {
+	if s.policy.checkNode {
 		node := s.cfg.GetNode()
 		fields[events.FieldServerID] = node.UUID
 		fields[events.FieldServerHostname] = node.Hostname

@@ -52,7 +52,8 @@ type Config struct {
 	GetNode func() services.Node
 	// Proxy, when set, puts the server in proxy mode: no node RBAC at
 	// connect, subsystems and direct-tcpip go to Proxy, shells, exec,
-	// -R and agent forwarding are refused. Nil means node mode.
+	// -R and agent forwarding are refused (proxyPolicy in policy.go).
+	// Nil means node mode (nodePolicy).
 	Proxy ProxyHandler
 	// Clock drives certificate validity, keep-alives and the idle timeout.
 	// Nil means the real clock.

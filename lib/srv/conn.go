@@ -15,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -28,7 +29,7 @@ type authKey struct{}
 // authResult is what authentication decided, handed from the public key
 // callback to the connection.
 type authResult struct {
-	id      *Identity
+	id      *authz.Identity
 	permits Permits
 	node    services.Node
 }
@@ -100,12 +101,12 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 		}
 		return deny(certValidityReason(err, cert, s.cfg.Clock.Now()))
 	}
-	id, err := identityFromCert(cert, meta.User())
+	id, err := authz.FromCertificate(cert, meta.User())
 	if err != nil {
 		return deny(err.Error())
 	}
 	log = log.WithField("user", id.User)
-	if err := checkCertificate(id, s.cfg.ClusterName); err != nil {
+	if err := id.CheckCluster(s.cfg.ClusterName); err != nil {
 		return deny(err.Error())
 	}
 	if err := s.checkLocks(id.User); err != nil {
@@ -115,16 +116,15 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 		_, _ = deny(msg)
 		return nil, &ssh.BannerError{Err: errDenied, Message: msg + "\r\n"}
 	}
-	id.Checker, err = NewAccessChecker(apCtx, s.cfg.AccessPoint, id.Roles, id.Traits)
-	if err != nil {
+	if err := id.Load(apCtx, s.cfg.AccessPoint); err != nil {
 		log.WithError(err).Error("Cannot fetch roles: the auth server or its backend is unavailable.")
 		s.emitDenied(meta, cert, unavailableReason(err))
 		return nil, errUnavailable()
 	}
 	res := &authResult{id: id}
-	if s.cfg.Proxy == nil {
+	if s.policy.checkNode {
 		res.node = s.cfg.GetNode()
-		if err := authorizeNode(id.Checker, &res.node, id.Login); err != nil {
+		if err := id.CheckLogin(&res.node, id.Login); err != nil {
 			return deny(err.Error())
 		}
 		res.permits = permitsFor(perms.Extensions, id.Checker, &res.node)
@@ -222,47 +222,36 @@ func (c *conn) go_(f func()) {
 	}()
 }
 
+// dispatch serves a new channel as the server's policy says (policy.go):
+// a type it does not list is rejected as unknown. Every channel served
+// passes the locks and the per-user channel cap first.
 func (c *conn) dispatch(nch ssh.NewChannel) {
-	switch t := nch.ChannelType(); t {
-	case "session", "direct-tcpip":
-		if err := c.srv.checkLocks(c.auth.id.User); err != nil {
-			c.log.WithField("reason", err.Error()).WithField("channel_type", t).Warn("Channel refused by a lock.")
-			_ = nch.Reject(ssh.Prohibited, lockRefusal(err))
-			return
-		}
-		release, err := c.acquireChannel()
-		if err != nil {
-			c.log.WithError(err).WithField("channel_type", t).Warn("Channel refused by a cap.")
-			c.emitRefused(t, "", err.Error())
-			_ = nch.Reject(ssh.ResourceShortage, trace.UserMessage(err))
-			return
-		}
-		handle := c.handleSession
-		if t == "direct-tcpip" {
-			handle = c.handleDirectTCPIP
-		}
-		c.go_(func() {
-			defer release()
-			handle(nch)
-		})
-	default:
-		c.log.WithField("channel_type", t).Debug("Rejected unknown channel type.")
-		_ = nch.Reject(ssh.UnknownChannelType, fmt.Sprintf("unknown channel type %q", t))
+	handle := c.srv.policy.channelHandler(c, nch)
+	if handle == nil {
+		return
 	}
+	t := nch.ChannelType()
+	if err := c.srv.checkLocks(c.auth.id.User); err != nil {
+		c.log.WithField("reason", err.Error()).WithField("channel_type", t).Warn("Channel refused by a lock.")
+		_ = nch.Reject(ssh.Prohibited, lockRefusal(err))
+		return
+	}
+	release, err := c.acquireChannel()
+	if err != nil {
+		c.log.WithError(err).WithField("channel_type", t).Warn("Channel refused by a cap.")
+		c.emitRefused(t, "", err.Error())
+		_ = nch.Reject(ssh.ResourceShortage, trace.UserMessage(err))
+		return
+	}
+	c.go_(func() {
+		defer release()
+		handle(c, nch)
+	})
 }
 
 func (c *conn) handleGlobalRequests(reqs <-chan *ssh.Request) {
 	for req := range reqs {
-		switch req.Type {
-		case "tcpip-forward":
-			c.handleTCPIPForward(req)
-		case "cancel-tcpip-forward":
-			c.handleCancelTCPIPForward(req)
-		default:
-			if req.WantReply {
-				_ = req.Reply(false, nil)
-			}
-		}
+		dispatchRequest(c.srv.policy.global, c, c.log, req)
 	}
 }
 
@@ -427,16 +416,15 @@ func (t trackedRW) Write(p []byte) (int, error) {
 // now, so that a role tightened or deleted while a connection stays open
 // applies to its next session. Proxy mode has no node to check.
 func (c *conn) recheckAccess() error {
-	if c.cfg.Proxy != nil {
+	if !c.srv.policy.checkNode {
 		return nil
 	}
-	id := c.auth.id
-	checker, err := NewAccessChecker(c.ctx, c.cfg.AccessPoint, id.Roles, id.Traits)
-	if err != nil {
+	fresh := *c.auth.id
+	if err := fresh.Load(c.ctx, c.cfg.AccessPoint); err != nil {
 		return trace.Wrap(err)
 	}
 	node := c.cfg.GetNode()
-	return trace.Wrap(authorizeNode(checker, &node, id.Login))
+	return trace.Wrap(fresh.CheckLogin(&node, fresh.Login))
 }
 
 // rejectReason maps an error to a channel-open failure.

@@ -29,9 +29,17 @@
 // requested login among its principals and carry no critical option but
 // source-address. In node mode the roles named in the certificate are
 // then fetched live and must allow the login on this node (labels and
-// logins); the result (Identity, AccessChecker, permits) travels in
-// ssh.Permissions.ExtraData. The decisions themselves are pure functions
-// in authz.go.
+// logins); the result (authz.Identity with its AccessChecker, permits)
+// travels in ssh.Permissions.ExtraData. Who a certificate names and what
+// that identity may reach are lib/authz's, shared with the proxy and the
+// web terminal; the permit-* decisions are pure functions in authz.go.
+//
+// What the server serves is one policy value (policy.go), decided in New
+// from the mode: the channel types, global requests, session requests and
+// subsystems it serves, each with its handler. Dispatch looks a name up
+// there and refuses what is not listed, so a request type added to SSH
+// tomorrow is refused on the proxy and on the node alike until someone
+// gives it a handler (TestModePolicy walks the vocabulary).
 //
 // Locks (Config.Locks, locks.go) are checked at authentication and at
 // every channel open, from memory; the Server's enforceLocks loop, owned by

@@ -15,15 +15,12 @@ import (
 	"github.com/postern-dev/postern/lib/utils"
 )
 
-// handleDirectTCPIP serves ssh -L (node mode) or ssh -J (proxy mode).
-func (c *conn) handleDirectTCPIP(nch ssh.NewChannel) {
+// handleLocalForward serves direct-tcpip on a node (ssh -L); the proxy's
+// direct-tcpip (ssh -J) is handleProxyDirectTCPIP.
+func (c *conn) handleLocalForward(nch ssh.NewChannel) {
 	var p directTCPIPPayload
 	if err := ssh.Unmarshal(nch.ExtraData(), &p); err != nil {
 		_ = nch.Reject(ssh.ConnectionFailed, "malformed direct-tcpip request")
-		return
-	}
-	if c.cfg.Proxy != nil {
-		c.proxyDirectTCPIP(nch, DirectTCPIPRequest(p))
 		return
 	}
 	target := net.JoinHostPort(p.Host, strconv.FormatUint(uint64(p.Port), 10))
@@ -104,22 +101,30 @@ func bindHost(addr string) string {
 // privilegedPort is the first port only root may bind.
 const privilegedPort = 1024
 
+// denyTCPIPForward refuses an -R request, logged and audited.
+func (c *conn) denyTCPIPForward(req *ssh.Request, m forwardRequest, reason string) {
+	c.log.WithFields(logrus.Fields{"bind_addr": m.Addr, "bind_port": m.Port, "reason": reason}).Warn("tcpip-forward denied.")
+	c.emitRefused("-R", net.JoinHostPort(m.Addr, strconv.FormatUint(uint64(m.Port), 10)), reason)
+	reply(req, false)
+}
+
+// refuseTCPIPForwardOnProxy: the proxy listens for nobody.
+func (c *conn) refuseTCPIPForwardOnProxy(req *ssh.Request) {
+	var m forwardRequest
+	if err := ssh.Unmarshal(req.Payload, &m); err != nil {
+		reply(req, false)
+		return
+	}
+	c.denyTCPIPForward(req, m, "remote port forwarding is not available on the proxy")
+}
+
 func (c *conn) handleTCPIPForward(req *ssh.Request) {
 	var m forwardRequest
 	if err := ssh.Unmarshal(req.Payload, &m); err != nil {
 		reply(req, false)
 		return
 	}
-	log := c.log.WithFields(logrus.Fields{"bind_addr": m.Addr, "bind_port": m.Port})
-	deny := func(reason string) {
-		log.WithField("reason", reason).Warn("tcpip-forward denied.")
-		c.emitRefused("-R", net.JoinHostPort(m.Addr, strconv.FormatUint(uint64(m.Port), 10)), reason)
-		reply(req, false)
-	}
-	if c.cfg.Proxy != nil {
-		deny("remote port forwarding is not available on the proxy")
-		return
-	}
+	deny := func(reason string) { c.denyTCPIPForward(req, m, reason) }
 	if !c.auth.permits.PortForwarding {
 		deny(fmt.Sprintf("port forwarding is not allowed for user %q on this node", c.auth.id.User))
 		return
@@ -150,7 +155,7 @@ func (c *conn) handleTCPIPForward(req *ssh.Request) {
 	}
 	c.forwards[f.port] = f
 	c.mu.Unlock()
-	log.WithField("listen_addr", ln.Addr().String()).Info("Remote port forward listening.")
+	c.log.WithFields(logrus.Fields{"bind_addr": m.Addr, "bind_port": m.Port, "listen_addr": ln.Addr().String()}).Info("Remote port forward listening.")
 	if req.WantReply {
 		var payload []byte
 		if m.Port == 0 {

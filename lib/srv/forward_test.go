@@ -48,8 +48,9 @@ func echoServer(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// echoRoundTrip writes msg, half-closes and expects msg back then EOF.
-func echoRoundTrip(t *testing.T, c net.Conn, msg string) {
+// echoRoundTrip writes msg, half-closes and expects msg back then EOF; c
+// is a net.Conn or an ssh.Channel.
+func echoRoundTrip(t *testing.T, c io.ReadWriter, msg string) {
 	t.Helper()
 	_, err := c.Write([]byte(msg))
 	require.NoError(t, err)

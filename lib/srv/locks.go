@@ -55,7 +55,7 @@ func (s *Server) checkLocks(user string) error {
 		return nil
 	}
 	targets := []services.LockTarget{{User: user}}
-	if s.cfg.Proxy == nil {
+	if s.policy.checkNode {
 		targets = append(targets, services.LockTarget{Node: s.cfg.GetNode().UUID})
 	}
 	return s.cfg.Locks.Check(targets...)
@@ -141,8 +141,8 @@ func (c *conn) lockOut(err error) {
 	case <-timer.Chan():
 	}
 	timer.Stop()
-	if c.cfg.Proxy != nil {
-		grace := c.cfg.Clock.NewTimer(lockOutProxyGrace)
+	if d := c.srv.policy.lockOutGrace; d > 0 {
+		grace := c.cfg.Clock.NewTimer(d)
 		select {
 		case <-grace.Chan():
 		case <-c.ctx.Done():

@@ -9,6 +9,8 @@ import (
 	"github.com/gravitational/trace"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/authz"
 )
 
 // ProxyHandler is the seam through which the proxy reuses this server: it
@@ -19,7 +21,8 @@ import (
 //   - a `subsystem` request on a session channel goes to Subsystem;
 //   - a `direct-tcpip` channel (ssh -J) goes to DialDirectTCPIP;
 //   - shell and exec are refused with ProxyShellRefusal on stderr; -R and
-//     agent forwarding are refused.
+//     agent forwarding are refused;
+//   - anything else is refused, as on a node (proxyPolicy in policy.go).
 //
 // Errors are shown to the client: trace.UserMessage(err) on the channel's
 // stderr for a subsystem, the channel-open failure message for
@@ -31,10 +34,10 @@ type ProxyHandler interface {
 	// "proxysites") for id. On success the request is accepted and serve
 	// runs with the session channel; its error ends the channel with exit
 	// status 1 and the message on stderr, nil with exit status 0.
-	Subsystem(ctx context.Context, id *Identity, name string) (serve SubsystemFunc, err error)
+	Subsystem(ctx context.Context, id *authz.Identity, name string) (serve SubsystemFunc, err error)
 	// DialDirectTCPIP connects to the target of a direct-tcpip channel.
 	// The returned connection is spliced to the channel with half-close.
-	DialDirectTCPIP(ctx context.Context, id *Identity, req DirectTCPIPRequest) (net.Conn, error)
+	DialDirectTCPIP(ctx context.Context, id *authz.Identity, req DirectTCPIPRequest) (net.Conn, error)
 }
 
 // SubsystemFunc serves an accepted subsystem on its session channel. It
@@ -53,7 +56,43 @@ type DirectTCPIPRequest struct {
 // ProxyShellRefusal is what a shell or exec request on the proxy gets.
 const ProxyShellRefusal = "this is a Postern proxy: it does not run shells or commands; connect to a node with `ssh -J` or `psh ssh`\r\n"
 
-// startProxySubsystem runs a proxy-mode subsystem request.
+// refuseShellOnProxy and refuseExecOnProxy answer shell and exec on the
+// proxy, which runs nothing: the request succeeds so that the client
+// prints ProxyShellRefusal, then the session ends with exit status 1.
+func (s *session) refuseShellOnProxy(req *ssh.Request) {
+	s.refuseCommandOnProxy(req, "")
+}
+
+func (s *session) refuseExecOnProxy(req *ssh.Request) {
+	var e execRequest
+	if err := ssh.Unmarshal(req.Payload, &e); err != nil {
+		reply(req, false)
+		return
+	}
+	s.refuseCommandOnProxy(req, e.Command)
+}
+
+func (s *session) refuseCommandOnProxy(req *ssh.Request, command string) {
+	if !s.claim() {
+		reply(req, false)
+		return
+	}
+	s.setCommand(command)
+	reply(req, true)
+	_, _ = s.ch.Stderr().Write([]byte(ProxyShellRefusal))
+	s.finish(exitCode(1))
+}
+
+// refuseAgentOnProxy: the proxy has no sessions to give an agent to.
+func (s *session) refuseAgentOnProxy(req *ssh.Request) {
+	const reason = "agent forwarding is not available on the proxy"
+	s.log.WithField("reason", reason).Warn("auth-agent-req denied.")
+	s.c.emitRefused("-A", "", reason)
+	reply(req, false)
+}
+
+// startProxySubsystem runs a proxy-mode subsystem request (the session is
+// already claimed).
 func (s *session) startProxySubsystem(req *ssh.Request, name string) {
 	serve, err := s.c.cfg.Proxy.Subsystem(s.ctx, s.c.auth.id, name)
 	if err != nil {
@@ -84,8 +123,14 @@ func (s *session) startProxySubsystem(req *ssh.Request, name string) {
 	}()
 }
 
-// proxyDirectTCPIP serves direct-tcpip in proxy mode.
-func (c *conn) proxyDirectTCPIP(nch ssh.NewChannel, req DirectTCPIPRequest) {
+// handleProxyDirectTCPIP serves direct-tcpip in proxy mode (ssh -J).
+func (c *conn) handleProxyDirectTCPIP(nch ssh.NewChannel) {
+	var p directTCPIPPayload
+	if err := ssh.Unmarshal(nch.ExtraData(), &p); err != nil {
+		_ = nch.Reject(ssh.ConnectionFailed, "malformed direct-tcpip request")
+		return
+	}
+	req := DirectTCPIPRequest(p)
 	target, err := c.cfg.Proxy.DialDirectTCPIP(c.ctx, c.auth.id, req)
 	if err != nil {
 		c.log.WithError(err).WithField("target", net.JoinHostPort(req.Host, fmt.Sprint(req.Port))).Info("direct-tcpip refused.")

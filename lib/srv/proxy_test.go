@@ -12,21 +12,40 @@ import (
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/agent"
 
+	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/utils"
 )
 
-// fakeProxy is the shape of the Router-backed handler the proxy plugs in:
-// every target resolves to one echo server.
+// fakeProxy is the shape of the Router-backed handler the proxy plugs in
+// (lib/proxy/sshproxy): it serves the names the real one serves
+// (proxysites, nodes, proxy:HOST[:PORT]) and refuses the rest with the
+// real one's words; every target resolves to one echo server.
 type fakeProxy struct {
 	target string
-	seen   chan *Identity
+	// seen receives the identity of each proxy: subsystem; nil: not
+	// recorded.
+	seen chan *authz.Identity
+	// asked receives every request handed to the handler; nil: not
+	// recorded.
+	asked chan string
 }
 
-func (p *fakeProxy) Subsystem(ctx context.Context, id *Identity, name string) (SubsystemFunc, error) {
-	if !strings.HasPrefix(name, "proxy:") {
+func (p *fakeProxy) Subsystem(ctx context.Context, id *authz.Identity, name string) (SubsystemFunc, error) {
+	if p.asked != nil {
+		p.asked <- "subsystem:" + name
+	}
+	switch {
+	case name == "proxysites" || name == "nodes":
+		return func(ctx context.Context, ch ssh.Channel) error {
+			_, err := ch.Write([]byte("[]"))
+			return err
+		}, nil
+	case !strings.HasPrefix(name, "proxy:"):
 		return nil, trace.BadParameter("invalid proxy subsystem request %q: expected proxy:host:port[@cluster]", name)
 	}
-	p.seen <- id
+	if p.seen != nil {
+		p.seen <- id
+	}
 	return func(ctx context.Context, ch ssh.Channel) error {
 		var d net.Dialer
 		nc, err := d.DialContext(ctx, "tcp", p.target)
@@ -38,7 +57,10 @@ func (p *fakeProxy) Subsystem(ctx context.Context, id *Identity, name string) (S
 	}, nil
 }
 
-func (p *fakeProxy) DialDirectTCPIP(ctx context.Context, id *Identity, req DirectTCPIPRequest) (net.Conn, error) {
+func (p *fakeProxy) DialDirectTCPIP(ctx context.Context, id *authz.Identity, req DirectTCPIPRequest) (net.Conn, error) {
+	if p.asked != nil {
+		p.asked <- "direct-tcpip"
+	}
 	if req.Host == "secret" {
 		return nil, trace.AccessDenied("access denied to %q", req.Host)
 	}
@@ -47,7 +69,7 @@ func (p *fakeProxy) DialDirectTCPIP(ctx context.Context, id *Identity, req Direc
 }
 
 func TestProxyModeSeam(t *testing.T) {
-	proxy := &fakeProxy{target: echoServer(t), seen: make(chan *Identity, 4)}
+	proxy := &fakeProxy{target: echoServer(t), seen: make(chan *authz.Identity, 4)}
 	e := newTestEnv(t, func(c *Config) {
 		c.Proxy = proxy
 		c.GetNode = nil

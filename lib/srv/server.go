@@ -20,6 +20,8 @@ var ErrServerClosed = errors.New("srv: server closed")
 type Server struct {
 	cfg    Config
 	sshCfg *ssh.ServerConfig
+	// policy is what this server serves, decided from cfg in New.
+	policy *policy
 	// ctx is cancelled by Close: it bounds AccessPoint calls made during
 	// authentication and is the parent of every conn's context.
 	ctx    context.Context
@@ -45,6 +47,7 @@ func New(cfg Config) (*Server, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
 		cfg:       cfg,
+		policy:    newPolicy(cfg),
 		ctx:       ctx,
 		cancel:    cancel,
 		listeners: map[net.Listener]struct{}{},
@@ -57,20 +60,7 @@ func New(cfg Config) (*Server, error) {
 		// offer every key in the agent, so keep OpenSSH's default of 6.
 		MaxAuthTries: 6,
 	}
-	// The client's cipher order wins, and OpenSSH lists chacha20-poly1305
-	// first, which x/crypto runs without assembly (about half AES's speed
-	// here): not offering it makes OpenSSH pick AES (AES-NI) instead.
-	s.sshCfg.Ciphers = []string{ssh.CipherAES128GCM, ssh.CipherAES256GCM, ssh.CipherAES128CTR, ssh.CipherAES192CTR, ssh.CipherAES256CTR}
-	if cfg.Proxy != nil {
-		// On the proxy, where every byte of every session passes, AES-GCM
-		// only: offered CTR, OpenSSH picks it (it lists aes128-ctr before
-		// the GCM ciphers) and pays for HMAC-SHA256 on top, which costs the
-		// proxy about twice the CPU per GB and put `ssh -J` throughput
-		// below an OpenSSH bastion's (bench/postern-vs-openssh.sh). Every
-		// client of the last decade speaks AES-GCM (OpenSSH 6.2, PuTTY
-		// 0.76, libssh2 1.11).
-		s.sshCfg.Ciphers = []string{ssh.CipherAES128GCM, ssh.CipherAES256GCM}
-	}
+	s.sshCfg.Ciphers = s.policy.ciphers
 	for _, signer := range cfg.HostSigners {
 		s.sshCfg.AddHostKey(signer)
 	}

@@ -98,85 +98,105 @@ func reply(req *ssh.Request, ok bool) {
 	}
 }
 
+// handleRequest serves one request of the session channel as the
+// server's policy says (policy.go): what it does not list is refused.
 func (s *session) handleRequest(req *ssh.Request) {
-	switch req.Type {
-	case "pty-req":
-		p, err := parsePtyRequest(req.Payload)
-		if err != nil {
-			s.log.WithError(err).Debug("Rejected pty-req.")
-			reply(req, false)
-			return
-		}
-		if !s.c.auth.permits.PTY && s.c.cfg.Proxy == nil {
-			s.log.WithField("reason", "certificate does not permit a pty").Warn("Rejected pty-req.")
-			reply(req, false)
-			return
-		}
-		s.mu.Lock()
-		s.pty = p
-		s.mu.Unlock()
-		reply(req, true)
-	case "env":
-		var e envRequest
-		if err := ssh.Unmarshal(req.Payload, &e); err != nil {
-			reply(req, false)
-			return
-		}
-		if !envAllowed(e.Name) {
-			// Not fatal: like OpenSSH's AcceptEnv, a refused variable is
-			// simply not set.
-			s.log.WithField("name", e.Name).Debug("Ignored env request outside the allow-list.")
-			reply(req, false)
-			return
-		}
-		s.mu.Lock()
-		s.env = append(s.env, e.Name+"="+e.Value)
-		s.mu.Unlock()
-		reply(req, true)
-	case "shell":
-		s.startCommand(req, "", false)
-	case "exec":
-		var e execRequest
-		if err := ssh.Unmarshal(req.Payload, &e); err != nil {
-			reply(req, false)
-			return
-		}
-		s.startCommand(req, e.Command, true)
-	case "subsystem":
-		var r subsystemRequest
-		if err := ssh.Unmarshal(req.Payload, &r); err != nil {
-			reply(req, false)
-			return
-		}
-		s.setCommand("subsystem:" + r.Name)
-		s.startSubsystem(req, r.Name)
-	case "window-change":
-		w, err := parseWindowChange(req.Payload)
-		if err == nil {
-			err = s.resize(w)
-		}
-		if err != nil {
-			s.log.WithError(err).Debug("window-change failed.")
-		}
-		reply(req, err == nil)
-	case "signal":
-		sig, err := parseSignal(req.Payload)
-		if err == nil {
-			err = s.signal(sig)
-		}
-		if err != nil {
-			s.log.WithError(err).Debug("signal failed.")
-		}
-		reply(req, err == nil)
-	case "auth-agent-req@openssh.com":
-		reply(req, s.c.requestAgentForwarding(s.log))
-	case "x11-req":
-		s.log.Debug("Refused x11-req: X11 forwarding is not supported.")
+	dispatchRequest(s.c.srv.policy.session, s, s.log, req)
+}
+
+// handlePtyReq records a pty for the command to come. checkPermit is set
+// on a node, where the certificate must permit a pty.
+func (s *session) handlePtyReq(req *ssh.Request, checkPermit bool) {
+	p, err := parsePtyRequest(req.Payload)
+	if err != nil {
+		s.log.WithError(err).Debug("Rejected pty-req.")
 		reply(req, false)
-	default:
-		s.log.WithField("request", req.Type).Debug("Refused unknown session request.")
-		reply(req, false)
+		return
 	}
+	if checkPermit && !s.c.auth.permits.PTY {
+		s.log.WithField("reason", "certificate does not permit a pty").Warn("Rejected pty-req.")
+		reply(req, false)
+		return
+	}
+	s.mu.Lock()
+	s.pty = p
+	s.mu.Unlock()
+	reply(req, true)
+}
+
+func (s *session) handleEnv(req *ssh.Request) {
+	var e envRequest
+	if err := ssh.Unmarshal(req.Payload, &e); err != nil {
+		reply(req, false)
+		return
+	}
+	if !envAllowed(e.Name) {
+		// Not fatal: like OpenSSH's AcceptEnv, a refused variable is
+		// simply not set.
+		s.log.WithField("name", e.Name).Debug("Ignored env request outside the allow-list.")
+		reply(req, false)
+		return
+	}
+	s.mu.Lock()
+	s.env = append(s.env, e.Name+"="+e.Value)
+	s.mu.Unlock()
+	reply(req, true)
+}
+
+func (s *session) handleShell(req *ssh.Request) {
+	s.startCommand(req, "", false)
+}
+
+func (s *session) handleExec(req *ssh.Request) {
+	var e execRequest
+	if err := ssh.Unmarshal(req.Payload, &e); err != nil {
+		reply(req, false)
+		return
+	}
+	s.startCommand(req, e.Command, true)
+}
+
+// handleSubsystem claims the session for a subsystem and starts it as the
+// policy says.
+func (s *session) handleSubsystem(req *ssh.Request) {
+	var r subsystemRequest
+	if err := ssh.Unmarshal(req.Payload, &r); err != nil {
+		reply(req, false)
+		return
+	}
+	s.setCommand("subsystem:" + r.Name)
+	if !s.claim() {
+		reply(req, false)
+		return
+	}
+	s.c.srv.policy.subsystem(s, req, r.Name)
+}
+
+func (s *session) handleWindowChange(req *ssh.Request) {
+	w, err := parseWindowChange(req.Payload)
+	if err == nil {
+		err = s.resize(w)
+	}
+	if err != nil {
+		s.log.WithError(err).Debug("window-change failed.")
+	}
+	reply(req, err == nil)
+}
+
+func (s *session) handleSignal(req *ssh.Request) {
+	sig, err := parseSignal(req.Payload)
+	if err == nil {
+		err = s.signal(sig)
+	}
+	if err != nil {
+		s.log.WithError(err).Debug("signal failed.")
+	}
+	reply(req, err == nil)
+}
+
+func (s *session) refuseX11(req *ssh.Request) {
+	s.log.Debug("Refused x11-req: X11 forwarding is not supported.")
+	reply(req, false)
 }
 
 // claim marks the session as running something; a session runs one
@@ -204,12 +224,6 @@ func (s *session) startCommand(req *ssh.Request, command string, isExec bool) {
 		return
 	}
 	s.setCommand(command)
-	if s.c.cfg.Proxy != nil {
-		reply(req, true)
-		_, _ = s.ch.Stderr().Write([]byte(ProxyShellRefusal))
-		s.finish(exitCode(1))
-		return
-	}
 	login, cred, err := s.c.resolveLogin()
 	if err != nil {
 		s.refuse(req, err)

@@ -111,17 +111,9 @@ func serveSFTP(rwc io.ReadWriteCloser, home string) error {
 	return nil
 }
 
-// startSubsystem answers a subsystem request: the proxy's subsystems in
-// proxy mode, sftp in node mode.
-func (s *session) startSubsystem(req *ssh.Request, name string) {
-	if !s.claim() {
-		reply(req, false)
-		return
-	}
-	if s.c.cfg.Proxy != nil {
-		s.startProxySubsystem(req, name)
-		return
-	}
+// startNodeSubsystem answers a subsystem request on a node (the session
+// is already claimed): sftp is the one subsystem a node serves.
+func (s *session) startNodeSubsystem(req *ssh.Request, name string) {
 	if name != "sftp" {
 		s.refuse(req, trace.BadParameter("unknown subsystem %q", name))
 		return

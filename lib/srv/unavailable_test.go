@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/srv/srvtest"
 )
@@ -50,7 +51,7 @@ func TestAuthUnavailableBanner(t *testing.T) {
 				ap = &downAccessPoint{AccessPoint: c.AccessPoint}
 				c.AccessPoint = ap
 				if mode == "proxy" {
-					c.Proxy = &fakeProxy{target: "127.0.0.1:1", seen: make(chan *Identity, 4)}
+					c.Proxy = &fakeProxy{target: "127.0.0.1:1", seen: make(chan *authz.Identity, 4)}
 					c.GetNode = nil
 				}
 			})

@@ -9,10 +9,9 @@ import (
 
 	"github.com/gravitational/trace"
 
+	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/proxy"
-	"github.com/postern-dev/postern/lib/proxy/sshproxy"
-	"github.com/postern-dev/postern/lib/srv"
 	"github.com/postern-dev/postern/lib/utils"
 )
 
@@ -32,10 +31,10 @@ type WebSessionsConfig struct {
 	// Router dials nodes for the terminal; required to enable sessions.
 	Router HostDialer
 	// Nodes lists nodes for GET /webapi/nodes; required with Router.
-	Nodes sshproxy.NodeLister
+	Nodes authz.NodeLister
 	// Roles fetches the session user's roles live for RBAC (the store or
 	// the auth client); required with Router.
-	Roles srv.AccessPoint
+	Roles authz.RoleGetter
 	// Store keeps session records; nil means an in-memory store (a proxy
 	// whose auth server is remote: see MemorySessionStore).
 	Store SessionStore

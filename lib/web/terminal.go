@@ -17,6 +17,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
@@ -275,26 +276,19 @@ func (t *termSession) connect(ctx context.Context, p *TerminalParams) (*ssh.Clie
 		// nodes the user may reach with any of their logins. The exact
 		// login is then checked on the chosen node, and a refusal looks
 		// like "not found" too (the log says why).
-		Access: func(node services.Node) bool { return canReach(id, node) },
+		Access: id.CanReach,
 		Authorize: func(node services.Node) error {
-			return checkLogin(id, node, p.Login)
+			return id.CheckLogin(&node, p.Login)
 		},
 	})
 	if err != nil {
 		t.auditRoute(ctx, p, route, err)
-		if trace.IsNotFound(err) && len(route.Hidden) > 0 {
-			t.log.WithField("hidden", route.Hidden).Warn("Access denied: the user may not reach the matching nodes.")
+		// As on the SSH port: a denied node looks like a missing one.
+		visible, denied := proxy.HideDenied(target, route, err)
+		if denied {
+			t.log.WithError(err).WithField("hidden", route.Hidden).Warn("Access denied.")
 		}
-		if trace.IsAccessDenied(err) {
-			// As on the SSH port: a denied node looks like a missing one.
-			t.log.WithError(err).Warn("Access denied.")
-			cluster := route.Cluster
-			if cluster == "" {
-				cluster = target.Cluster
-			}
-			return nil, nil, nil, trace.NotFound("node %q not found in cluster %q", target.Host, cluster)
-		}
-		return nil, nil, nil, trace.Wrap(err)
+		return nil, nil, nil, trace.Wrap(visible)
 	}
 	node := route.Node
 	hctx, cancel := context.WithCancelCause(ctx)
@@ -310,7 +304,7 @@ func (t *termSession) connect(ctx context.Context, p *TerminalParams) (*ssh.Clie
 	sconn, chans, reqs, err := ssh.NewClientConn(conn, net.JoinHostPort(node.UUID, port), &ssh.ClientConfig{
 		User:            p.Login,
 		Auth:            []ssh.AuthMethod{ssh.PublicKeys(t.live.signer)},
-		HostKeyCallback: hostKeyCallback(t.live.hostCAs),
+		HostKeyCallback: authz.HostKeyCallback(t.live.hostCAs, t.srv.cfg.Clock),
 		// AES-GCM first: x/crypto has assembly for it, not for chacha20.
 		Config: ssh.Config{Ciphers: []string{"aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com", "aes128-ctr"}},
 	})
@@ -348,22 +342,6 @@ func (t *termSession) connect(ctx context.Context, p *TerminalParams) (*ssh.Clie
 		return nil, nil, nil, trace.ConnectionProblem(err, "shell on node %q refused: %v", node.Hostname, err)
 	}
 	return client, sess, stdin, nil
-}
-
-// hostKeyCallback accepts a node only with a host certificate from the
-// cluster's host CA whose principals name the node.
-func hostKeyCallback(cas []ssh.PublicKey) ssh.HostKeyCallback {
-	checker := &ssh.CertChecker{
-		IsHostAuthority: func(auth ssh.PublicKey, _ string) bool {
-			for _, ca := range cas {
-				if string(ca.Marshal()) == string(auth.Marshal()) {
-					return true
-				}
-			}
-			return false
-		},
-	}
-	return checker.CheckHostKey
 }
 
 // readLoop carries browser frames to the session until the browser ends

@@ -24,9 +24,9 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/proxy"
-	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/srv"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -78,7 +78,7 @@ func New(cfg Config) (*Handler, error) {
 }
 
 // Subsystem serves `proxysites` and `proxy:HOST[:PORT][@CLUSTER]`.
-func (h *Handler) Subsystem(ctx context.Context, id *srv.Identity, name string) (srv.SubsystemFunc, error) {
+func (h *Handler) Subsystem(ctx context.Context, id *authz.Identity, name string) (srv.SubsystemFunc, error) {
 	if name == SubsystemSites {
 		sites := h.cfg.Router.Sites(ctx)
 		return func(ctx context.Context, ch ssh.Channel) error {
@@ -113,40 +113,34 @@ func (h *Handler) Subsystem(ctx context.Context, id *srv.Identity, name string) 
 }
 
 // DialDirectTCPIP routes an `ssh -J` hop.
-func (h *Handler) DialDirectTCPIP(ctx context.Context, id *srv.Identity, req srv.DirectTCPIPRequest) (net.Conn, error) {
+func (h *Handler) DialDirectTCPIP(ctx context.Context, id *authz.Identity, req srv.DirectTCPIPRequest) (net.Conn, error) {
 	target := proxy.Target{Host: req.Host, Port: strconv.FormatUint(uint64(req.Port), 10)}
 	return h.dial(ctx, id, target, "direct-tcpip")
 }
 
 // dial routes target among the nodes the user may reach and dials the
 // chosen one.
-func (h *Handler) dial(ctx context.Context, id *srv.Identity, target proxy.Target, via string) (net.Conn, error) {
+func (h *Handler) dial(ctx context.Context, id *authz.Identity, target proxy.Target, via string) (net.Conn, error) {
 	log := h.cfg.Logger.WithFields(logrus.Fields{"user": id.User, "target": target.String(), "via": via})
 	conn, route, err := h.cfg.Router.DialHost(ctx, proxy.RouteRequest{
 		Target: target,
 		// RBAC first, then routing (SPEC.md "Routing" rule 5): a node
 		// the user may not reach takes no part in the decision.
-		Access: func(node services.Node) bool {
-			return checkAnyLogin(id, node) == nil
-		},
+		Access: id.CanReach,
 	})
 	if err != nil {
-		if trace.IsNotFound(err) && len(route.Hidden) > 0 {
+		visible, denied := proxy.HideDenied(target, route, err)
+		if denied {
 			// The user is told "not found", as for a node that does not
 			// exist; the audit log says which nodes RBAC kept from them.
-			reason := fmt.Sprintf("user %q may not reach node %s with any of the logins %v", id.User, strings.Join(route.Hidden, ", "), certLogins(id))
-			log.WithField("hidden", route.Hidden).Warn("Access denied.")
-			h.emit(ctx, events.AccessDenied, id, target, via, events.Fields{
-				events.FieldReason: reason, events.FieldServerID: route.Hidden[0],
-			})
-			return nil, trace.Wrap(err)
-		}
-		if trace.IsAccessDenied(err) {
-			log.WithError(err).Warn("Access denied.")
-			h.emit(ctx, events.AccessDenied, id, target, via, events.Fields{
-				events.FieldReason: err.Error(), events.FieldServerID: route.Node.UUID,
-			})
-			return nil, hideDenied(target, route)
+			fields := events.Fields{events.FieldReason: err.Error(), events.FieldServerID: route.Node.UUID}
+			if trace.IsNotFound(err) {
+				fields[events.FieldReason] = fmt.Sprintf("user %q may not reach node %s with any of the logins %v", id.User, strings.Join(route.Hidden, ", "), id.Logins())
+				fields[events.FieldServerID] = route.Hidden[0]
+			}
+			log.WithError(err).WithField("hidden", route.Hidden).Warn("Access denied.")
+			h.emit(ctx, events.AccessDenied, id, target, via, fields)
+			return nil, trace.Wrap(visible)
 		}
 		if proxy.IsAmbiguousHost(err) {
 			uuids := make([]string, 0, len(route.Candidates))
@@ -162,39 +156,8 @@ func (h *Handler) dial(ctx context.Context, id *srv.Identity, target proxy.Targe
 	return conn, nil
 }
 
-func certLogins(id *srv.Identity) []string {
-	if id.Cert == nil {
-		return nil
-	}
-	return id.Cert.ValidPrincipals
-}
-
-// checkAnyLogin allows the hop when one of the certificate's logins may be
-// used on node.
-func checkAnyLogin(id *srv.Identity, node services.Node) error {
-	if id.Checker == nil || id.Cert == nil {
-		return trace.AccessDenied("no roles")
-	}
-	for _, login := range id.Cert.ValidPrincipals {
-		if id.Checker.CheckAccessToNode(&node, login) == nil {
-			return nil
-		}
-	}
-	return trace.AccessDenied("user %q may not reach node %q with any of the logins %v", id.User, node.Hostname, id.Cert.ValidPrincipals)
-}
-
-// hideDenied is what a user sees when RBAC refuses a node: the same words
-// as a node that does not exist.
-func hideDenied(target proxy.Target, route proxy.Route) error {
-	cluster := route.Cluster
-	if cluster == "" {
-		cluster = target.Cluster
-	}
-	return trace.NotFound("%s", fmt.Sprintf("node %q not found in cluster %q", target.Host, cluster))
-}
-
 // emit records an audit event about a routing decision.
-func (h *Handler) emit(ctx context.Context, typ string, id *srv.Identity, target proxy.Target, via string, fields events.Fields) {
+func (h *Handler) emit(ctx context.Context, typ string, id *authz.Identity, target proxy.Target, via string, fields events.Fields) {
 	fields[events.FieldTarget] = target.String()
 	fields[events.FieldLogin] = id.Login
 	fields[events.FieldKind] = via

@@ -3,12 +3,11 @@ package sshproxy
 import (
 	"context"
 	"encoding/json"
-	"sort"
 
 	"github.com/gravitational/trace"
 	"golang.org/x/crypto/ssh"
 
-	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/srv"
 )
 
@@ -18,68 +17,19 @@ import (
 // authenticates with its certificate; the web listing needs a session.
 const SubsystemNodes = "nodes"
 
-// NodeLister lists the nodes of a cluster; *services.NodeWatcher is the
-// production one (an O(n) copy, fine for a listing, never used to route).
-type NodeLister interface {
-	GetNodes(ctx context.Context, cluster string) ([]services.Node, error)
-}
-
-var _ NodeLister = (*services.NodeWatcher)(nil)
+// NodeLister lists the nodes of a cluster.
+type NodeLister = authz.NodeLister
 
 // NodeEntry is one node of the `nodes` subsystem's answer.
-type NodeEntry struct {
-	UUID     string            `json:"uuid"`
-	Hostname string            `json:"hostname"`
-	Addr     string            `json:"addr"`
-	Labels   map[string]string `json:"labels,omitempty"`
-	Cluster  string            `json:"cluster"`
-	// Logins are the certificate's logins the caller's roles allow on
-	// this node.
-	Logins []string `json:"logins"`
-}
-
-// ListNodes returns the nodes of cluster that id may reach with at least
-// one of its certificate's logins, sorted by hostname then UUID. Nodes the
-// caller may not reach are left out, never marked: the listing must not
-// reveal what RBAC hides.
-func ListNodes(ctx context.Context, lister NodeLister, id *srv.Identity, cluster string) ([]NodeEntry, error) {
-	if id == nil || id.Checker == nil || id.Cert == nil {
-		return nil, trace.AccessDenied("no roles")
-	}
-	nodes, err := lister.GetNodes(ctx, cluster)
-	if err != nil {
-		return nil, trace.Wrap(err)
-	}
-	out := []NodeEntry{}
-	for i := range nodes {
-		n := &nodes[i]
-		var logins []string
-		for _, login := range id.Cert.ValidPrincipals {
-			if id.Checker.CheckAccessToNode(n, login) == nil {
-				logins = append(logins, login)
-			}
-		}
-		if len(logins) == 0 {
-			continue
-		}
-		out = append(out, NodeEntry{UUID: n.UUID, Hostname: n.Hostname, Addr: n.Addr, Labels: n.Labels, Cluster: n.Cluster, Logins: logins})
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Hostname != out[j].Hostname {
-			return out[i].Hostname < out[j].Hostname
-		}
-		return out[i].UUID < out[j].UUID
-	})
-	return out, nil
-}
+type NodeEntry = authz.NodeEntry
 
 // nodesSubsystem serves SubsystemNodes for the local cluster.
-func (h *Handler) nodesSubsystem(id *srv.Identity) (srv.SubsystemFunc, error) {
+func (h *Handler) nodesSubsystem(id *authz.Identity) (srv.SubsystemFunc, error) {
 	if h.cfg.Nodes == nil {
 		return nil, trace.NotImplemented("this proxy does not list nodes")
 	}
 	return func(ctx context.Context, ch ssh.Channel) error {
-		entries, err := ListNodes(ctx, h.cfg.Nodes, id, h.cfg.Router.ClusterName())
+		entries, err := authz.ListNodes(ctx, h.cfg.Nodes, id, h.cfg.Router.ClusterName())
 		if err != nil {
 			return trace.Wrap(err)
 		}

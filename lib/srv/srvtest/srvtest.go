@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -166,15 +167,10 @@ func (c *CA) HostSigner(t testing.TB, uuid string, principals ...string) ssh.Sig
 	return s
 }
 
-// HostKeyCallback accepts host certificates signed by this CA, the way
-// psh's known_hosts `@cert-authority` line does.
+// HostKeyCallback accepts host certificates signed by this CA, with the
+// check psh and the web terminal make (authz.HostKeyCallback).
 func (c *CA) HostKeyCallback() ssh.HostKeyCallback {
-	checker := &ssh.CertChecker{
-		IsHostAuthority: func(auth ssh.PublicKey, _ string) bool {
-			return string(auth.Marshal()) == string(c.Signer.PublicKey().Marshal())
-		},
-	}
-	return checker.CheckHostKey
+	return authz.HostKeyCallback([]ssh.PublicKey{c.Signer.PublicKey()}, nil)
 }
 
 // AccessPoint is an in-memory lib/srv.AccessPoint: roles and CAs in maps.

@@ -1,4 +1,4 @@
-package sshproxy
+package authz
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/services"
-	"github.com/postern-dev/postern/lib/srv"
 )
 
 type staticNodes []services.Node
@@ -43,7 +42,7 @@ func TestListNodesFiltersByRBAC(t *testing.T) {
 		{UUID: "u2", Hostname: "db", Addr: "10.0.0.2:3022", Cluster: "c1", Labels: map[string]string{"env": "secret"}},
 		{UUID: "u4", Hostname: "app", Addr: "10.0.1.1:3022", Cluster: "other", Labels: map[string]string{"env": "dev"}},
 	}
-	id := &srv.Identity{
+	id := &Identity{
 		User:    "alice",
 		Cert:    &ssh.Certificate{ValidPrincipals: []string{"dev", "root"}},
 		Checker: services.NewAccessChecker([]*services.Role{dev, ops}, nil),
@@ -61,6 +60,6 @@ func TestListNodesFiltersByRBAC(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, got, 1)
 
-	_, err = ListNodes(context.Background(), nodes, &srv.Identity{}, "c1")
+	_, err = ListNodes(context.Background(), nodes, &Identity{}, "c1")
 	require.Error(t, err)
 }
