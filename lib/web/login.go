@@ -15,6 +15,8 @@ import (
 	"github.com/gravitational/trace"
 	"github.com/sirupsen/logrus"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
+	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/auth"
 )
 
@@ -22,38 +24,13 @@ import (
 // *auth.Server (auth in the same process) and *auth.Client (auth on
 // another machine, called with the proxy's identity) provide it.
 type SSHLoginAuthenticator interface {
-	AuthenticateSSHUser(ctx context.Context, req auth.SSHLoginRequest) (*auth.SSHLoginResponse, error)
+	AuthenticateSSHUser(ctx context.Context, req authapi.SSHLoginRequest) (*authapi.SSHLoginResponse, error)
 }
 
 var (
 	_ SSHLoginAuthenticator = (*auth.Server)(nil)
 	_ SSHLoginAuthenticator = (*auth.Client)(nil)
 )
-
-// SSHLoginRequest is the body of POST /webapi/ssh/certs (SPEC.md, Web).
-type SSHLoginRequest struct {
-	User     string `json:"user"`
-	Password string `json:"password"`
-	OTPToken string `json:"otp_token"`
-	// PubKey is the key to certify, authorized_keys format.
-	PubKey string `json:"pub_key"`
-	// TTLSeconds is the wanted certificate lifetime; zero means the
-	// roles' max_session_ttl (auth caps any value by it).
-	TTLSeconds int64 `json:"ttl_seconds"`
-}
-
-// SSHLoginResponse is the answer of POST /webapi/ssh/certs.
-type SSHLoginResponse struct {
-	Username string `json:"username"`
-	// Cert is the user certificate, authorized_keys format.
-	Cert        string            `json:"cert"`
-	HostSigners []auth.HostSigner `json:"host_signers"`
-}
-
-// ErrorResponse is the body of every non-2xx answer of the web API.
-type ErrorResponse struct {
-	Error string `json:"error"`
-}
 
 // maxLoginBody bounds a login request: user, password, a 6-digit OTP and
 // one public key fit in well under 16 KiB (an RSA-8192 authorized_keys line
@@ -89,10 +66,10 @@ const defaultRetryAfter = time.Minute
 
 // DecodeSSHLoginRequest parses and validates a login body: one JSON object,
 // no unknown fields, no trailing data, a TTL in range.
-func DecodeSSHLoginRequest(data []byte) (*SSHLoginRequest, error) {
+func DecodeSSHLoginRequest(data []byte) (*webapi.SSHLoginRequest, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
-	var req SSHLoginRequest
+	var req webapi.SSHLoginRequest
 	if err := dec.Decode(&req); err != nil {
 		return nil, trace.BadParameter("invalid login request: %v", err)
 	}
@@ -134,8 +111,8 @@ func (s *Server) sshCerts(w http.ResponseWriter, r *http.Request) {
 	}
 	remote := remoteHost(r.RemoteAddr)
 	log := s.cfg.Logger.WithFields(logrus.Fields{"user": req.User, "remote_addr": remote})
-	resp, ok := s.authenticateSSHUser(w, r, log, auth.SSHLoginRequest{
-		AuthRequest: auth.AuthRequest{User: req.User, Password: req.Password, OTP: req.OTPToken, RemoteAddr: remote},
+	resp, ok := s.authenticateSSHUser(w, r, log, authapi.SSHLoginRequest{
+		AuthRequest: authapi.AuthRequest{User: req.User, Password: req.Password, OTP: req.OTPToken, RemoteAddr: remote},
 		PublicKey:   []byte(req.PubKey),
 		TTL:         time.Duration(req.TTLSeconds) * time.Second,
 	})
@@ -143,7 +120,7 @@ func (s *Server) sshCerts(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	log.Info("Issued a user certificate.")
-	writeJSON(w, http.StatusOK, SSHLoginResponse{
+	writeJSON(w, http.StatusOK, webapi.SSHLoginResponse{
 		Username:    resp.Username,
 		Cert:        string(bytes.TrimSpace(resp.Cert)),
 		HostSigners: resp.HostSigners,
@@ -178,7 +155,7 @@ func remoteHost(remoteAddr string) string {
 }
 
 func writeError(w http.ResponseWriter, code int, msg string) {
-	writeJSON(w, code, ErrorResponse{Error: msg})
+	writeJSON(w, code, webapi.ErrorResponse{Error: msg})
 }
 
 // authenticateSSHUser asks auth to check a login and certify its key, and
@@ -187,7 +164,7 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 // Retry-After when rate limited, 503 when auth cannot be reached. The call
 // is bounded (loginTimeout) so a stalled backend is an answer, not a hang.
 // ok is false when the response has been written.
-func (s *Server) authenticateSSHUser(w http.ResponseWriter, r *http.Request, log logrus.FieldLogger, req auth.SSHLoginRequest) (resp *auth.SSHLoginResponse, ok bool) {
+func (s *Server) authenticateSSHUser(w http.ResponseWriter, r *http.Request, log logrus.FieldLogger, req authapi.SSHLoginRequest) (resp *authapi.SSHLoginResponse, ok bool) {
 	ctx, cancel := context.WithTimeout(r.Context(), loginTimeout)
 	defer cancel()
 	resp, err := s.cfg.Auth.AuthenticateSSHUser(ctx, req)

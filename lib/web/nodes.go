@@ -8,6 +8,7 @@ import (
 
 	"github.com/gravitational/trace"
 
+	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/proxy/sshproxy"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/srv"
@@ -57,11 +58,6 @@ func canReach(id *srv.Identity, node services.Node) bool {
 	return false
 }
 
-// NodesResponse is GET /webapi/nodes.
-type NodesResponse struct {
-	Items []sshproxy.NodeEntry `json:"items"`
-}
-
 // listNodes serves GET /webapi/nodes: the same RBAC-filtered listing as
 // the proxy's `nodes` subsystem (psh ls), so both show the same nodes
 // with the same logins.
@@ -78,5 +74,5 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request, live *liveSes
 		writeError(w, http.StatusInternalServerError, "internal error; see the proxy's log")
 		return
 	}
-	writeJSON(w, http.StatusOK, NodesResponse{Items: items})
+	writeJSON(w, http.StatusOK, webapi.NodesResponse{Items: items})
 }

@@ -20,7 +20,8 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
 
-	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/api/authapi"
+	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/backend"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -264,20 +265,6 @@ func (r *sessionRegistry) closeAll() {
 	}
 }
 
-// CreateSessionRequest is the body of POST /webapi/sessions.
-type CreateSessionRequest struct {
-	User     string `json:"user"`
-	Password string `json:"password"`
-	OTPToken string `json:"otp_token"`
-}
-
-// CreateSessionResponse is its answer; the cookie is set alongside.
-type CreateSessionResponse struct {
-	Token   string    `json:"token"`
-	Expires time.Time `json:"expires"`
-	User    string    `json:"user"`
-}
-
 func randomHex() (string, error) {
 	var b [32]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -325,7 +312,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusRequestEntityTooLarge, "request body too large")
 		return
 	}
-	var req CreateSessionRequest
+	var req webapi.CreateSessionRequest
 	dec := json.NewDecoder(strings.NewReader(string(data)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil || req.User == "" {
@@ -349,8 +336,8 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	// One auth call checks the password and OTP (under auth's per-user and
 	// per-address failure limits, shared with psh's login) and certifies
 	// the session's key: the key never leaves this process.
-	resp, ok := s.authenticateSSHUser(w, r, log, auth.SSHLoginRequest{
-		AuthRequest: auth.AuthRequest{User: req.User, Password: req.Password, OTP: req.OTPToken, RemoteAddr: remote},
+	resp, ok := s.authenticateSSHUser(w, r, log, authapi.SSHLoginRequest{
+		AuthRequest: authapi.AuthRequest{User: req.User, Password: req.Password, OTP: req.OTPToken, RemoteAddr: remote},
 		PublicKey:   ssh.MarshalAuthorizedKey(sshPub),
 		TTL:         cfg.TTL,
 	})
@@ -398,10 +385,10 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		SameSite: http.SameSiteStrictMode,
 	})
 	log.Info("Web session created.")
-	writeJSON(w, http.StatusOK, CreateSessionResponse{Token: token, Expires: expires.UTC(), User: resp.Username})
+	writeJSON(w, http.StatusOK, webapi.CreateSessionResponse{Token: token, Expires: expires.UTC(), User: resp.Username})
 }
 
-func newLiveSession(priv ed25519.PrivateKey, resp *auth.SSHLoginResponse) (*liveSession, error) {
+func newLiveSession(priv ed25519.PrivateKey, resp *authapi.SSHLoginResponse) (*liveSession, error) {
 	pub, _, _, _, err := ssh.ParseAuthorizedKey(resp.Cert)
 	if err != nil {
 		return nil, trace.Wrap(err)

@@ -8,15 +8,10 @@ import (
 	"github.com/gravitational/trace"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/srv"
 )
-
-// SubsystemNodes is the subsystem that lists the nodes the caller may
-// reach (what `psh ls` reads): a JSON array of NodeEntry, then the channel
-// closes. It exists because the proxy port is the one place psh already
-// authenticates with its certificate; the web listing needs a session.
-const SubsystemNodes = "nodes"
 
 // NodeLister lists the nodes of a cluster; *services.NodeWatcher is the
 // production one (an O(n) copy, fine for a listing, never used to route).
@@ -26,23 +21,11 @@ type NodeLister interface {
 
 var _ NodeLister = (*services.NodeWatcher)(nil)
 
-// NodeEntry is one node of the `nodes` subsystem's answer.
-type NodeEntry struct {
-	UUID     string            `json:"uuid"`
-	Hostname string            `json:"hostname"`
-	Addr     string            `json:"addr"`
-	Labels   map[string]string `json:"labels,omitempty"`
-	Cluster  string            `json:"cluster"`
-	// Logins are the certificate's logins the caller's roles allow on
-	// this node.
-	Logins []string `json:"logins"`
-}
-
 // ListNodes returns the nodes of cluster that id may reach with at least
 // one of its certificate's logins, sorted by hostname then UUID. Nodes the
 // caller may not reach are left out, never marked: the listing must not
 // reveal what RBAC hides.
-func ListNodes(ctx context.Context, lister NodeLister, id *srv.Identity, cluster string) ([]NodeEntry, error) {
+func ListNodes(ctx context.Context, lister NodeLister, id *srv.Identity, cluster string) ([]proxyapi.NodeEntry, error) {
 	if id == nil || id.Checker == nil || id.Cert == nil {
 		return nil, trace.AccessDenied("no roles")
 	}
@@ -50,7 +33,7 @@ func ListNodes(ctx context.Context, lister NodeLister, id *srv.Identity, cluster
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	out := []NodeEntry{}
+	out := []proxyapi.NodeEntry{}
 	for i := range nodes {
 		n := &nodes[i]
 		var logins []string
@@ -62,7 +45,7 @@ func ListNodes(ctx context.Context, lister NodeLister, id *srv.Identity, cluster
 		if len(logins) == 0 {
 			continue
 		}
-		out = append(out, NodeEntry{UUID: n.UUID, Hostname: n.Hostname, Addr: n.Addr, Labels: n.Labels, Cluster: n.Cluster, Logins: logins})
+		out = append(out, proxyapi.NodeEntry{UUID: n.UUID, Hostname: n.Hostname, Addr: n.Addr, Labels: n.Labels, Cluster: n.Cluster, Logins: logins})
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Hostname != out[j].Hostname {
