@@ -21,27 +21,30 @@ import (
 //     a different parser in front of us reads the second;
 //   - an empty body (or only white space) is refused with its own message.
 //
-// Every error is trace.BadParameter; its message says what was wrong and is
-// safe to show the sender (it names only what they sent).
+// Every error is trace.BadParameter; its message says what was wrong
+// ("empty body", encoding/json's `json: unknown field "x"`, "trailing data
+// after the JSON object"), names only what the sender sent, and is meant
+// to follow the caller's own prefix ("invalid login request: ...").
 func UnmarshalStrict(data []byte, v any) error {
 	if len(bytes.TrimSpace(data)) == 0 {
-		return trace.BadParameter("empty request body")
+		return trace.BadParameter("empty body")
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return trace.BadParameter("invalid request body: %v", err)
+		return trace.BadParameter("%v", err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return trace.BadParameter("invalid request body: trailing data after the JSON object")
+		return trace.BadParameter("trailing data after the JSON object")
 	}
 	return nil
 }
 
-// ReadJSON reads at most limit bytes of r and decodes them with
-// UnmarshalStrict. A longer body is trace.LimitExceeded("request body too
-// large"), whether this function or an http.MaxBytesReader in front of it
-// noticed; a body that cannot be read is trace.BadParameter.
+// ReadJSON reads a request body, at most limit bytes of r, and decodes it
+// with UnmarshalStrict. A longer body is trace.LimitExceeded("request body
+// too large"), whether this function or an http.MaxBytesReader in front of
+// it noticed; an empty one is trace.BadParameter("empty request body"); any
+// other refusal is trace.BadParameter("invalid request body: ...").
 func ReadJSON(r io.Reader, limit int64, v any) error {
 	data, err := io.ReadAll(io.LimitReader(r, limit+1))
 	if err != nil {
@@ -54,5 +57,11 @@ func ReadJSON(r io.Reader, limit int64, v any) error {
 	if int64(len(data)) > limit {
 		return trace.LimitExceeded("request body too large")
 	}
-	return trace.Wrap(UnmarshalStrict(data, v))
+	if len(bytes.TrimSpace(data)) == 0 {
+		return trace.BadParameter("empty request body")
+	}
+	if err := UnmarshalStrict(data, v); err != nil {
+		return trace.BadParameter("invalid request body: %v", trace.UserMessage(err))
+	}
+	return nil
 }

@@ -25,15 +25,15 @@ func TestUnmarshalStrict(t *testing.T) {
 	}{
 		{name: "object", in: `{"user":"alice","n":2}`, want: body{User: "alice", N: 2}},
 		{name: "white space around", in: " \n{\"user\":\"a\"}\n\t", want: body{User: "a"}},
-		{name: "empty", in: "", err: "empty request body"},
-		{name: "only white space", in: " \r\n\t", err: "empty request body"},
+		{name: "empty", in: "", err: "empty body"},
+		{name: "only white space", in: " \r\n\t", err: "empty body"},
 		{name: "unknown field", in: `{"user":"a","admin":true}`, err: `unknown field "admin"`},
 		{name: "second object", in: `{"user":"a"}{"user":"b"}`, err: "trailing data after the JSON object"},
 		{name: "trailing garbage", in: `{"user":"a"} x`, err: "trailing data after the JSON object"},
 		{name: "trailing bracket", in: `{"user":"a"}]`, err: "trailing data after the JSON object"},
-		{name: "wrong type", in: `{"n":"two"}`, err: "invalid request body"},
-		{name: "truncated", in: `{"user":"a"`, err: "invalid request body"},
-		{name: "not JSON", in: `user=a`, err: "invalid request body"},
+		{name: "wrong type", in: `{"n":"two"}`, err: "json: "},
+		{name: "truncated", in: `{"user":"a"`, err: "unexpected EOF"},
+		{name: "not JSON", in: `user=a`, err: "invalid character"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got body
@@ -80,6 +80,12 @@ func TestReadJSON(t *testing.T) {
 		err := ReadJSON(strings.NewReader(""), limit, &got)
 		require.True(t, trace.IsBadParameter(err), "%v", err)
 		require.Equal(t, "empty request body", trace.UserMessage(err))
+	})
+	t.Run("unknown field", func(t *testing.T) {
+		var got body
+		err := ReadJSON(strings.NewReader(`{"admin":true}`), limit, &got)
+		require.True(t, trace.IsBadParameter(err), "%v", err)
+		require.Equal(t, `invalid request body: json: unknown field "admin"`, trace.UserMessage(err))
 	})
 }
 

@@ -3,8 +3,10 @@ package web
 import (
 	"bytes"
 	"context"
-	"encoding/json"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -15,6 +17,7 @@ import (
 	"github.com/gravitational/trace"
 	"github.com/sirupsen/logrus"
 
+	"github.com/postern-dev/postern/lib/api"
 	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/auth"
@@ -67,14 +70,9 @@ const defaultRetryAfter = time.Minute
 // DecodeSSHLoginRequest parses and validates a login body: one JSON object,
 // no unknown fields, no trailing data, a TTL in range.
 func DecodeSSHLoginRequest(data []byte) (*webapi.SSHLoginRequest, error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
 	var req webapi.SSHLoginRequest
-	if err := dec.Decode(&req); err != nil {
-		return nil, trace.BadParameter("invalid login request: %v", err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, trace.BadParameter("invalid login request: trailing data after the JSON object")
+	if err := api.UnmarshalStrict(data, &req); err != nil {
+		return nil, trace.BadParameter("invalid login request: %v", trace.UserMessage(err))
 	}
 	if req.User == "" {
 		return nil, trace.BadParameter("invalid login request: missing user")
@@ -94,14 +92,8 @@ func (s *Server) sshCerts(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotImplemented, "login is not available on this proxy")
 		return
 	}
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxLoginBody))
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			writeError(w, http.StatusRequestEntityTooLarge, "request body too large")
-			return
-		}
-		writeError(w, http.StatusBadRequest, "could not read request body")
+	data, ok := readLoginBody(w, r)
+	if !ok {
 		return
 	}
 	req, err := DecodeSSHLoginRequest(data)
@@ -158,6 +150,42 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 	writeJSON(w, code, webapi.ErrorResponse{Error: msg})
 }
 
+// readLoginBody reads a login request's body, at most maxLoginBody bytes,
+// for both login endpoints. ok is false when the answer (413, or 400 for a
+// body that could not be read) has been written.
+func readLoginBody(w http.ResponseWriter, r *http.Request) (data []byte, ok bool) {
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxLoginBody))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeError(w, http.StatusRequestEntityTooLarge, "request body too large")
+			return nil, false
+		}
+		writeError(w, http.StatusBadRequest, "could not read request body")
+		return nil, false
+	}
+	return data, true
+}
+
+// internalError answers 500 for a fault the user cannot fix and logs its
+// cause under a fresh request id that the answer names: the user learns
+// nothing of the cause (it may name the backend, a file or a key), but
+// the id in their report finds the one log line that explains it. msg is
+// the log message.
+func internalError(w http.ResponseWriter, log logrus.FieldLogger, msg string, cause error) {
+	id := newRequestID()
+	log.WithError(cause).WithField("request_id", id).Warn(msg)
+	writeError(w, http.StatusInternalServerError, fmt.Sprintf("internal error (request id %s); see the proxy's log", id))
+}
+
+// newRequestID is 8 random bytes in hex: unique enough to find one line
+// in a proxy's log, short enough to read out over the phone.
+func newRequestID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+).
+	return hex.EncodeToString(b[:])
+}
+
 // authenticateSSHUser asks auth to check a login and certify its key, and
 // answers the HTTP errors itself, the same way for the CLI login and the
 // browser login: one generic 401 for every credential problem, 429 with
@@ -187,8 +215,7 @@ func (s *Server) authenticateSSHUser(w http.ResponseWriter, r *http.Request, log
 		// only says "no logins" after a correct password).
 		writeError(w, http.StatusBadRequest, trace.UserMessage(err))
 	default:
-		log.WithError(err).Warn("Login failed with an internal error.")
-		writeError(w, http.StatusInternalServerError, "internal error; see the proxy's log")
+		internalError(w, log, "Login failed with an internal error.", err)
 	}
 	return nil, false
 }

@@ -64,14 +64,12 @@ func canReach(id *srv.Identity, node services.Node) bool {
 func (s *Server) listNodes(w http.ResponseWriter, r *http.Request, live *liveSession) {
 	id, err := s.identity(r.Context(), live)
 	if err != nil {
-		s.cfg.Logger.WithError(err).Warn("Could not resolve a web session's roles.")
-		writeError(w, http.StatusInternalServerError, "internal error; see the proxy's log")
+		internalError(w, s.cfg.Logger, "Could not resolve a web session's roles.", err)
 		return
 	}
 	items, err := sshproxy.ListNodes(r.Context(), s.cfg.WebSessions.Nodes, id, "")
 	if err != nil {
-		s.cfg.Logger.WithError(err).Warn("Could not list nodes.")
-		writeError(w, http.StatusInternalServerError, "internal error; see the proxy's log")
+		internalError(w, s.cfg.Logger, "Could not list nodes.", err)
 		return
 	}
 	writeJSON(w, http.StatusOK, webapi.NodesResponse{Items: items})
