@@ -12,15 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jonboulle/clockwork"
 	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/crypto/bcrypt"
 
 	"github.com/postern-dev/postern/lib/api/authapi"
-	"github.com/postern-dev/postern/lib/auth"
-	"github.com/postern-dev/postern/lib/backend/memory"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
@@ -61,17 +57,8 @@ var requestIDAnswer = regexp.MustCompile(`^internal error \(request id ([0-9a-f]
 // user was shown, and the answer has nothing of the cause.
 func TestInternalErrorNamesRequestID(t *testing.T) {
 	ctx := context.Background()
-	clock := clockwork.NewFakeClockAt(time.Now().Truncate(time.Second))
-	bk, err := memory.New(memory.Config{Clock: clock})
-	require.NoError(t, err)
-	t.Cleanup(func() { bk.Close() })
-	store := services.NewStore(bk)
-	as, err := auth.NewServer(auth.ServerConfig{
-		Store: store, ClusterName: "c1", BcryptCost: bcrypt.MinCost, Clock: clock,
-		Limits: auth.LoginLimits{MaxFailures: 3, Window: time.Minute}, Logger: quietLogger(),
-	})
-	require.NoError(t, err)
-	_, err = as.CreateUser(ctx, testUser, []byte(testPassword), []string{"alice"}, nil, false)
+	env := newLoginEnv(t)
+	_, err := env.auth.CreateUser(ctx, testUser, []byte(testPassword), []string{"alice"}, nil, false)
 	require.NoError(t, err)
 	pair, err := LoadOrCreateTLS(t.TempDir(), "", "", nil, time.Now())
 	require.NoError(t, err)
@@ -91,15 +78,15 @@ func TestInternalErrorNamesRequestID(t *testing.T) {
 	}, {
 		name: "web login, session store down", path: "/webapi/sessions",
 		body:     `{"user":"alice","password":"` + testPassword + `","otp_token":""}`,
-		auth:     as,
+		auth:     env.auth,
 		sessions: failingStore{err: errors.New("sqlite: disk I/O error")},
 		cause:    "sqlite: disk I/O error",
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			logger, hook := logtest.NewNullLogger()
-			wsc := WebSessionsConfig{Router: noRoutes{}, Nodes: noNodes{}, Roles: store, Store: tc.sessions}
+			wsc := WebSessionsConfig{Router: noRoutes{}, Nodes: noNodes{}, Roles: env.store, Store: tc.sessions}
 			s, err := NewServer(Config{
-				ClusterName: "c1", ProxySSHAddr: "127.0.0.1:3023", Certificate: pair, Auth: tc.auth, Clock: clock,
+				ClusterName: "c1", ProxySSHAddr: "127.0.0.1:3023", Certificate: pair, Auth: tc.auth, Clock: env.clock,
 				Logger: logger.WithField("component", "web"), WebSessions: wsc,
 			})
 			require.NoError(t, err)

@@ -55,15 +55,7 @@ func (r *sessionRegistry) get(key string) *liveSession {
 }
 
 // remove drops a session and ends its terminals.
-func (r *sessionRegistry) remove(key string) {
-	r.mu.Lock()
-	s := r.byKey[key]
-	delete(r.byKey, key)
-	r.mu.Unlock()
-	if s != nil {
-		s.cancel(errLoggedOut)
-	}
-}
+func (r *sessionRegistry) remove(key string) { r.removeCause(key, errLoggedOut) }
 
 // closeAll ends every session's terminals (server shutdown).
 func (r *sessionRegistry) closeAll() {
