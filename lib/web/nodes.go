@@ -64,12 +64,12 @@ func canReach(id *srv.Identity, node services.Node) bool {
 func (s *Server) listNodes(w http.ResponseWriter, r *http.Request, live *liveSession) {
 	id, err := s.identity(r.Context(), live)
 	if err != nil {
-		internalError(w, s.cfg.Logger, "Could not resolve a web session's roles.", err)
+		internalError(w, s.cfg.Logger.WithField("user", live.user), "Could not resolve a web session's roles.", err)
 		return
 	}
 	items, err := sshproxy.ListNodes(r.Context(), s.cfg.WebSessions.Nodes, id, "")
 	if err != nil {
-		internalError(w, s.cfg.Logger, "Could not list nodes.", err)
+		internalError(w, s.cfg.Logger.WithField("user", live.user), "Could not list nodes.", err)
 		return
 	}
 	writeJSON(w, http.StatusOK, webapi.NodesResponse{Items: items})
