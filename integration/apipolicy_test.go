@@ -10,9 +10,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/service"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // TestProxyIdentityCannotMintCerts is issue 10 item 3 as the attack: a
@@ -34,9 +36,9 @@ func TestProxyIdentityCannotMintCerts(t *testing.T) {
 	id, err := auth.ReadIdentity(cfg.IdentityDir(auth.RoleProxy))
 	require.NoError(t, err)
 
-	_, pub, err := auth.GenerateKeyPair()
+	_, pub, err := utils.GenerateKeyPair()
 	require.NoError(t, err)
-	body, err := json.Marshal(auth.UserCertRequest{User: "admin", PublicKey: pub, TTL: time.Hour})
+	body, err := json.Marshal(authapi.UserCertRequest{User: "admin", PublicKey: pub, TTL: time.Hour})
 	require.NoError(t, err)
 	tr := &http.Transport{TLSClientConfig: id.ClientTLSConfig()}
 	defer tr.CloseIdleConnections()

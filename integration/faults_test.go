@@ -22,10 +22,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 
-	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/backend/etcdbk/etcdtest"
 	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/service"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // newAllInOneWith is newAllInOne with a hook to change the config (the
@@ -161,7 +161,7 @@ func TestFaultNodeKilledMidSession(t *testing.T) {
 // the body.
 func postCerts(t *testing.T, hc *http.Client, webAddr, user, password string) (int, string, error) {
 	t.Helper()
-	_, pub, err := auth.GenerateKeyPair()
+	_, pub, err := utils.GenerateKeyPair()
 	require.NoError(t, err)
 	body := fmt.Sprintf(`{"user":%q,"password":%q,"otp_token":"","pub_key":%q,"ttl_seconds":600}`, user, password, strings.TrimSpace(string(pub)))
 	resp, err := hc.Post("https://"+webAddr+"/webapi/ssh/certs", "application/json", strings.NewReader(body))

@@ -26,6 +26,7 @@ import (
 	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/service"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // nodeToken asks pctl for a node join token and returns it and the CA pin.
@@ -146,7 +147,7 @@ type joinRequest struct {
 // SSH certificate (on success).
 func rawJoin(t *testing.T, authAddr string, req joinRequest) (int, string, *ssh.Certificate) {
 	t.Helper()
-	_, sshPub, err := auth.GenerateKeyPair()
+	_, sshPub, err := utils.GenerateKeyPair()
 	require.NoError(t, err)
 	tlsPub, _, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(t, err)

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/service"
 	"github.com/postern-dev/postern/lib/web"
@@ -124,7 +125,7 @@ func webLogin(t *testing.T, hc *http.Client, webAddr, user, password string) (*h
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	var sess web.CreateSessionResponse
+	var sess webapi.CreateSessionResponse
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&sess))
 	for _, ck := range resp.Cookies() {
 		if ck.Name == web.SessionCookieName {

@@ -23,9 +23,11 @@ import (
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/agent"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/service"
+	"github.com/postern-dev/postern/lib/utils"
 	"github.com/postern-dev/postern/lib/web"
 )
 
@@ -38,11 +40,11 @@ type issuedCert struct {
 // issueCert asks auth (as the admin) for a certificate of user.
 func issueCert(t *testing.T, clt *auth.Client, user string, ttl time.Duration) issuedCert {
 	t.Helper()
-	priv, pub, err := auth.GenerateKeyPair()
+	priv, pub, err := utils.GenerateKeyPair()
 	require.NoError(t, err)
 	key, err := ssh.ParsePrivateKey(priv)
 	require.NoError(t, err)
-	certBytes, err := clt.GenerateUserCert(context.Background(), auth.UserCertRequest{User: user, PublicKey: pub, TTL: ttl})
+	certBytes, err := clt.GenerateUserCert(context.Background(), authapi.UserCertRequest{User: user, PublicKey: pub, TTL: ttl})
 	require.NoError(t, err)
 	parsed, _, _, _, err := ssh.ParseAuthorizedKey(certBytes)
 	require.NoError(t, err)
@@ -342,7 +344,7 @@ func TestSecurityDenials(t *testing.T) {
 	// life.
 	t.Run("wrong password is rate limited", func(t *testing.T) {
 		hc := c.webClient(t)
-		_, pub, err := auth.GenerateKeyPair()
+		_, pub, err := utils.GenerateKeyPair()
 		require.NoError(t, err)
 		body := fmt.Sprintf(`{"user":"frank","password":"wrong","otp_token":"","pub_key":%q,"ttl_seconds":600}`, strings.TrimSpace(string(pub)))
 		var codes []int

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/service"
 	"github.com/postern-dev/postern/lib/web"
 )
@@ -115,7 +116,7 @@ func TestWebTerminalIsInProcess(t *testing.T) {
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	var sess web.CreateSessionResponse
+	var sess webapi.CreateSessionResponse
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&sess))
 	var cookie *http.Cookie
 	for _, ck := range resp.Cookies() {

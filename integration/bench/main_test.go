@@ -26,10 +26,12 @@ import (
 	"golang.org/x/crypto/bcrypt"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/service"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 const clusterName = "bench"
@@ -172,11 +174,11 @@ func enroll(ctx context.Context, p *service.Process, dir string) (*cluster, erro
 	if _, err := clt.CreateUser(ctx, "bench", []byte("correct horse battery"), []string{u.Username}, nil, false); err != nil {
 		return nil, err
 	}
-	priv, pub, err := auth.GenerateKeyPair()
+	priv, pub, err := utils.GenerateKeyPair()
 	if err != nil {
 		return nil, err
 	}
-	cert, err := clt.GenerateUserCert(ctx, auth.UserCertRequest{User: "bench", PublicKey: pub, TTL: 2 * time.Hour})
+	cert, err := clt.GenerateUserCert(ctx, authapi.UserCertRequest{User: "bench", PublicKey: pub, TTL: 2 * time.Hour})
 	if err != nil {
 		return nil, err
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/coder/websocket"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/service"
 	"github.com/postern-dev/postern/lib/web"
 )
@@ -56,7 +57,7 @@ func webLogin(c *cluster) (*webClient, error) {
 		body, _ := io.ReadAll(resp.Body)
 		return nil, fmt.Errorf("web login: %s: %s", resp.Status, body)
 	}
-	var out web.CreateSessionResponse
+	var out webapi.CreateSessionResponse
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
 		return nil, err
 	}

@@ -15,12 +15,13 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // plainSigner is a fresh SSH key with no certificate.
 func plainSigner(t *testing.T) ssh.Signer {
 	t.Helper()
-	priv, _, err := GenerateKeyPair()
+	priv, _, err := utils.GenerateKeyPair()
 	require.NoError(t, err)
 	s, err := ssh.ParsePrivateKey(priv)
 	require.NoError(t, err)

@@ -16,8 +16,10 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/backend"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 func joinParams(env *testEnv, token, role, hostname string) JoinParams {
@@ -111,7 +113,7 @@ func TestJoinExpiredAndWrongTypeTokens(t *testing.T) {
 	// A malformed request does not burn the token either.
 	good, err := env.auth.CreateToken(ctx, services.TokenTypeNode, time.Hour)
 	require.NoError(t, err)
-	_, err = env.auth.RegisterUsingToken(ctx, RegisterRequest{Token: good.Name, Role: RoleNode, Hostname: "n", SSHPublicKey: []byte("junk")})
+	_, err = env.auth.RegisterUsingToken(ctx, authapi.RegisterRequest{Token: good.Name, Role: RoleNode, Hostname: "n", SSHPublicKey: []byte("junk")})
 	require.True(t, trace.IsBadParameter(err), "%v", err)
 	_, err = env.store.GetToken(ctx, good.Name)
 	require.NoError(t, err)
@@ -210,7 +212,7 @@ func TestNodeAuthorization(t *testing.T) {
 
 	ping, err := node.PingDetails(ctx)
 	require.NoError(t, err)
-	require.Equal(t, PingResponse{ClusterName: testCluster, ID: "node-a", Role: RoleNode}, *ping)
+	require.Equal(t, authapi.PingResponse{ClusterName: testCluster, ID: "node-a", Role: RoleNode}, *ping)
 
 	// Its own heartbeat: yes. Another node's: no.
 	require.NoError(t, node.UpsertNode(ctx, services.Node{UUID: "node-a", Hostname: "a", Addr: hn.addr, Expires: env.clock.Now().Add(time.Minute)}))
@@ -246,14 +248,14 @@ func TestNodeAuthorization(t *testing.T) {
 	requireKind(t, err, trace.IsAccessDenied, "may not call")
 	_, err = node.GetNodes(ctx, "")
 	require.True(t, trace.IsAccessDenied(err), "%v", err)
-	_, err = node.GenerateUserCert(ctx, UserCertRequest{User: "x"})
+	_, err = node.GenerateUserCert(ctx, authapi.UserCertRequest{User: "x"})
 	require.True(t, trace.IsAccessDenied(err), "%v", err)
 	_, err = node.CreateToken(ctx, services.TokenTypeNode, time.Hour)
 	require.True(t, trace.IsAccessDenied(err), "%v", err)
 	require.True(t, trace.IsAccessDenied(node.UpsertRole(ctx, role)))
 	_, err = node.NewWatcher(ctx, backend.Watch{})
 	require.True(t, trace.IsAccessDenied(err), "%v", err)
-	_, err = node.AuthenticateSSHUser(ctx, SSHLoginRequest{})
+	_, err = node.AuthenticateSSHUser(ctx, authapi.SSHLoginRequest{})
 	require.True(t, trace.IsAccessDenied(err), "%v", err)
 	_, err = env.store.GetUser(ctx, "eve")
 	require.True(t, trace.IsNotFound(err))
@@ -317,9 +319,9 @@ func TestAdminAndErrorKindsOverTheWire(t *testing.T) {
 	// pctl auth sign.
 	_, err = admin.CreateUser(ctx, "robot", []byte("pw"), []string{"ci"}, nil, false)
 	require.NoError(t, err)
-	_, pub, err := GenerateKeyPair()
+	_, pub, err := utils.GenerateKeyPair()
 	require.NoError(t, err)
-	cert, err := admin.GenerateUserCert(ctx, UserCertRequest{User: "robot", PublicKey: pub, TTL: time.Hour})
+	cert, err := admin.GenerateUserCert(ctx, authapi.UserCertRequest{User: "robot", PublicKey: pub, TTL: time.Hour})
 	require.NoError(t, err)
 	require.Equal(t, []string{"ci"}, parseSSHCert(t, cert).ValidPrincipals)
 }
@@ -330,25 +332,25 @@ func TestProxyLoginAndRateLimitOverTheWire(t *testing.T) {
 	proxy := env.client(t, env.identity(t, "proxy-1", RoleProxy))
 	_, err := env.auth.CreateUser(ctx, "ivy", []byte("pw"), []string{"ivy"}, nil, false)
 	require.NoError(t, err)
-	_, pub, err := GenerateKeyPair()
+	_, pub, err := utils.GenerateKeyPair()
 	require.NoError(t, err)
 
-	resp, err := proxy.AuthenticateSSHUser(ctx, SSHLoginRequest{AuthRequest: AuthRequest{User: "ivy", Password: "pw", RemoteAddr: "198.51.100.1:1"}, PublicKey: pub, TTL: time.Hour})
+	resp, err := proxy.AuthenticateSSHUser(ctx, authapi.SSHLoginRequest{AuthRequest: authapi.AuthRequest{User: "ivy", Password: "pw", RemoteAddr: "198.51.100.1:1"}, PublicKey: pub, TTL: time.Hour})
 	require.NoError(t, err)
 	require.Equal(t, "ivy", resp.Username)
 	require.Equal(t, []string{"ivy"}, parseSSHCert(t, resp.Cert).ValidPrincipals)
-	user, err := proxy.AuthenticateUser(ctx, AuthRequest{User: "ivy", Password: "pw"})
+	user, err := proxy.AuthenticateUser(ctx, authapi.AuthRequest{User: "ivy", Password: "pw"})
 	require.NoError(t, err)
 	require.Equal(t, "ivy", user.Name)
 
 	for range DefaultMaxLoginFailures {
-		_, err := proxy.AuthenticateUser(ctx, AuthRequest{User: "ivy", Password: "bad", RemoteAddr: "198.51.100.2:1"})
+		_, err := proxy.AuthenticateUser(ctx, authapi.AuthRequest{User: "ivy", Password: "bad", RemoteAddr: "198.51.100.2:1"})
 		requireKind(t, err, trace.IsAccessDenied, "invalid credentials")
 	}
 	// Locked out from that address, not from another one.
-	_, err = proxy.AuthenticateUser(ctx, AuthRequest{User: "ivy", Password: "pw", RemoteAddr: "198.51.100.2:2"})
+	_, err = proxy.AuthenticateUser(ctx, authapi.AuthRequest{User: "ivy", Password: "pw", RemoteAddr: "198.51.100.2:2"})
 	requireKind(t, err, trace.IsLimitExceeded, "try again in")
-	_, err = proxy.AuthenticateUser(ctx, AuthRequest{User: "ivy", Password: "pw", RemoteAddr: "198.51.100.3:1"})
+	_, err = proxy.AuthenticateUser(ctx, authapi.AuthRequest{User: "ivy", Password: "pw", RemoteAddr: "198.51.100.3:1"})
 	require.NoError(t, err)
 
 	// A proxy lists nodes but cannot administer.

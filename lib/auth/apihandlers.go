@@ -8,6 +8,7 @@ import (
 
 	"github.com/gravitational/trace"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -116,7 +117,7 @@ func (a *APIServer) searchEvents(ctx context.Context, _ *peer, r *http.Request) 
 }
 
 func (a *APIServer) join(ctx context.Context, _ *peer, r *http.Request) (out any, err error) {
-	var req RegisterRequest
+	var req authapi.RegisterRequest
 	defer func() { a.emitJoin(ctx, r, &req, out, err) }()
 	if err := readJSON(r, &req); err != nil {
 		return nil, trace.Wrap(err)
@@ -135,16 +136,8 @@ func (a *APIServer) join(ctx context.Context, _ *peer, r *http.Request) (out any
 	return resp, nil
 }
 
-// PingResponse answers GET /v1/ping.
-type PingResponse struct {
-	ClusterName string `json:"cluster_name"`
-	// ID and Role echo the caller's identity as the server saw it.
-	ID   string `json:"id"`
-	Role string `json:"role"`
-}
-
 func (a *APIServer) ping(_ context.Context, p *peer, _ *http.Request) (any, error) {
-	return PingResponse{ClusterName: a.auth.cfg.ClusterName, ID: p.ID, Role: p.Role}, nil
+	return authapi.PingResponse{ClusterName: a.auth.cfg.ClusterName, ID: p.ID, Role: p.Role}, nil
 }
 
 // upsertNode records a heartbeat. A node or proxy goes through
@@ -254,21 +247,8 @@ func (a *APIServer) getUsers(ctx context.Context, _ *peer, _ *http.Request) (any
 	return users, nil
 }
 
-// createUserRequest is the body of POST /v1/users.
-type createUserRequest struct {
-	Name     string   `json:"name"`
-	Password string   `json:"password"`
-	Logins   []string `json:"logins,omitempty"`
-	Roles    []string `json:"roles,omitempty"`
-	OTP      bool     `json:"otp,omitempty"`
-}
-
-type createUserResponse struct {
-	TOTPURL string `json:"totp_url,omitempty"`
-}
-
 func (a *APIServer) createUser(ctx context.Context, _ *peer, r *http.Request) (any, error) {
-	var req createUserRequest
+	var req authapi.CreateUserRequest
 	if err := readJSON(r, &req); err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -276,17 +256,11 @@ func (a *APIServer) createUser(ctx context.Context, _ *peer, r *http.Request) (a
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	return createUserResponse{TOTPURL: url}, nil
+	return authapi.CreateUserResponse{TOTPURL: url}, nil
 }
 
 func (a *APIServer) deleteUser(ctx context.Context, _ *peer, r *http.Request) (any, error) {
 	return nil, trace.Wrap(a.auth.DeleteUser(ctx, r.PathValue("name")))
-}
-
-// ClearLockoutResponse answers DELETE /v1/users/{name}/lockout[?addr=A]:
-// whether anything was cleared.
-type ClearLockoutResponse struct {
-	Cleared bool `json:"cleared"`
 }
 
 // clearLockout clears the failed-login counts and lockouts of a user (and,
@@ -298,7 +272,7 @@ func (a *APIServer) clearLockout(ctx context.Context, p *peer, r *http.Request) 
 		return nil, trace.Wrap(err)
 	}
 	a.log.WithFields(map[string]any{"user": r.PathValue("name"), "addr": addr, "by": p.ID}).Info("Login lockout cleared over the API.")
-	return ClearLockoutResponse{Cleared: cleared}, nil
+	return authapi.ClearLockoutResponse{Cleared: cleared}, nil
 }
 
 func (a *APIServer) getTokens(ctx context.Context, _ *peer, _ *http.Request) (any, error) {
@@ -312,14 +286,8 @@ func (a *APIServer) getTokens(ctx context.Context, _ *peer, _ *http.Request) (an
 	return tokens, nil
 }
 
-// createTokenRequest is the body of POST /v1/tokens.
-type createTokenRequest struct {
-	Type string            `json:"type"`
-	TTL  services.Duration `json:"ttl,omitempty"`
-}
-
 func (a *APIServer) createToken(ctx context.Context, _ *peer, r *http.Request) (any, error) {
-	var req createTokenRequest
+	var req authapi.CreateTokenRequest
 	if err := readJSON(r, &req); err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -331,12 +299,8 @@ func (a *APIServer) deleteToken(ctx context.Context, _ *peer, r *http.Request) (
 	return nil, trace.Wrap(a.auth.store.DeleteToken(ctx, r.PathValue("name")))
 }
 
-type certResponse struct {
-	Cert []byte `json:"cert"`
-}
-
 func (a *APIServer) generateUserCert(ctx context.Context, p *peer, r *http.Request) (any, error) {
-	var req UserCertRequest
+	var req authapi.UserCertRequest
 	if err := readJSON(r, &req); err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -345,11 +309,11 @@ func (a *APIServer) generateUserCert(ctx context.Context, p *peer, r *http.Reque
 		return nil, trace.Wrap(err)
 	}
 	a.log.WithFields(map[string]any{"user": req.User, "by": p.ID, "ttl": time.Duration(req.TTL).String()}).Info("Signed user certificate over the API.")
-	return certResponse{Cert: cert}, nil
+	return authapi.CertResponse{Cert: cert}, nil
 }
 
 func (a *APIServer) authenticateUser(ctx context.Context, _ *peer, r *http.Request) (any, error) {
-	var req AuthRequest
+	var req authapi.AuthRequest
 	if err := readJSON(r, &req); err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -358,7 +322,7 @@ func (a *APIServer) authenticateUser(ctx context.Context, _ *peer, r *http.Reque
 }
 
 func (a *APIServer) authenticateSSHUser(ctx context.Context, _ *peer, r *http.Request) (any, error) {
-	var req SSHLoginRequest
+	var req authapi.SSHLoginRequest
 	if err := readJSON(r, &req); err != nil {
 		return nil, trace.Wrap(err)
 	}

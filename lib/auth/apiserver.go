@@ -4,9 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"errors"
-	"io"
 	"log"
 	"net"
 	"net/http"
@@ -17,6 +15,9 @@ import (
 
 	"github.com/gravitational/trace"
 	"github.com/sirupsen/logrus"
+
+	"github.com/postern-dev/postern/lib/api"
+	"github.com/postern-dev/postern/lib/api/authapi"
 )
 
 // Server names a client puts in its TLS ClientHello (SNI).
@@ -346,7 +347,7 @@ func (a *APIServer) respond(w http.ResponseWriter, r *http.Request, p *peer, h a
 			a.log.WithError(err).WithField("path", r.URL.Path).Warn("API call failed: the backend is unavailable.")
 			err = trace.ConnectionProblem(err, "the auth server's backend is unavailable: %s", trace.UserMessage(err))
 		}
-		if _, status := errorKind(err); status == http.StatusInternalServerError {
+		if _, status := authapi.ErrorKind(err); status == http.StatusInternalServerError {
 			a.log.WithError(err).WithField("path", r.URL.Path).Warn("API call failed.")
 		}
 		writeError(w, err)
@@ -362,22 +363,12 @@ func (a *APIServer) respond(w http.ResponseWriter, r *http.Request, p *peer, h a
 	writeJSON(w, http.StatusOK, out)
 }
 
-// readJSON decodes the request body into v, refusing unknown fields so a
-// client typo is an error instead of a silently ignored setting.
+// readJSON decodes the request body into v with the one strict decoder
+// (api.ReadJSON): unknown fields, trailing data, an empty body and one over
+// maxRequestBody are refused, so a client typo is an error instead of a
+// silently ignored setting.
 func readJSON(r *http.Request, v any) error {
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return trace.LimitExceeded("request body too large")
-		}
-		if errors.Is(err, io.EOF) {
-			return trace.BadParameter("empty request body")
-		}
-		return trace.BadParameter("invalid request body: %v", err)
-	}
-	return nil
+	return trace.Wrap(api.ReadJSON(r.Body, maxRequestBody, v))
 }
 
 // serverSANs lists the names and IPs the auth server's certificate covers.

@@ -9,20 +9,9 @@ import (
 	"github.com/gravitational/trace"
 	"github.com/sirupsen/logrus"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/events"
 )
-
-// shipEventsRequest is the body of POST /v1/events.
-type shipEventsRequest struct {
-	Events []events.Event `json:"events"`
-}
-
-// ShipEventsResponse says how many events of a batch were recorded and how
-// many were refused (a type a host may not ship).
-type ShipEventsResponse struct {
-	Accepted int `json:"accepted"`
-	Refused  int `json:"refused"`
-}
 
 // shipEvents records a batch a node or proxy shipped. Each event is
 // stamped by events.ShippedEvent with what auth vouches for (the cluster
@@ -30,7 +19,7 @@ type ShipEventsResponse struct {
 // type hosts do not produce is refused alone, so one bad event does not
 // cost the rest of its batch.
 func (a *APIServer) shipEvents(ctx context.Context, p *peer, r *http.Request) (any, error) {
-	var req shipEventsRequest
+	var req authapi.ShipEventsRequest
 	if err := readJSON(r, &req); err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -38,7 +27,7 @@ func (a *APIServer) shipEvents(ctx context.Context, p *peer, r *http.Request) (a
 		return nil, trace.BadParameter("%d events in one batch: at most %d", len(req.Events), events.MaxShippedBatch)
 	}
 	now := a.auth.clock.Now()
-	var resp ShipEventsResponse
+	var resp authapi.ShipEventsResponse
 	var firstErr error
 	for _, e := range req.Events {
 		stamped, err := events.ShippedEvent(e, now, a.auth.cfg.ClusterName, p.ID, p.Role)
@@ -63,7 +52,7 @@ func (a *APIServer) shipEvents(ctx context.Context, p *peer, r *http.Request) (a
 // identities only); it is the events.Shipper of processes without the
 // auth role.
 func (c *Client) ShipEvents(ctx context.Context, es []events.Event) error {
-	return trace.Wrap(c.do(ctx, http.MethodPost, "/v1/events", nil, shipEventsRequest{Events: es}, nil))
+	return trace.Wrap(c.do(ctx, http.MethodPost, "/v1/events", nil, authapi.ShipEventsRequest{Events: es}, nil))
 }
 
 var _ events.Shipper = (*Client)(nil)
@@ -72,7 +61,7 @@ var _ events.Shipper = (*Client)(nil)
 // (read from the issued certificate, whoever chose it), or
 // host.join.failed with the reason. The token is never recorded: it is a
 // credential.
-func (a *APIServer) emitJoin(ctx context.Context, r *http.Request, req *RegisterRequest, out any, err error) {
+func (a *APIServer) emitJoin(ctx context.Context, r *http.Request, req *authapi.RegisterRequest, out any, err error) {
 	fields := events.Fields{
 		events.FieldRemoteAddr: r.RemoteAddr,
 		events.FieldRole:       req.Role,
@@ -88,7 +77,7 @@ func (a *APIServer) emitJoin(ctx context.Context, r *http.Request, req *Register
 	if err != nil {
 		typ = events.HostJoinFailed
 		fields[events.FieldReason] = trace.UserMessage(err)
-	} else if resp, ok := out.(*RegisterResponse); ok {
+	} else if resp, ok := out.(*authapi.RegisterResponse); ok {
 		fields[events.FieldServerID] = certCommonName(resp.TLSCert)
 	}
 	a.auth.cfg.Audit.Emit(ctx, events.Event{Type: typ, Fields: fields})

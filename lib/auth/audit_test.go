@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -105,7 +106,7 @@ func TestAPIViolationsAudited(t *testing.T) {
 	require.Equal(t, RoleNode, e.Fields[events.FieldRole])
 	require.Contains(t, e.Fields[events.FieldReason], `may not announce node "node-b"`)
 
-	_, err = node.GenerateUserCert(ctx, UserCertRequest{User: "x"})
+	_, err = node.GenerateUserCert(ctx, authapi.UserCertRequest{User: "x"})
 	require.True(t, trace.IsAccessDenied(err), "%v", err)
 	e = waitEvent(t, rec, events.APIDenied, func(e events.Event) bool { return e.Fields[events.FieldEndpoint] == "POST /v1/certs/user" })
 	require.Equal(t, "node-a", e.Fields[events.FieldServerID])
@@ -167,10 +168,10 @@ func TestLoginRateLimitAudited(t *testing.T) {
 	_, err := env.auth.CreateUser(ctx, "alice", []byte("correct horse battery"), []string{"alice"}, nil, false)
 	require.NoError(t, err)
 	for range DefaultMaxLoginFailures {
-		_, err := env.auth.AuthenticateUser(ctx, AuthRequest{User: "alice", Password: "wrong", RemoteAddr: "192.0.2.7:5555"})
+		_, err := env.auth.AuthenticateUser(ctx, authapi.AuthRequest{User: "alice", Password: "wrong", RemoteAddr: "192.0.2.7:5555"})
 		require.True(t, trace.IsAccessDenied(err), "%v", err)
 	}
-	_, err = env.auth.AuthenticateUser(ctx, AuthRequest{User: "alice", Password: "wrong", RemoteAddr: "192.0.2.7:5555"})
+	_, err = env.auth.AuthenticateUser(ctx, authapi.AuthRequest{User: "alice", Password: "wrong", RemoteAddr: "192.0.2.7:5555"})
 	require.True(t, trace.IsLimitExceeded(err), "%v", err)
 	e := waitEvent(t, rec, events.AuthFailed, func(e events.Event) bool {
 		return e.Fields[events.FieldReason] != "invalid credentials"

@@ -5,30 +5,18 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/json"
-	"fmt"
 	"net"
 	"net/netip"
 	"regexp"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/gravitational/trace"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/services"
 )
-
-// UserCertRequest asks for an SSH user certificate.
-type UserCertRequest struct {
-	// User is the Postern user name.
-	User string `json:"user"`
-	// PublicKey is the key to certify, in authorized_keys format.
-	PublicKey []byte `json:"public_key"`
-	// TTL is the wanted lifetime; zero or more than the roles allow means
-	// the roles' max_session_ttl.
-	TTL time.Duration `json:"ttl"`
-}
 
 // HostCertRequest asks for an SSH host certificate.
 type HostCertRequest struct {
@@ -48,7 +36,7 @@ type HostCertRequest struct {
 // the user, roles, traits and cluster so a node decides without calling
 // back (see services.CertExtensionUser). The lifetime is the smaller of
 // req.TTL and the strictest role's max_session_ttl.
-func (s *Server) GenerateUserCert(ctx context.Context, req UserCertRequest) ([]byte, error) {
+func (s *Server) GenerateUserCert(ctx context.Context, req authapi.UserCertRequest) ([]byte, error) {
 	user, err := s.store.GetUser(ctx, req.User)
 	if err != nil {
 		return nil, trace.Wrap(err)
@@ -56,7 +44,7 @@ func (s *Server) GenerateUserCert(ctx context.Context, req UserCertRequest) ([]b
 	return s.generateUserCert(ctx, user, req)
 }
 
-func (s *Server) generateUserCert(ctx context.Context, user *services.User, req UserCertRequest) ([]byte, error) {
+func (s *Server) generateUserCert(ctx context.Context, user *services.User, req authapi.UserCertRequest) ([]byte, error) {
 	if err := s.checkUserLock(ctx, user.Name); err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -396,13 +384,3 @@ func (s *Server) HostCAKeys() []string { return slices.Clone(s.hostCA.SSHPublicK
 
 // UserCAKeys returns the cluster's user CA public keys.
 func (s *Server) UserCAKeys() []string { return slices.Clone(s.userCA.SSHPublicKeys) }
-
-// KnownHostsLines formats the host CA keys as known_hosts lines
-// ("@cert-authority * KEY"), for psh and `pctl auth sign`.
-func KnownHostsLines(hostCAKeys []string) []string {
-	out := make([]string, 0, len(hostCAKeys))
-	for _, k := range hostCAKeys {
-		out = append(out, fmt.Sprintf("@cert-authority * %s", k))
-	}
-	return out
-}

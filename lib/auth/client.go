@@ -15,6 +15,7 @@ import (
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -141,10 +142,10 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return readErrorResponse(resp)
+		return authapi.ReadErrorResponse(resp)
 	}
 	if out == nil {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, authapi.MaxErrorBody))
 		return nil
 	}
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
@@ -165,8 +166,8 @@ func (c *Client) Ping(ctx context.Context) (string, error) {
 
 // PingDetails returns the cluster name and the caller's identity as the
 // server sees it.
-func (c *Client) PingDetails(ctx context.Context) (*PingResponse, error) {
-	return call[PingResponse](ctx, c, http.MethodGet, "/v1/ping", nil, nil)
+func (c *Client) PingDetails(ctx context.Context) (*authapi.PingResponse, error) {
+	return call[authapi.PingResponse](ctx, c, http.MethodGet, "/v1/ping", nil, nil)
 }
 
 // UpsertNode announces a node (a heartbeat).
@@ -240,8 +241,8 @@ func (c *Client) SetClusterNetworkingConfig(ctx context.Context, cfg *services.C
 
 // CreateUser adds a user; see Server.CreateUser.
 func (c *Client) CreateUser(ctx context.Context, name string, password []byte, logins []string, roles []string, withOTP bool) (string, error) {
-	var resp createUserResponse
-	err := c.do(ctx, http.MethodPost, "/v1/users", nil, createUserRequest{
+	var resp authapi.CreateUserResponse
+	err := c.do(ctx, http.MethodPost, "/v1/users", nil, authapi.CreateUserRequest{
 		Name: name, Password: string(password), Logins: logins, Roles: roles, OTP: withOTP,
 	}, &resp)
 	return resp.TOTPURL, trace.Wrap(err)
@@ -266,7 +267,7 @@ func (c *Client) ClearLockout(ctx context.Context, name, addr string) (bool, err
 	if addr != "" {
 		q = url.Values{"addr": {addr}}
 	}
-	resp, err := call[ClearLockoutResponse](ctx, c, http.MethodDelete, "/v1/users/"+url.PathEscape(name)+"/lockout", q, nil)
+	resp, err := call[authapi.ClearLockoutResponse](ctx, c, http.MethodDelete, "/v1/users/"+url.PathEscape(name)+"/lockout", q, nil)
 	if err != nil {
 		return false, trace.Wrap(err)
 	}
@@ -275,7 +276,7 @@ func (c *Client) ClearLockout(ctx context.Context, name, addr string) (bool, err
 
 // CreateToken makes a join token; see Server.CreateToken.
 func (c *Client) CreateToken(ctx context.Context, tokenType string, ttl time.Duration) (*services.Token, error) {
-	return call[services.Token](ctx, c, http.MethodPost, "/v1/tokens", nil, createTokenRequest{Type: tokenType, TTL: services.Duration(ttl)})
+	return call[services.Token](ctx, c, http.MethodPost, "/v1/tokens", nil, authapi.CreateTokenRequest{Type: tokenType, TTL: services.Duration(ttl)})
 }
 
 // GetTokens lists join tokens.
@@ -291,19 +292,19 @@ func (c *Client) DeleteToken(ctx context.Context, name string) error {
 
 // GenerateUserCert signs a user certificate without a password: admin only
 // (pctl auth sign); a proxy logs users in with AuthenticateSSHUser.
-func (c *Client) GenerateUserCert(ctx context.Context, req UserCertRequest) ([]byte, error) {
-	var resp certResponse
+func (c *Client) GenerateUserCert(ctx context.Context, req authapi.UserCertRequest) ([]byte, error) {
+	var resp authapi.CertResponse
 	return resp.Cert, trace.Wrap(c.do(ctx, http.MethodPost, "/v1/certs/user", nil, req, &resp))
 }
 
 // AuthenticateUser checks a user's password and OTP (proxy only).
-func (c *Client) AuthenticateUser(ctx context.Context, req AuthRequest) (*services.User, error) {
+func (c *Client) AuthenticateUser(ctx context.Context, req authapi.AuthRequest) (*services.User, error) {
 	return call[services.User](ctx, c, http.MethodPost, "/v1/login", nil, req)
 }
 
 // AuthenticateSSHUser logs a user in and certifies their key (proxy only).
-func (c *Client) AuthenticateSSHUser(ctx context.Context, req SSHLoginRequest) (*SSHLoginResponse, error) {
-	return call[SSHLoginResponse](ctx, c, http.MethodPost, "/v1/login/ssh", nil, req)
+func (c *Client) AuthenticateSSHUser(ctx context.Context, req authapi.SSHLoginRequest) (*authapi.SSHLoginResponse, error) {
+	return call[authapi.SSHLoginResponse](ctx, c, http.MethodPost, "/v1/login/ssh", nil, req)
 }
 
 // call is do for calls that return one object: nil on error.

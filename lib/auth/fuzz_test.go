@@ -10,6 +10,7 @@ import (
 
 	"github.com/gravitational/trace"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/backend"
 )
 
@@ -79,7 +80,7 @@ func FuzzErrorResponse(f *testing.F) {
 	f.Add(500, []byte(`not json`))
 	f.Fuzz(func(t *testing.T, status int, body []byte) {
 		resp := &http.Response{StatusCode: status, Body: io.NopCloser(bytes.NewReader(body))}
-		if readErrorResponse(resp) == nil {
+		if authapi.ReadErrorResponse(resp) == nil {
 			t.Fatal("nil error")
 		}
 	})

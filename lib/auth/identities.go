@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // IdentityRequest asks the auth server to mint a whole identity, keys
@@ -38,7 +40,7 @@ func (s *Server) issueIdentity(ctx context.Context, req IdentityRequest, dnsName
 	}
 	var files IdentityFiles
 	if req.Role != RoleAdmin {
-		sshKey, sshPub, err := GenerateKeyPair()
+		sshKey, sshPub, err := utils.GenerateKeyPair()
 		if err != nil {
 			return nil, trace.Wrap(err)
 		}

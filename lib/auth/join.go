@@ -14,6 +14,9 @@ import (
 
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
+
+	"github.com/postern-dev/postern/lib/api/authapi"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // JoinParams describe a host joining the cluster.
@@ -80,7 +83,7 @@ func Join(ctx context.Context, p JoinParams) (*Identity, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.Timeout)
 	defer cancel()
 
-	sshKey, sshPub, err := GenerateKeyPair()
+	sshKey, sshPub, err := utils.GenerateKeyPair()
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -92,7 +95,7 @@ func Join(ctx context.Context, p JoinParams) (*Identity, error) {
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	body, err := json.Marshal(RegisterRequest{
+	body, err := json.Marshal(authapi.RegisterRequest{
 		Token:                p.Token,
 		Role:                 p.Role,
 		Hostname:             p.Hostname,
@@ -126,9 +129,9 @@ func Join(ctx context.Context, p JoinParams) (*Identity, error) {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, readErrorResponse(resp)
+		return nil, authapi.ReadErrorResponse(resp)
 	}
-	var rr RegisterResponse
+	var rr authapi.RegisterResponse
 	if err := json.NewDecoder(resp.Body).Decode(&rr); err != nil {
 		return nil, trace.ConnectionProblem(err, "auth server at %s: bad join response: %v", p.AuthAddr, err)
 	}

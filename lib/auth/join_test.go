@@ -16,7 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // serveImpostor runs a TLS server on loopback that presents chain with key
@@ -88,15 +90,15 @@ func TestJoinParams(t *testing.T) {
 }
 
 // registerReq is a join request with fresh keys.
-func registerReq(t *testing.T, token, role, hostname, addr string, extra ...string) RegisterRequest {
+func registerReq(t *testing.T, token, role, hostname, addr string, extra ...string) authapi.RegisterRequest {
 	t.Helper()
-	_, sshPub, err := GenerateKeyPair()
+	_, sshPub, err := utils.GenerateKeyPair()
 	require.NoError(t, err)
 	key, _, err := generateTLSKey()
 	require.NoError(t, err)
 	der, err := x509.MarshalPKIXPublicKey(key.Public())
 	require.NoError(t, err)
-	return RegisterRequest{Token: token, Role: role, Hostname: hostname, Addr: addr, AdditionalPrincipals: extra, SSHPublicKey: sshPub, TLSPublicKey: der}
+	return authapi.RegisterRequest{Token: token, Role: role, Hostname: hostname, Addr: addr, AdditionalPrincipals: extra, SSHPublicKey: sshPub, TLSPublicKey: der}
 }
 
 // TestJoinPrincipals is issue 10 item 2 at the auth server: every extra
@@ -153,7 +155,7 @@ func TestJoinPrincipals(t *testing.T) {
 	// read for an unauthenticated caller): the token is what is refused.
 	_, err = srv.RegisterUsingToken(ctx, registerReq(t, "0123456789abcdef0123456789abcdef", RoleNode, "h", "", victim))
 	requireKind(t, err, trace.IsAccessDenied, "not found or already used")
-	_, err = srv.RegisterUsingToken(ctx, RegisterRequest{Token: nodeTok.Name, Role: RoleNode, UUID: victim})
+	_, err = srv.RegisterUsingToken(ctx, authapi.RegisterRequest{Token: nodeTok.Name, Role: RoleNode, UUID: victim})
 	requireKind(t, err, trace.IsBadParameter, `join request carries uuid "`+victim+`": the auth server assigns host UUIDs`)
 	_, err = store.GetToken(ctx, nodeTok.Name)
 	require.NoError(t, err, "no refusal spent the token")

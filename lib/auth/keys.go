@@ -17,7 +17,8 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
-	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // TLSCAValidity is the lifetime of a cluster's X.509 CA. Ten years: there is
@@ -28,25 +29,6 @@ const TLSCAValidity = 10 * 365 * 24 * time.Hour
 // clockSkew is subtracted from every NotBefore/ValidAfter so that a peer
 // whose clock runs a little behind ours still accepts a fresh certificate.
 const clockSkew = time.Minute
-
-// GenerateKeyPair makes an ed25519 key for SSH: priv is an OpenSSH PEM
-// private key, pub the public key in authorized_keys format (with a
-// trailing newline, as ssh.MarshalAuthorizedKey writes it).
-func GenerateKeyPair() (priv []byte, pub []byte, err error) {
-	pubKey, privKey, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		return nil, nil, trace.Wrap(err)
-	}
-	block, err := ssh.MarshalPrivateKey(privKey, "")
-	if err != nil {
-		return nil, nil, trace.Wrap(err)
-	}
-	sshPub, err := ssh.NewPublicKey(pubKey)
-	if err != nil {
-		return nil, nil, trace.Wrap(err)
-	}
-	return pem.EncodeToMemory(block), ssh.MarshalAuthorizedKey(sshPub), nil
-}
 
 // generateTLSKey makes the ECDSA P-256 key used for X.509 identities: every
 // TLS stack (and every HSM, should one come) handles P-256.
@@ -262,7 +244,7 @@ func checkCAPin(pin string) error {
 // newSSHCA makes an ed25519 SSH CA key: authorized_keys line (no newline)
 // and OpenSSH PEM private key.
 func newSSHCA() (pub string, priv []byte, err error) {
-	privPEM, pubBytes, err := GenerateKeyPair()
+	privPEM, pubBytes, err := utils.GenerateKeyPair()
 	if err != nil {
 		return "", nil, trace.Wrap(err)
 	}

@@ -12,11 +12,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/backend"
 )
 
 func login(env *testEnv, user, password, addr string) error {
-	_, err := env.auth.AuthenticateUser(context.Background(), AuthRequest{User: user, Password: password, RemoteAddr: addr})
+	_, err := env.auth.AuthenticateUser(context.Background(), authapi.AuthRequest{User: user, Password: password, RemoteAddr: addr})
 	return err
 }
 
@@ -154,7 +155,7 @@ func codeAt(t *testing.T, secret string, at time.Time) string {
 }
 
 func otpLogin(s *Server, user, code string) error {
-	_, err := s.AuthenticateUser(context.Background(), AuthRequest{User: user, Password: "pw", OTP: code, RemoteAddr: "192.0.2.1"})
+	_, err := s.AuthenticateUser(context.Background(), authapi.AuthRequest{User: user, Password: "pw", OTP: code, RemoteAddr: "192.0.2.1"})
 	return err
 }
 

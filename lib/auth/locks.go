@@ -8,6 +8,7 @@ import (
 
 	"github.com/gravitational/trace"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/backend"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -16,14 +17,6 @@ import (
 // every proxy and node through a LockWatcher: from the backend when auth
 // runs in the same process, through GET /v1/locks and the /v1/watch/locks
 // stream otherwise.
-
-// LockRequest is the body of PUT /v1/locks.
-type LockRequest struct {
-	Target  services.LockTarget `json:"target"`
-	Message string              `json:"message,omitempty"`
-	// TTL, when set, makes the lock expire by itself (the backend's TTL).
-	TTL services.Duration `json:"ttl,omitempty"`
-}
 
 // maxLockTTL bounds --ttl: longer than that is a lock without expiry
 // spelled in a way nobody will remember to look at.
@@ -38,7 +31,7 @@ const maxLockTTL = 365 * 24 * time.Hour
 const DeletedUserLockTTL = services.DefaultMaxSessionTTL + clockSkew
 
 // UpsertLock locks req.Target; by names who asked (the admin's identity).
-func (s *Server) UpsertLock(ctx context.Context, req LockRequest, by string) (*services.Lock, error) {
+func (s *Server) UpsertLock(ctx context.Context, req authapi.LockRequest, by string) (*services.Lock, error) {
 	ttl := req.TTL.Value()
 	if ttl < 0 || ttl > maxLockTTL {
 		return nil, trace.BadParameter("lock ttl %v: want a positive duration up to %v, or none", ttl, maxLockTTL)
@@ -99,7 +92,7 @@ func (s *Server) checkUserLock(ctx context.Context, name string) error {
 }
 
 func (a *APIServer) upsertLock(ctx context.Context, p *peer, r *http.Request) (any, error) {
-	var req LockRequest
+	var req authapi.LockRequest
 	if err := readJSON(r, &req); err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -132,7 +125,7 @@ func (a *APIServer) watchLocks(w http.ResponseWriter, r *http.Request, p *peer) 
 }
 
 // UpsertLock locks a user or a node (admin only).
-func (c *Client) UpsertLock(ctx context.Context, req LockRequest) (*services.Lock, error) {
+func (c *Client) UpsertLock(ctx context.Context, req authapi.LockRequest) (*services.Lock, error) {
 	return call[services.Lock](ctx, c, http.MethodPut, "/v1/locks", nil, req)
 }
 

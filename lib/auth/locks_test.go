@@ -8,8 +8,10 @@ import (
 	"github.com/gravitational/trace"
 	"github.com/stretchr/testify/require"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/backend"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // TestLocksOverTheWire: admins write and lift locks; nodes and proxies
@@ -21,15 +23,15 @@ func TestLocksOverTheWire(t *testing.T) {
 	node := env.client(t, env.identity(t, "node-a", RoleNode))
 	proxy := env.client(t, env.identity(t, "proxy-a", RoleProxy))
 
-	l, err := admin.UpsertLock(ctx, LockRequest{Target: services.LockTarget{User: "bob"}, Message: "incident 42", TTL: services.Duration(time.Minute)})
+	l, err := admin.UpsertLock(ctx, authapi.LockRequest{Target: services.LockTarget{User: "bob"}, Message: "incident 42", TTL: services.Duration(time.Minute)})
 	require.NoError(t, err)
 	require.Equal(t, "incident 42", l.Message)
 	require.Equal(t, env.clock.Now().UTC().Add(time.Minute), l.Expires)
 	require.Contains(t, l.CreatedBy, RoleAdmin)
 
-	_, err = admin.UpsertLock(ctx, LockRequest{Target: services.LockTarget{User: "bob"}, TTL: services.Duration(-time.Second)})
+	_, err = admin.UpsertLock(ctx, authapi.LockRequest{Target: services.LockTarget{User: "bob"}, TTL: services.Duration(-time.Second)})
 	requireKind(t, err, trace.IsBadParameter, "lock ttl")
-	_, err = admin.UpsertLock(ctx, LockRequest{Target: services.LockTarget{User: "bob"}, Message: "\x1b]0;owned\a"})
+	_, err = admin.UpsertLock(ctx, authapi.LockRequest{Target: services.LockTarget{User: "bob"}, Message: "\x1b]0;owned\a"})
 	requireKind(t, err, trace.IsBadParameter, "control character")
 
 	for _, c := range []*Client{node, proxy, admin} {
@@ -39,7 +41,7 @@ func TestLocksOverTheWire(t *testing.T) {
 		require.Equal(t, services.LockTarget{User: "bob"}, locks[0].Target)
 	}
 	for _, c := range []*Client{node, proxy} {
-		_, err := c.UpsertLock(ctx, LockRequest{Target: services.LockTarget{User: "alice"}})
+		_, err := c.UpsertLock(ctx, authapi.LockRequest{Target: services.LockTarget{User: "alice"}})
 		requireKind(t, err, trace.IsAccessDenied, "may not call")
 		requireKind(t, c.DeleteLock(ctx, services.LockTarget{User: "bob"}), trace.IsAccessDenied, "may not call")
 	}
@@ -58,7 +60,7 @@ func TestLocksOverTheWire(t *testing.T) {
 	require.NoError(t, w.WaitSynced(waitCtx))
 	require.True(t, services.IsLocked(w.Check(services.LockTarget{User: "bob"})))
 	changed := w.Changes()
-	_, err = admin.UpsertLock(ctx, LockRequest{Target: services.LockTarget{Node: "node-b"}})
+	_, err = admin.UpsertLock(ctx, authapi.LockRequest{Target: services.LockTarget{Node: "node-b"}})
 	require.NoError(t, err)
 	select {
 	case <-changed:
@@ -80,19 +82,19 @@ func TestDeleteUserLocksAndLockRefusesCerts(t *testing.T) {
 	ctx := context.Background()
 	_, err := env.auth.CreateUser(ctx, "alice", []byte("secret-pw"), []string{"alice"}, nil, false)
 	require.NoError(t, err)
-	_, pub, err := GenerateKeyPair()
+	_, pub, err := utils.GenerateKeyPair()
 	require.NoError(t, err)
-	_, err = env.auth.GenerateUserCert(ctx, UserCertRequest{User: "alice", PublicKey: pub})
+	_, err = env.auth.GenerateUserCert(ctx, authapi.UserCertRequest{User: "alice", PublicKey: pub})
 	require.NoError(t, err)
 
-	_, err = env.auth.UpsertLock(ctx, LockRequest{Target: services.LockTarget{User: "alice"}, Message: "incident 42"}, "admin")
+	_, err = env.auth.UpsertLock(ctx, authapi.LockRequest{Target: services.LockTarget{User: "alice"}, Message: "incident 42"}, "admin")
 	require.NoError(t, err)
-	_, err = env.auth.GenerateUserCert(ctx, UserCertRequest{User: "alice", PublicKey: pub})
+	_, err = env.auth.GenerateUserCert(ctx, authapi.UserCertRequest{User: "alice", PublicKey: pub})
 	requireKind(t, err, trace.IsAccessDenied, "access for user alice is locked: incident 42")
-	_, err = env.auth.AuthenticateSSHUser(ctx, SSHLoginRequest{AuthRequest: AuthRequest{User: "alice", Password: "secret-pw", RemoteAddr: "198.51.100.1:1"}, PublicKey: pub})
+	_, err = env.auth.AuthenticateSSHUser(ctx, authapi.SSHLoginRequest{AuthRequest: authapi.AuthRequest{User: "alice", Password: "secret-pw", RemoteAddr: "198.51.100.1:1"}, PublicKey: pub})
 	requireKind(t, err, trace.IsAccessDenied, "is locked")
 	require.NoError(t, env.auth.DeleteLock(ctx, services.LockTarget{User: "alice"}))
-	_, err = env.auth.GenerateUserCert(ctx, UserCertRequest{User: "alice", PublicKey: pub})
+	_, err = env.auth.GenerateUserCert(ctx, authapi.UserCertRequest{User: "alice", PublicKey: pub})
 	require.NoError(t, err)
 
 	require.NoError(t, env.auth.DeleteUser(ctx, "alice"))

@@ -12,6 +12,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -31,14 +32,14 @@ func TestErrorKindsRoundTrip(t *testing.T) {
 	} {
 		rec := httptest.NewRecorder()
 		writeError(rec, trace.Wrap(tc.err))
-		got := readErrorResponse(rec.Result())
+		got := authapi.ReadErrorResponse(rec.Result())
 		require.True(t, tc.is(got), "%v -> %v", tc.err, got)
 		require.Equal(t, tc.err.Error(), got.Error())
 	}
 	rec := httptest.NewRecorder()
 	writeError(rec, trace.Errorf("boom"))
 	require.Equal(t, http.StatusInternalServerError, rec.Code)
-	require.Contains(t, readErrorResponse(rec.Result()).Error(), "boom")
+	require.Contains(t, authapi.ReadErrorResponse(rec.Result()).Error(), "boom")
 }
 
 func TestServerSANs(t *testing.T) {
@@ -92,6 +93,6 @@ func TestCertAuthoritiesAndKnownHosts(t *testing.T) {
 	require.Equal(t, env.auth.HostCAKeys(), cas[0].SSHPublicKeys)
 	_, err = node.GetCertAuthorities(context.Background(), services.HostCA, true)
 	require.True(t, trace.IsBadParameter(err))
-	lines := KnownHostsLines(cas[0].SSHPublicKeys)
+	lines := authapi.KnownHostsLines(cas[0].SSHPublicKeys)
 	require.Equal(t, []string{"@cert-authority * " + cas[0].SSHPublicKeys[0]}, lines)
 }

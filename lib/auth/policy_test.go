@@ -16,7 +16,9 @@ import (
 	"github.com/gravitational/trace"
 	"github.com/stretchr/testify/require"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // roleNone is the caller without a client certificate in wantPolicy.
@@ -118,15 +120,15 @@ func roleDenied(status int, body string) bool {
 	if status != http.StatusForbidden {
 		return false
 	}
-	var we wireError
-	return json.Unmarshal([]byte(body), &we) == nil && we.Error.Kind == kindAccessDenied && strings.Contains(we.Error.Message, "may not call")
+	var we authapi.ErrorResponse
+	return json.Unmarshal([]byte(body), &we) == nil && we.Error.Kind == authapi.KindAccessDenied && strings.Contains(we.Error.Message, "may not call")
 }
 
 // unrouted reports whether an answer is the mux's own 404 (no such
 // endpoint on this listener) rather than a handler's NotFound, which is
 // JSON.
 func unrouted(status int, body string) bool {
-	var we wireError
+	var we authapi.ErrorResponse
 	return status == http.StatusNotFound && json.Unmarshal([]byte(body), &we) != nil
 }
 
@@ -221,10 +223,10 @@ func TestProxyIdentityCannotMintUserCerts(t *testing.T) {
 	require.NoError(t, err)
 	proxyID, err := Join(ctx, joinParams(env, tok.Name, RoleProxy, "evil-proxy"))
 	require.NoError(t, err)
-	_, pub, err := GenerateKeyPair()
+	_, pub, err := utils.GenerateKeyPair()
 	require.NoError(t, err)
 
-	body, err := json.Marshal(UserCertRequest{User: "admin", PublicKey: pub, TTL: time.Hour})
+	body, err := json.Marshal(authapi.UserCertRequest{User: "admin", PublicKey: pub, TTL: time.Hour})
 	require.NoError(t, err)
 	cfg := proxyID.ClientTLSConfig()
 	cfg.Time = env.clock.Now
@@ -241,11 +243,11 @@ func TestProxyIdentityCannotMintUserCerts(t *testing.T) {
 	// The same through the client, and the password-less login endpoint
 	// does not exist for a proxy either way: only credentials work.
 	proxy := env.client(t, proxyID)
-	_, err = proxy.GenerateUserCert(ctx, UserCertRequest{User: "admin", PublicKey: pub, TTL: time.Hour})
+	_, err = proxy.GenerateUserCert(ctx, authapi.UserCertRequest{User: "admin", PublicKey: pub, TTL: time.Hour})
 	requireKind(t, err, trace.IsAccessDenied, "may not call")
-	_, err = proxy.AuthenticateSSHUser(ctx, SSHLoginRequest{AuthRequest: AuthRequest{User: "admin", RemoteAddr: "192.0.2.1"}, PublicKey: pub, TTL: time.Hour})
+	_, err = proxy.AuthenticateSSHUser(ctx, authapi.SSHLoginRequest{AuthRequest: authapi.AuthRequest{User: "admin", RemoteAddr: "192.0.2.1"}, PublicKey: pub, TTL: time.Hour})
 	requireKind(t, err, trace.IsAccessDenied, "invalid credentials")
-	got, err := proxy.AuthenticateSSHUser(ctx, SSHLoginRequest{AuthRequest: AuthRequest{User: "admin", Password: "admin-password", RemoteAddr: "192.0.2.2"}, PublicKey: pub, TTL: time.Hour})
+	got, err := proxy.AuthenticateSSHUser(ctx, authapi.SSHLoginRequest{AuthRequest: authapi.AuthRequest{User: "admin", Password: "admin-password", RemoteAddr: "192.0.2.2"}, PublicKey: pub, TTL: time.Hour})
 	require.NoError(t, err)
 	require.Equal(t, []string{"root"}, parseSSHCert(t, got.Cert).ValidPrincipals)
 }

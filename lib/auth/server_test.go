@@ -14,7 +14,9 @@ import (
 	"golang.org/x/crypto/bcrypt"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 func TestFirstStartCreatesCAsAndRolesAndRestartReuses(t *testing.T) {
@@ -114,11 +116,11 @@ func TestUserCert(t *testing.T) {
 	}))
 	_, err := env.auth.CreateUser(ctx, "alice", []byte("secret-pw"), []string{"root", "alice"}, []string{"access", "short"}, false)
 	require.NoError(t, err)
-	_, pub, err := GenerateKeyPair()
+	_, pub, err := utils.GenerateKeyPair()
 	require.NoError(t, err)
 
 	// Asking for more than max_session_ttl gets the cap.
-	certBytes, err := env.auth.GenerateUserCert(ctx, UserCertRequest{User: "alice", PublicKey: pub, TTL: 5 * time.Hour})
+	certBytes, err := env.auth.GenerateUserCert(ctx, authapi.UserCertRequest{User: "alice", PublicKey: pub, TTL: 5 * time.Hour})
 	require.NoError(t, err)
 	cert := parseSSHCert(t, certBytes)
 	now := env.clock.Now()
@@ -145,29 +147,29 @@ func TestUserCert(t *testing.T) {
 	require.Error(t, checker.CheckCert("mallory", cert))
 
 	// A shorter request is honoured.
-	certBytes, err = env.auth.GenerateUserCert(ctx, UserCertRequest{User: "alice", PublicKey: pub, TTL: 10 * time.Minute})
+	certBytes, err = env.auth.GenerateUserCert(ctx, authapi.UserCertRequest{User: "alice", PublicKey: pub, TTL: 10 * time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, uint64(now.Add(10*time.Minute).Unix()), parseSSHCert(t, certBytes).ValidBefore)
 	// Zero means the cap.
-	certBytes, err = env.auth.GenerateUserCert(ctx, UserCertRequest{User: "alice", PublicKey: pub})
+	certBytes, err = env.auth.GenerateUserCert(ctx, authapi.UserCertRequest{User: "alice", PublicKey: pub})
 	require.NoError(t, err)
 	require.Equal(t, uint64(now.Add(time.Hour).Unix()), parseSSHCert(t, certBytes).ValidBefore)
 
 	// No logins: a clear error, no certificate.
 	_, err = env.auth.CreateUser(ctx, "nologin", []byte("pw"), nil, nil, false)
 	require.NoError(t, err)
-	_, err = env.auth.GenerateUserCert(ctx, UserCertRequest{User: "nologin", PublicKey: pub})
+	_, err = env.auth.GenerateUserCert(ctx, authapi.UserCertRequest{User: "nologin", PublicKey: pub})
 	requireKind(t, err, trace.IsBadParameter, `user "nologin" has no logins`)
 
-	_, err = env.auth.GenerateUserCert(ctx, UserCertRequest{User: "ghost", PublicKey: pub})
+	_, err = env.auth.GenerateUserCert(ctx, authapi.UserCertRequest{User: "ghost", PublicKey: pub})
 	require.True(t, trace.IsNotFound(err), "%v", err)
-	_, err = env.auth.GenerateUserCert(ctx, UserCertRequest{User: "alice", PublicKey: []byte("garbage")})
+	_, err = env.auth.GenerateUserCert(ctx, authapi.UserCertRequest{User: "alice", PublicKey: []byte("garbage")})
 	require.True(t, trace.IsBadParameter(err), "%v", err)
 }
 
 func TestHostCert(t *testing.T) {
 	env := newTestAuth(t)
-	_, pub, err := GenerateKeyPair()
+	_, pub, err := utils.GenerateKeyPair()
 	require.NoError(t, err)
 	certBytes, err := env.auth.GenerateHostCert(context.Background(), HostCertRequest{
 		PublicKey: pub, UUID: "1b2c", Hostname: "web1", Principals: []string{"10.0.0.5", "10.0.0.5:3022"}, Role: RoleNode,
@@ -213,14 +215,14 @@ func TestAuthenticateUser(t *testing.T) {
 	_, err := env.auth.CreateUser(ctx, "dave", []byte("right-pw"), []string{"dave"}, nil, false)
 	require.NoError(t, err)
 
-	user, err := env.auth.AuthenticateUser(ctx, AuthRequest{User: "dave", Password: "right-pw", RemoteAddr: "10.1.1.1:5555"})
+	user, err := env.auth.AuthenticateUser(ctx, authapi.AuthRequest{User: "dave", Password: "right-pw", RemoteAddr: "10.1.1.1:5555"})
 	require.NoError(t, err)
 	require.Equal(t, "dave", user.Name)
 	require.Empty(t, user.PasswordHash)
 
 	// Wrong password and unknown user are indistinguishable.
-	_, errWrong := env.auth.AuthenticateUser(ctx, AuthRequest{User: "dave", Password: "nope", RemoteAddr: "10.1.1.2:1"})
-	_, errGhost := env.auth.AuthenticateUser(ctx, AuthRequest{User: "ghost", Password: "nope", RemoteAddr: "10.1.1.3:1"})
+	_, errWrong := env.auth.AuthenticateUser(ctx, authapi.AuthRequest{User: "dave", Password: "nope", RemoteAddr: "10.1.1.2:1"})
+	_, errGhost := env.auth.AuthenticateUser(ctx, authapi.AuthRequest{User: "ghost", Password: "nope", RemoteAddr: "10.1.1.3:1"})
 	require.True(t, trace.IsAccessDenied(errWrong))
 	require.True(t, trace.IsAccessDenied(errGhost))
 	require.Equal(t, errWrong.Error(), errGhost.Error())
@@ -241,27 +243,27 @@ func TestTOTP(t *testing.T) {
 	code, err := totp.GenerateCodeCustom(secret, env.clock.Now(), totpOpts)
 	require.NoError(t, err)
 
-	_, err = env.auth.AuthenticateUser(ctx, AuthRequest{User: "frank", Password: "pw"})
+	_, err = env.auth.AuthenticateUser(ctx, authapi.AuthRequest{User: "frank", Password: "pw"})
 	requireKind(t, err, trace.IsAccessDenied, "invalid credentials")
-	_, err = env.auth.AuthenticateUser(ctx, AuthRequest{User: "frank", Password: "pw", OTP: "000000x"})
+	_, err = env.auth.AuthenticateUser(ctx, authapi.AuthRequest{User: "frank", Password: "pw", OTP: "000000x"})
 	requireKind(t, err, trace.IsAccessDenied, "invalid credentials")
-	_, err = env.auth.AuthenticateUser(ctx, AuthRequest{User: "frank", Password: "wrong", OTP: code})
+	_, err = env.auth.AuthenticateUser(ctx, authapi.AuthRequest{User: "frank", Password: "wrong", OTP: code})
 	requireKind(t, err, trace.IsAccessDenied, "invalid credentials")
-	_, err = env.auth.AuthenticateUser(ctx, AuthRequest{User: "frank", Password: "pw", OTP: code})
+	_, err = env.auth.AuthenticateUser(ctx, authapi.AuthRequest{User: "frank", Password: "pw", OTP: code})
 	require.NoError(t, err)
 	// The same code cannot be replayed.
-	_, err = env.auth.AuthenticateUser(ctx, AuthRequest{User: "frank", Password: "pw", OTP: code})
+	_, err = env.auth.AuthenticateUser(ctx, authapi.AuthRequest{User: "frank", Password: "pw", OTP: code})
 	requireKind(t, err, trace.IsAccessDenied, "invalid credentials")
 
 	// Codes follow the server's clock: one from 5 minutes ago is stale.
 	old, err := totp.GenerateCodeCustom(secret, env.clock.Now().Add(-5*time.Minute), totpOpts)
 	require.NoError(t, err)
 	env.clock.Advance(time.Minute)
-	_, err = env.auth.AuthenticateUser(ctx, AuthRequest{User: "frank", Password: "pw", OTP: old})
+	_, err = env.auth.AuthenticateUser(ctx, authapi.AuthRequest{User: "frank", Password: "pw", OTP: old})
 	requireKind(t, err, trace.IsAccessDenied, "invalid credentials")
 	fresh, err := totp.GenerateCodeCustom(secret, env.clock.Now(), totpOpts)
 	require.NoError(t, err)
-	_, err = env.auth.AuthenticateUser(ctx, AuthRequest{User: "frank", Password: "pw", OTP: fresh})
+	_, err = env.auth.AuthenticateUser(ctx, authapi.AuthRequest{User: "frank", Password: "pw", OTP: fresh})
 	require.NoError(t, err)
 }
 
@@ -270,17 +272,17 @@ func TestAuthenticateSSHUser(t *testing.T) {
 	ctx := context.Background()
 	_, err := env.auth.CreateUser(ctx, "gina", []byte("pw"), []string{"gina"}, nil, false)
 	require.NoError(t, err)
-	_, pub, err := GenerateKeyPair()
+	_, pub, err := utils.GenerateKeyPair()
 	require.NoError(t, err)
-	resp, err := env.auth.AuthenticateSSHUser(ctx, SSHLoginRequest{
-		AuthRequest: AuthRequest{User: "gina", Password: "pw"}, PublicKey: pub, TTL: time.Hour,
+	resp, err := env.auth.AuthenticateSSHUser(ctx, authapi.SSHLoginRequest{
+		AuthRequest: authapi.AuthRequest{User: "gina", Password: "pw"}, PublicKey: pub, TTL: time.Hour,
 	})
 	require.NoError(t, err)
 	require.Equal(t, "gina", resp.Username)
 	require.Equal(t, []string{"gina"}, parseSSHCert(t, resp.Cert).ValidPrincipals)
-	require.Equal(t, []HostSigner{{ClusterName: testCluster, CheckingKeys: env.auth.HostCAKeys()}}, resp.HostSigners)
+	require.Equal(t, []authapi.HostSigner{{ClusterName: testCluster, CheckingKeys: env.auth.HostCAKeys()}}, resp.HostSigners)
 
-	_, err = env.auth.AuthenticateSSHUser(ctx, SSHLoginRequest{AuthRequest: AuthRequest{User: "gina", Password: "no"}, PublicKey: pub})
+	_, err = env.auth.AuthenticateSSHUser(ctx, authapi.SSHLoginRequest{AuthRequest: authapi.AuthRequest{User: "gina", Password: "no"}, PublicKey: pub})
 	requireKind(t, err, trace.IsAccessDenied, "invalid credentials")
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/gravitational/trace"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -46,50 +47,6 @@ func (s *Server) CreateToken(ctx context.Context, tokenType string, ttl time.Dur
 	return &tok, nil
 }
 
-// RegisterRequest is a join: a token exchanged for host certificates.
-type RegisterRequest struct {
-	Token string `json:"token"`
-	// Role is RoleNode or RoleProxy and must match the token's type.
-	Role string `json:"role"`
-	// UUID must be empty: the auth server mints the host's UUID (see
-	// RegisterUsingToken). The field exists only so that a request that
-	// carries one (an older host, or someone trying to take a node's
-	// identity) is refused with a clear error instead of a JSON one.
-	UUID string `json:"uuid,omitempty"`
-	// Hostname is the host's name (--nodename); it becomes a principal.
-	Hostname string `json:"hostname"`
-	// Addr is the host:port it serves SSH on; its host becomes a principal.
-	Addr string `json:"addr,omitempty"`
-	// AdditionalPrincipals are more SSH principals (IPs, public names);
-	// each must pass checkExtraPrincipal.
-	AdditionalPrincipals []string `json:"additional_principals,omitempty"`
-	// SSHPublicKey is the host key, authorized_keys format.
-	SSHPublicKey []byte `json:"ssh_public_key"`
-	// TLSPublicKey is the TLS key, PKIX DER or PEM.
-	TLSPublicKey []byte `json:"tls_public_key"`
-	// RemoteAddr is the joining connection's address, set by the API
-	// server for the log; never read from the wire.
-	RemoteAddr string `json:"-"`
-}
-
-// RegisterResponse carries the new host's certificates and the cluster's
-// CA keys.
-type RegisterResponse struct {
-	// UUID is the host UUID the auth server minted for the joiner: the CN
-	// of TLSCert and the KeyId of SSHCert. The host keeps it in its data
-	// dir as its identity from now on.
-	UUID string `json:"uuid"`
-	// SSHCert is the SSH host certificate, authorized_keys format.
-	SSHCert []byte `json:"ssh_cert"`
-	// TLSCert is the X.509 client certificate, PEM.
-	TLSCert []byte `json:"tls_cert"`
-	// TLSCACerts are the cluster's TLS CA certificates, PEM.
-	TLSCACerts [][]byte `json:"tls_ca_certs"`
-	// SSHHostCAKeys and SSHUserCAKeys are authorized_keys lines.
-	SSHHostCAKeys []string `json:"ssh_host_ca_keys"`
-	SSHUserCAKeys []string `json:"ssh_user_ca_keys"`
-}
-
 // RegisterUsingToken spends a join token and certifies the joiner's keys.
 //
 // The auth server mints the host's UUID here: a UUID the joiner could
@@ -102,7 +59,7 @@ type RegisterResponse struct {
 // Everything that can be checked without the token is checked first, so a
 // malformed request never burns a token; ConsumeToken is the single commit
 // point (one winner among concurrent joins with the same token).
-func (s *Server) RegisterUsingToken(ctx context.Context, req RegisterRequest) (resp *RegisterResponse, err error) {
+func (s *Server) RegisterUsingToken(ctx context.Context, req authapi.RegisterRequest) (resp *authapi.RegisterResponse, err error) {
 	id := uuid.NewString()
 	log := s.log.WithFields(map[string]any{"hostname": req.Hostname, "role": req.Role, "remote_addr": req.RemoteAddr})
 	defer func() {
@@ -169,7 +126,7 @@ func (s *Server) RegisterUsingToken(ctx context.Context, req RegisterRequest) (r
 		return nil, trace.Wrap(err)
 	}
 	log.WithFields(map[string]any{"uuid": id, "principals": principals}).Info("Host joined the cluster.")
-	return &RegisterResponse{
+	return &authapi.RegisterResponse{
 		UUID:          id,
 		SSHCert:       sshCert,
 		TLSCert:       tlsCert,

@@ -14,8 +14,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/backend/sqlite"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // TestBackendDownIs503: with its SQLite file unusable under it, the auth
@@ -41,7 +43,7 @@ func TestBackendDownIs503(t *testing.T) {
 	proxy := env.client(t, env.identity(t, "proxy-1", RoleProxy))
 	_, err = admin.CreateUser(ctx, "alice", []byte("alice-pw"), []string{"alice"}, nil, false)
 	require.NoError(t, err)
-	_, pub, err := GenerateKeyPair()
+	_, pub, err := utils.GenerateKeyPair()
 	require.NoError(t, err)
 
 	// Overwritten in place, the WAL index too (a warm reader would not
@@ -53,7 +55,7 @@ func TestBackendDownIs503(t *testing.T) {
 	_, err = admin.GetUsers(ctx)
 	t.Logf("pctl would print: %s", trace.UserMessage(err))
 	requireKind(t, err, trace.IsConnectionProblem, "the auth server's backend is unavailable: sqlite backend is unavailable")
-	_, err = proxy.AuthenticateSSHUser(ctx, SSHLoginRequest{AuthRequest: AuthRequest{User: "alice", Password: "alice-pw", RemoteAddr: "192.0.2.1"}, PublicKey: pub})
+	_, err = proxy.AuthenticateSSHUser(ctx, authapi.SSHLoginRequest{AuthRequest: authapi.AuthRequest{User: "alice", Password: "alice-pw", RemoteAddr: "192.0.2.1"}, PublicKey: pub})
 	requireKind(t, err, trace.IsConnectionProblem, "the auth server's backend is unavailable")
 
 	// On the wire: 503 with the connection_problem kind.
@@ -70,7 +72,7 @@ func TestBackendDownIs503(t *testing.T) {
 func TestClientMaps503(t *testing.T) {
 	for _, code := range []int{http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout} {
 		rec := &http.Response{StatusCode: code, Body: http.NoBody}
-		err := readErrorResponse(rec)
+		err := authapi.ReadErrorResponse(rec)
 		require.True(t, trace.IsConnectionProblem(err), "%d: %v", code, err)
 		require.Contains(t, err.Error(), "the auth server is unavailable")
 	}

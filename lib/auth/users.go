@@ -12,6 +12,7 @@ import (
 	"github.com/pquerna/otp/totp"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -130,21 +131,10 @@ func publicUser(u services.User) services.User {
 	return u
 }
 
-// AuthRequest is a login attempt.
-type AuthRequest struct {
-	User     string `json:"user"`
-	Password string `json:"password"`
-	// OTP is the one-time password; required when the user has a secret.
-	OTP string `json:"otp,omitempty"`
-	// RemoteAddr is the end user's address (host or host:port) for the
-	// per-address limit; the proxy passes its client's address.
-	RemoteAddr string `json:"remote_addr,omitempty"`
-}
-
 // AuthenticateUser checks a password (and OTP). Every failure is the same
 // AccessDenied("invalid credentials"); repeated failures for a user or from
 // an address are refused with LimitExceeded before any check runs.
-func (s *Server) AuthenticateUser(ctx context.Context, req AuthRequest) (*services.User, error) {
+func (s *Server) AuthenticateUser(ctx context.Context, req authapi.AuthRequest) (*services.User, error) {
 	if err := s.limiter.check(req.User, req.RemoteAddr); err != nil {
 		s.emitLogin(ctx, events.AuthFailed, req, err.Error())
 		return nil, trace.Wrap(err)
@@ -165,7 +155,7 @@ func (s *Server) AuthenticateUser(ctx context.Context, req AuthRequest) (*servic
 
 // emitLogin records a login attempt. The user is the name that was tried,
 // which for a failure may not exist: that is what an operator needs to see.
-func (s *Server) emitLogin(ctx context.Context, typ string, req AuthRequest, reason string) {
+func (s *Server) emitLogin(ctx context.Context, typ string, req authapi.AuthRequest, reason string) {
 	fields := events.Fields{events.FieldRemoteAddr: req.RemoteAddr, events.FieldMethod: "password"}
 	if reason != "" {
 		fields[events.FieldReason] = reason
@@ -173,7 +163,7 @@ func (s *Server) emitLogin(ctx context.Context, typ string, req AuthRequest, rea
 	s.cfg.Audit.Emit(ctx, events.Event{Type: typ, User: req.User, Fields: fields})
 }
 
-func (s *Server) checkCredentials(ctx context.Context, req AuthRequest) (*services.User, error) {
+func (s *Server) checkCredentials(ctx context.Context, req authapi.AuthRequest) (*services.User, error) {
 	var user *services.User
 	var err error
 	if services.CheckUserName(req.User) == nil {
@@ -271,32 +261,9 @@ func (s *Server) ClearLockout(_ context.Context, name, remoteAddr string) (bool,
 	return n > 0, nil
 }
 
-// SSHLoginRequest is AuthRequest plus the key to certify.
-type SSHLoginRequest struct {
-	AuthRequest
-	// PublicKey is the user's key, authorized_keys format.
-	PublicKey []byte `json:"public_key"`
-	// TTL is the wanted certificate lifetime (capped by the roles).
-	TTL time.Duration `json:"ttl"`
-}
-
-// SSHLoginResponse is what psh receives: the certificate and the keys to
-// trust for hosts.
-type SSHLoginResponse struct {
-	Username    string       `json:"username"`
-	Cert        []byte       `json:"cert"`
-	HostSigners []HostSigner `json:"host_signers"`
-}
-
-// HostSigner lists one cluster's host CA keys (authorized_keys format).
-type HostSigner struct {
-	ClusterName  string   `json:"cluster_name"`
-	CheckingKeys []string `json:"checking_keys"`
-}
-
 // AuthenticateSSHUser logs a user in and certifies their key: what the
 // proxy's /webapi/ssh/certs does.
-func (s *Server) AuthenticateSSHUser(ctx context.Context, req SSHLoginRequest) (*SSHLoginResponse, error) {
+func (s *Server) AuthenticateSSHUser(ctx context.Context, req authapi.SSHLoginRequest) (*authapi.SSHLoginResponse, error) {
 	if _, err := parseAuthorizedKey(req.PublicKey); err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -304,13 +271,13 @@ func (s *Server) AuthenticateSSHUser(ctx context.Context, req SSHLoginRequest) (
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	cert, err := s.generateUserCert(ctx, user, UserCertRequest{User: user.Name, PublicKey: req.PublicKey, TTL: req.TTL})
+	cert, err := s.generateUserCert(ctx, user, authapi.UserCertRequest{User: user.Name, PublicKey: req.PublicKey, TTL: req.TTL})
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	return &SSHLoginResponse{
+	return &authapi.SSHLoginResponse{
 		Username:    user.Name,
 		Cert:        cert,
-		HostSigners: []HostSigner{{ClusterName: s.cfg.ClusterName, CheckingKeys: s.HostCAKeys()}},
+		HostSigners: []authapi.HostSigner{{ClusterName: s.cfg.ClusterName, CheckingKeys: s.HostCAKeys()}},
 	}, nil
 }

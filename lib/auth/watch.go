@@ -9,11 +9,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/gravitational/trace"
 	"github.com/sirupsen/logrus"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/backend"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -22,18 +22,6 @@ import (
 // response, so a proxy on another machine runs the very same NodeWatcher
 // it would run on a local backend: the client's NewWatcher returns a
 // backend.Watcher. Only keys under the nodes prefix are ever streamed.
-
-// wireEvent is one line of the watch stream.
-type wireEvent struct {
-	// Type is "init", "put", "delete", or "error" (the server's watcher
-	// broke; Error says why, and the stream ends).
-	Type     string    `json:"type"`
-	Key      string    `json:"key,omitempty"`
-	Value    []byte    `json:"value,omitempty"`
-	Expires  time.Time `json:"expires,omitzero"`
-	Revision int64     `json:"revision,omitempty"`
-	Error    string    `json:"error,omitempty"`
-}
 
 // streamHandler serves a long-lived response for an authorized peer.
 type streamHandler func(w http.ResponseWriter, r *http.Request, p *peer)
@@ -92,7 +80,7 @@ func (a *APIServer) watchPrefix(w http.ResponseWriter, r *http.Request, p *peer,
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	enc := json.NewEncoder(w)
-	send := func(ev wireEvent) bool {
+	send := func(ev authapi.WatchEvent) bool {
 		if err := enc.Encode(ev); err != nil {
 			return false
 		}
@@ -108,7 +96,7 @@ func (a *APIServer) watchPrefix(w http.ResponseWriter, r *http.Request, p *peer,
 	for {
 		select {
 		case ev := <-watcher.Events():
-			if !send(wireEvent{
+			if !send(authapi.WatchEvent{
 				Type:     ev.Type.String(),
 				Key:      ev.Item.Key,
 				Value:    ev.Item.Value,
@@ -122,7 +110,7 @@ func (a *APIServer) watchPrefix(w http.ResponseWriter, r *http.Request, p *peer,
 			if err := watcher.Error(); err != nil {
 				msg = err.Error()
 			}
-			send(wireEvent{Type: "error", Error: msg})
+			send(authapi.WatchEvent{Type: "error", Error: msg})
 			return
 		case <-ctx.Done():
 			return
@@ -167,7 +155,7 @@ func (c *Client) newWatcher(ctx context.Context, path string, watch backend.Watc
 	if resp.StatusCode != http.StatusOK {
 		defer resp.Body.Close()
 		cancel()
-		return nil, readErrorResponse(resp)
+		return nil, authapi.ReadErrorResponse(resp)
 	}
 	w := &remoteWatcher{
 		events: make(chan backend.Event, size),
@@ -202,7 +190,7 @@ func (w *remoteWatcher) run(ctx context.Context, resp *http.Response) {
 	// A node record is small, but leave room for labels.
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
 	for sc.Scan() {
-		var we wireEvent
+		var we authapi.WatchEvent
 		if err := json.Unmarshal(sc.Bytes(), &we); err != nil {
 			w.setErr(trace.BadParameter("corrupt watch event: %v", err))
 			return

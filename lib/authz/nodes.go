@@ -6,6 +6,7 @@ import (
 
 	"github.com/gravitational/trace"
 
+	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -17,24 +18,12 @@ type NodeLister interface {
 
 var _ NodeLister = (*services.NodeWatcher)(nil)
 
-// NodeEntry is one node of a listing: the proxy's `nodes` subsystem (psh
-// ls) and GET /webapi/nodes answer with the same entries.
-type NodeEntry struct {
-	UUID     string            `json:"uuid"`
-	Hostname string            `json:"hostname"`
-	Addr     string            `json:"addr"`
-	Labels   map[string]string `json:"labels,omitempty"`
-	Cluster  string            `json:"cluster"`
-	// Logins are the certificate's logins the caller's roles allow on
-	// this node.
-	Logins []string `json:"logins"`
-}
-
 // ListNodes returns the nodes of cluster ("" for all) that id may reach
 // with at least one of its certificate's logins, sorted by hostname then
 // UUID. Nodes the caller may not reach are left out, never marked: the
-// listing must not reveal what RBAC hides.
-func ListNodes(ctx context.Context, lister NodeLister, id *Identity, cluster string) ([]NodeEntry, error) {
+// listing must not reveal what RBAC hides. The proxy's `nodes` subsystem
+// (psh ls) and GET /webapi/nodes answer with these same entries.
+func ListNodes(ctx context.Context, lister NodeLister, id *Identity, cluster string) ([]proxyapi.NodeEntry, error) {
 	if id == nil || id.Checker == nil || id.Cert == nil {
 		return nil, trace.AccessDenied("no roles")
 	}
@@ -42,14 +31,14 @@ func ListNodes(ctx context.Context, lister NodeLister, id *Identity, cluster str
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	out := []NodeEntry{}
+	out := []proxyapi.NodeEntry{}
 	for i := range nodes {
 		n := &nodes[i]
 		logins := id.LoginsOn(n)
 		if len(logins) == 0 {
 			continue
 		}
-		out = append(out, NodeEntry{UUID: n.UUID, Hostname: n.Hostname, Addr: n.Addr, Labels: n.Labels, Cluster: n.Cluster, Logins: logins})
+		out = append(out, proxyapi.NodeEntry{UUID: n.UUID, Hostname: n.Hostname, Addr: n.Addr, Labels: n.Labels, Cluster: n.Cluster, Logins: logins})
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Hostname != out[j].Hostname {

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -49,7 +50,7 @@ func TestListNodesFiltersByRBAC(t *testing.T) {
 	}
 	got, err := ListNodes(context.Background(), nodes, id, "c1")
 	require.NoError(t, err)
-	require.Equal(t, []NodeEntry{
+	require.Equal(t, []proxyapi.NodeEntry{
 		{UUID: "u1", Hostname: "app", Addr: "10.0.0.1:3022", Cluster: "c1", Labels: map[string]string{"env": "dev"}, Logins: []string{"dev"}},
 		{UUID: "u3", Hostname: "web", Addr: "10.0.0.3:3022", Cluster: "c1", Labels: map[string]string{"env": "prod"}, Logins: []string{"root"}},
 	}, got)

@@ -17,7 +17,7 @@ import (
 	"github.com/gravitational/trace"
 	"github.com/stretchr/testify/require"
 
-	"github.com/postern-dev/postern/lib/proxy/sshproxy"
+	"github.com/postern-dev/postern/lib/api/proxyapi"
 )
 
 func TestParseForwardSpec(t *testing.T) {
@@ -173,7 +173,7 @@ func pemCert(der []byte) []byte {
 // raw control characters, with the labels formatted as everywhere else.
 func TestNodesTableEscapes(t *testing.T) {
 	var out bytes.Buffer
-	require.NoError(t, WriteNodesTable(&out, []sshproxy.NodeEntry{{
+	require.NoError(t, WriteNodesTable(&out, []proxyapi.NodeEntry{{
 		UUID: "u1", Hostname: "web\r\nfake-host", Addr: "10.0.0.1:3022",
 		Labels: map[string]string{"env": "\x1b[31m\r\n", "a": "1"}, Logins: []string{"root"},
 	}, {UUID: "u2", Hostname: "db", Addr: "10.0.0.2:3022", Logins: []string{"root"}}}))

@@ -15,8 +15,9 @@ import (
 	"golang.org/x/crypto/ssh/agent"
 	"golang.org/x/term"
 
-	"github.com/postern-dev/postern/lib/auth"
-	"github.com/postern-dev/postern/lib/web"
+	"github.com/postern-dev/postern/lib/api/authapi"
+	"github.com/postern-dev/postern/lib/api/webapi"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // Prompter asks the user for secrets.
@@ -104,16 +105,16 @@ func Login(ctx context.Context, cfg LoginConfig) (*LoginResult, error) {
 		return nil, trace.Wrap(err)
 	}
 	var otp string
-	if cfg.OTP || ping.SecondFactor == web.SecondFactorOTP {
+	if cfg.OTP || ping.SecondFactor == webapi.SecondFactorOTP {
 		if otp, err = cfg.Prompt.Secret("OTP code (empty if you have none): "); err != nil {
 			return nil, trace.Wrap(err)
 		}
 	}
-	priv, pub, err := auth.GenerateKeyPair()
+	priv, pub, err := utils.GenerateKeyPair()
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	resp, err := wc.SSHLogin(ctx, web.SSHLoginRequest{
+	resp, err := wc.SSHLogin(ctx, webapi.SSHLoginRequest{
 		User: cfg.User, Password: password, OTPToken: strings.TrimSpace(otp),
 		PubKey: string(pub), TTLSeconds: int64(cfg.TTL / time.Second),
 	})
@@ -127,7 +128,7 @@ func Login(ctx context.Context, cfg LoginConfig) (*LoginResult, error) {
 	}
 	var known []string
 	for _, hs := range resp.HostSigners {
-		known = append(known, auth.KnownHostsLines(hs.CheckingKeys)...)
+		known = append(known, authapi.KnownHostsLines(hs.CheckingKeys)...)
 	}
 	if len(known) == 0 {
 		return nil, trace.BadParameter("proxy %s returned no host CA: refusing to log in without a way to verify hosts", wc.Addr())

@@ -11,7 +11,7 @@ import (
 
 	"github.com/gravitational/trace"
 
-	"github.com/postern-dev/postern/lib/proxy/sshproxy"
+	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -22,13 +22,13 @@ const maxNodesAnswer = 64 << 20
 
 // ListNodes asks the proxy's `nodes` subsystem which nodes the user may
 // reach.
-func ListNodes(ctx context.Context, creds *Credentials) ([]sshproxy.NodeEntry, error) {
+func ListNodes(ctx context.Context, creds *Credentials) ([]proxyapi.NodeEntry, error) {
 	pc, err := DialProxy(ctx, creds)
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
 	defer pc.Close()
-	ch, err := OpenSubsystem(ctx, pc, sshproxy.SubsystemNodes, nil)
+	ch, err := OpenSubsystem(ctx, pc, proxyapi.SubsystemNodes, nil)
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -39,7 +39,7 @@ func ListNodes(ctx context.Context, creds *Credentials) ([]sshproxy.NodeEntry, e
 	if err != nil {
 		return nil, trace.ConnectionProblem(err, "reading the node list: %v", err)
 	}
-	var nodes []sshproxy.NodeEntry
+	var nodes []proxyapi.NodeEntry
 	if err := json.Unmarshal(data, &nodes); err != nil {
 		if msg := ch.Explain(); msg != "" {
 			return nil, trace.BadParameter("%s", msg)
@@ -50,7 +50,7 @@ func ListNodes(ctx context.Context, creds *Credentials) ([]sshproxy.NodeEntry, e
 }
 
 // WriteNodesTable prints nodes as an aligned table.
-func WriteNodesTable(w io.Writer, nodes []sshproxy.NodeEntry) error {
+func WriteNodesTable(w io.Writer, nodes []proxyapi.NodeEntry) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "HOSTNAME\tADDRESS\tLABELS\tLOGINS\tUUID")
 	for _, n := range nodes {

@@ -12,8 +12,9 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/crypto/ssh"
 
-	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -25,7 +26,7 @@ type testCA struct {
 
 func newTestCA(t *testing.T) *testCA {
 	t.Helper()
-	priv, _, err := auth.GenerateKeyPair()
+	priv, _, err := utils.GenerateKeyPair()
 	require.NoError(t, err)
 	s, err := ssh.ParsePrivateKey(priv)
 	require.NoError(t, err)
@@ -44,7 +45,7 @@ func (ca *testCA) sign(t *testing.T, pub ssh.PublicKey, typ uint32, principals [
 }
 
 func (ca *testCA) knownHosts() []string {
-	return auth.KnownHostsLines([]string{string(trimNL(ssh.MarshalAuthorizedKey(ca.signer.PublicKey())))})
+	return authapi.KnownHostsLines([]string{string(trimNL(ssh.MarshalAuthorizedKey(ca.signer.PublicKey())))})
 }
 
 func trimNL(b []byte) []byte {
@@ -57,7 +58,7 @@ func trimNL(b []byte) []byte {
 // newLogin makes a stored login whose certificate expires at exp.
 func newLogin(t *testing.T, ca *testCA, exp time.Time) *StoredLogin {
 	t.Helper()
-	priv, pub, err := auth.GenerateKeyPair()
+	priv, pub, err := utils.GenerateKeyPair()
 	require.NoError(t, err)
 	pk, _, _, _, err := ssh.ParseAuthorizedKey(pub)
 	require.NoError(t, err)

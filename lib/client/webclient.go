@@ -18,7 +18,7 @@ import (
 
 	"github.com/gravitational/trace"
 
-	"github.com/postern-dev/postern/lib/web"
+	"github.com/postern-dev/postern/lib/api/webapi"
 )
 
 // WebConfig configures the client of the proxy's web API.
@@ -106,8 +106,8 @@ func (c *WebClient) Close() { c.transport.CloseIdleConnections() }
 
 // Ping asks the proxy who it is. A server that answers but is not a
 // Postern proxy is a clear error, not a JSON decoding message.
-func (c *WebClient) Ping(ctx context.Context) (*web.PingResponse, error) {
-	var ping web.PingResponse
+func (c *WebClient) Ping(ctx context.Context) (*webapi.PingResponse, error) {
+	var ping webapi.PingResponse
 	code, body, err := c.call(ctx, http.MethodGet, "/webapi/ping", nil)
 	if err != nil {
 		return nil, trace.Wrap(err)
@@ -123,7 +123,7 @@ func (c *WebClient) notPostern(why string) error {
 }
 
 // SSHLogin posts a login and returns the certificate.
-func (c *WebClient) SSHLogin(ctx context.Context, req web.SSHLoginRequest) (*web.SSHLoginResponse, error) {
+func (c *WebClient) SSHLogin(ctx context.Context, req webapi.SSHLoginRequest) (*webapi.SSHLoginResponse, error) {
 	data, err := json.Marshal(req)
 	if err != nil {
 		return nil, trace.Wrap(err)
@@ -133,7 +133,7 @@ func (c *WebClient) SSHLogin(ctx context.Context, req web.SSHLoginRequest) (*web
 		return nil, trace.Wrap(err)
 	}
 	if code != http.StatusOK {
-		var e web.ErrorResponse
+		var e webapi.ErrorResponse
 		if json.Unmarshal(body, &e) != nil || e.Error == "" {
 			return nil, c.notPostern(fmt.Sprintf("POST /webapi/ssh/certs answered %d", code))
 		}
@@ -152,7 +152,7 @@ func (c *WebClient) SSHLogin(ctx context.Context, req web.SSHLoginRequest) (*web
 			return nil, trace.ConnectionProblem(nil, "login failed: proxy %s answered %d: %s", c.cfg.Proxy, code, e.Error)
 		}
 	}
-	var resp web.SSHLoginResponse
+	var resp webapi.SSHLoginResponse
 	if err := json.Unmarshal(body, &resp); err != nil || resp.Cert == "" {
 		return nil, c.notPostern("POST /webapi/ssh/certs answered without a certificate")
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 
+	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -528,20 +529,10 @@ func (r *Router) DialHost(ctx context.Context, req RouteRequest) (net.Conn, Rout
 	return checked, route, nil
 }
 
-// Site is one entry of the `proxysites` answer.
-type Site struct {
-	Name          string    `json:"name"`
-	Status        string    `json:"status"`
-	LastConnected time.Time `json:"last_connected"`
-}
-
-// SiteOnline is the status of a reachable cluster.
-const SiteOnline = "online"
-
 // Sites lists the clusters this proxy routes to: the local one, always
 // online (trusted clusters will add theirs with their tunnel state).
-func (r *Router) Sites(ctx context.Context) []Site {
-	return []Site{{Name: r.cfg.ClusterName, Status: SiteOnline, LastConnected: r.cfg.Clock.Now().UTC()}}
+func (r *Router) Sites(ctx context.Context) []proxyapi.Site {
+	return []proxyapi.Site{{Name: r.cfg.ClusterName, Status: proxyapi.SiteOnline, LastConnected: r.cfg.Clock.Now().UTC()}}
 }
 
 // ClusterName is the local cluster's name.

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/backend/memory"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -411,7 +412,7 @@ func TestSitesAndExplain(t *testing.T) {
 	env := newRouterEnv(t, routingNodes(), nil)
 	ctx := context.Background()
 	sites := env.router.Sites(ctx)
-	require.Equal(t, []Site{{Name: testCluster, Status: "online", LastConnected: t0}}, sites)
+	require.Equal(t, []proxyapi.Site{{Name: testCluster, Status: "online", LastConnected: t0}}, sites)
 
 	route, err := env.router.Route(ctx, Target{Host: "cache.c1", Port: "3022"}, nil)
 	require.NoError(t, err)

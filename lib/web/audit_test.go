@@ -12,6 +12,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/stretchr/testify/require"
 
+	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -41,7 +42,7 @@ func TestTerminalDenialsAudited(t *testing.T) {
 	require.NoError(t, err)
 	resp, body := e.do(t, http.MethodPost, "/webapi/sessions", fmt.Sprintf(`{"user":"bob","password":%q,"otp_token":""}`, testPassword), webSession{}, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
-	var out CreateSessionResponse
+	var out webapi.CreateSessionResponse
 	require.NoError(t, json.Unmarshal(body, &out))
 	bob := webSession{cookie: resp.Cookies()[0], token: out.Token}
 	tctx := testCtx(t)

@@ -1,12 +1,9 @@
 package web
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
-	"io"
-
 	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/api"
 )
 
 // TerminalSubprotocol is the websocket subprotocol of GET /webapi/terminal.
@@ -137,15 +134,8 @@ type authMessage struct {
 	Token string `json:"token"`
 }
 
-// strictJSON decodes exactly one object with no unknown fields.
+// strictJSON decodes exactly one object with no unknown fields: the one
+// strict decoder, api.UnmarshalStrict.
 func strictJSON(data []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return err
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return errors.New("trailing data after the JSON object")
-	}
-	return nil
+	return trace.Wrap(api.UnmarshalStrict(data, v))
 }

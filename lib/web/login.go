@@ -3,8 +3,10 @@ package web
 import (
 	"bytes"
 	"context"
-	"encoding/json"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -15,6 +17,9 @@ import (
 	"github.com/gravitational/trace"
 	"github.com/sirupsen/logrus"
 
+	"github.com/postern-dev/postern/lib/api"
+	"github.com/postern-dev/postern/lib/api/authapi"
+	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/auth"
 )
 
@@ -22,38 +27,13 @@ import (
 // *auth.Server (auth in the same process) and *auth.Client (auth on
 // another machine, called with the proxy's identity) provide it.
 type SSHLoginAuthenticator interface {
-	AuthenticateSSHUser(ctx context.Context, req auth.SSHLoginRequest) (*auth.SSHLoginResponse, error)
+	AuthenticateSSHUser(ctx context.Context, req authapi.SSHLoginRequest) (*authapi.SSHLoginResponse, error)
 }
 
 var (
 	_ SSHLoginAuthenticator = (*auth.Server)(nil)
 	_ SSHLoginAuthenticator = (*auth.Client)(nil)
 )
-
-// SSHLoginRequest is the body of POST /webapi/ssh/certs (SPEC.md, Web).
-type SSHLoginRequest struct {
-	User     string `json:"user"`
-	Password string `json:"password"`
-	OTPToken string `json:"otp_token"`
-	// PubKey is the key to certify, authorized_keys format.
-	PubKey string `json:"pub_key"`
-	// TTLSeconds is the wanted certificate lifetime; zero means the
-	// roles' max_session_ttl (auth caps any value by it).
-	TTLSeconds int64 `json:"ttl_seconds"`
-}
-
-// SSHLoginResponse is the answer of POST /webapi/ssh/certs.
-type SSHLoginResponse struct {
-	Username string `json:"username"`
-	// Cert is the user certificate, authorized_keys format.
-	Cert        string            `json:"cert"`
-	HostSigners []auth.HostSigner `json:"host_signers"`
-}
-
-// ErrorResponse is the body of every non-2xx answer of the web API.
-type ErrorResponse struct {
-	Error string `json:"error"`
-}
 
 // maxLoginBody bounds a login request: user, password, a 6-digit OTP and
 // one public key fit in well under 16 KiB (an RSA-8192 authorized_keys line
@@ -89,15 +69,10 @@ const defaultRetryAfter = time.Minute
 
 // DecodeSSHLoginRequest parses and validates a login body: one JSON object,
 // no unknown fields, no trailing data, a TTL in range.
-func DecodeSSHLoginRequest(data []byte) (*SSHLoginRequest, error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	var req SSHLoginRequest
-	if err := dec.Decode(&req); err != nil {
-		return nil, trace.BadParameter("invalid login request: %v", err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, trace.BadParameter("invalid login request: trailing data after the JSON object")
+func DecodeSSHLoginRequest(data []byte) (*webapi.SSHLoginRequest, error) {
+	var req webapi.SSHLoginRequest
+	if err := api.UnmarshalStrict(data, &req); err != nil {
+		return nil, trace.BadParameter("invalid login request: %v", trace.UserMessage(err))
 	}
 	if req.User == "" {
 		return nil, trace.BadParameter("invalid login request: missing user")
@@ -117,14 +92,8 @@ func (s *Server) sshCerts(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotImplemented, "login is not available on this proxy")
 		return
 	}
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxLoginBody))
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			writeError(w, http.StatusRequestEntityTooLarge, "request body too large")
-			return
-		}
-		writeError(w, http.StatusBadRequest, "could not read request body")
+	data, ok := readLoginBody(w, r)
+	if !ok {
 		return
 	}
 	req, err := DecodeSSHLoginRequest(data)
@@ -134,8 +103,8 @@ func (s *Server) sshCerts(w http.ResponseWriter, r *http.Request) {
 	}
 	remote := remoteHost(r.RemoteAddr)
 	log := s.cfg.Logger.WithFields(logrus.Fields{"user": req.User, "remote_addr": remote})
-	resp, ok := s.authenticateSSHUser(w, r, log, auth.SSHLoginRequest{
-		AuthRequest: auth.AuthRequest{User: req.User, Password: req.Password, OTP: req.OTPToken, RemoteAddr: remote},
+	resp, ok := s.authenticateSSHUser(w, r, log, authapi.SSHLoginRequest{
+		AuthRequest: authapi.AuthRequest{User: req.User, Password: req.Password, OTP: req.OTPToken, RemoteAddr: remote},
 		PublicKey:   []byte(req.PubKey),
 		TTL:         time.Duration(req.TTLSeconds) * time.Second,
 	})
@@ -143,7 +112,7 @@ func (s *Server) sshCerts(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	log.Info("Issued a user certificate.")
-	writeJSON(w, http.StatusOK, SSHLoginResponse{
+	writeJSON(w, http.StatusOK, webapi.SSHLoginResponse{
 		Username:    resp.Username,
 		Cert:        string(bytes.TrimSpace(resp.Cert)),
 		HostSigners: resp.HostSigners,
@@ -178,7 +147,43 @@ func remoteHost(remoteAddr string) string {
 }
 
 func writeError(w http.ResponseWriter, code int, msg string) {
-	writeJSON(w, code, ErrorResponse{Error: msg})
+	writeJSON(w, code, webapi.ErrorResponse{Error: msg})
+}
+
+// readLoginBody reads a login request's body, at most maxLoginBody bytes,
+// for both login endpoints. ok is false when the answer (413, or 400 for a
+// body that could not be read) has been written.
+func readLoginBody(w http.ResponseWriter, r *http.Request) (data []byte, ok bool) {
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxLoginBody))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeError(w, http.StatusRequestEntityTooLarge, "request body too large")
+			return nil, false
+		}
+		writeError(w, http.StatusBadRequest, "could not read request body")
+		return nil, false
+	}
+	return data, true
+}
+
+// internalError answers 500 for a fault the user cannot fix and logs its
+// cause under a fresh request id that the answer names: the user learns
+// nothing of the cause (it may name the backend, a file or a key), but
+// the id in their report finds the one log line that explains it. msg is
+// the log message.
+func internalError(w http.ResponseWriter, log logrus.FieldLogger, msg string, cause error) {
+	id := newRequestID()
+	log.WithError(cause).WithField("request_id", id).Warn(msg)
+	writeError(w, http.StatusInternalServerError, fmt.Sprintf("internal error (request id %s); see the proxy's log", id))
+}
+
+// newRequestID is 8 random bytes in hex: unique enough to find one line
+// in a proxy's log, short enough to read out over the phone.
+func newRequestID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+).
+	return hex.EncodeToString(b[:])
 }
 
 // authenticateSSHUser asks auth to check a login and certify its key, and
@@ -187,7 +192,7 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 // Retry-After when rate limited, 503 when auth cannot be reached. The call
 // is bounded (loginTimeout) so a stalled backend is an answer, not a hang.
 // ok is false when the response has been written.
-func (s *Server) authenticateSSHUser(w http.ResponseWriter, r *http.Request, log logrus.FieldLogger, req auth.SSHLoginRequest) (resp *auth.SSHLoginResponse, ok bool) {
+func (s *Server) authenticateSSHUser(w http.ResponseWriter, r *http.Request, log logrus.FieldLogger, req authapi.SSHLoginRequest) (resp *authapi.SSHLoginResponse, ok bool) {
 	ctx, cancel := context.WithTimeout(r.Context(), loginTimeout)
 	defer cancel()
 	resp, err := s.cfg.Auth.AuthenticateSSHUser(ctx, req)
@@ -210,8 +215,7 @@ func (s *Server) authenticateSSHUser(w http.ResponseWriter, r *http.Request, log
 		// only says "no logins" after a correct password).
 		writeError(w, http.StatusBadRequest, trace.UserMessage(err))
 	default:
-		log.WithError(err).Warn("Login failed with an internal error.")
-		writeError(w, http.StatusInternalServerError, "internal error; see the proxy's log")
+		internalError(w, log, "Login failed with an internal error.", err)
 	}
 	return nil, false
 }

@@ -19,9 +19,11 @@ import (
 	"golang.org/x/crypto/bcrypt"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/backend/memory"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // loginEnv is a real auth server on a memory backend behind a real web
@@ -89,21 +91,21 @@ func (e *loginEnv) post(t *testing.T, body string) (*http.Response, []byte) {
 	return resp, buf.Bytes()
 }
 
-func (e *loginEnv) ping(t *testing.T) PingResponse {
+func (e *loginEnv) ping(t *testing.T) webapi.PingResponse {
 	t.Helper()
 	resp, err := e.http.Get(e.url + "/webapi/ping")
 	require.NoError(t, err)
 	defer resp.Body.Close()
-	var p PingResponse
+	var p webapi.PingResponse
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&p))
 	return p
 }
 
 func loginBody(t *testing.T, user, password, otp string) string {
 	t.Helper()
-	_, pub, err := auth.GenerateKeyPair()
+	_, pub, err := utils.GenerateKeyPair()
 	require.NoError(t, err)
-	data, err := json.Marshal(SSHLoginRequest{User: user, Password: password, OTPToken: otp, PubKey: string(pub), TTLSeconds: 3600})
+	data, err := json.Marshal(webapi.SSHLoginRequest{User: user, Password: password, OTPToken: otp, PubKey: string(pub), TTLSeconds: 3600})
 	require.NoError(t, err)
 	return string(data)
 }
@@ -111,7 +113,7 @@ func loginBody(t *testing.T, user, password, otp string) string {
 func requireError(t *testing.T, resp *http.Response, body []byte, code int, contains string) {
 	t.Helper()
 	require.Equal(t, code, resp.StatusCode, string(body))
-	var e ErrorResponse
+	var e webapi.ErrorResponse
 	require.NoError(t, json.Unmarshal(body, &e), string(body))
 	require.Contains(t, e.Error, contains)
 }
@@ -121,11 +123,11 @@ func TestSSHCertsLogin(t *testing.T) {
 	ctx := context.Background()
 	_, err := e.auth.CreateUser(ctx, "alice", []byte("secret pass"), []string{"alice", "root"}, nil, false)
 	require.NoError(t, err)
-	require.Equal(t, SecondFactorOff, e.ping(t).SecondFactor)
+	require.Equal(t, webapi.SecondFactorOff, e.ping(t).SecondFactor)
 
 	resp, body := e.post(t, loginBody(t, "alice", "secret pass", ""))
 	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
-	var out SSHLoginResponse
+	var out webapi.SSHLoginResponse
 	require.NoError(t, json.Unmarshal(body, &out))
 	require.Equal(t, "alice", out.Username)
 	pub, _, _, _, err := ssh.ParseAuthorizedKey([]byte(out.Cert))
@@ -193,7 +195,7 @@ func TestSSHCertsOTP(t *testing.T) {
 	ctx := context.Background()
 	url, err := e.auth.CreateUser(ctx, "carol", []byte("pw"), []string{"carol"}, nil, true)
 	require.NoError(t, err)
-	require.Equal(t, SecondFactorOTP, e.ping(t).SecondFactor)
+	require.Equal(t, webapi.SecondFactorOTP, e.ping(t).SecondFactor)
 	key, err := otpKeyFromURL(url)
 	require.NoError(t, err)
 

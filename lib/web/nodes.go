@@ -6,6 +6,7 @@ import (
 
 	"github.com/gravitational/trace"
 
+	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/authz"
 )
 
@@ -24,26 +25,19 @@ func (s *Server) identity(ctx context.Context, live *liveSession) (*authz.Identi
 	return id, nil
 }
 
-// NodesResponse is GET /webapi/nodes.
-type NodesResponse struct {
-	Items []authz.NodeEntry `json:"items"`
-}
-
 // listNodes serves GET /webapi/nodes: the same RBAC-filtered listing as
 // the proxy's `nodes` subsystem (psh ls), so both show the same nodes
 // with the same logins.
 func (s *Server) listNodes(w http.ResponseWriter, r *http.Request, live *liveSession) {
 	id, err := s.identity(r.Context(), live)
 	if err != nil {
-		s.cfg.Logger.WithError(err).Warn("Could not resolve a web session's roles.")
-		writeError(w, http.StatusInternalServerError, "internal error; see the proxy's log")
+		internalError(w, s.cfg.Logger.WithField("user", live.user), "Could not resolve a web session's roles.", err)
 		return
 	}
 	items, err := authz.ListNodes(r.Context(), s.cfg.WebSessions.Nodes, id, "")
 	if err != nil {
-		s.cfg.Logger.WithError(err).Warn("Could not list nodes.")
-		writeError(w, http.StatusInternalServerError, "internal error; see the proxy's log")
+		internalError(w, s.cfg.Logger.WithField("user", live.user), "Could not list nodes.", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, NodesResponse{Items: items})
+	writeJSON(w, http.StatusOK, webapi.NodesResponse{Items: items})
 }

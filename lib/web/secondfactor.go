@@ -7,6 +7,7 @@ import (
 
 	"github.com/jonboulle/clockwork"
 
+	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -62,13 +63,13 @@ func OTPEnrolled(users UserLister, clock clockwork.Clock) func(context.Context) 
 			// better than a login that cannot succeed. Remembered like
 			// an answer, so that pings during an outage do not each wait
 			// for the bound.
-			value, expires = SecondFactorOTP, now.Add(secondFactorTTL)
+			value, expires = webapi.SecondFactorOTP, now.Add(secondFactorTTL)
 			return value
 		}
-		value = SecondFactorOff
+		value = webapi.SecondFactorOff
 		for _, u := range list {
 			if u.TOTPSecret != "" {
-				value = SecondFactorOTP
+				value = webapi.SecondFactorOTP
 				break
 			}
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/sirupsen/logrus"
 
+	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/version"
 )
 
@@ -64,20 +65,6 @@ func (c *Config) CheckAndSetDefaults() error {
 	return nil
 }
 
-// PingResponse is GET /webapi/ping: what a client learns before logging in.
-type PingResponse struct {
-	ClusterName   string `json:"cluster_name"`
-	ProxySSHAddr  string `json:"proxy_ssh_addr"`
-	SecondFactor  string `json:"second_factor"`
-	ServerVersion string `json:"server_version"`
-}
-
-// Values of PingResponse.SecondFactor.
-const (
-	SecondFactorOff = "off"
-	SecondFactorOTP = "otp"
-)
-
 // Server is the HTTPS server.
 type Server struct {
 	cfg Config
@@ -119,11 +106,11 @@ func NewServer(cfg Config) (*Server, error) {
 }
 
 func (s *Server) ping(w http.ResponseWriter, r *http.Request) {
-	secondFactor := SecondFactorOff
+	secondFactor := webapi.SecondFactorOff
 	if s.cfg.SecondFactor != nil {
 		secondFactor = s.cfg.SecondFactor(r.Context())
 	}
-	writeJSON(w, http.StatusOK, PingResponse{
+	writeJSON(w, http.StatusOK, webapi.PingResponse{
 		ClusterName:   s.cfg.ClusterName,
 		ProxySSHAddr:  s.cfg.ProxySSHAddr,
 		SecondFactor:  secondFactor,

@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/postern-dev/postern/lib/api/webapi"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -59,10 +61,10 @@ func TestPing(t *testing.T) {
 	clt := &http.Client{Transport: tr}
 	resp, err := clt.Get("https://" + ln.Addr().String() + "/webapi/ping")
 	require.NoError(t, err)
-	var ping PingResponse
+	var ping webapi.PingResponse
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&ping))
 	resp.Body.Close()
-	require.Equal(t, PingResponse{ClusterName: "c1", ProxySSHAddr: "127.0.0.1:3023", SecondFactor: "off", ServerVersion: "dev"}, ping)
+	require.Equal(t, webapi.PingResponse{ClusterName: "c1", ProxySSHAddr: "127.0.0.1:3023", SecondFactor: "off", ServerVersion: "dev"}, ping)
 	require.Contains(t, resp.Header.Get("Content-Security-Policy"), "default-src 'self'")
 	tr.CloseIdleConnections()
 

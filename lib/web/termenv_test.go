@@ -23,10 +23,12 @@ import (
 	"golang.org/x/crypto/bcrypt"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/backend/memory"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // testNode is a real x/crypto SSH server standing in for a node: it
@@ -48,7 +50,7 @@ type testNode struct {
 func newTestNode(t *testing.T, as *auth.Server, uuid, hostname string) *testNode {
 	t.Helper()
 	// A fresh in-memory host key, certified by the cluster's host CA.
-	priv, pub, err := auth.GenerateKeyPair()
+	priv, pub, err := utils.GenerateKeyPair()
 	require.NoError(t, err)
 	certBytes, err := as.GenerateHostCert(context.Background(), auth.HostCertRequest{PublicKey: pub, UUID: uuid, Hostname: hostname, Principals: []string{"127.0.0.1"}, Role: auth.RoleNode})
 	require.NoError(t, err)
@@ -276,7 +278,7 @@ func (e *termEnv) login(t *testing.T) webSession {
 	t.Helper()
 	resp, body := e.do(t, http.MethodPost, "/webapi/sessions", fmt.Sprintf(`{"user":%q,"password":%q,"otp_token":""}`, testUser, testPassword), webSession{}, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
-	var out CreateSessionResponse
+	var out webapi.CreateSessionResponse
 	require.NoError(t, json.Unmarshal(body, &out))
 	var ws webSession
 	for _, c := range resp.Cookies() {

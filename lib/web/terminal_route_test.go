@@ -14,6 +14,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 
+	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -35,7 +36,7 @@ func TestTerminalRoutesAmongVisibleNodes(t *testing.T) {
 	require.NoError(t, err)
 	resp, body := e.do(t, http.MethodPost, "/webapi/sessions", fmt.Sprintf(`{"user":"bob","password":%q,"otp_token":""}`, testPassword), webSession{}, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
-	var out CreateSessionResponse
+	var out webapi.CreateSessionResponse
 	require.NoError(t, json.Unmarshal(body, &out))
 	ws := webSession{cookie: resp.Cookies()[0], token: out.Token}
 

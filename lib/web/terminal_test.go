@@ -12,6 +12,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/stretchr/testify/require"
 
+	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -47,7 +48,7 @@ func TestWebSessionCookieAndNodes(t *testing.T) {
 
 	resp, body = e.do(t, http.MethodGet, "/webapi/nodes", "", ws, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
-	var nodes NodesResponse
+	var nodes webapi.NodesResponse
 	require.NoError(t, json.Unmarshal(body, &nodes))
 	require.Len(t, nodes.Items, 1)
 	require.Equal(t, "node1", nodes.Items[0].Hostname)
@@ -77,7 +78,7 @@ func TestWebSessionNodesFollowRBAC(t *testing.T) {
 	require.NoError(t, err)
 	resp, body := e.do(t, http.MethodPost, "/webapi/sessions", fmt.Sprintf(`{"user":"bob","password":%q,"otp_token":""}`, testPassword), webSession{}, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
-	var out CreateSessionResponse
+	var out webapi.CreateSessionResponse
 	require.NoError(t, json.Unmarshal(body, &out))
 	ws := webSession{cookie: resp.Cookies()[0], token: out.Token}
 

@@ -11,6 +11,7 @@ import (
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/gravitational/trace"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -71,7 +72,7 @@ func (c *cli) lock(ctx context.Context, user, node, message string, ttl time.Dur
 		target = services.LockTarget{Node: n.UUID}
 		label = nodeLabel(*n)
 	}
-	l, err := clt.UpsertLock(ctx, auth.LockRequest{Target: target, Message: message, TTL: services.Duration(ttl)})
+	l, err := clt.UpsertLock(ctx, authapi.LockRequest{Target: target, Message: message, TTL: services.Duration(ttl)})
 	if err != nil {
 		return trace.Wrap(err)
 	}

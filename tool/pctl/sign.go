@@ -9,7 +9,7 @@ import (
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/gravitational/trace"
 
-	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -34,11 +34,11 @@ func (c *cli) authSign(ctx context.Context, user string, ttl time.Duration, out 
 		return trace.Wrap(err)
 	}
 	defer clt.Close()
-	priv, pub, err := auth.GenerateKeyPair()
+	priv, pub, err := utils.GenerateKeyPair()
 	if err != nil {
 		return trace.Wrap(err)
 	}
-	cert, err := clt.GenerateUserCert(ctx, auth.UserCertRequest{User: user, PublicKey: pub, TTL: ttl})
+	cert, err := clt.GenerateUserCert(ctx, authapi.UserCertRequest{User: user, PublicKey: pub, TTL: ttl})
 	if err != nil {
 		return trace.Wrap(err)
 	}
@@ -46,7 +46,7 @@ func (c *cli) authSign(ctx context.Context, user string, ttl time.Duration, out 
 	if err != nil {
 		return trace.Wrap(err)
 	}
-	knownHosts := strings.Join(auth.KnownHostsLines(hostCA.SSHPublicKeys), "\n") + "\n"
+	knownHosts := strings.Join(authapi.KnownHostsLines(hostCA.SSHPublicKeys), "\n") + "\n"
 	// All four files or none: a key without its certificate is useless,
 	// and the temporaries are created O_EXCL (see utils.WriteFilesAtomic).
 	if err := utils.WriteFilesAtomic([]utils.File{

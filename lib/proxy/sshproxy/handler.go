@@ -24,15 +24,13 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/srv"
 	"github.com/postern-dev/postern/lib/utils"
 )
-
-// SubsystemSites is the subsystem that lists clusters.
-const SubsystemSites = "proxysites"
 
 // Config configures the handler.
 type Config struct {
@@ -79,7 +77,7 @@ func New(cfg Config) (*Handler, error) {
 
 // Subsystem serves `proxysites` and `proxy:HOST[:PORT][@CLUSTER]`.
 func (h *Handler) Subsystem(ctx context.Context, id *authz.Identity, name string) (srv.SubsystemFunc, error) {
-	if name == SubsystemSites {
+	if name == proxyapi.SubsystemSites {
 		sites := h.cfg.Router.Sites(ctx)
 		return func(ctx context.Context, ch ssh.Channel) error {
 			data, err := json.Marshal(sites)
@@ -90,7 +88,7 @@ func (h *Handler) Subsystem(ctx context.Context, id *authz.Identity, name string
 			return trace.Wrap(err)
 		}, nil
 	}
-	if name == SubsystemNodes {
+	if name == proxyapi.SubsystemNodes {
 		return h.nodesSubsystem(id)
 	}
 	target, err := proxy.ParseProxySubsystem(name)

@@ -11,17 +11,8 @@ import (
 	"github.com/postern-dev/postern/lib/srv"
 )
 
-// SubsystemNodes is the subsystem that lists the nodes the caller may
-// reach (what `psh ls` reads): a JSON array of NodeEntry, then the channel
-// closes. It exists because the proxy port is the one place psh already
-// authenticates with its certificate; the web listing needs a session.
-const SubsystemNodes = "nodes"
-
 // NodeLister lists the nodes of a cluster.
 type NodeLister = authz.NodeLister
-
-// NodeEntry is one node of the `nodes` subsystem's answer.
-type NodeEntry = authz.NodeEntry
 
 // nodesSubsystem serves SubsystemNodes for the local cluster.
 func (h *Handler) nodesSubsystem(id *authz.Identity) (srv.SubsystemFunc, error) {

@@ -1,0 +1,183 @@
+package authapi
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/services"
+)
+
+// PingResponse answers GET /v1/ping.
+type PingResponse struct {
+	ClusterName string `json:"cluster_name"`
+	// ID and Role echo the caller's identity as the server saw it.
+	ID   string `json:"id"`
+	Role string `json:"role"`
+}
+
+// RegisterRequest is a join: a token exchanged for host certificates.
+type RegisterRequest struct {
+	Token string `json:"token"`
+	// Role is RoleNode or RoleProxy and must match the token's type.
+	Role string `json:"role"`
+	// UUID must be empty: the auth server mints the host's UUID (see
+	// auth.Server.RegisterUsingToken). The field exists only so that a request that
+	// carries one (an older host, or someone trying to take a node's
+	// identity) is refused with a clear error instead of a JSON one.
+	UUID string `json:"uuid,omitempty"`
+	// Hostname is the host's name (--nodename); it becomes a principal.
+	Hostname string `json:"hostname"`
+	// Addr is the host:port it serves SSH on; its host becomes a principal.
+	Addr string `json:"addr,omitempty"`
+	// AdditionalPrincipals are more SSH principals (IPs, public names);
+	// the auth server checks each.
+	AdditionalPrincipals []string `json:"additional_principals,omitempty"`
+	// SSHPublicKey is the host key, authorized_keys format.
+	SSHPublicKey []byte `json:"ssh_public_key"`
+	// TLSPublicKey is the TLS key, PKIX DER or PEM.
+	TLSPublicKey []byte `json:"tls_public_key"`
+	// RemoteAddr is the joining connection's address, set by the API
+	// server for the log; never read from the wire.
+	RemoteAddr string `json:"-"`
+}
+
+// RegisterResponse carries the new host's certificates and the cluster's
+// CA keys.
+type RegisterResponse struct {
+	// UUID is the host UUID the auth server minted for the joiner: the CN
+	// of TLSCert and the KeyId of SSHCert. The host keeps it in its data
+	// dir as its identity from now on.
+	UUID string `json:"uuid"`
+	// SSHCert is the SSH host certificate, authorized_keys format.
+	SSHCert []byte `json:"ssh_cert"`
+	// TLSCert is the X.509 client certificate, PEM.
+	TLSCert []byte `json:"tls_cert"`
+	// TLSCACerts are the cluster's TLS CA certificates, PEM.
+	TLSCACerts [][]byte `json:"tls_ca_certs"`
+	// SSHHostCAKeys and SSHUserCAKeys are authorized_keys lines.
+	SSHHostCAKeys []string `json:"ssh_host_ca_keys"`
+	SSHUserCAKeys []string `json:"ssh_user_ca_keys"`
+}
+
+// UserCertRequest asks for an SSH user certificate (POST /v1/certs/user).
+type UserCertRequest struct {
+	// User is the Postern user name.
+	User string `json:"user"`
+	// PublicKey is the key to certify, in authorized_keys format.
+	PublicKey []byte `json:"public_key"`
+	// TTL is the wanted lifetime; zero or more than the roles allow means
+	// the roles' max_session_ttl.
+	TTL time.Duration `json:"ttl"`
+}
+
+// CertResponse answers POST /v1/certs/user.
+type CertResponse struct {
+	Cert []byte `json:"cert"`
+}
+
+// AuthRequest is a login attempt (POST /v1/login).
+type AuthRequest struct {
+	User     string `json:"user"`
+	Password string `json:"password"`
+	// OTP is the one-time password; required when the user has a secret.
+	OTP string `json:"otp,omitempty"`
+	// RemoteAddr is the end user's address (host or host:port) for the
+	// per-address limit; the proxy passes its client's address.
+	RemoteAddr string `json:"remote_addr,omitempty"`
+}
+
+// SSHLoginRequest is AuthRequest plus the key to certify (POST
+// /v1/login/ssh).
+type SSHLoginRequest struct {
+	AuthRequest
+	// PublicKey is the user's key, authorized_keys format.
+	PublicKey []byte `json:"public_key"`
+	// TTL is the wanted certificate lifetime (capped by the roles).
+	TTL time.Duration `json:"ttl"`
+}
+
+// SSHLoginResponse is what psh receives: the certificate and the keys to
+// trust for hosts.
+type SSHLoginResponse struct {
+	Username    string       `json:"username"`
+	Cert        []byte       `json:"cert"`
+	HostSigners []HostSigner `json:"host_signers"`
+}
+
+// HostSigner lists one cluster's host CA keys (authorized_keys format).
+type HostSigner struct {
+	ClusterName  string   `json:"cluster_name"`
+	CheckingKeys []string `json:"checking_keys"`
+}
+
+// CreateUserRequest is the body of POST /v1/users.
+type CreateUserRequest struct {
+	Name     string   `json:"name"`
+	Password string   `json:"password"`
+	Logins   []string `json:"logins,omitempty"`
+	Roles    []string `json:"roles,omitempty"`
+	OTP      bool     `json:"otp,omitempty"`
+}
+
+// CreateUserResponse answers POST /v1/users: the TOTP enrolment URL when
+// the user was created with OTP.
+type CreateUserResponse struct {
+	TOTPURL string `json:"totp_url,omitempty"`
+}
+
+// ClearLockoutResponse answers DELETE /v1/users/{name}/lockout[?addr=A]:
+// whether anything was cleared.
+type ClearLockoutResponse struct {
+	Cleared bool `json:"cleared"`
+}
+
+// CreateTokenRequest is the body of POST /v1/tokens.
+type CreateTokenRequest struct {
+	Type string            `json:"type"`
+	TTL  services.Duration `json:"ttl,omitempty"`
+}
+
+// LockRequest is the body of PUT /v1/locks.
+type LockRequest struct {
+	Target  services.LockTarget `json:"target"`
+	Message string              `json:"message,omitempty"`
+	// TTL, when set, makes the lock expire by itself (the backend's TTL).
+	TTL services.Duration `json:"ttl,omitempty"`
+}
+
+// ShipEventsRequest is the body of POST /v1/events.
+type ShipEventsRequest struct {
+	Events []events.Event `json:"events"`
+}
+
+// ShipEventsResponse says how many events of a batch were recorded and how
+// many were refused (a type a host may not ship).
+type ShipEventsResponse struct {
+	Accepted int `json:"accepted"`
+	Refused  int `json:"refused"`
+}
+
+// WatchEvent is one line of a watch stream (/v1/watch/...): JSON lines
+// over one long HTTP response.
+type WatchEvent struct {
+	// Type is "init", "put", "delete", or "error" (the server's watcher
+	// broke; Error says why, and the stream ends).
+	Type     string    `json:"type"`
+	Key      string    `json:"key,omitempty"`
+	Value    []byte    `json:"value,omitempty"`
+	Expires  time.Time `json:"expires,omitzero"`
+	Revision int64     `json:"revision,omitempty"`
+	Error    string    `json:"error,omitempty"`
+}
+
+// KnownHostsLines formats host CA keys (HostSigner.CheckingKeys) as
+// known_hosts lines ("@cert-authority * KEY"), for psh and `pctl auth
+// sign`.
+func KnownHostsLines(hostCAKeys []string) []string {
+	out := make([]string, 0, len(hostCAKeys))
+	for _, k := range hostCAKeys {
+		out = append(out, fmt.Sprintf("@cert-authority * %s", k))
+	}
+	return out
+}

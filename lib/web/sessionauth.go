@@ -1,0 +1,153 @@
+package web
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/services"
+)
+
+// The middleware of web sessions: every session call is checked here
+// (cookie plus bearer token, expiry, locks) before its handler runs.
+
+// A web session is two secrets: the session id travels in the
+// `__Host-session` cookie (HttpOnly, so page scripts cannot read it) and
+// the bearer token travels in the Authorization header (which a
+// cross-site page cannot set). A request needs both, which is the CSRF
+// defence of every API call: a forged form or image carries the cookie but
+// never the header, and a script that stole the token from the page has no
+// cookie on another origin.
+//
+// The backend keeps only hashes of both (a leaked backend dump does not
+// log anybody in) and the expiries. The private key and the user
+// certificate live in this proxy's memory only: they never reach the
+// backend or the browser, and a proxy restart ends its web sessions (the
+// user logs in again).
+
+// SessionCookieName is the cookie of a web session. The __Host- prefix
+// makes the browser refuse it unless it is Secure, Path=/ and without a
+// Domain, so a sibling subdomain cannot plant or read it.
+const SessionCookieName = "__Host-session"
+
+// Defaults of the web session lifetimes.
+const (
+	// DefaultSessionIdleTTL ends a session nobody used for half an hour:
+	// an unattended browser tab should not stay a way into every node.
+	DefaultSessionIdleTTL = 30 * time.Minute
+	// DefaultSessionTTL is the absolute bound, a working day; the user
+	// certificate behind the session is also capped by the roles'
+	// max_session_ttl, and the session never outlives it.
+	DefaultSessionTTL = 8 * time.Hour
+	// touchInterval bounds backend writes: the idle expiry is pushed
+	// forward at most once a minute per session, not on every request.
+	touchInterval = time.Minute
+)
+
+func hashSecret(s string) []byte {
+	h := sha256.Sum256([]byte(s))
+	return h[:]
+}
+
+// errNoSession is every authentication failure of a session call: the
+// caller learns nothing about which part was wrong.
+var errNoSession = trace.AccessDenied("missing or invalid web session; log in again")
+
+// bearerToken reads "Authorization: Bearer TOKEN".
+func bearerToken(r *http.Request) string {
+	h := r.Header.Get("Authorization")
+	const prefix = "Bearer "
+	if len(h) > len(prefix) && strings.EqualFold(h[:len(prefix)], prefix) {
+		return strings.TrimSpace(h[len(prefix):])
+	}
+	return ""
+}
+
+// authenticate checks the cookie and the token against the store and
+// returns the live session, recording activity.
+func (s *Server) authenticate(ctx context.Context, r *http.Request, token string) (*liveSession, error) {
+	cookie, err := r.Cookie(SessionCookieName)
+	if err != nil || cookie.Value == "" || token == "" {
+		return nil, errNoSession
+	}
+	key := hex.EncodeToString(hashSecret(cookie.Value))
+	cfg := s.cfg.WebSessions
+	rec, err := cfg.Store.GetSession(ctx, key)
+	if err != nil {
+		if !trace.IsNotFound(err) {
+			s.cfg.Logger.WithError(err).Warn("Could not read a web session.")
+		}
+		return nil, errNoSession
+	}
+	if subtle.ConstantTimeCompare(rec.TokenHash, hashSecret(token)) != 1 {
+		return nil, errNoSession
+	}
+	now := s.cfg.Clock.Now()
+	if !now.Before(rec.Expires) || !now.Before(rec.LastActive.Add(cfg.IdleTTL)) {
+		s.endSession(ctx, key)
+		return nil, errNoSession
+	}
+	live := s.web.sessions.get(key)
+	if live == nil {
+		// Created by another proxy (or before a restart): its key is not
+		// here, so it cannot be used here.
+		return nil, errNoSession
+	}
+	if err := s.checkLocks(live.user); err != nil {
+		if services.IsLocked(err) {
+			s.endSessionCause(ctx, key, err)
+		}
+		return nil, trace.AccessDenied("%s", lockRefusal(err))
+	}
+	if now.Sub(rec.LastActive) >= touchInterval {
+		rec.LastActive = now
+		if err := cfg.Store.UpdateSession(ctx, key, *rec); err != nil {
+			s.cfg.Logger.WithError(err).Warn("Could not record web session activity.")
+		}
+	}
+	return live, nil
+}
+
+// touchSession records use of a session by a running terminal, so a user
+// working in a terminal for hours is not idle-expired under it.
+func (s *Server) touchSession(ctx context.Context, key string) {
+	store := s.cfg.WebSessions.Store
+	rec, err := store.GetSession(ctx, key)
+	if err != nil {
+		return
+	}
+	rec.LastActive = s.cfg.Clock.Now()
+	if err := store.UpdateSession(ctx, key, *rec); err != nil {
+		s.cfg.Logger.WithError(err).Warn("Could not record web session activity.")
+	}
+}
+
+// endSession deletes the record and ends the terminals that use it.
+func (s *Server) endSession(ctx context.Context, key string) {
+	if err := s.cfg.WebSessions.Store.DeleteSession(ctx, key); err != nil && !trace.IsNotFound(err) {
+		s.cfg.Logger.WithError(err).Warn("Could not delete a web session.")
+	}
+	s.web.sessions.remove(key)
+}
+
+// requireSession wraps an API handler with the cookie + bearer check.
+func (s *Server) requireSession(next func(http.ResponseWriter, *http.Request, *liveSession)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !s.cfg.WebSessions.enabled() {
+			writeError(w, http.StatusNotImplemented, "web sessions are not available on this proxy")
+			return
+		}
+		live, err := s.authenticate(r.Context(), r, bearerToken(r))
+		if err != nil {
+			writeError(w, http.StatusUnauthorized, trace.UserMessage(err))
+			return
+		}
+		next(w, r, live)
+	}
+}

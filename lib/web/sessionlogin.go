@@ -1,0 +1,146 @@
+package web
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/hex"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/gravitational/trace"
+	"github.com/sirupsen/logrus"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/api"
+	"github.com/postern-dev/postern/lib/api/authapi"
+	"github.com/postern-dev/postern/lib/api/webapi"
+)
+
+// The login and logout handlers of web sessions: POST and DELETE
+// /webapi/sessions. They create and end what sessionstore.go and
+// sessionregistry.go keep.
+
+func randomHex() (string, error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", trace.Wrap(err)
+	}
+	return hex.EncodeToString(b[:]), nil
+}
+
+// checkLoginOrigin refuses a cross-site login POST (login CSRF: a page
+// that logs the victim's browser into the attacker's account). Browsers
+// send Sec-Fetch-Site on every request they make; a non-browser client
+// (psh, curl) sends neither header and is not a CSRF vector.
+func checkLoginOrigin(r *http.Request) error {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "", "same-origin", "none":
+	default:
+		return trace.AccessDenied("cross-site login refused")
+	}
+	if origin := r.Header.Get("Origin"); origin != "" {
+		u, err := url.Parse(origin)
+		if err != nil || u.Host != r.Host {
+			return trace.AccessDenied("cross-origin login refused")
+		}
+	}
+	return nil
+}
+
+// createSession serves POST /webapi/sessions.
+func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Auth == nil || !s.cfg.WebSessions.enabled() {
+		writeError(w, http.StatusNotImplemented, "web sessions are not available on this proxy")
+		return
+	}
+	if err := checkLoginOrigin(r); err != nil {
+		writeError(w, http.StatusForbidden, trace.UserMessage(err))
+		return
+	}
+	data, ok := readLoginBody(w, r)
+	if !ok {
+		return
+	}
+	var req webapi.CreateSessionRequest
+	if err := api.UnmarshalStrict(data, &req); err != nil || req.User == "" {
+		writeError(w, http.StatusBadRequest, "invalid login request: expected {\"user\",\"password\",\"otp_token\"}")
+		return
+	}
+	remote := remoteHost(r.RemoteAddr)
+	log := s.cfg.Logger.WithFields(logrus.Fields{"user": req.User, "remote_addr": remote})
+
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		internalError(w, log, "Web login: could not generate the session key.", err)
+		return
+	}
+	sshPub, err := ssh.NewPublicKey(pub)
+	if err != nil {
+		internalError(w, log, "Web login: could not encode the session key.", err)
+		return
+	}
+	cfg := s.cfg.WebSessions
+	// One auth call checks the password and OTP (under auth's per-user and
+	// per-address failure limits, shared with psh's login) and certifies
+	// the session's key: the key never leaves this process.
+	resp, ok := s.authenticateSSHUser(w, r, log, authapi.SSHLoginRequest{
+		AuthRequest: authapi.AuthRequest{User: req.User, Password: req.Password, OTP: req.OTPToken, RemoteAddr: remote},
+		PublicKey:   ssh.MarshalAuthorizedKey(sshPub),
+		TTL:         cfg.TTL,
+	})
+	if !ok {
+		return
+	}
+	live, err := newLiveSession(priv, resp)
+	if err != nil {
+		internalError(w, log, "Web login: unusable certificate from auth.", err)
+		return
+	}
+	sid, err := randomHex()
+	if err != nil {
+		internalError(w, log, "Web login: could not make a session id.", err)
+		return
+	}
+	token, err := randomHex()
+	if err != nil {
+		internalError(w, log, "Web login: could not make a bearer token.", err)
+		return
+	}
+	now := s.cfg.Clock.Now()
+	expires := now.Add(cfg.TTL)
+	if certEnd := time.Unix(int64(live.cert.ValidBefore), 0); certEnd.Before(expires) {
+		expires = certEnd
+	}
+	live.key = hex.EncodeToString(hashSecret(sid))
+	live.expires = expires
+	rec := SessionRecord{User: resp.Username, TokenHash: hashSecret(token), Created: now, Expires: expires, LastActive: now}
+	if err := cfg.Store.CreateSession(r.Context(), live.key, rec); err != nil {
+		internalError(w, log, "Could not store a web session.", err)
+		return
+	}
+	live.ctx, live.cancel = context.WithCancelCause(s.web.ctx)
+	s.web.sessions.add(live)
+	http.SetCookie(w, &http.Cookie{
+		Name:     SessionCookieName,
+		Value:    sid,
+		Path:     "/",
+		Expires:  expires,
+		HttpOnly: true,
+		Secure:   true,
+		SameSite: http.SameSiteStrictMode,
+	})
+	log.Info("Web session created.")
+	writeJSON(w, http.StatusOK, webapi.CreateSessionResponse{Token: token, Expires: expires.UTC(), User: resp.Username})
+}
+
+// deleteSession serves DELETE /webapi/sessions: the record goes, every
+// terminal opened with the session on this proxy ends, and the cookie is
+// cleared.
+func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request, live *liveSession) {
+	s.endSession(r.Context(), live.key)
+	http.SetCookie(w, &http.Cookie{Name: SessionCookieName, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, Secure: true, SameSite: http.SameSiteStrictMode})
+	s.cfg.Logger.WithField("user", live.user).Info("Web session deleted.")
+	w.WriteHeader(http.StatusNoContent)
+}

@@ -1,0 +1,105 @@
+package web
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/gravitational/trace"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/api/authapi"
+)
+
+// The registry of this proxy's live web sessions: the in-memory half of
+// each (its certificate and key, never stored anywhere) and the context
+// that ends its terminals when the session ends.
+
+// liveSession is a session's in-memory half: the key that authenticates
+// to nodes on the user's behalf.
+type liveSession struct {
+	key     string // hash of the session id: the store key
+	user    string
+	signer  ssh.Signer
+	cert    *ssh.Certificate
+	hostCAs []ssh.PublicKey
+	expires time.Time
+	// ctx ends when the session is logged out or expires; terminals
+	// opened with the session run under it.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+}
+
+// sessionRegistry holds the live halves of this proxy's web sessions.
+type sessionRegistry struct {
+	// mu guards byKey.
+	mu    sync.Mutex
+	byKey map[string]*liveSession
+}
+
+func (r *sessionRegistry) add(s *liveSession) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.byKey == nil {
+		r.byKey = map[string]*liveSession{}
+	}
+	r.byKey[s.key] = s
+}
+
+func (r *sessionRegistry) get(key string) *liveSession {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.byKey[key]
+}
+
+// remove drops a session and ends its terminals.
+func (r *sessionRegistry) remove(key string) { r.removeCause(key, errLoggedOut) }
+
+// closeAll ends every session's terminals (server shutdown).
+func (r *sessionRegistry) closeAll() {
+	r.mu.Lock()
+	all := r.byKey
+	r.byKey = nil
+	r.mu.Unlock()
+	for _, s := range all {
+		s.cancel(errShuttingDown)
+	}
+}
+
+func newLiveSession(priv ed25519.PrivateKey, resp *authapi.SSHLoginResponse) (*liveSession, error) {
+	pub, _, _, _, err := ssh.ParseAuthorizedKey(resp.Cert)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	cert, ok := pub.(*ssh.Certificate)
+	if !ok {
+		return nil, trace.BadParameter("auth returned a plain key, not a certificate")
+	}
+	keySigner, err := ssh.NewSignerFromKey(priv)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	signer, err := ssh.NewCertSigner(cert, keySigner)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	live := &liveSession{user: resp.Username, signer: signer, cert: cert}
+	for _, hs := range resp.HostSigners {
+		for _, k := range hs.CheckingKeys {
+			ca, _, _, _, err := ssh.ParseAuthorizedKey([]byte(k))
+			if err != nil {
+				return nil, trace.Wrap(err)
+			}
+			live.hostCAs = append(live.hostCAs, ca)
+		}
+	}
+	return live, nil
+}
+
+// Causes that end a session's terminals, shown to the browser.
+var (
+	errLoggedOut    = errors.New("the web session ended (logged out or expired)")
+	errShuttingDown = errors.New("the proxy is shutting down")
+)

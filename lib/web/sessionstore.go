@@ -1,0 +1,163 @@
+package web
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"time"
+
+	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/backend"
+)
+
+// The store of web sessions: the records (hashes and expiries) that a
+// backend, or this process, keeps. What a record cannot hold, the key
+// that acts for the user, is in sessionregistry.go.
+
+// SessionRecord is what the store keeps about a web session.
+type SessionRecord struct {
+	// User is the Postern user.
+	User string `json:"user"`
+	// TokenHash is SHA-256 of the bearer token.
+	TokenHash []byte `json:"token_hash"`
+	// Created is the login time.
+	Created time.Time `json:"created"`
+	// Expires is the absolute expiry.
+	Expires time.Time `json:"expires"`
+	// LastActive is the last recorded use; the session is idle-expired
+	// when LastActive + idle TTL has passed.
+	LastActive time.Time `json:"last_active"`
+}
+
+// SessionStore keeps web session records, keyed by the hash of the
+// session id. It is the narrow interface the web server needs: a
+// backend-backed store when auth (and so the backend) is in this process,
+// an in-memory one otherwise.
+type SessionStore interface {
+	CreateSession(ctx context.Context, key string, rec SessionRecord) error
+	GetSession(ctx context.Context, key string) (*SessionRecord, error)
+	UpdateSession(ctx context.Context, key string, rec SessionRecord) error
+	DeleteSession(ctx context.Context, key string) error
+}
+
+// sessionsPrefix is where BackendSessionStore keeps records.
+var sessionsPrefix = []string{"web", "sessions"}
+
+// BackendSessionStore keeps records under /web/sessions/KEY with the
+// backend item expiring at the absolute expiry, so the backend sweeps
+// abandoned sessions.
+type BackendSessionStore struct {
+	Backend backend.Backend
+}
+
+var _ SessionStore = (*BackendSessionStore)(nil)
+
+func (b *BackendSessionStore) put(ctx context.Context, key string, rec SessionRecord, create bool) error {
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	item := backend.Item{Key: backend.Key(append(sessionsPrefix, key)...), Value: data, Expires: rec.Expires}
+	if create {
+		_, err = b.Backend.Create(ctx, item)
+	} else {
+		_, err = b.Backend.Put(ctx, item)
+	}
+	return trace.Wrap(err)
+}
+
+// CreateSession stores a new record.
+func (b *BackendSessionStore) CreateSession(ctx context.Context, key string, rec SessionRecord) error {
+	return b.put(ctx, key, rec, true)
+}
+
+// UpdateSession replaces a record.
+func (b *BackendSessionStore) UpdateSession(ctx context.Context, key string, rec SessionRecord) error {
+	return b.put(ctx, key, rec, false)
+}
+
+// GetSession returns a record or NotFound.
+func (b *BackendSessionStore) GetSession(ctx context.Context, key string) (*SessionRecord, error) {
+	item, err := b.Backend.Get(ctx, backend.Key(append(sessionsPrefix, key)...))
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	var rec SessionRecord
+	if err := json.Unmarshal(item.Value, &rec); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return &rec, nil
+}
+
+// DeleteSession removes a record.
+func (b *BackendSessionStore) DeleteSession(ctx context.Context, key string) error {
+	return trace.Wrap(b.Backend.Delete(ctx, backend.Key(append(sessionsPrefix, key)...)))
+}
+
+// MemorySessionStore keeps records in this process. It is what a proxy
+// whose auth server runs elsewhere uses: the auth API offers no
+// web-session calls, and since the session's key material lives in this
+// proxy's memory anyway, a session cannot be used on another proxy. Expired
+// records are dropped when touched and on every create (no goroutine).
+type MemorySessionStore struct {
+	// mu guards records.
+	mu      sync.Mutex
+	records map[string]SessionRecord
+	now     func() time.Time
+}
+
+var _ SessionStore = (*MemorySessionStore)(nil)
+
+// NewMemorySessionStore returns an empty store; now is the clock.
+func NewMemorySessionStore(now func() time.Time) *MemorySessionStore {
+	return &MemorySessionStore{records: map[string]SessionRecord{}, now: now}
+}
+
+// CreateSession stores a new record.
+func (m *MemorySessionStore) CreateSession(ctx context.Context, key string, rec SessionRecord) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.now()
+	for k, r := range m.records {
+		if !now.Before(r.Expires) {
+			delete(m.records, k)
+		}
+	}
+	if _, ok := m.records[key]; ok {
+		return trace.AlreadyExists("web session already exists")
+	}
+	m.records[key] = rec
+	return nil
+}
+
+// UpdateSession replaces a record.
+func (m *MemorySessionStore) UpdateSession(ctx context.Context, key string, rec SessionRecord) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.records[key] = rec
+	return nil
+}
+
+// GetSession returns a record or NotFound.
+func (m *MemorySessionStore) GetSession(ctx context.Context, key string) (*SessionRecord, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec, ok := m.records[key]
+	if !ok || !m.now().Before(rec.Expires) {
+		delete(m.records, key)
+		return nil, trace.NotFound("web session not found")
+	}
+	return &rec, nil
+}
+
+// DeleteSession removes a record.
+func (m *MemorySessionStore) DeleteSession(ctx context.Context, key string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.records[key]; !ok {
+		return trace.NotFound("web session not found")
+	}
+	delete(m.records, key)
+	return nil
+}
