@@ -28,7 +28,7 @@ func ListNodes(ctx context.Context, creds *Credentials) ([]sshproxy.NodeEntry, e
 		return nil, trace.Wrap(err)
 	}
 	defer pc.Close()
-	ch, err := OpenSubsystem(ctx, pc, sshproxy.SubsystemNodes, nil)
+	ch, err := OpenSubsystem(ctx, pc, SubsystemConfig{Name: sshproxy.SubsystemNodes})
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -73,7 +73,7 @@ func ProxyStdio(ctx context.Context, creds *Credentials, subsystem string, stdin
 	defer pc.Close()
 	// The proxy's stderr goes to ours: OpenSSH shows a ProxyCommand's
 	// stderr, so a "not found" or ambiguous-host list reaches the user.
-	ch, err := OpenSubsystem(ctx, pc, subsystem, stderr)
+	ch, err := OpenSubsystem(ctx, pc, SubsystemConfig{Name: subsystem, Tee: stderr})
 	if err != nil {
 		return trace.Wrap(err)
 	}
