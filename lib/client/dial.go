@@ -234,6 +234,22 @@ func openSubsystem(proxyClient *ssh.Client, cfg SubsystemConfig) (*Subsystem, er
 	return sub, nil
 }
 
+// waitClosed waits for the subsystem's goroutines, which end once the
+// channel is closed by both sides or the proxy connection is: call it after
+// closing the proxy connection.
+func (s *Subsystem) waitClosed() {
+	<-s.reqsDone
+	<-s.stderrDone
+}
+
+// closeWith closes the subsystem and proxyClient, the connection it runs
+// on, and waits for the subsystem's goroutines.
+func (s *Subsystem) closeWith(proxyClient *ssh.Client) {
+	_ = s.Close()
+	_ = proxyClient.Close()
+	s.waitClosed()
+}
+
 // Explain waits (briefly) for the stderr stream to end and returns what
 // the proxy wrote there, trimmed; "" when it wrote nothing. Call it when
 // the stream ended early: the reason is there.
@@ -275,9 +291,12 @@ type NodeClient struct {
 	kaNode, kaProxy   *utils.SSHKeepAlive
 	clock             clockwork.Clock
 	nodeDone, pxyDone chan struct{}
+	// sub is the proxy:TARGET channel the node connection runs in.
+	sub *Subsystem
 }
 
-// Close closes the node connection, then the proxy connection.
+// Close closes the node connection, then the proxy connection, and waits
+// for the goroutines watching them, which end with the connections.
 func (c *NodeClient) Close() error {
 	err := c.Client.Close()
 	if perr := c.proxy.Close(); err == nil {
@@ -285,6 +304,9 @@ func (c *NodeClient) Close() error {
 	}
 	c.kaNode.Close()
 	c.kaProxy.Close()
+	c.sub.waitClosed()
+	<-c.nodeDone
+	<-c.pxyDone
 	return err
 }
 
@@ -392,13 +414,13 @@ func DialNode(ctx context.Context, creds *Credentials, target proxy.Target, logi
 		// The proxy ends the channel when it cannot route; its reason
 		// (not found, ambiguous with the candidates) is on stderr.
 		msg := ch.Explain()
-		pc.Close()
+		ch.closeWith(pc)
 		if msg != "" {
 			return nil, trace.BadParameter("%s", msg)
 		}
 		return nil, handshakeError("node "+target.Host, err)
 	}
-	nc := &NodeClient{Client: ssh.NewClient(sconn, chans, reqs), proxy: pc, host: target.Host, clock: ka.Clock}
+	nc := &NodeClient{Client: ssh.NewClient(sconn, chans, reqs), proxy: pc, host: target.Host, clock: ka.Clock, sub: ch}
 	nc.nodeDone, nc.pxyDone = waitDone(nc.Client), waitDone(pc)
 	nc.kaProxy = utils.StartSSHKeepAlive(pc, "the proxy at "+creds.Profile.ProxySSH, ka)
 	nc.kaNode = utils.StartSSHKeepAlive(nc.Client, target.Host, ka)

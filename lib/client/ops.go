@@ -32,7 +32,7 @@ func ListNodes(ctx context.Context, creds *Credentials) ([]sshproxy.NodeEntry, e
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	defer ch.Close()
+	defer ch.closeWith(pc)
 	stop := context.AfterFunc(ctx, func() { ch.Close() })
 	defer stop()
 	data, err := io.ReadAll(io.LimitReader(ch, maxNodesAnswer))
@@ -77,6 +77,7 @@ func ProxyStdio(ctx context.Context, creds *Credentials, subsystem string, stdin
 	if err != nil {
 		return trace.Wrap(err)
 	}
+	defer ch.closeWith(pc)
 	fromNode, _, err := utils.Splice(ctx, ch, stdio{stdin, stdout})
 	if err != nil {
 		return trace.Wrap(err)
