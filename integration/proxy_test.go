@@ -152,21 +152,35 @@ func TestJumpThroughProxy(t *testing.T) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(t, err)
 		defer ln.Close()
-		accepted := make(chan struct{}, 1)
+		// The kernel queues every connection made to ln in the order it
+		// was made, accepted or not: the accept loop reports them in
+		// that order.
+		accepted := make(chan string, 16)
 		go func() {
-			if conn, err := ln.Accept(); err == nil {
-				accepted <- struct{}{}
+			defer close(accepted)
+			for {
+				conn, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				accepted <- conn.RemoteAddr().String()
 				conn.Close()
+			}
+		}()
+		defer func() {
+			ln.Close()
+			for range accepted {
 			}
 		}()
 		_, err = c.viaJump(t, ln.Addr().String())
 		require.ErrorContains(t, err, "not found")
-		ln.Close()
-		select {
-		case <-accepted:
-			t.Fatal("the proxy dialed an unregistered address")
-		default:
-		}
+		// A probe made after the refusal came back is queued behind any
+		// connection the proxy made before refusing: it must be the
+		// first one accepted.
+		probe, err := net.Dial("tcp", ln.Addr().String())
+		require.NoError(t, err)
+		defer probe.Close()
+		require.Equal(t, probe.LocalAddr().String(), <-accepted, "the proxy dialed an unregistered address")
 	})
 	t.Run("exit status", func(t *testing.T) {
 		clt, err := c.viaJump(t, net.JoinHostPort(c.hostname, "0"))

@@ -91,8 +91,12 @@ func handshakeError(what string, err error) error {
 // explains a refusal on stderr and then ends the channel (it accepts the
 // request first, because OpenSSH would not print stderr after a refused
 // one), so stderr is captured for Explain.
+//
+// Its two goroutines (the channel's request loop and the stderr reader)
+// end when the channel does: Close it, or the proxy connection.
 type Subsystem struct {
 	ssh.Channel
+	clock clockwork.Clock
 	// stderrDone is closed when the stderr stream has ended; reqsDone
 	// when the channel's requests have (the channel is closed).
 	stderrDone, reqsDone chan struct{}
@@ -107,16 +111,64 @@ type Subsystem struct {
 // for a few hundred nodes fits.
 const maxStderr = 64 << 10
 
-// OpenSubsystem opens a session channel on the proxy and requests name.
-// A refusal is an error carrying what the proxy wrote on stderr (for an
-// ambiguous host, the candidate list). Stderr of an accepted subsystem is
-// captured (first 64 KiB) and, when tee is set, also copied there.
-func OpenSubsystem(ctx context.Context, proxyClient *ssh.Client, name string, tee io.Writer) (*Subsystem, error) {
+// SubsystemConfig names the subsystem OpenSubsystem requests.
+type SubsystemConfig struct {
+	// Name is the subsystem, e.g. "proxy:HOST:PORT" or "nodes" (required).
+	Name string
+	// Tee, when set, also receives the proxy's stderr as it arrives.
+	Tee io.Writer
+	// Clock times the short waits of Explain and ExitStatus; nil means
+	// the real clock.
+	Clock clockwork.Clock
+}
+
+// CheckAndSetDefaults checks the name and fills in the clock.
+func (c *SubsystemConfig) CheckAndSetDefaults() error {
+	if c.Name == "" {
+		return trace.BadParameter("missing subsystem name")
+	}
+	if c.Clock == nil {
+		c.Clock = clockwork.NewRealClock()
+	}
+	return nil
+}
+
+// OpenSubsystem opens a session channel on the proxy and requests
+// cfg.Name. A refusal is an error carrying what the proxy wrote on stderr
+// (for an ambiguous host, the candidate list). Stderr of an accepted
+// subsystem is captured (first 64 KiB) and, when cfg.Tee is set, also
+// copied there.
+//
+// When ctx ends before the subsystem is open, proxyClient is closed:
+// x/crypto has no way to abandon a channel open or a request the peer has
+// not answered, and every caller dials the proxy for this one channel.
+func OpenSubsystem(ctx context.Context, proxyClient *ssh.Client, cfg SubsystemConfig) (*Subsystem, error) {
+	if err := cfg.CheckAndSetDefaults(); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, trace.ConnectionProblem(err, "opening %s on the proxy: %v", cfg.Name, err)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = proxyClient.Close() })
+	defer stop()
+	sub, err := openSubsystem(proxyClient, cfg)
+	// stop reports false when ctx ended meanwhile: the proxy connection
+	// is closed (or closing), whatever openSubsystem saw.
+	if !stop() {
+		if sub != nil {
+			_ = sub.Close()
+		}
+		return nil, trace.ConnectionProblem(ctx.Err(), "opening %s on the proxy: %v", cfg.Name, ctx.Err())
+	}
+	return sub, trace.Wrap(err)
+}
+
+func openSubsystem(proxyClient *ssh.Client, cfg SubsystemConfig) (*Subsystem, error) {
 	ch, reqs, err := proxyClient.OpenChannel("session", nil)
 	if err != nil {
 		return nil, trace.ConnectionProblem(err, "proxy refused a session: %v", err)
 	}
-	sub := &Subsystem{Channel: ch, stderrDone: make(chan struct{}), reqsDone: make(chan struct{})}
+	sub := &Subsystem{Channel: ch, clock: cfg.Clock, stderrDone: make(chan struct{}), reqsDone: make(chan struct{})}
 	sub.exitStatus.Store(-1)
 	go func() {
 		defer close(sub.reqsDone)
@@ -141,8 +193,8 @@ func OpenSubsystem(ctx context.Context, proxyClient *ssh.Client, name string, te
 					sub.stderr.Write(buf[:n])
 				}
 				sub.mu.Unlock()
-				if tee != nil {
-					_, _ = tee.Write(buf[:n])
+				if cfg.Tee != nil {
+					_, _ = cfg.Tee.Write(buf[:n])
 				}
 			}
 			if err != nil {
@@ -150,7 +202,7 @@ func OpenSubsystem(ctx context.Context, proxyClient *ssh.Client, name string, te
 			}
 		}
 	}()
-	ok, err := ch.SendRequest("subsystem", true, ssh.Marshal(struct{ Name string }{name}))
+	ok, err := ch.SendRequest("subsystem", true, ssh.Marshal(struct{ Name string }{cfg.Name}))
 	if err != nil {
 		ch.Close()
 		return nil, trace.ConnectionProblem(err, "proxy connection lost: %v", err)
@@ -160,20 +212,36 @@ func OpenSubsystem(ctx context.Context, proxyClient *ssh.Client, name string, te
 		if msg := sub.Explain(); msg != "" {
 			return nil, trace.BadParameter("%s", msg)
 		}
-		return nil, trace.BadParameter("the proxy refused %s", name)
+		return nil, trace.BadParameter("the proxy refused %s", cfg.Name)
 	}
 	return sub, nil
+}
+
+// waitClosed waits for the subsystem's goroutines, which end once the
+// channel is closed by both sides or the proxy connection is: call it after
+// closing the proxy connection.
+func (s *Subsystem) waitClosed() {
+	<-s.reqsDone
+	<-s.stderrDone
+}
+
+// closeWith closes the subsystem and proxyClient, the connection it runs
+// on, and waits for the subsystem's goroutines.
+func (s *Subsystem) closeWith(proxyClient *ssh.Client) {
+	_ = s.Close()
+	_ = proxyClient.Close()
+	s.waitClosed()
 }
 
 // Explain waits (briefly) for the stderr stream to end and returns what
 // the proxy wrote there, trimmed; "" when it wrote nothing. Call it when
 // the stream ended early: the reason is there.
 func (s *Subsystem) Explain() string {
-	timer := time.NewTimer(stderrWait)
+	timer := s.clock.NewTimer(stderrWait)
 	defer timer.Stop()
 	select {
 	case <-s.stderrDone:
-	case <-timer.C:
+	case <-timer.Chan():
 	}
 	s.mu.Lock()
 	msg := s.stderr.String()
@@ -186,11 +254,11 @@ func (s *Subsystem) Explain() string {
 // exit status the proxy sent for it: 0 for a subsystem that ended well,
 // 1 for one it refused or that failed; -1 when none came.
 func (s *Subsystem) ExitStatus() int {
-	timer := time.NewTimer(stderrWait)
+	timer := s.clock.NewTimer(stderrWait)
 	defer timer.Stop()
 	select {
 	case <-s.reqsDone:
-	case <-timer.C:
+	case <-timer.Chan():
 	}
 	return int(s.exitStatus.Load())
 }
@@ -206,9 +274,12 @@ type NodeClient struct {
 	kaNode, kaProxy   *utils.SSHKeepAlive
 	clock             clockwork.Clock
 	nodeDone, pxyDone chan struct{}
+	// sub is the proxy:TARGET channel the node connection runs in.
+	sub *Subsystem
 }
 
-// Close closes the node connection, then the proxy connection.
+// Close closes the node connection, then the proxy connection, and waits
+// for the goroutines watching them, which end with the connections.
 func (c *NodeClient) Close() error {
 	err := c.Client.Close()
 	if perr := c.proxy.Close(); err == nil {
@@ -216,6 +287,9 @@ func (c *NodeClient) Close() error {
 	}
 	c.kaNode.Close()
 	c.kaProxy.Close()
+	c.sub.waitClosed()
+	<-c.nodeDone
+	<-c.pxyDone
 	return err
 }
 
@@ -304,7 +378,7 @@ func DialNode(ctx context.Context, creds *Credentials, target proxy.Target, logi
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	ch, err := OpenSubsystem(ctx, pc, target.SubsystemString(), nil)
+	ch, err := OpenSubsystem(ctx, pc, SubsystemConfig{Name: target.SubsystemString(), Clock: ka.Clock})
 	if err != nil {
 		pc.Close()
 		return nil, trace.Wrap(err)
@@ -323,13 +397,13 @@ func DialNode(ctx context.Context, creds *Credentials, target proxy.Target, logi
 		// The proxy ends the channel when it cannot route; its reason
 		// (not found, ambiguous with the candidates) is on stderr.
 		msg := ch.Explain()
-		pc.Close()
+		ch.closeWith(pc)
 		if msg != "" {
 			return nil, trace.BadParameter("%s", msg)
 		}
 		return nil, handshakeError("node "+target.Host, err)
 	}
-	nc := &NodeClient{Client: ssh.NewClient(sconn, chans, reqs), proxy: pc, host: target.Host, clock: ka.Clock}
+	nc := &NodeClient{Client: ssh.NewClient(sconn, chans, reqs), proxy: pc, host: target.Host, clock: ka.Clock, sub: ch}
 	nc.nodeDone, nc.pxyDone = waitDone(nc.Client), waitDone(pc)
 	nc.kaProxy = utils.StartSSHKeepAlive(pc, "the proxy at "+creds.Profile.ProxySSH, ka)
 	nc.kaNode = utils.StartSSHKeepAlive(nc.Client, target.Host, ka)

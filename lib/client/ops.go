@@ -28,11 +28,11 @@ func ListNodes(ctx context.Context, creds *Credentials) ([]proxyapi.NodeEntry, e
 		return nil, trace.Wrap(err)
 	}
 	defer pc.Close()
-	ch, err := OpenSubsystem(ctx, pc, proxyapi.SubsystemNodes, nil)
+	ch, err := OpenSubsystem(ctx, pc, SubsystemConfig{Name: proxyapi.SubsystemNodes})
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	defer ch.Close()
+	defer ch.closeWith(pc)
 	stop := context.AfterFunc(ctx, func() { ch.Close() })
 	defer stop()
 	data, err := io.ReadAll(io.LimitReader(ch, maxNodesAnswer))
@@ -73,10 +73,11 @@ func ProxyStdio(ctx context.Context, creds *Credentials, subsystem string, stdin
 	defer pc.Close()
 	// The proxy's stderr goes to ours: OpenSSH shows a ProxyCommand's
 	// stderr, so a "not found" or ambiguous-host list reaches the user.
-	ch, err := OpenSubsystem(ctx, pc, subsystem, stderr)
+	ch, err := OpenSubsystem(ctx, pc, SubsystemConfig{Name: subsystem, Tee: stderr})
 	if err != nil {
 		return trace.Wrap(err)
 	}
+	defer ch.closeWith(pc)
 	fromNode, _, err := utils.Splice(ctx, ch, stdio{stdin, stdout})
 	if err != nil {
 		return trace.Wrap(err)

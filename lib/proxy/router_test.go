@@ -121,8 +121,11 @@ func routingNodes() []services.Node {
 	}
 }
 
+// TestRoute walks the routing rules. Every case gets its own inventory,
+// watcher and networking config, so no case depends on another's settings
+// or on the order they run in; and every case states what it expects: the
+// node and the exact reason, or the exact error.
 func TestRoute(t *testing.T) {
-	env := newRouterEnv(t, routingNodes(), nil)
 	ctx := context.Background()
 	type tc struct {
 		target string
@@ -131,7 +134,7 @@ func TestRoute(t *testing.T) {
 		strat   string
 		ci      bool
 		want    string // chosen uuid
-		reason  string // substring of Reason
+		reason  string // exact Reason of the chosen route
 		err     string // exact error, when routing fails
 		isErr   func(error) bool
 	}
@@ -149,30 +152,30 @@ func TestRoute(t *testing.T) {
 		{target: "WEB", err: "ambiguous host \"WEB\" matches 2 nodes in cluster \"c1\"; connect by UUID instead:\n" +
 			"  u1 addr=10.0.0.1:3022 labels=app=shop,env=prod last_heartbeat=2026-11-30T12:00:00Z\n" +
 			"  u2 addr=10.0.0.2:3022 labels=- last_heartbeat=2026-11-30T12:00:00Z", isErr: ambiguous},
-		{target: "WEB", strat: services.RoutingMostRecent, want: "u1", reason: "no exact match; most_recent"},
+		{target: "WEB", strat: services.RoutingMostRecent, want: "u1", reason: `no exact match; most_recent: latest heartbeat (2026-11-30T12:00:00Z) among 2 nodes matching "WEB"`},
 		{target: "web-upper", want: "u12", reason: "no exact match; matched hostname (case-insensitive)"},
-		{target: "web-upper:22", want: "u12"},
+		{target: "web-upper:22", want: "u12", reason: "no exact match; matched hostname (case-insensitive)"},
 		{target: "web-upper:2222", err: `node "web-upper" not found in cluster "c1"`, isErr: notFound},
 		{target: "web-upper.c1", want: "u12", reason: "web-upper.c1 resolved to web-upper in cluster c1; no exact match; matched hostname (case-insensitive)"},
 		{target: "Web-Upper", want: "u12", reason: "matched hostname"},
 		{target: "WEB", ci: true, err: "ambiguous host \"WEB\" matches 2 nodes in cluster \"c1\"; connect by UUID instead:\n" +
 			"  u1 addr=10.0.0.1:3022 labels=app=shop,env=prod last_heartbeat=2026-11-30T12:00:00Z\n" +
 			"  u2 addr=10.0.0.2:3022 labels=- last_heartbeat=2026-11-30T12:00:00Z", isErr: ambiguous},
-		{target: "WEB:3022", ci: true, strat: services.RoutingMostRecent, want: "u1", reason: "most_recent"},
-		{target: "DB", ci: true, want: "u3", reason: "hostname (case-insensitive)"},
+		{target: "WEB:3022", ci: true, strat: services.RoutingMostRecent, want: "u1", reason: `most_recent: latest heartbeat (2026-11-30T12:00:00Z) among 2 nodes matching "WEB" on port 3022`},
+		{target: "DB", ci: true, want: "u3", reason: "matched hostname (case-insensitive)"},
 		// Rule 2: address host, IPv4 and IPv6 in any spelling.
 		{target: "10.0.0.5", want: "u5", reason: "matched address"},
 		{target: "2001:db8::5", want: "u3", reason: "matched address"},
-		{target: "[2001:db8:0::5]:3022", want: "u3", reason: "matched address"},
-		{target: "[2001:db8::5]:22", want: "u3"},
+		{target: "[2001:db8:0::5]:3022", want: "u3", reason: "matched address on port 3022"},
+		{target: "[2001:db8::5]:22", want: "u3", reason: "matched address"},
 		// A hostname equal to another node's address host: both match.
 		{target: "10.0.0.4", err: "ambiguous host \"10.0.0.4\" matches 2 nodes in cluster \"c1\"; connect by UUID instead:\n" +
 			"  u11 addr=10.0.0.11:3022 labels=- last_heartbeat=2026-11-30T12:00:00Z\n" +
 			"  u4 addr=10.0.0.4:22 labels=env=prod last_heartbeat=2026-11-30T11:59:00Z", isErr: ambiguous},
 		// Rule 3: ports. "", "0" and "22" mean any port.
-		{target: "web:3022", want: "u1"},
-		{target: "web:0", want: "u1"},
-		{target: "web:22", want: "u1"},
+		{target: "web:3022", want: "u1", reason: "matched hostname on port 3022"},
+		{target: "web:0", want: "u1", reason: "matched hostname"},
+		{target: "web:22", want: "u1", reason: "matched hostname"},
 		{target: "web:2222", err: `node "web" not found in cluster "c1"`, isErr: notFound},
 		{target: "api", err: "ambiguous host \"api\" matches 2 nodes in cluster \"c1\"; connect by UUID instead:\n" +
 			"  u4 addr=10.0.0.4:22 labels=env=prod last_heartbeat=2026-11-30T11:59:00Z\n" +
@@ -182,57 +185,69 @@ func TestRoute(t *testing.T) {
 			"  u5 addr=10.0.0.5:3022 labels=env=staging last_heartbeat=2026-11-30T11:58:00Z"},
 		{target: "api:3022", want: "u5", reason: "matched hostname on port 3022"},
 		// Rule 5: most_recent picks the latest heartbeat.
-		{target: "api", strat: services.RoutingMostRecent, want: "u4", reason: "most_recent: latest heartbeat (2026-11-30T11:59:00Z) among 2 nodes"},
-		{target: "build", strat: services.RoutingMostRecent, want: "u10"},
+		{target: "api", strat: services.RoutingMostRecent, want: "u4", reason: `most_recent: latest heartbeat (2026-11-30T11:59:00Z) among 2 nodes matching "api"`},
+		{target: "build", strat: services.RoutingMostRecent, want: "u10", reason: `most_recent: latest heartbeat (2026-11-30T11:59:50Z) among 2 nodes matching "build"`},
 		{target: "build", err: "ambiguous host \"build\" matches 2 nodes in cluster \"c1\"; connect by UUID instead:\n" +
 			"  u10 addr=10.0.0.10:3022 labels=- last_heartbeat=2026-11-30T11:59:50Z\n" +
 			"  u9 addr=10.0.0.9:3022 labels=- last_heartbeat=2026-11-30T11:55:00Z", isErr: ambiguous},
 		// Rule 0: NAME.CLUSTER.
 		{target: "cache.c1", want: "u7", reason: "cache.c1 resolved to cache in cluster c1; matched hostname"},
-		{target: "cache.C1:3022", want: "u7"},
-		{target: "u3.c1", want: "u3", reason: "matched uuid"},
+		{target: "cache.C1:3022", want: "u7", reason: "cache.C1 resolved to cache in cluster c1; matched hostname on port 3022"},
+		{target: "u3.c1", want: "u3", reason: "u3.c1 resolved to u3 in cluster c1; matched uuid"},
 		// No literal exception: NAME.CLUSTER always means NAME in
 		// CLUSTER, even with a node (refused at join nowadays) literally
 		// called web.c1.
 		{target: "web.c1", want: "u1", reason: "web.c1 resolved to web in cluster c1; matched hostname"},
-		{target: "web.C1", want: "u1"},
+		{target: "web.C1", want: "u1", reason: "web.C1 resolved to web in cluster c1; matched hostname"},
 		{target: "web.c1.c1", want: "u6", reason: "web.c1.c1 resolved to web.c1 in cluster c1; matched hostname"},
-		{target: "WEB.C1", ci: true, isErr: ambiguous},
+		{target: "WEB.C1", ci: true, err: "ambiguous host \"WEB.C1\" matches 2 nodes in cluster \"c1\"; connect by UUID instead:\n" +
+			"  u1 addr=10.0.0.1:3022 labels=app=shop,env=prod last_heartbeat=2026-11-30T12:00:00Z\n" +
+			"  u2 addr=10.0.0.2:3022 labels=- last_heartbeat=2026-11-30T12:00:00Z", isErr: ambiguous},
 		{target: "cache.c2", err: `node "cache.c2" not found in cluster "c1"`, isErr: notFound},
 		{target: ".c1", err: `node ".c1" not found in cluster "c1"`, isErr: notFound},
 		// Rule 4 and clusters.
 		{target: "nope", err: `node "nope" not found in cluster "c1"`, isErr: notFound},
-		{target: "web", cluster: "c1", want: "u1"},
+		{target: "web", cluster: "c1", want: "u1", reason: "matched hostname"},
 		{target: "web", cluster: "c2", err: `cluster "c2" not found`, isErr: notFound},
 	} {
 		name := c.target + "/" + c.strat
 		if c.ci {
 			name += "/ci"
 		}
+		if c.cluster != "" {
+			name += "/cluster=" + c.cluster
+		}
 		t.Run(name, func(t *testing.T) {
+			if c.want != "" {
+				require.NotEmpty(t, c.reason, "the case must state the route's reason")
+				require.Empty(t, c.err, "a case expects a route or an error, not both")
+			} else {
+				require.NotEmpty(t, c.err, "the case must state the exact error")
+				require.NotNil(t, c.isErr, "the case must state the error's class")
+				require.Empty(t, c.reason, "a failed route has no reason")
+			}
 			strat := c.strat
 			if strat == "" {
 				strat = services.RoutingUnambiguousMatch
 			}
+			env := newRouterEnv(t, routingNodes(), nil)
 			env.setNetworking(t, strat, c.ci, 0)
 			tgt, err := ParseTarget(c.target)
 			require.NoError(t, err)
 			tgt.Cluster = c.cluster
 			route, err := env.router.Route(ctx, tgt, nil)
-			if c.err != "" || c.isErr != nil {
+			if c.want == "" {
 				require.Error(t, err)
-				if c.err != "" {
-					require.Equal(t, c.err, err.Error())
-				}
-				if c.isErr != nil {
-					require.True(t, c.isErr(err), "%T %v", err, err)
-				}
-				require.Empty(t, route.Node.UUID)
+				require.Equal(t, c.err, err.Error())
+				require.True(t, c.isErr(err), "%T %v", err, err)
+				require.Zero(t, route.Node)
+				require.Empty(t, route.Reason)
 				return
 			}
 			require.NoError(t, err)
 			require.Equal(t, c.want, route.Node.UUID)
-			require.Contains(t, route.Reason, c.reason)
+			require.Equal(t, c.reason, route.Reason)
+			require.Equal(t, strat, route.Strategy)
 			require.Equal(t, testCluster, route.Cluster)
 			require.Contains(t, uuidsOf(route.Candidates), c.want)
 		})

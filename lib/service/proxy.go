@@ -161,7 +161,3 @@ func (p *Process) startWeb(sshAddr net.Addr) error {
 	p.log.WithField("addr", ln.Addr().String()).Info("Web server is serving.")
 	return nil
 }
-
-// Router is the process's router (nil without the proxy role); tests and
-// the web terminal use the same object.
-func (p *Process) Router() *proxy.Router { return p.router }

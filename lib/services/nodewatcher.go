@@ -17,7 +17,7 @@ import (
 
 // NodeEvents is what the NodeWatcher consumes: a watch over node keys and a
 // way to load the nodes. The Store's backend plus Store.GetNodes provide it
-// (see StoreNodeEvents); later an auth client relaying events will too.
+// (see Store.NodeEvents); later an auth client relaying events will too.
 type NodeEvents interface {
 	NewWatcher(ctx context.Context, watch backend.Watch) (backend.Watcher, error)
 	GetNodes(ctx context.Context, cluster string) ([]Node, error)

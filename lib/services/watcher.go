@@ -122,7 +122,6 @@ type ResourceWatcher[T any] struct {
 	health error
 
 	failures atomic.Uint64
-	syncs    atomic.Uint64
 }
 
 // NewResourceWatcher starts the watcher's goroutine; stop it with Close.
@@ -184,9 +183,6 @@ func (w *ResourceWatcher[T]) Healthy() error {
 
 // Failures counts watches that broke or syncs that failed.
 func (w *ResourceWatcher[T]) Failures() uint64 { return w.failures.Load() }
-
-// Syncs counts successful loads.
-func (w *ResourceWatcher[T]) Syncs() uint64 { return w.syncs.Load() }
 
 func (w *ResourceWatcher[T]) setHealth(err error) {
 	w.mu.Lock()
@@ -255,7 +251,6 @@ func (w *ResourceWatcher[T]) sync(ctx context.Context) (synced bool, err error) 
 		return false, trace.Wrap(err)
 	}
 	w.cfg.Collector.Reset(items)
-	w.syncs.Add(1)
 	w.setHealth(nil)
 	w.syncedOnce.Do(func() { close(w.synced) })
 	w.cfg.Logger.WithField("count", len(items)).Debug("Synced.")

@@ -237,7 +237,15 @@ const refusalWait = 10 * time.Second
 // resource shortage: ..."), then the connection closes.
 func (s *Server) refuseConn(sconn *ssh.ServerConn, chans <-chan ssh.NewChannel, reqs <-chan *ssh.Request, err error) {
 	s.cfg.Logger.WithError(err).WithField("remote_addr", sconn.RemoteAddr().String()).Warn("Connection refused by a cap.")
-	go ssh.DiscardRequests(reqs)
+	// The connection's global requests are refused meanwhile; the loop
+	// ends when the connection does, and refuseConn waits for it so that
+	// it is counted in s.wg like everything else the connection runs.
+	reqsDone := make(chan struct{})
+	go func() {
+		defer close(reqsDone)
+		ssh.DiscardRequests(reqs)
+	}()
+	defer func() { <-reqsDone }()
 	timer := s.cfg.Clock.NewTimer(refusalWait)
 	defer timer.Stop()
 	select {
