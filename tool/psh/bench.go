@@ -76,6 +76,9 @@ func (c *cli) doBenchSSH(ctx context.Context) error {
 		return trace.Wrap(err)
 	}
 	login, host := splitLogin(b.target)
+	if login == "" && strings.Contains(b.target, "@") {
+		return trace.BadParameter("no login before the @ in %q: name one as LOGIN@HOST, or leave out the @ for the certificate's first", b.target)
+	}
 	if login == "" {
 		login = creds.DefaultLogin()
 	}
@@ -95,7 +98,9 @@ func (c *cli) doBenchSSH(ctx context.Context) error {
 		return trace.Wrap(err)
 	}
 	if err := bench.Probe(ctx, session, nil); err != nil {
-		return trace.Wrap(err, "the first session failed, nothing was measured")
+		// Its error alone (the routing error, the refusal): the user
+		// learns what every session would have failed on.
+		return trace.Wrap(err)
 	}
 	cfg := bench.Config{
 		Rate:        b.rate,
