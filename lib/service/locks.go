@@ -46,3 +46,31 @@ func (p *Process) startLocks(ctx context.Context) error {
 	}
 	return nil
 }
+
+// startAccessCache gives the SSH servers their roles and CAs from memory
+// (services.AccessCache): no backend read per connection or session. It
+// needs the backend's watch, so it runs where auth does; a process whose
+// auth server is elsewhere asks the auth API (ap), whose watch stream
+// carries nodes and locks only.
+func (p *Process) startAccessCache(ctx context.Context, ap accessPoint) error {
+	if p.store == nil {
+		p.sshAccess = ap
+		return nil
+	}
+	c, err := services.NewAccessCache(services.AccessCacheConfig{
+		Events: p.store,
+		Clock:  p.clock,
+		Logger: p.log.WithField("component", "watcher:access"),
+	})
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	p.sshAccess = c
+	p.onShutdown(func(context.Context) error { return c.Close() })
+	wctx, cancel := context.WithTimeout(ctx, lockSyncWait)
+	defer cancel()
+	if err := c.WaitSynced(wctx); err != nil {
+		p.log.WithError(err).Warn("Roles and CAs are not loaded yet: connections are refused until they are.")
+	}
+	return nil
+}

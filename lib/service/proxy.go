@@ -83,7 +83,7 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	server, err := srv.New(srv.Config{
 		ClusterName: p.clusterName,
 		HostSigners: []ssh.Signer{id.SSHSigner},
-		AccessPoint: ap,
+		AccessPoint: p.sshAccess,
 		Proxy:       handler,
 		Limiter:     lim,
 		Audit:       p.audit,

@@ -90,6 +90,10 @@ type Process struct {
 	router      *proxy.Router
 	// locks is the lock set every server here enforces (locks.go).
 	locks *services.LockWatcher
+	// sshAccess is what the SSH servers check certificates and roles
+	// against: the in-memory AccessCache when the backend is here (see
+	// startAccessCache), else the auth client.
+	sshAccess srv.AccessPoint
 
 	// mu guards listeners.
 	mu        sync.Mutex
