@@ -230,4 +230,3 @@ func (c *mapCollector[T]) get(key string) (T, bool) {
 	it, ok := c.items[key]
 	return it, ok
 }
-

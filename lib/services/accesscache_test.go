@@ -20,7 +20,7 @@ func TestAccessCache(t *testing.T) {
 	role := &Role{Metadata: Metadata{Name: "dev"}, Spec: RoleSpec{Logins: []string{"alice"}, NodeLabels: map[string]LabelValues{"env": {"dev"}}}}
 	require.NoError(t, s.UpsertRole(ctx, role))
 	require.NoError(t, s.CreateCertAuthority(ctx, CertAuthority{Type: UserCA, ClusterName: "c1",
-		SSHPublicKeys: []string{"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBkUbBvYpgJ5bDcrnYi2dDpSTR0oXEJnB5ZUP9wEFwXO"},
+		SSHPublicKeys:  []string{"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBkUbBvYpgJ5bDcrnYi2dDpSTR0oXEJnB5ZUP9wEFwXO"},
 		SSHPrivateKeys: [][]byte{[]byte("secret")}}))
 
 	c, err := NewAccessCache(AccessCacheConfig{Events: s, Clock: clock})
