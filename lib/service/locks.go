@@ -48,17 +48,22 @@ func (p *Process) startLocks(ctx context.Context) error {
 }
 
 // startAccessCache gives the SSH servers their roles and CAs from memory
-// (services.AccessCache): no backend read per connection or session. It
-// needs the backend's watch, so it runs where auth does; a process whose
-// auth server is elsewhere asks the auth API (ap), whose watch stream
-// carries nodes and locks only.
+// (services.AccessCache): no backend read or auth API call per connection
+// or session. It watches the backend when auth runs here, the auth API's
+// access watch (roles and CA public keys) otherwise.
 func (p *Process) startAccessCache(ctx context.Context, ap accessPoint) error {
-	if p.store == nil {
+	var events services.AccessEvents
+	switch {
+	case p.store != nil:
+		events = p.store
+	case p.authClient != nil:
+		events = p.authClient.AccessEvents()
+	default:
 		p.sshAccess = ap
 		return nil
 	}
 	c, err := services.NewAccessCache(services.AccessCacheConfig{
-		Events: p.store,
+		Events: events,
 		Clock:  p.clock,
 		Logger: p.log.WithField("component", "watcher:access"),
 	})

@@ -3,6 +3,7 @@ package services
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"sync"
 
 	"github.com/gravitational/trace"
@@ -230,3 +231,15 @@ func (c *mapCollector[T]) get(key string) (T, bool) {
 	it, ok := c.items[key]
 	return it, ok
 }
+
+// RolesPrefix is the prefix of every role key.
+func RolesPrefix() string { return backend.Prefix(rolesPrefix) }
+
+// AuthoritiesPrefix is the prefix of every certificate authority key.
+func AuthoritiesPrefix() string { return backend.Prefix(authoritiesPrefix) }
+
+// IsAuthorityKey reports whether key is a certificate authority's.
+func IsAuthorityKey(key string) bool { return strings.HasPrefix(key, AuthoritiesPrefix()) }
+
+// NetworkingKey is the backend key of the cluster networking config.
+func NetworkingKey() string { return networkingKey() }
