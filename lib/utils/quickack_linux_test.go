@@ -28,7 +28,9 @@ func setQuickAck(t *testing.T, c *net.TCPConn, v int) {
 	t.Helper()
 	raw, err := c.SyscallConn()
 	require.NoError(t, err)
-	require.NoError(t, raw.Control(func(fd uintptr) { require.NoError(t, unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_QUICKACK, v)) }))
+	require.NoError(t, raw.Control(func(fd uintptr) {
+		require.NoError(t, unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_QUICKACK, v))
+	}))
 }
 
 // TestQuickAckConn: through a wrapper that only offers Unwrap, each Read
