@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -37,21 +36,6 @@ func (c *allInOne) sshBanner(t *testing.T, addr string) (string, error) {
 	mu.Lock()
 	defer mu.Unlock()
 	return banner.String(), err
-}
-
-// opensshBannerConfig is opensshConfig with banners shown (LogLevel INFO
-// on both hops: OpenSSH prints auth banners only at INFO and above) and a
-// host that reaches the node port directly.
-func (c *allInOne) opensshBannerConfig(t *testing.T) string {
-	t.Helper()
-	data, err := os.ReadFile(c.opensshConfig(t, ""))
-	require.NoError(t, err)
-	nodePort := c.p.Addr(service.ListenerNode).(*net.TCPAddr).Port
-	cfg := "Host node-direct\n  HostName 127.0.0.1\n  Port " + strconv.Itoa(nodePort) + "\n  HostKeyAlias " + c.hostname + "\n" +
-		strings.Replace(string(data), "LogLevel ERROR", "LogLevel INFO", 1)
-	path := filepath.Join(t.TempDir(), "ssh_config_banner")
-	require.NoError(t, os.WriteFile(path, []byte(cfg), 0o600))
-	return path
 }
 
 // requireAuthUnavailableEverywhere is issue 10 item 13: with the backend
