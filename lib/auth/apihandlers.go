@@ -47,12 +47,16 @@ func (a *APIServer) registerRoutes() {
 	a.handle("GET /v1/authorities/{type}/{cluster}", allow(node, proxy, admin), a.getCA)
 	// Roles: nodes and proxies read the roles a certificate names (RBAC
 	// is evaluated live); listing and writing is administration.
-	a.handle("GET /v1/roles", allow(admin), a.getRoles)
+	// Proxies and nodes load every role into their AccessCache (they
+	// could already read any role by name).
+	a.handle("GET /v1/roles", allow(node, proxy, admin), a.getRoles)
+	a.handleStream("GET /v1/watch/access", allow(node, proxy), a.watchAccess)
 	a.handle("GET /v1/roles/{name}", allow(node, proxy, admin), a.getRole)
 	a.handle("PUT /v1/roles", allow(admin), a.upsertRole)
 	a.handle("DELETE /v1/roles/{name}", allow(admin), a.deleteRole)
 	// Networking (routing strategy): the proxy's router reads it.
 	a.handle("GET /v1/networking", allow(proxy, admin), a.getNetworking)
+	a.handleStream("GET /v1/watch/networking", allow(proxy), a.watchNetworking)
 	a.handle("PUT /v1/networking", allow(admin), a.setNetworking)
 	// Users and tokens: administration only.
 	a.handle("GET /v1/users", allow(admin), a.getUsers)

@@ -41,13 +41,14 @@ var wantPolicy = map[string][]string{
 	"GET /v1/authorities/{type}":           {RoleNode, RoleProxy, RoleAdmin},
 	"GET /v1/authorities/{type}/{cluster}": {RoleNode, RoleProxy, RoleAdmin},
 
-	"GET /v1/roles":           {RoleAdmin},
+	"GET /v1/roles":           {RoleNode, RoleProxy, RoleAdmin},
 	"GET /v1/roles/{name}":    {RoleNode, RoleProxy, RoleAdmin},
 	"PUT /v1/roles":           {RoleAdmin},
 	"DELETE /v1/roles/{name}": {RoleAdmin},
 
-	"GET /v1/networking": {RoleProxy, RoleAdmin},
-	"PUT /v1/networking": {RoleAdmin},
+	"GET /v1/networking":       {RoleProxy, RoleAdmin},
+	"GET /v1/watch/networking": {RoleProxy},
+	"PUT /v1/networking":       {RoleAdmin},
 
 	"GET /v1/users":                   {RoleAdmin},
 	"POST /v1/users":                  {RoleAdmin},
@@ -68,6 +69,7 @@ var wantPolicy = map[string][]string{
 	"DELETE /v1/locks/{kind}/{name}": {RoleAdmin},
 	"GET /v1/locks":                  {RoleNode, RoleProxy, RoleAdmin},
 	"GET /v1/watch/locks":            {RoleNode, RoleProxy},
+	"GET /v1/watch/access":           {RoleNode, RoleProxy},
 }
 
 var pathParamRe = regexp.MustCompile(`\{[a-z]+\}`)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,17 +50,27 @@ func (a *APIServer) watchNodes(w http.ResponseWriter, r *http.Request, p *peer) 
 // watchPrefix streams the events of keys under root, and nothing else:
 // every requested prefix must be under it.
 func (a *APIServer) watchPrefix(w http.ResponseWriter, r *http.Request, p *peer, root string) {
+	a.watchRoots(w, r, p, nil, root)
+}
+
+// watchRoots streams the events of keys under any of roots; every
+// requested prefix must be under one of them. transform, when set,
+// rewrites each put's value before it is sent (to strip secrets) and may
+// refuse it (the event is then sent as a delete: the peer must not keep a
+// stale value it can no longer be told about).
+func (a *APIServer) watchRoots(w http.ResponseWriter, r *http.Request, p *peer, transform func(key string, value []byte) ([]byte, error), roots ...string) {
 	q := r.URL.Query()
 	prefixes := q["prefix"]
 	for _, pr := range prefixes {
-		if !strings.HasPrefix(pr, root) {
-			writeError(w, trace.AccessDenied("watch prefix %q is outside %q", pr, root))
+		if !slices.ContainsFunc(roots, func(root string) bool { return strings.HasPrefix(pr, root) }) {
+			writeError(w, trace.AccessDenied("watch prefix %q is outside %q", pr, strings.Join(roots, ", ")))
 			return
 		}
 	}
 	if len(prefixes) == 0 {
-		prefixes = []string{root}
+		prefixes = roots
 	}
+	root := strings.Join(roots, ",")
 	queue, _ := strconv.Atoi(q.Get("queue_size"))
 	if queue < 0 || queue > 1<<16 {
 		queue = 0
@@ -96,13 +107,22 @@ func (a *APIServer) watchPrefix(w http.ResponseWriter, r *http.Request, p *peer,
 	for {
 		select {
 		case ev := <-watcher.Events():
-			if !send(authapi.WatchEvent{
+			we := authapi.WatchEvent{
 				Type:     ev.Type.String(),
 				Key:      ev.Item.Key,
 				Value:    ev.Item.Value,
 				Expires:  ev.Item.Expires,
 				Revision: ev.Item.Revision,
-			}) {
+			}
+			if transform != nil && ev.Type == backend.OpPut {
+				v, err := transform(ev.Item.Key, ev.Item.Value)
+				if err != nil {
+					log.WithError(err).WithField("key", ev.Item.Key).Warn("Watch event not sent as is.")
+					we.Type, v = backend.OpDelete.String(), nil
+				}
+				we.Value = v
+			}
+			if !send(we) {
 				return
 			}
 		case <-watcher.Done():

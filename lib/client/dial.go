@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,6 +35,10 @@ var hostKeyAlgorithms = []string{
 	ssh.CertAlgoED25519v01, ssh.CertAlgoECDSA256v01, ssh.CertAlgoECDSA384v01, ssh.CertAlgoECDSA521v01,
 	ssh.CertAlgoRSASHA512v01, ssh.CertAlgoRSASHA256v01,
 }
+
+// HostKeyAlgorithms is psh's host key preference, for clients that make
+// their own config (psh bench).
+func HostKeyAlgorithms() []string { return slices.Clone(hostKeyAlgorithms) }
 
 func (c *Credentials) clientConfig(login string) *ssh.ClientConfig {
 	return &ssh.ClientConfig{

@@ -46,3 +46,36 @@ func (p *Process) startLocks(ctx context.Context) error {
 	}
 	return nil
 }
+
+// startAccessCache gives the SSH servers their roles and CAs from memory
+// (services.AccessCache): no backend read or auth API call per connection
+// or session. It watches the backend when auth runs here, the auth API's
+// access watch (roles and CA public keys) otherwise.
+func (p *Process) startAccessCache(ctx context.Context, ap accessPoint) error {
+	var events services.AccessEvents
+	switch {
+	case p.store != nil:
+		events = p.store
+	case p.authClient != nil:
+		events = p.authClient.AccessEvents()
+	default:
+		p.sshAccess = ap
+		return nil
+	}
+	c, err := services.NewAccessCache(services.AccessCacheConfig{
+		Events: events,
+		Clock:  p.clock,
+		Logger: p.log.WithField("component", "watcher:access"),
+	})
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	p.sshAccess = c
+	p.onShutdown(func(context.Context) error { return c.Close() })
+	wctx, cancel := context.WithTimeout(ctx, lockSyncWait)
+	defer cancel()
+	if err := c.WaitSynced(wctx); err != nil {
+		p.log.WithError(err).Warn("Roles and CAs are not loaded yet: connections are refused until they are.")
+	}
+	return nil
+}

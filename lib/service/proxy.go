@@ -41,14 +41,20 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	}
 	p.onShutdown(func(context.Context) error { return nw.Close() })
 
-	// The networking config is read on every route. With auth in this
-	// process it is served from memory, kept current by a watch (a change
-	// applies as soon as its event lands, milliseconds); a remote proxy
-	// asks auth, whose watch stream carries nodes only.
+	// The networking config is read on every route. It is served from
+	// memory, kept current by a watch (a change applies as soon as its
+	// event lands, milliseconds): on the backend when auth runs here, on
+	// the auth API's networking watch otherwise.
 	var networking proxy.NetworkingGetter = ap
+	var netEvents services.NetworkingEvents
 	if p.store != nil {
+		netEvents = p.store
+	} else if p.authClient != nil {
+		netEvents = p.authClient.NetworkingEvents()
+	}
+	if netEvents != nil {
 		netw, err := services.NewNetworkingWatcher(services.NetworkingWatcherConfig{
-			Events: p.store,
+			Events: netEvents,
 			Clock:  p.clock,
 			Logger: p.log.WithField("component", "netwatcher"),
 		})
@@ -83,7 +89,7 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	server, err := srv.New(srv.Config{
 		ClusterName: p.clusterName,
 		HostSigners: []ssh.Signer{id.SSHSigner},
-		AccessPoint: ap,
+		AccessPoint: p.sshAccess,
 		Proxy:       handler,
 		Limiter:     lim,
 		Audit:       p.audit,

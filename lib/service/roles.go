@@ -79,6 +79,9 @@ func (p *Process) startHostRoles(ctx context.Context) error {
 	if err := p.startLocks(ctx); err != nil {
 		return trace.Wrap(err)
 	}
+	if err := p.startAccessCache(ctx, ap); err != nil {
+		return trace.Wrap(err)
+	}
 	if nodeLn != nil {
 		if err := p.startNode(ctx, nodeLn, nodeLim, nodeID, ap); err != nil {
 			return trace.Wrap(err)
@@ -129,7 +132,7 @@ func (p *Process) startNode(ctx context.Context, ln net.Listener, lim *limiter.C
 	server, err := srv.New(srv.Config{
 		ClusterName: p.clusterName,
 		HostSigners: []ssh.Signer{id.SSHSigner},
-		AccessPoint: ap,
+		AccessPoint: p.sshAccess,
 		GetNode:     rec.get,
 		Clock:       p.clock,
 		Logger:      p.log.WithField("component", "node"),

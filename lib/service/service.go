@@ -22,6 +22,7 @@ import (
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/sirupsen/logrus"
 
 	"github.com/postern-dev/postern/lib/auth"
@@ -89,6 +90,10 @@ type Process struct {
 	router      *proxy.Router
 	// locks is the lock set every server here enforces (locks.go).
 	locks *services.LockWatcher
+	// sshAccess is what the SSH servers check certificates and roles
+	// against: the in-memory AccessCache when the backend is here (see
+	// startAccessCache), else the auth client.
+	sshAccess srv.AccessPoint
 
 	// mu guards listeners.
 	mu        sync.Mutex
@@ -115,12 +120,17 @@ func New(cfg *config.Config, opts Options) (*Process, error) {
 	if opts.Logger == nil {
 		opts.Logger = newLogger(os.Stderr, cfg.LogFormat, cfg.Debug)
 	}
+	// The Go and process collectors: goroutines, heap and resident
+	// memory are what a proxy's cost per session is measured in (psh
+	// bench --hold reads go_goroutines and process_resident_memory_bytes).
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return &Process{
 		cfg:       cfg,
 		log:       opts.Logger.WithField("component", "service"),
 		clock:     opts.Clock,
 		opts:      opts,
-		registry:  prometheus.NewRegistry(),
+		registry:  reg,
 		listeners: map[string]*utils.RetryingListener{},
 		errCh:     make(chan error, 8),
 	}, nil

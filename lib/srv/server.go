@@ -11,6 +11,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // ErrServerClosed is returned by Serve after Shutdown or Close.
@@ -183,7 +184,10 @@ func (s *Server) handleConn(nc net.Conn) {
 	// A socket deadline, not the Clock: it must fire even while a
 	// callback is blocked, and only the kernel can interrupt a read.
 	_ = nc.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
-	sconn, chans, reqs, err := ssh.NewServerConn(nc, s.sshCfg)
+	// No delayed-ACK stall during the handshake (utils.QuickAckConn).
+	qc := utils.NewQuickAckConn(nc)
+	sconn, chans, reqs, err := ssh.NewServerConn(qc, s.sshCfg)
+	qc.Stop()
 	if err != nil {
 		s.cfg.Logger.WithField("remote_addr", nc.RemoteAddr().String()).WithError(err).Debug("SSH handshake failed.")
 		_ = nc.Close()

@@ -59,6 +59,7 @@ type cli struct {
 	}
 	proxySSH struct{ cluster, target string }
 	status   struct{ format string }
+	bench    benchFlags
 }
 
 // loginTimeout bounds a whole login, prompts included: a person typing a
@@ -123,6 +124,7 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 	status := app.Command("status", "Show the current login.")
 	status.Flag("format", "Output format: text or json.").Default("text").EnumVar(&c.status.format, "text", "json")
 	add(status, c.doStatus)
+	c.addBench(app, add)
 	add(app.Command("logout", "Remove the stored key, certificate and profile."), c.doLogout)
 
 	cmd, err := app.Parse(args)

@@ -1,0 +1,86 @@
+package bench
+
+import (
+	"context"
+	"io"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/postern-dev/postern/lib/client"
+	"github.com/postern-dev/postern/lib/proxy"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestOpenLoopCountsFromSchedule: with one slot and sessions that take
+// 300 ms at 10/s, a closed-loop tester would report 300 ms every time;
+// open loop, session i waits for i-1 sessions before it and counts from
+// its schedule, so the latencies grow (coordinated omission avoided).
+func TestOpenLoopCountsFromSchedule(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	var mu sync.Mutex
+	running := 0
+	session := func(ctx context.Context, rec *Recorder) (io.Closer, error) {
+		mu.Lock()
+		running++
+		require.Equal(t, 1, running, "concurrency 1")
+		mu.Unlock()
+		// The session's work is the time the test advances the clock.
+		clock.Sleep(300 * time.Millisecond)
+		rec.Mark("work")
+		mu.Lock()
+		running--
+		mu.Unlock()
+		return nil, nil
+	}
+	done := make(chan *Result)
+	go func() {
+		res, err := Run(context.Background(), Config{Rate: 10, Duration: 500 * time.Millisecond, Concurrency: 1, Session: session, Clock: clock})
+		require.NoError(t, err)
+		done <- res
+	}()
+	var res *Result
+	for res == nil {
+		select {
+		case res = <-done:
+		default:
+			clock.Advance(10 * time.Millisecond)
+			time.Sleep(time.Millisecond) // let the fake clock's waiters run
+		}
+	}
+	require.EqualValues(t, 5, res.Scheduled)
+	require.EqualValues(t, 5, res.Completed)
+	// Session i starts at max(i*100, i*300) ms and ends 300 ms later:
+	// latency from its schedule is 300 + 200*i ms: 300 ... 1100.
+	require.InDelta(t, 300, res.Latency.Min, 15)
+	require.InDelta(t, 1100, res.Latency.Max, 40)
+	require.Equal(t, []string{"queue", "work"}, []string{res.Phases[0].Name, res.Phases[1].Name})
+	require.InDelta(t, res.Latency.Mean, res.Phases[0].Mean+res.Phases[1].Mean, 1)
+}
+
+func TestConfigRefusesBadInput(t *testing.T) {
+	s := func(context.Context, *Recorder) (io.Closer, error) { return nil, nil }
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Rate: 0, Duration: time.Second, Session: s}, "--rate must be a positive number"},
+		{Config{Rate: -1, Duration: time.Second, Session: s}, "--rate must be a positive number"},
+		{Config{Rate: 1, Duration: 0, Session: s}, "--duration must be positive"},
+		{Config{Rate: 1, Duration: -time.Second, Session: s}, "--duration must be positive"},
+		{Config{Rate: 0.5, Duration: time.Second, Session: s}, "schedules no session"},
+		{Config{Rate: 1, Duration: time.Second, Hold: -1, Session: s}, "--hold must not be negative"},
+	} {
+		_, err := Run(context.Background(), tc.cfg)
+		require.ErrorContains(t, err, tc.want)
+	}
+	_, err := SSHSession(SSHConfig{})
+	require.ErrorContains(t, err, "missing Credentials")
+	_, err = SSHSession(SSHConfig{Credentials: &client.Credentials{}, Target: proxy.Target{Host: "node-1"}})
+	require.ErrorContains(t, err, "no login: name one as LOGIN@HOST")
+}

@@ -1,0 +1,245 @@
+package services
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+
+	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
+	"github.com/sirupsen/logrus"
+
+	"github.com/postern-dev/postern/lib/backend"
+)
+
+// The SSH servers (proxy and node) check every connection against the
+// user CA and the roles in the certificate, and re-check the roles at
+// every session. Read from the backend, that is several SQLite or etcd
+// reads per connection (issue 17 measured 40-50% of a proxy's setup CPU
+// there). AccessCache serves both from memory, kept current by watches
+// (the generic ResourceWatcher, as for nodes and locks): a role edited or
+// deleted, or a CA rotated, reaches every server as soon as its event
+// lands (milliseconds; the watch is pushed, never polled), so it applies
+// to the next connection and to the next session of an open one exactly
+// as a backend read would.
+
+// AccessEvents is what an AccessCache consumes: a watch and the full
+// reads of roles and CAs. *Store provides it.
+type AccessEvents interface {
+	NewWatcher(ctx context.Context, watch backend.Watch) (backend.Watcher, error)
+	GetRoles(ctx context.Context) ([]*Role, error)
+	GetCertAuthorities(ctx context.Context, t CertAuthType, withSecrets bool) ([]CertAuthority, error)
+}
+
+var _ AccessEvents = (*Store)(nil)
+
+// AccessCacheConfig configures an AccessCache.
+type AccessCacheConfig struct {
+	// Events is read and watched. Required.
+	Events AccessEvents
+	// Clock drives re-sync backoff; nil means the real clock.
+	Clock clockwork.Clock
+	// Logger; nil means logrus with component "watcher:access".
+	Logger logrus.FieldLogger
+}
+
+// AccessCache serves roles and the public halves of the CAs from memory.
+// Its answers are those of the backend as of the last event; while the
+// watch is broken (re-syncing) it refuses with a ConnectionProblem, as a
+// failed backend read would, rather than answer from a view it cannot
+// vouch for: deny by default.
+type AccessCache struct {
+	roles *ResourceWatcher[*Role]
+	cas   *ResourceWatcher[CertAuthority]
+	rc    *mapCollector[*Role]
+	cc    *mapCollector[CertAuthority]
+}
+
+// NewAccessCache starts the watchers; stop them with Close.
+func NewAccessCache(cfg AccessCacheConfig) (*AccessCache, error) {
+	if cfg.Events == nil {
+		return nil, trace.BadParameter("access cache: missing Events")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = logrus.WithField("component", "watcher:access")
+	}
+	a := &AccessCache{
+		rc: newMapCollector(func(r *Role) string { return backend.Key(rolesPrefix, r.Metadata.Name) }),
+		cc: newMapCollector(func(ca CertAuthority) string { return caKey(ca.Type, ca.ClusterName) }),
+	}
+	var err error
+	a.roles, err = NewResourceWatcher(ResourceWatcherConfig[*Role]{
+		Name:     "roles",
+		Source:   cfg.Events,
+		Prefixes: []string{backend.Prefix(rolesPrefix)},
+		Load:     cfg.Events.GetRoles,
+		Unmarshal: func(item backend.Item) (*Role, error) {
+			var r Role
+			if err := json.Unmarshal(item.Value, &r); err != nil {
+				return nil, trace.BadParameter("role at %q: %v", item.Key, err)
+			}
+			if backend.Key(rolesPrefix, r.Metadata.Name) != item.Key {
+				return nil, trace.BadParameter("role at %q is named %q", item.Key, r.Metadata.Name)
+			}
+			return &r, nil
+		},
+		Collector: a.rc,
+		Clock:     cfg.Clock,
+		Logger:    cfg.Logger.WithField("kind", "role"),
+	})
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	a.cas, err = NewResourceWatcher(ResourceWatcherConfig[CertAuthority]{
+		Name:     "authorities",
+		Source:   cfg.Events,
+		Prefixes: []string{backend.Prefix(authoritiesPrefix)},
+		Load: func(ctx context.Context) ([]CertAuthority, error) {
+			var all []CertAuthority
+			for _, t := range []CertAuthType{UserCA, HostCA} {
+				cas, err := cfg.Events.GetCertAuthorities(ctx, t, false)
+				if err != nil {
+					return nil, trace.Wrap(err)
+				}
+				all = append(all, cas...)
+			}
+			return all, nil
+		},
+		Unmarshal: func(item backend.Item) (CertAuthority, error) {
+			var ca CertAuthority
+			if err := json.Unmarshal(item.Value, &ca); err != nil {
+				return ca, trace.BadParameter("certificate authority at %q: %v", item.Key, err)
+			}
+			// The private keys never stay in this process's memory
+			// longer than the decode.
+			ca.StripSecrets()
+			if caKey(ca.Type, ca.ClusterName) != item.Key {
+				return ca, trace.BadParameter("certificate authority at %q names %s/%s", item.Key, ca.Type, ca.ClusterName)
+			}
+			return ca, nil
+		},
+		Collector: a.cc,
+		Clock:     cfg.Clock,
+		Logger:    cfg.Logger.WithField("kind", "cert_authority"),
+	})
+	if err != nil {
+		a.roles.Close()
+		return nil, trace.Wrap(err)
+	}
+	return a, nil
+}
+
+// ready waits for w's first load (bounded by ctx) and refuses while its
+// watch is broken.
+func ready[T any](ctx context.Context, w *ResourceWatcher[T]) error {
+	if err := w.WaitSynced(ctx); err != nil {
+		return trace.Wrap(err)
+	}
+	return trace.Wrap(w.Healthy())
+}
+
+// GetRole returns a role from memory. The result is shared: callers must
+// not modify it (the AccessChecker only reads).
+func (a *AccessCache) GetRole(ctx context.Context, name string) (*Role, error) {
+	if err := ready(ctx, a.roles); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	r, ok := a.rc.get(backend.Key(rolesPrefix, name))
+	if !ok || CheckRoleName(name) != nil {
+		return nil, trace.NotFound("role %q not found", name)
+	}
+	return r, nil
+}
+
+// GetCertAuthority returns a CA's public keys from memory; the cache
+// holds no private keys, so withSecrets is refused.
+func (a *AccessCache) GetCertAuthority(ctx context.Context, clusterName string, t CertAuthType, withSecrets bool) (*CertAuthority, error) {
+	if withSecrets {
+		return nil, trace.BadParameter("the access cache holds no private keys")
+	}
+	if err := ready(ctx, a.cas); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	ca, ok := a.cc.get(caKey(t, clusterName))
+	if !ok || CheckClusterName(clusterName) != nil {
+		return nil, trace.NotFound("%s certificate authority of cluster %q not found", t, clusterName)
+	}
+	// A copy of the struct; its key slices are replaced, never modified.
+	return &ca, nil
+}
+
+// WaitSynced blocks until both watchers have loaded, ctx's end or Close.
+func (a *AccessCache) WaitSynced(ctx context.Context) error {
+	if err := a.roles.WaitSynced(ctx); err != nil {
+		return trace.Wrap(err)
+	}
+	return trace.Wrap(a.cas.WaitSynced(ctx))
+}
+
+// Healthy is nil while both watches are live.
+func (a *AccessCache) Healthy() error {
+	if err := a.roles.Healthy(); err != nil {
+		return err
+	}
+	return a.cas.Healthy()
+}
+
+// Close stops both watchers.
+func (a *AccessCache) Close() error {
+	a.roles.Close()
+	a.cas.Close()
+	return nil
+}
+
+// mapCollector holds resources by backend key; mu guards items.
+type mapCollector[T any] struct {
+	key   func(T) string
+	mu    sync.RWMutex
+	items map[string]T
+}
+
+func newMapCollector[T any](key func(T) string) *mapCollector[T] {
+	return &mapCollector[T]{key: key, items: map[string]T{}}
+}
+
+func (c *mapCollector[T]) Reset(items []T) {
+	m := make(map[string]T, len(items))
+	for _, it := range items {
+		m[c.key(it)] = it
+	}
+	c.mu.Lock()
+	c.items = m
+	c.mu.Unlock()
+}
+
+func (c *mapCollector[T]) Put(it T) {
+	c.mu.Lock()
+	c.items[c.key(it)] = it
+	c.mu.Unlock()
+}
+
+func (c *mapCollector[T]) Delete(key string) {
+	c.mu.Lock()
+	delete(c.items, key)
+	c.mu.Unlock()
+}
+
+func (c *mapCollector[T]) get(key string) (T, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	it, ok := c.items[key]
+	return it, ok
+}
+
+// RolesPrefix is the prefix of every role key.
+func RolesPrefix() string { return backend.Prefix(rolesPrefix) }
+
+// AuthoritiesPrefix is the prefix of every certificate authority key.
+func AuthoritiesPrefix() string { return backend.Prefix(authoritiesPrefix) }
+
+// IsAuthorityKey reports whether key is a certificate authority's.
+func IsAuthorityKey(key string) bool { return strings.HasPrefix(key, AuthoritiesPrefix()) }
+
+// NetworkingKey is the backend key of the cluster networking config.
+func NetworkingKey() string { return networkingKey() }

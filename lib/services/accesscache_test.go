@@ -1,0 +1,80 @@
+package services
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
+	"github.com/stretchr/testify/require"
+)
+
+// TestAccessCache: roles and CAs are served from memory and follow the
+// backend's events (a role edited, deleted, created after start); private
+// keys are never held.
+func TestAccessCache(t *testing.T) {
+	ctx := context.Background()
+	clock := clockwork.NewFakeClock()
+	s := newTestStore(t, clock)
+	role := &Role{Metadata: Metadata{Name: "dev"}, Spec: RoleSpec{Logins: []string{"alice"}, NodeLabels: map[string]LabelValues{"env": {"dev"}}}}
+	require.NoError(t, s.UpsertRole(ctx, role))
+	require.NoError(t, s.CreateCertAuthority(ctx, CertAuthority{Type: UserCA, ClusterName: "c1",
+		SSHPublicKeys:  []string{"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBkUbBvYpgJ5bDcrnYi2dDpSTR0oXEJnB5ZUP9wEFwXO"},
+		SSHPrivateKeys: [][]byte{[]byte("secret")}}))
+
+	c, err := NewAccessCache(AccessCacheConfig{Events: s, Clock: clock})
+	require.NoError(t, err)
+	defer c.Close()
+	waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, c.WaitSynced(waitCtx))
+
+	got, err := c.GetRole(ctx, "dev")
+	require.NoError(t, err)
+	require.Equal(t, []string{"alice"}, got.Spec.Logins)
+	_, err = c.GetRole(ctx, "nope")
+	require.True(t, trace.IsNotFound(err), "%v", err)
+
+	ca, err := c.GetCertAuthority(ctx, "c1", UserCA, false)
+	require.NoError(t, err)
+	require.Len(t, ca.SSHPublicKeys, 1)
+	require.Empty(t, ca.SSHPrivateKeys, "the cache holds no private keys")
+	_, err = c.GetCertAuthority(ctx, "c1", UserCA, true)
+	require.True(t, trace.IsBadParameter(err), "%v", err)
+	_, err = c.GetCertAuthority(ctx, "c1", HostCA, false)
+	require.True(t, trace.IsNotFound(err), "%v", err)
+
+	// An edit reaches the cache by its event (no read on the way).
+	role.Spec.Logins = []string{"bob"}
+	require.NoError(t, s.UpsertRole(ctx, role))
+	require.EventuallyWithT(t, func(ct *assertCollect) {
+		got, err := c.GetRole(ctx, "dev")
+		if assertNoError(ct, err) {
+			assertElementsMatch(ct, []string{"bob"}, got.Spec.Logins)
+		}
+	}, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, s.UpsertRole(ctx, &Role{Metadata: Metadata{Name: "ops"}}))
+	require.NoError(t, s.DeleteRole(ctx, "dev"))
+	require.Eventually(t, func() bool {
+		_, errDev := c.GetRole(ctx, "dev")
+		_, errOps := c.GetRole(ctx, "ops")
+		return trace.IsNotFound(errDev) && errOps == nil
+	}, 10*time.Second, 5*time.Millisecond)
+}
+
+// TestAccessCacheNotLoaded: before the first load, and while the watch is
+// broken, it refuses (ConnectionProblem) rather than answer "no roles".
+func TestAccessCacheNotLoaded(t *testing.T) {
+	rw := &ResourceWatcher[*Role]{synced: make(chan struct{}), done: make(chan struct{}), cfg: ResourceWatcherConfig[*Role]{Name: "roles"}}
+	c := &AccessCache{roles: rw, rc: newMapCollector(func(r *Role) string { return r.Metadata.Name })}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	_, err := c.GetRole(ctx, "dev")
+	require.True(t, trace.IsConnectionProblem(err), "%v", err)
+
+	close(rw.synced)
+	rw.setHealth(trace.ConnectionProblem(nil, "roles watch broke"))
+	_, err = c.GetRole(context.Background(), "dev")
+	require.True(t, trace.IsConnectionProblem(err), "%v", err)
+}
