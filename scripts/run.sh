@@ -33,7 +33,8 @@ MSG
     echo "  password: $password    (shown once; keep it)"
   else
     echo "  already existed; its password was printed when it was created."
-    echo "  For a new one: $PCTL --data-dir $DATA_DIR users rm $OS_USER, then make run again."
+    echo "  For a new one: $PCTL --data-dir $DATA_DIR users rm $OS_USER, then"
+    echo "  $PCTL --data-dir $DATA_DIR unlock --user $OS_USER (deleting a user locks the name), then make run again."
   fi
   cat <<MSG
 
