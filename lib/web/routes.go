@@ -58,6 +58,11 @@ type WebSessionsConfig struct {
 	// clear message instead of hanging it. Zero means every 10s, given up
 	// after 3 unanswered; a nil Clock means the server's.
 	NodeKeepAlive utils.SSHKeepAliveConfig
+	// TerminalGrace is how long a terminal whose websocket went away
+	// waits for a resume (SPEC web_terminal_grace); zero means
+	// DefaultTerminalGrace, negative means none (the terminal ends with
+	// its socket, the behaviour before resume existed).
+	TerminalGrace time.Duration
 }
 
 func (c *WebSessionsConfig) enabled() bool { return c.Router != nil }
@@ -87,6 +92,9 @@ func (c *WebSessionsConfig) checkAndSetDefaults(now func() time.Time) error {
 	if c.Audit == nil {
 		c.Audit = events.Discard
 	}
+	if c.TerminalGrace == 0 {
+		c.TerminalGrace = DefaultTerminalGrace
+	}
 	return nil
 }
 
@@ -97,6 +105,8 @@ type webState struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
 	sessions sessionRegistry
+	// terms owns the terminals, attached and detached.
+	terms termRegistry
 	// mu guards closed and orders wg.Add against shutdown's wg.Wait.
 	mu        sync.Mutex
 	closed    bool
@@ -123,6 +133,7 @@ func (w *webState) shutdown(ctx context.Context) error {
 	w.closed = true
 	w.mu.Unlock()
 	w.sessions.closeAll()
+	w.terms.closeAll(errShuttingDown)
 	w.cancel()
 	if w.locksDone != nil {
 		<-w.locksDone
