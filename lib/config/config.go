@@ -96,6 +96,9 @@ type FileConfig struct {
 	Debug         bool              `yaml:"debug,omitempty"`
 	LogFormat     string            `yaml:"log_format,omitempty"`
 	ShutdownGrace time.Duration     `yaml:"shutdown_grace,omitempty"`
+	// WebTerminalGrace is how long a web terminal waits for a resume
+	// after its browser went away; nil means the default (5m), 0 none.
+	WebTerminalGrace *time.Duration `yaml:"web_terminal_grace,omitempty"`
 	Limits        Limits            `yaml:"limits,omitempty"`
 }
 
