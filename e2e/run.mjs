@@ -98,6 +98,53 @@ async function sttySize(page, marker) {
   }, 30000);
 }
 
+
+// inkBelowBaseline prints TEXT at the start of a row and counts, in the
+// screenshot, the pixels that differ from the background in the lower
+// third of the cell at column COL (under the baseline, where `_`, `g`, `y`
+// draw). The screenshot is decoded in the page (a data: image into a
+// canvas: the UI's CSP allows data: images), so no PNG library is needed.
+async function inkBelowBaseline(page, marker, col) {
+  const box = await page.evaluate((marker) => {
+    const t = window.posternTerminal;
+    const buf = t.buffer.active;
+    for (let y = buf.length - 1; y >= 0; y--) {
+      const line = buf.getLine(y);
+      if (line && line.translateToString(true).startsWith(marker)) {
+        const row = y - buf.viewportY;
+        if (row < 0 || row >= t.rows) return null;
+        const r = document.querySelector('.xterm-screen').getBoundingClientRect();
+        return { left: r.left, top: r.top, cw: r.width / t.cols, ch: r.height / t.rows, row };
+      }
+    }
+    return null;
+  }, marker);
+  if (!box) throw new Error(`no row starting with ${marker} on the screen`);
+  const clip = { x: box.left + col * box.cw, y: box.top + box.row * box.ch, width: box.cw, height: box.ch };
+  const png = await page.screenshot({ clip });
+  return page.evaluate(async (b64) => {
+    const img = new Image();
+    img.src = `data:image/png;base64,${b64}`;
+    await img.decode();
+    const c = document.createElement('canvas');
+    c.width = img.width; c.height = img.height;
+    const g = c.getContext('2d');
+    g.drawImage(img, 0, 0);
+    const { data, width, height } = g.getImageData(0, 0, c.width, c.height);
+    // The background is the colour of the cell's top-left pixel.
+    const bg = [data[0], data[1], data[2]];
+    let ink = 0;
+    for (let y = Math.floor(height * 2 / 3); y < height; y++) {
+      for (let x = 0; x < width; x++) {
+        const i = (y * width + x) * 4;
+        const d = Math.abs(data[i] - bg[0]) + Math.abs(data[i + 1] - bg[1]) + Math.abs(data[i + 2] - bg[2]);
+        if (d > 120) ink++;
+      }
+    }
+    return ink;
+  }, png.toString('base64'));
+}
+
 async function main() {
   rmSync(artifacts, { recursive: true, force: true });
   mkdirSync(artifacts, { recursive: true });
@@ -188,6 +235,18 @@ async function main() {
     await step(page, 'type a command and read its output', async () => {
       await typeInTerminal(page, 'echo "postern-$((6*7))"\n');
       await waitFor('the output', async () => (await rowsText(page)).includes('postern-42'), 30000);
+    });
+
+    await step(page, 'underscores and descenders are visible', async () => {
+      // printf's escapes keep the command line itself from matching.
+      await typeInTerminal(page, "printf 'a\\137b\\n'; printf 'gy|\\n'\n");
+      await waitFor('a_b on the screen', async () => /^a_b$/m.test(await rowsText(page)), 30000);
+      await waitFor('gy| on the screen', async () => /^gy\|$/m.test(await rowsText(page)), 30000);
+      const underscore = await inkBelowBaseline(page, 'a_b', 1);
+      const g = await inkBelowBaseline(page, 'gy|', 0);
+      console.log(`     ink below the baseline: '_' ${underscore} px, 'g' ${g} px`);
+      if (underscore < 2) throw new Error(`the underscore of a_b is clipped: ${underscore} px of ink under the baseline`);
+      if (g < 2) throw new Error(`the descender of g is clipped: ${g} px of ink under the baseline`);
     });
 
     let before;

@@ -167,6 +167,9 @@ func (s *Server) registerWebRoutes(mux *http.ServeMux) error {
 	mux.HandleFunc("DELETE /webapi/sessions", s.requireSession(s.deleteSession))
 	mux.HandleFunc("GET /webapi/nodes", s.requireSession(s.listNodes))
 	mux.HandleFunc("GET /webapi/terminal", s.terminal)
+	mux.HandleFunc("GET /webapi/terminals", s.requireSession(s.listTerminals))
+	mux.HandleFunc("DELETE /webapi/terminals/{id}", s.requireSession(s.endTerminal))
+	mux.HandleFunc("POST /webapi/terminals/{id}/resume", s.requireSession(s.resumeTerminal))
 	s.registerUI(mux)
 	return nil
 }

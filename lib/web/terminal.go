@@ -250,6 +250,8 @@ type term struct {
 	live       *liveSession
 	params     *TerminalParams
 	started    time.Time
+	// The node as routed (set by connect, then read-only).
+	nodeHostname, nodeUUID, cluster string
 	remoteAddr string
 	// resumable: the client speaks the sequenced dialect and the grace
 	// period is on; otherwise the terminal ends with its socket.
@@ -593,7 +595,7 @@ func (s *termSocket) serve(t *term, ack uint64) {
 
 // connect routes, checks RBAC for the exact login, dials in-process and
 // starts a shell with a pty.
-func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out io.Writer) (*ssh.Client, *ssh.Session, io.WriteCloser, error) {
+func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) (*ssh.Client, *ssh.Session, io.WriteCloser, error) {
 	cfg := t.srv.cfg.WebSessions
 	id, err := t.srv.identity(ctx, t.live)
 	if err != nil {
@@ -632,6 +634,7 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out io.Writ
 		return nil, nil, nil, trace.Wrap(err)
 	}
 	node := route.Node
+	out.nodeHostname, out.nodeUUID, out.cluster = node.Hostname, node.UUID, route.Cluster
 	hctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	handshakeTimer := t.srv.cfg.Clock.AfterFunc(sshHandshakeTimeout, func() {

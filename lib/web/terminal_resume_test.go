@@ -322,3 +322,55 @@ func TestTerminalLegacyClientNotResumable(t *testing.T) {
 
 // hexKey is the store key of a web session.
 func hexKey(ws webSession) string { return hex.EncodeToString(hashSecret(ws.cookie.Value)) }
+
+// TestTerminalsListResumeEnd: GET /webapi/terminals lists the web
+// session's terminals (not another session's), POST .../resume issues a
+// token that resumes it (and retires the previous one), DELETE ends it.
+func TestTerminalsListResumeEnd(t *testing.T) {
+	e := newTermEnv(t)
+	ctx := testCtx(t)
+	ws := e.login(t)
+	other := e.login(t)
+	a := e.openSeq(t, ctx, ws, "", 0)
+	a.ok(t, ctx)
+	a.readUntil(t, ctx, "prompt$ ")
+	a.c.CloseNow()
+	require.Eventually(t, func() bool { return e.detached(a.session.ID) }, testTimeout, 10*time.Millisecond)
+
+	resp, body := e.do(t, http.MethodGet, "/webapi/terminals", "", ws, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	var list TerminalsResponse
+	require.NoError(t, json.Unmarshal(body, &list))
+	require.Len(t, list.Items, 1)
+	item := list.Items[0]
+	require.Equal(t, a.session.ID, item.ID)
+	require.Equal(t, testNodeUUID, item.Node)
+	require.Equal(t, "node1", item.NodeHostname)
+	require.Equal(t, "alice", item.Login)
+	require.Equal(t, "detached", item.State)
+	require.Equal(t, uint64(len("prompt$ ")), item.BytesOut)
+
+	_, body = e.do(t, http.MethodGet, "/webapi/terminals", "", other, nil)
+	require.JSONEq(t, `{"items":[]}`, string(body), "another web session sees nothing")
+	resp, _ = e.do(t, http.MethodPost, "/webapi/terminals/"+item.ID+"/resume", "", other, nil)
+	require.Equal(t, http.StatusNotFound, resp.StatusCode)
+	resp, _ = e.do(t, http.MethodDelete, "/webapi/terminals/"+item.ID, "", other, nil)
+	require.Equal(t, http.StatusNotFound, resp.StatusCode)
+
+	resp, body = e.do(t, http.MethodPost, "/webapi/terminals/"+item.ID+"/resume", "", ws, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	var tok ResumeTokenResponse
+	require.NoError(t, json.Unmarshal(body, &tok))
+	old := e.openSeq(t, ctx, ws, a.session.Resume, 0)
+	requireClosed(t, ctx, old.c, websocket.StatusPolicyViolation, "resume refused")
+	b := e.openSeq(t, ctx, ws, tok.Resume, 0)
+	b.ok(t, ctx)
+	b.readUntil(t, ctx, "prompt$ ")
+	require.Equal(t, "prompt$ ", b.out.String(), "a fresh page gets the whole history replayed")
+
+	resp, _ = e.do(t, http.MethodDelete, "/webapi/terminals/"+item.ID, "", ws, nil)
+	require.Equal(t, http.StatusNoContent, resp.StatusCode)
+	requireClosed(t, ctx, b.c, websocket.StatusNormalClosure, "ended from the sessions list")
+	_, body = e.do(t, http.MethodGet, "/webapi/terminals", "", ws, nil)
+	require.JSONEq(t, `{"items":[]}`, string(body))
+}
