@@ -225,8 +225,12 @@ async function main() {
       await page.locator(`tr[data-hostname="${nodename}"] select.login`).selectOption(login);
     });
 
-    await step(page, 'open a terminal', async () => {
-      await page.click(`tr[data-hostname="${nodename}"] button.connect`);
+    await step(page, 'open a terminal from its link', async () => {
+      const link = page.locator(`tr[data-hostname="${nodename}"] a.connect`);
+      const href = await link.getAttribute('href');
+      if (!/^\/web\/cluster\/e2e\/node\/[0-9a-f-]{36}\/[^/]+$/.test(href)) throw new Error(`link ${href}`);
+      await link.click();
+      await page.waitForURL((u) => u.pathname === href);
       await page.locator('#term-status[data-status="connected"]').waitFor({ timeout: 30000 });
       // Generous: root's shell start-up (~/.bashrc) is slow on a loaded CI box.
       await waitFor('a shell prompt', async () => (await rowsText(page)).trim().length > 0, 60000);

@@ -99,7 +99,7 @@ type FileConfig struct {
 	// WebTerminalGrace is how long a web terminal waits for a resume
 	// after its browser went away; nil means the default (5m), 0 none.
 	WebTerminalGrace *time.Duration `yaml:"web_terminal_grace,omitempty"`
-	Limits        Limits            `yaml:"limits,omitempty"`
+	Limits           Limits         `yaml:"limits,omitempty"`
 }
 
 // BackendConfig selects the storage of an auth server.

@@ -245,14 +245,14 @@ func (s *Server) startTerm(live *liveSession, rawParams string, sock *termSocket
 // history and screen, and the socket attached to it (none while
 // detached). It outlives its sockets by up to the grace period.
 type term struct {
-	srv        *Server
-	id         string
-	live       *liveSession
-	params     *TerminalParams
-	started    time.Time
+	srv     *Server
+	id      string
+	live    *liveSession
+	params  *TerminalParams
+	started time.Time
 	// The node as routed (set by connect, then read-only).
 	nodeHostname, nodeUUID, cluster string
-	remoteAddr string
+	remoteAddr                      string
 	// resumable: the client speaks the sequenced dialect and the grace
 	// period is on; otherwise the terminal ends with its socket.
 	resumable bool
