@@ -78,8 +78,20 @@ async function step(page, name, fn) {
   try { await page.screenshot({ path: shot }); } catch { /* browser gone */ }
 }
 
+// rowsText is the terminal's visible text, read from xterm's buffer (the
+// WebGL renderer draws into a canvas: there are no DOM rows to read).
 async function rowsText(page) {
-  return page.locator('.xterm-rows').innerText();
+  return page.evaluate(() => {
+    const t = window.posternTerminal;
+    if (!t) return '';
+    const b = t.buffer.active;
+    const out = [];
+    for (let y = b.viewportY; y < b.viewportY + t.rows; y++) {
+      const l = b.getLine(y);
+      out.push(l ? l.translateToString(true) : '');
+    }
+    return out.join('\n');
+  });
 }
 
 async function typeInTerminal(page, text) {
@@ -248,7 +260,8 @@ async function main() {
       await waitFor('gy| on the screen', async () => /^gy\|$/m.test(await rowsText(page)), 30000);
       const underscore = await inkBelowBaseline(page, 'a_b', 1);
       const g = await inkBelowBaseline(page, 'gy|', 0);
-      console.log(`     ink below the baseline: '_' ${underscore} px, 'g' ${g} px`);
+      const renderer = await page.locator('#terminal').getAttribute('data-renderer');
+      console.log(`     ink below the baseline (${renderer} renderer): '_' ${underscore} px, 'g' ${g} px`);
       if (underscore < 2) throw new Error(`the underscore of a_b is clipped: ${underscore} px of ink under the baseline`);
       if (g < 2) throw new Error(`the descender of g is clipped: ${g} px of ink under the baseline`);
     });
