@@ -25,6 +25,7 @@ const user = 'e2e';
 const password = 'correct horse battery staple e2e';
 const login = userInfo().username;
 const nodename = 'e2e-node';
+const userB = 'e2e-b';
 
 let passed = 0;
 let failed = 0;
@@ -92,6 +93,54 @@ async function rowsText(page) {
     }
     return out.join('\n');
   });
+}
+
+// allText is the terminal's whole buffer, scrollback included.
+async function allText(page) {
+  return page.evaluate(() => {
+    const t = window.posternTerminal;
+    if (!t) return '';
+    const b = t.buffer.active;
+    const out = [];
+    for (let y = 0; y < b.length; y++) out.push(b.getLine(y).translateToString(true));
+    return out.join('\n');
+  });
+}
+
+async function snapshot(page) {
+  return page.evaluate(() => (window.posternSerialize ? window.posternSerialize() : null));
+}
+
+// stableSnapshot waits until two serializations 300 ms apart agree.
+async function stableSnapshot(page) {
+  let prev = await snapshot(page);
+  return waitFor('a stable screen', async () => {
+    await sleep(300);
+    const cur = await snapshot(page);
+    const same = cur === prev;
+    prev = cur;
+    return same ? cur : null;
+  }, 15000, 0);
+}
+
+async function resumeToken(page) {
+  return page.evaluate(() => {
+    for (const k of Object.keys(sessionStorage)) {
+      if (k.startsWith('postern.term:')) return JSON.parse(sessionStorage.getItem(k)).resume;
+    }
+    return null;
+  });
+}
+
+// tryResume opens a terminal socket from the page with TOKEN (the page's
+// web session) and RESUME, and returns how it closed.
+async function tryResume(page, token, resume) {
+  return page.evaluate(([t, r]) => new Promise((resolve) => {
+    const params = { host: 'x', login: 'x', cols: 80, rows: 24, cluster: '' };
+    const ws = new WebSocket(`wss://${location.host}/webapi/terminal?params=${encodeURIComponent(JSON.stringify(params))}`, 'postern.v1');
+    ws.onopen = () => ws.send(JSON.stringify({ token: t, resume: r, ack: 0 }));
+    ws.onclose = (ev) => resolve({ code: ev.code, reason: ev.reason });
+  }), [token, resume]);
 }
 
 async function typeInTerminal(page, text) {
@@ -178,6 +227,16 @@ async function main() {
 
   let context;
   let profile;
+  let contextB;
+  let profileB;
+  const launchOptions = {
+    executablePath: chromiumPath,
+    headless: true,
+    ignoreHTTPSErrors: true,
+    viewport: { width: 1200, height: 800 },
+    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+  };
   try {
     const pctl = (args, input) => execFileSync(join(buildDir, 'pctl'), ['--data-dir', dataDir, ...args],
       { input, stdio: ['pipe', 'pipe', 'pipe'] }).toString();
@@ -189,14 +248,7 @@ async function main() {
     pctl(['users', 'add', user, '--logins', login], `${password}\n`);
 
     profile = mkdtempSync(join(tmpdir(), 'postern-e2e-chromium-'));
-    context = await chromium.launchPersistentContext(profile, {
-      executablePath: chromiumPath,
-      headless: true,
-      ignoreHTTPSErrors: true,
-      viewport: { width: 1200, height: 800 },
-      args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-        '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-    });
+    context = await chromium.launchPersistentContext(profile, launchOptions);
     const page = context.pages()[0] || await context.newPage();
     const consoleErrors = [];
     page.on('console', (m) => { if (m.type() === 'error') consoleErrors.push(m.text()); });
@@ -290,9 +342,105 @@ async function main() {
       await page.locator('#term-latency', { hasText: 'ms' }).waitFor({ timeout: 15000 });
     });
 
+    await step(page, 'reload while top runs: the same shell and screen are back', async () => {
+      await typeInTerminal(page, 'clear; echo "PID=$$"\n');
+      const pid = await waitFor('the PID', async () => ((await rowsText(page)).match(/^PID=(\d+)$/m) || [])[1]);
+      await typeInTerminal(page, 'top -d 3600\n');
+      await waitFor('top on the screen', async () => /load average/.test(await rowsText(page)), 30000);
+      const before = await stableSnapshot(page);
+      const start = Date.now();
+      await page.reload();
+      await waitFor('the same screen', async () => (await snapshot(page)) === before, 10000, 50);
+      const took = Date.now() - start;
+      console.log(`     resumed and restored in ${took} ms (${before.length} bytes of serialized screen)`);
+      if (took > 2000) throw new Error(`the screen came back after ${took} ms`);
+      await page.locator('#term-status[data-status="connected"]').waitFor();
+      await typeInTerminal(page, 'q');
+      await typeInTerminal(page, 'echo "AFTER=$$"\n');
+      const after = await waitFor('the PID again', async () => ((await rowsText(page)).match(/^AFTER=(\d+)$/m) || [])[1]);
+      if (after !== pid) throw new Error(`shell PID ${after} after the reload, ${pid} before`);
+      console.log(`     the same shell (PID ${pid})`);
+    });
+
+    await step(page, 'the DOM renderer shows underscores too', async () => {
+      await page.evaluate(() => localStorage.setItem('postern.renderer', 'dom'));
+      await page.reload();
+      await page.locator('#terminal[data-renderer="dom"]').waitFor();
+      await page.locator('#term-status[data-status="connected"]').waitFor();
+      await typeInTerminal(page, "clear; printf 'a\\137b\\n'\n");
+      await waitFor('a_b on the screen', async () => /^a_b$/m.test(await rowsText(page)), 30000);
+      const ink = await inkBelowBaseline(page, 'a_b', 1);
+      console.log(`     ink below the baseline (dom renderer): '_' ${ink} px`);
+      if (ink < 2) throw new Error(`the underscore is clipped in the DOM renderer: ${ink} px`);
+      await page.evaluate(() => localStorage.removeItem('postern.renderer'));
+    });
+
+    await step(page, 'offline for 10s: every number once, in order, typing delivered once', async () => {
+      const sockets = [];
+      page.on('websocket', (ws) => sockets.push(ws.url()));
+      await typeInTerminal(page, 'clear; for i in $(seq 1 150); do echo "N=$i"; sleep 0.1; done; echo "COUNT""-DONE"\n');
+      await waitFor('the counter', async () => /^N=5$/m.test(await allText(page)), 30000, 50);
+      await page.context().setOffline(true);
+      // Typed while offline: delivered once when back (bash reads it after
+      // the loop).
+      await typeInTerminal(page, 'echo "OFF""LINE-$((2+3))"\n');
+      await sleep(10000);
+      await page.context().setOffline(false);
+      await waitFor('the end of the counter', async () => /^COUNT-DONE$/m.test(await allText(page)), 60000);
+      await waitFor('the offline command', async () => /^OFFLINE-5$/m.test(await allText(page)), 30000);
+      const text = await allText(page);
+      const nums = [...text.matchAll(/^N=(\d+)$/gm)].map((m) => Number(m[1]));
+      const want = Array.from({ length: 150 }, (_, i) => i + 1);
+      if (JSON.stringify(nums) !== JSON.stringify(want)) {
+        throw new Error(`counter lines ${nums.length}: ${JSON.stringify(nums.slice(0, 20))}...`);
+      }
+      const typed = [...text.matchAll(/^OFFLINE-5$/gm)].length;
+      if (typed !== 1) throw new Error(`the offline command ran ${typed} times`);
+      console.log(`     150 numbers once each; ${sockets.length} new socket(s) while offline and after`);
+    });
+
+    const resumeOfA = await resumeToken(page);
+    await step(page, 'user B with A\'s resume token or deep link is refused and audited', async () => {
+      if (!resumeOfA) throw new Error('no resume token in sessionStorage');
+      pctl(['users', 'add', userB, '--logins', 'nobody-here'], `${password}\n`);
+      profileB = mkdtempSync(join(tmpdir(), 'postern-e2e-chromium-b-'));
+      contextB = await chromium.launchPersistentContext(profileB, launchOptions);
+      const pageB = contextB.pages()[0] || await contextB.newPage();
+      await pageB.goto(page.url()); // A's deep link
+      await pageB.fill('#login-user', userB);
+      await pageB.fill('#login-password', password);
+      await pageB.click('#login-submit');
+      // The deep link opens B's own terminal, which B's roles refuse.
+      await pageB.locator('#term-error', { hasText: 'not found' }).waitFor({ timeout: 15000 });
+      const tokenB = await pageB.evaluate(() => sessionStorage.getItem('postern.token'));
+      const res = await tryResume(pageB, tokenB, resumeOfA);
+      if (res.code !== 1008 || !/resume refused/.test(res.reason)) throw new Error(`B's resume: ${JSON.stringify(res)}`);
+      const audit = await waitFor('the refusal in the audit log', () => {
+        const lines = pctl(['events', 'ls', '--type', 'access.denied', '--format', 'json']).trim().split('\n');
+        return lines.map((l) => JSON.parse(l)).find((e) => e.user === userB && /resume refused/.test(JSON.stringify(e)));
+      }, 15000, 500);
+      console.log(`     ${res.code} "${res.reason}"; audit: ${JSON.stringify(audit).slice(0, 160)}`);
+      // A's terminal is untouched.
+      await typeInTerminal(page, 'echo "still-$((40+2))"\n');
+      await waitFor('A still works', async () => /^still-42$/m.test(await rowsText(page)), 15000);
+    });
+
+    await step(page, 'the sessions view lists the terminal', async () => {
+      await page.click('#nav-sessions');
+      await page.locator('#sessions tbody tr').first().waitFor();
+      const text = await page.locator('#sessions tbody').innerText();
+      if (!text.includes(nodename) || !/detached|attached/.test(text)) throw new Error(`sessions: ${text}`);
+      await page.locator('#sessions tbody tr button.resume').first().click();
+      await page.locator('#term-status[data-status="connected"]').waitFor();
+      await typeInTerminal(page, 'echo "PID=$$"\n');
+      await waitFor('the same shell', async () => /^PID=\d+$/m.test(await rowsText(page)), 15000);
+    });
+
     let token;
+    let lastResume;
     await step(page, 'logging out ends the open terminal', async () => {
       token = await page.evaluate(() => sessionStorage.getItem('postern.token'));
+      lastResume = await resumeToken(page);
       const status = await page.evaluate(async (t) => {
         const r = await fetch('/webapi/sessions', { method: 'DELETE', headers: { Authorization: `Bearer ${t}` } });
         return r.status;
@@ -316,6 +464,14 @@ async function main() {
         throw new Error(`websocket: ${JSON.stringify(res)}`);
       }
       console.log(`     closed with ${res.code} "${res.reason}"`);
+      // A new web session of the same user cannot use the old resume token:
+      // logout ended the terminal.
+      const relogin = await page.evaluate(async ([u, p]) => {
+        const r = await fetch('/webapi/sessions', { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ user: u, password: p, otp_token: '' }) });
+        return (await r.json()).token;
+      }, [user, password]);
+      const again = await tryResume(page, relogin, lastResume);
+      if (again.code !== 1008 || !/resume refused/.test(again.reason)) throw new Error(`resume after logout: ${JSON.stringify(again)}`);
       await page.click('#term-back');
       await page.locator('#view-login').waitFor({ state: 'visible' });
     });
@@ -330,6 +486,8 @@ async function main() {
     console.log(`FAIL setup: ${err.message}`);
   } finally {
     if (context) await context.close().catch(() => {});
+    if (contextB) await contextB.close().catch(() => {});
+    if (profileB) rmSync(profileB, { recursive: true, force: true });
     if (profile) rmSync(profile, { recursive: true, force: true });
     daemon.kill('SIGTERM');
     await waitFor('postern to exit', () => daemonExited, 15000).catch(() => daemon.kill('SIGKILL'));

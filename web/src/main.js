@@ -71,7 +71,7 @@ function forgetSession() {
 }
 
 async function showLogin(message) {
-  closeTerminal();
+  closeTerminal(true);
   forgetSession();
   show('login');
   $('login-error').textContent = message || '';
@@ -288,7 +288,9 @@ function openTerminal(target) {
   // is clipped by a CSS line box; without WebGL (no GPU, context lost)
   // xterm's DOM renderer stays, with the line height above.
   container.dataset.renderer = 'dom';
-  try {
+  // localStorage postern.renderer=dom keeps the DOM renderer (a GPU whose
+  // WebGL output is blurry; the e2e test of both renderers).
+  if (localStorage.getItem('postern.renderer') !== 'dom') try {
     const gl = new WebglAddon();
     gl.onContextLoss(() => { gl.dispose(); container.dataset.renderer = 'dom'; });
     xterm.loadAddon(gl);
@@ -503,17 +505,22 @@ function connect(t) {
   ws.addEventListener('open', () => { t.detachedAt = 0; }, { once: true });
 }
 
-function closeTerminal() {
+// closeTerminal leaves the terminal view. Leaving for another view
+// detaches (the shell waits for a resume from its link or the sessions
+// list); end (logout, Disconnect) ends the shell.
+function closeTerminal(end = false) {
   const t = term;
   if (!t) return;
   term = null;
   clearInterval(t.pinger);
   if (t.observer) t.observer.disconnect();
   if (t.ws && t.ws.readyState <= WebSocket.OPEN) {
-    try { t.ws.send(frame('c', JSON.stringify({ code: 0, reason: 'closed by the user' }))); } catch { /* closing */ }
-    t.ws.close(1000, 'closed by the user');
+    if (end || !t.resume) {
+      try { t.ws.send(frame('c', JSON.stringify({ code: 0, reason: 'closed by the user' }))); } catch { /* closing */ }
+    }
+    t.ws.close(1000, end ? 'closed by the user' : 'detached');
   }
-  sessionStorage.removeItem(t.key);
+  if (end || !t.resume) sessionStorage.removeItem(t.key);
   t.xterm.dispose();
   window.posternTerminal = null;
   window.posternSerialize = null;
