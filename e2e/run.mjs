@@ -399,6 +399,44 @@ async function main() {
       console.log(`     150 numbers once each; ${sockets.length} new socket(s) while offline and after`);
     });
 
+    await step(page, 'a dropped connection for 10s: resumed, every number once, typing delivered once', async () => {
+      // Chromium's offline mode keeps an established websocket, so the
+      // drop is made by routing the terminal socket through Playwright:
+      // it is cut, and new sockets are refused for 10s.
+      let down = false;
+      let live = [];
+      let opened = 0;
+      await page.routeWebSocket(/\/webapi\/terminal/, (ws) => {
+        if (down) { ws.close({ code: 1006 }); return; }
+        opened++;
+        const server = ws.connectToServer();
+        live.push({ ws, server });
+      });
+      await page.reload(); // the next socket goes through the route
+      await page.locator('#term-status[data-status="connected"]').waitFor();
+      await typeInTerminal(page, 'clear; for i in $(seq 1 150); do echo "M=$i"; sleep 0.1; done; echo "DROP""-DONE"\n');
+      await waitFor('the counter', async () => /^M=5$/m.test(await allText(page)), 30000, 50);
+      down = true;
+      for (const { ws, server } of live) { server.close(); ws.close({ code: 1006 }); }
+      live = [];
+      await page.locator('#term-status[data-status="reconnecting"]').waitFor({ timeout: 5000 });
+      await typeInTerminal(page, 'echo "DRO""PPED-$((3+4))"\n');
+      await sleep(10000);
+      down = false;
+      await waitFor('the end of the counter', async () => /^DROP-DONE$/m.test(await allText(page)), 60000);
+      await waitFor('the command typed while down', async () => /^DROPPED-7$/m.test(await allText(page)), 30000);
+      const text = await allText(page);
+      const nums = [...text.matchAll(/^M=(\d+)$/gm)].map((m) => Number(m[1]));
+      const want = Array.from({ length: 150 }, (_, i) => i + 1);
+      if (JSON.stringify(nums) !== JSON.stringify(want)) {
+        throw new Error(`counter lines ${nums.length}: ${JSON.stringify(nums)}`);
+      }
+      const typed = [...text.matchAll(/^DROPPED-7$/gm)].length;
+      if (typed !== 1) throw new Error(`the command typed while down ran ${typed} times`);
+      await page.unrouteAll();
+      console.log(`     150 numbers once each across ${opened} sockets`);
+    });
+
     const resumeOfA = await resumeToken(page);
     await step(page, 'user B with A\'s resume token or deep link is refused and audited', async () => {
       if (!resumeOfA) throw new Error('no resume token in sessionStorage');

@@ -87,7 +87,7 @@ func (s *Server) emitResumeRefused(r *http.Request, live *liveSession, err error
 // grace expiry, logout, the browser, the shell's exit).
 func (t *term) emitEnd(end *sessionEnd) {
 	t.mu.Lock()
-	out, in := t.buf.end(), t.input
+	out, in := t.hist.end(), t.input
 	t.mu.Unlock()
 	fields := events.Fields{
 		events.FieldMethod:     auditMethod,

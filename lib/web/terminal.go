@@ -203,7 +203,7 @@ func (s *Server) startTerm(live *liveSession, rawParams string, sock *termSocket
 		resumable: sock.sequenced && s.cfg.WebSessions.TerminalGrace > 0,
 		log:       sock.log.WithFields(logrus.Fields{"target": params.Host, "login": params.Login, "terminal_id": id}),
 		done:      make(chan struct{}),
-		scr:       newScreen(params.Cols, params.Rows),
+		hist:      newHistory(params.Cols, params.Rows, replayBufferSize),
 	}
 	t.ctx, t.cancel = context.WithCancelCause(live.ctx)
 	// The web session's absolute expiry ends its terminals, detached or not.
@@ -213,7 +213,7 @@ func (s *Server) startTerm(live *liveSession, rawParams string, sock *termSocket
 	if err != nil {
 		expiry.Stop()
 		t.cancel(nil)
-		t.scr.close()
+		t.hist.close()
 		return nil, trace.Wrap(err)
 	}
 	t.client, t.sess, t.stdin = client, sess, stdin
@@ -221,7 +221,7 @@ func (s *Server) startTerm(live *liveSession, rawParams string, sock *termSocket
 		expiry.Stop()
 		client.Close()
 		t.cancel(nil)
-		t.scr.close()
+		t.hist.close()
 		return nil, trace.ConnectionProblem(nil, "the proxy is shutting down")
 	}
 	if !s.web.terms.add(t) {
@@ -229,7 +229,7 @@ func (s *Server) startTerm(live *liveSession, rawParams string, sock *termSocket
 		expiry.Stop()
 		client.Close()
 		t.cancel(nil)
-		t.scr.close()
+		t.hist.close()
 		return nil, trace.ConnectionProblem(nil, "the proxy is shutting down")
 	}
 	go func() {
@@ -276,10 +276,11 @@ type term struct {
 	// socket was told the input count.
 	outMu sync.Mutex
 	inMu  sync.Mutex
+	// hist is the output's replay buffer and emulator (its own lock;
+	// writes, screens and close are serialized by outMu).
+	hist *history
 	// mu guards the fields below.
 	mu    sync.Mutex
-	buf   replayBuffer
-	scr   *screen
 	att   *termSocket
 	grace clockwork.Timer
 	input uint64
@@ -292,10 +293,8 @@ type term struct {
 func (t *term) Write(p []byte) (int, error) {
 	t.outMu.Lock()
 	defer t.outMu.Unlock()
+	seq := t.hist.write(p)
 	t.mu.Lock()
-	seq := t.buf.end()
-	t.buf.write(p)
-	t.scr.write(p)
 	a := t.att
 	t.mu.Unlock()
 	if a != nil {
@@ -311,7 +310,13 @@ func (t *term) Write(p []byte) (int, error) {
 func (t *term) run() {
 	defer close(t.done)
 	defer t.srv.web.terms.remove(t)
-	defer t.scr.close()
+	defer func() {
+		// outMu: an attach that began before the end computes its screen
+		// first; later ones see t.end.
+		t.outMu.Lock()
+		t.hist.close()
+		t.outMu.Unlock()
+	}()
 	kaCfg := t.srv.cfg.WebSessions.NodeKeepAlive
 	if kaCfg.Clock == nil {
 		kaCfg.Clock = t.srv.cfg.Clock
@@ -407,23 +412,24 @@ func (t *term) attach(sock *termSocket, ack uint64) error {
 		t.grace = nil
 	}
 	info := webterm.Session{ID: t.id, Input: t.input, GraceSeconds: int64(t.srv.cfg.WebSessions.TerminalGrace / time.Second)}
-	replay, exact := t.buf.since(ack)
-	replay = append([]byte(nil), replay...)
-	var repaint []byte
-	lost := uint64(0)
-	if exact {
-		info.Seq = ack
-	} else {
-		info.Seq = t.buf.end()
-		repaint = t.scr.repaint()
-		if ack < t.buf.start {
-			lost = t.buf.start - ack
-		}
-	}
 	t.mu.Unlock()
 	t.inMu.Unlock()
 	if old != nil {
 		old.c.CloseNow()
+	}
+	// Still under outMu: no output moves while the client catches up.
+	replay, start, exact := t.hist.since(ack)
+	var repaint []byte
+	lost := uint64(0)
+	if exact {
+		info.Seq = ack
+	} else if sock.sequenced {
+		var st screenState
+		st, info.Seq = t.hist.screen()
+		repaint = st.repaint
+		if ack < start {
+			lost = start - ack
+		}
 	}
 	if sock.sequenced {
 		if t.resumable {
@@ -521,7 +527,7 @@ func (t *term) resize(sock *termSocket, size TermSize) error {
 	if t.att != sock {
 		return nil
 	}
-	t.scr.resize(size.Cols, size.Rows)
+	t.hist.resize(size.Cols, size.Rows)
 	return t.sess.WindowChange(size.Rows, size.Cols)
 }
 
@@ -545,6 +551,14 @@ type termSocket struct {
 // serve attaches the socket and carries frames until the socket or the
 // terminal ends.
 func (s *termSocket) serve(t *term, ack uint64) {
+	// Drop the previous socket first: a write stuck on it holds outMu,
+	// which attach needs.
+	t.mu.Lock()
+	old := t.att
+	t.mu.Unlock()
+	if old != nil {
+		old.c.CloseNow()
+	}
 	if err := t.attach(s, ack); err != nil {
 		if trace.IsNotFound(err) {
 			s.fail(err)

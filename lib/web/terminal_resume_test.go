@@ -224,10 +224,11 @@ func TestTerminalResumeRepaintsAfterOverflow(t *testing.T) {
 
 	r := e.server.web.terms.list(e.server.web.sessions.get(hexKey(ws)))
 	require.Len(t, r, 1)
-	r[0].mu.Lock()
-	screenText := r[0].scr.text()
-	r[0].mu.Unlock()
-	require.Contains(t, screenText, "FULL SCREEN")
+	r[0].outMu.Lock()
+	st, _ := r[0].hist.screen()
+	r[0].outMu.Unlock()
+	require.Contains(t, st.text, "FULL SCREEN")
+	require.Equal(t, string(st.repaint), rp, "the browser got the server emulator's screen")
 	b.readUntil(t, ctx, noticeWanted)
 	require.Contains(t, b.notice, "scrolled away")
 

@@ -5,6 +5,7 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"sync"
 
 	uv "github.com/charmbracelet/ultraviolet"
 	"github.com/charmbracelet/x/ansi"
@@ -22,7 +23,9 @@ const replayBufferSize = 1 << 20
 // output stream and where they start. Not safe for concurrent use: the
 // terminal's mu guards it.
 type replayBuffer struct {
-	data []byte
+	// limit is the size kept: replayBufferSize (tests use less).
+	limit int
+	data  []byte
 	// start is the stream offset of data[0].
 	start uint64
 }
@@ -32,7 +35,7 @@ func (b *replayBuffer) end() uint64 { return b.start + uint64(len(b.data)) }
 
 func (b *replayBuffer) write(p []byte) {
 	b.data = append(b.data, p...)
-	if over := len(b.data) - replayBufferSize; over > 0 {
+	if over := len(b.data) - b.limit; over > 0 {
 		// Copy down rather than reslice, so the array does not grow
 		// without bound behind a moving window.
 		n := copy(b.data, b.data[over:])
@@ -50,11 +53,196 @@ func (b *replayBuffer) since(off uint64) ([]byte, bool) {
 	return b.data[off-b.start:], true
 }
 
+// history is a terminal's output: the replay buffer and, behind it, the
+// server-side emulator. The emulator (charmbracelet/x/vt) is slow, a few
+// MB/s (it copies every cell on every scroll), so it is fed lazily and off
+// the output path: a byte reaches it only when it leaves the replay buffer
+// (then nothing else can replay it), or when a repaint needs the current
+// screen. Up to replayBufferSize of output costs no emulation at all, and
+// interactive use never waits for it. A feeder goroutine owns the
+// emulator; screenQueue bounds what it may lag behind, past which writes
+// wait (a sustained flood of output is paced to the emulator's speed).
+type history struct {
+	// mu guards buf, fed, resizes and closed.
+	mu  sync.Mutex
+	buf replayBuffer
+	// fed is the stream offset up to which the emulator has been given
+	// the output.
+	fed uint64
+	// resizes are window changes at stream offsets the emulator has not
+	// reached yet, in order: the screen must be resized between the same
+	// bytes as the real one was.
+	resizes []pendingResize
+	closed  bool
+	// ops go to the feeder. Sends happen outside mu, from callers that
+	// the terminal's outMu serializes (write, repaint, close), which
+	// keeps them in stream order and never after close.
+	ops  chan screenOp
+	done chan struct{}
+}
+
+type pendingResize struct {
+	at         uint64
+	cols, rows int
+}
+
+// screenOp is one step for the feeder: data, a resize, or a request for
+// the screen (reply set).
+type screenOp struct {
+	data       []byte
+	cols, rows int
+	reply      chan screenState
+}
+
+type screenState struct {
+	repaint []byte
+	text    string
+}
+
+// screenQueue: ops in flight to the feeder; each is at most one write's
+// worth (an SSH packet, 32 KiB), so the lag is bounded at a few MiB.
+const screenQueue = 128
+
+// newHistory starts a terminal's history; limit is the replay buffer's
+// size (replayBufferSize).
+func newHistory(cols, rows, limit int) *history {
+	h := &history{buf: replayBuffer{limit: limit}, ops: make(chan screenOp, screenQueue), done: make(chan struct{})}
+	scr := newScreen(cols, rows)
+	go func() {
+		defer close(h.done)
+		defer scr.close()
+		for op := range h.ops {
+			switch {
+			case op.reply != nil:
+				op.reply <- screenState{repaint: scr.repaint(), text: scr.text()}
+			case op.data != nil:
+				scr.write(op.data)
+			default:
+				scr.resize(op.cols, op.rows)
+			}
+		}
+	}()
+	return h
+}
+
+// end is the stream offset past the last byte written.
+func (h *history) end() uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.buf.end()
+}
+
+// since returns a copy of the output from off on, and the oldest offset
+// held; ok is false when off is no longer (or not yet) held.
+func (h *history) since(off uint64) (data []byte, start uint64, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	d, ok := h.buf.since(off)
+	return append([]byte(nil), d...), h.buf.start, ok
+}
+
+// write appends p and returns its offset; what leaves the replay buffer
+// goes to the emulator. Callers serialize write, repaint and close.
+func (h *history) write(p []byte) uint64 {
+	h.mu.Lock()
+	seq := h.buf.end()
+	var evicted []byte
+	newStart := h.buf.start
+	if newEnd := seq + uint64(len(p)); newEnd > uint64(h.buf.limit) {
+		newStart = max(newStart, newEnd-uint64(h.buf.limit))
+	}
+	if n := newStart - min(newStart, h.fed); n > 0 {
+		evicted = make([]byte, 0, n)
+		if old, ok := h.buf.since(h.fed); ok {
+			evicted = append(evicted, old[:min(uint64(len(old)), n)]...)
+		}
+		evicted = append(evicted, p[:n-uint64(len(evicted))]...)
+	}
+	h.buf.write(p)
+	ops := h.takeLocked(evicted)
+	closed := h.closed
+	h.mu.Unlock()
+	if !closed {
+		for _, op := range ops {
+			h.ops <- op
+		}
+	}
+	return seq
+}
+
+// takeLocked turns data (the output from fed on) into feeder ops with
+// the pending resizes in their places, and advances fed.
+func (h *history) takeLocked(data []byte) []screenOp {
+	var ops []screenOp
+	end := h.fed + uint64(len(data))
+	for len(h.resizes) > 0 && h.resizes[0].at <= end {
+		r := h.resizes[0]
+		h.resizes = h.resizes[1:]
+		if cut := r.at - min(r.at, h.fed); cut > 0 {
+			ops = append(ops, screenOp{data: data[:cut]})
+			data = data[cut:]
+			h.fed += cut
+		}
+		ops = append(ops, screenOp{cols: r.cols, rows: r.rows})
+	}
+	if len(data) > 0 {
+		ops = append(ops, screenOp{data: data})
+	}
+	h.fed = end
+	return ops
+}
+
+// resize records a window change at the current end of the stream.
+func (h *history) resize(cols, rows int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.resizes = append(h.resizes, pendingResize{at: h.buf.end(), cols: cols, rows: rows})
+}
+
+// screen brings the emulator up to the end of the stream and returns its
+// screen and the offset it stands for. Callers serialize it with write.
+func (h *history) screen() (screenState, uint64) {
+	h.mu.Lock()
+	end := h.buf.end()
+	tail, _ := h.buf.since(h.fed)
+	ops := h.takeLocked(append([]byte(nil), tail...))
+	// A resize at the very end is applied too.
+	for _, r := range h.resizes {
+		ops = append(ops, screenOp{cols: r.cols, rows: r.rows})
+	}
+	h.resizes = nil
+	closed := h.closed
+	h.mu.Unlock()
+	if closed {
+		return screenState{}, end
+	}
+	reply := make(chan screenState, 1)
+	for _, op := range ops {
+		h.ops <- op
+	}
+	h.ops <- screenOp{reply: reply}
+	return <-reply, end
+}
+
+// close stops the feeder and waits for it. Callers serialize it with
+// write and screen.
+func (h *history) close() {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return
+	}
+	h.closed = true
+	h.mu.Unlock()
+	close(h.ops)
+	<-h.done
+}
+
 // screen is the server-side emulator of one terminal: every output byte
-// goes through it, so a client that missed more than the replay buffer
-// gets the current screen repainted. It is charmbracelet/x/vt, not a
-// parser of our own. Not safe for concurrent use: the terminal's mu
-// guards it.
+// goes through it (lazily: see history), so a client that missed more
+// than the replay buffer gets the current screen repainted. It is
+// charmbracelet/x/vt, not a parser of our own. Not safe for concurrent
+// use: history's feeder goroutine owns it.
 type screen struct {
 	emu *vt.Emulator
 	// modes are the DEC private modes the program set, tracked through

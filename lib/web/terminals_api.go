@@ -41,7 +41,7 @@ func (s *Server) listTerminals(w http.ResponseWriter, r *http.Request, live *liv
 		t.mu.Lock()
 		item := TerminalItem{
 			ID: t.id, Node: t.nodeUUID, NodeHostname: t.nodeHostname, Cluster: t.cluster, Login: t.params.Login,
-			Started: t.started.UTC(), BytesOut: t.buf.end(), BytesIn: t.input, State: "detached",
+			Started: t.started.UTC(), BytesOut: t.hist.end(), BytesIn: t.input, State: "detached",
 		}
 		if t.att != nil {
 			item.State = "attached"
