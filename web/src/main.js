@@ -18,8 +18,9 @@ const PING_INTERVAL_MS = 5000;
 // A socket whose pongs stopped for this long is given up and resumed: a
 // network blip can leave a websocket open but dead.
 const PONG_TIMEOUT_MS = 12000;
-// Keystrokes kept for a resend after a resume, and queued while offline.
-const INPUT_KEEP = 64 << 10;
+// Keystrokes kept for a resend after a resume, and queued while offline;
+// either is sent as one frame, which must stay under the server's 64 KiB.
+const INPUT_KEEP = 32 << 10;
 const TERM_KEY = 'postern.term:';
 
 let token = sessionStorage.getItem(TOKEN_KEY);
@@ -381,9 +382,15 @@ function onSession(t, info) {
     t.inputSent = t.sentBase + from;
     if (again.length) rawSend(t, again);
   }
+  // Queued keystrokes go as one frame, as if pasted.
   const queued = t.queued;
   t.queued = [];
-  for (const b of queued) rawSend(t, b);
+  if (queued.length) {
+    const all = new Uint8Array(queued.reduce((n, b) => n + b.length, 0));
+    let off = 0;
+    for (const b of queued) { all.set(b, off); off += b.length; }
+    rawSend(t, all);
+  }
   if (queued.length || t.refused) {
     if (!t.refused) showNotice('');
     t.refused = 0;
