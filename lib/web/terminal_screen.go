@@ -107,16 +107,31 @@ const screenQueue = 128
 // size (replayBufferSize).
 func newHistory(cols, rows, limit int) *history {
 	h := &history{buf: replayBuffer{limit: limit}, ops: make(chan screenOp, screenQueue), done: make(chan struct{})}
-	scr := newScreen(cols, rows)
 	go func() {
 		defer close(h.done)
-		defer scr.close()
+		// The emulator is made on first use: vt's parser allocates a
+		// 4 MiB buffer up front, and most terminals never print more than
+		// the replay buffer or need a repaint.
+		var scr *screen
+		get := func() *screen {
+			if scr == nil {
+				scr = newScreen(cols, rows)
+			}
+			return scr
+		}
+		defer func() {
+			if scr != nil {
+				scr.close()
+			}
+		}()
 		for op := range h.ops {
 			switch {
 			case op.reply != nil:
-				op.reply <- screenState{repaint: scr.repaint(), text: scr.text()}
+				op.reply <- screenState{repaint: get().repaint(), text: get().text()}
 			case op.data != nil:
-				scr.write(op.data)
+				get().write(op.data)
+			case scr == nil:
+				cols, rows = op.cols, op.rows
 			default:
 				scr.resize(op.cols, op.rows)
 			}
