@@ -254,10 +254,19 @@ function showTermError(text) {
   el.hidden = !text;
 }
 
+let noticeShown = 0;
+
+// showNotice shows one line beside the terminal (never in it: that would
+// corrupt a full-screen program); typing dismisses it after a while.
 function showNotice(text) {
   const el = $('term-notice');
   el.textContent = text;
   el.hidden = !text;
+  noticeShown = text ? performance.now() : 0;
+}
+
+function dismissNoticeOnTyping() {
+  if (noticeShown && performance.now() - noticeShown > 5000) showNotice('');
 }
 
 // The font stack names monospace fonts with real descenders first; the
@@ -271,7 +280,15 @@ function openTerminal(target) {
   showTermError('');
   showNotice('');
   $('term-latency').textContent = '';
-  $('term-title').textContent = `${target.login}@${target.uuid}`;
+  const known = nodes.find((n) => n.uuid === target.uuid);
+  $('term-title').textContent = `${target.login}@${known ? known.hostname : target.uuid}`;
+  if (!known) {
+    // A deep link opened directly: name the node once the list is in.
+    api('GET', '/webapi/nodes').then((r) => {
+      const n = (r.items || []).find((x) => x.uuid === target.uuid);
+      if (n && term && term.target === target) $('term-title').textContent = `${target.login}@${n.hostname}`;
+    }).catch(() => {});
+  }
   setStatus('connecting', 'connecting…');
 
   const xterm = new Terminal({
@@ -331,8 +348,10 @@ function send(t, type, payload) {
   if (t.ready && t.ws && t.ws.readyState === WebSocket.OPEN) t.ws.send(frame(type, payload));
 }
 
+// rawSend sends keystrokes and logs them: if the socket is already
+// closing they are not sent now, and the next resume sends them again.
 function rawSend(t, bytes) {
-  t.ws.send(frame('r', bytes));
+  if (t.ws.readyState === WebSocket.OPEN) t.ws.send(frame('r', bytes));
   for (const b of bytes) t.sent.push(b);
   t.inputSent += bytes.length;
   if (t.sent.length > INPUT_KEEP) {
@@ -348,6 +367,7 @@ function rawSend(t, bytes) {
 function sendInput(t, bytes) {
   if (t.ended) return;
   if (t.ready && t.ws && t.ws.readyState === WebSocket.OPEN && t.inputSent !== null) {
+    dismissNoticeOnTyping();
     rawSend(t, bytes);
     return;
   }
@@ -472,7 +492,7 @@ function connect(t) {
         } catch { /* keep the websocket reason */ }
         break;
       }
-      case 'p': ws.send(frame('P', payload)); break;
+      case 'p': if (ws.readyState === WebSocket.OPEN) ws.send(frame('P', payload)); break;
       case 'P': {
         t.lastPong = performance.now();
         const rtt = performance.now() - Number(dec.decode(payload));
@@ -522,7 +542,7 @@ function closeTerminal(end = false) {
   clearInterval(t.pinger);
   if (t.observer) t.observer.disconnect();
   if (t.ws && t.ws.readyState <= WebSocket.OPEN) {
-    if (end || !t.resume) {
+    if ((end || !t.resume) && t.ws.readyState === WebSocket.OPEN) {
       try { t.ws.send(frame('c', JSON.stringify({ code: 0, reason: 'closed by the user' }))); } catch { /* closing */ }
     }
     t.ws.close(1000, end ? 'closed by the user' : 'detached');
