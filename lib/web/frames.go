@@ -29,5 +29,3 @@ var (
 	DecodeResize         = webterm.DecodeResize
 	DecodeTerminalParams = webterm.DecodeTerminalParams
 )
-
-func strictJSON(data []byte, v any) error { return webterm.StrictJSON(data, v) }

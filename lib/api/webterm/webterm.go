@@ -24,14 +24,20 @@
 //     (seq, data) covers offsets [seq, seq+len(data)); frames are
 //     contiguous and never overlap.
 //   - The client sends FrameAck with an 8-byte big-endian offset: every
-//     byte below it has been rendered. Acks only move forward.
+//     byte below it has been handed to its terminal emulator (which
+//     renders what it was given, so this is what a resume needs). Acks
+//     only move forward. They are advisory today: the server keeps the
+//     last 1 MiB whatever the acks say, and a resume carries its own ack.
 //   - Right after {"status":"ok"} and after every resume the server sends
 //     FrameSession (Session as JSON): the terminal's id, the next resume
 //     token, the offset output continues from and how many input bytes the
 //     server has received in total.
 //   - To resume, the first message carries the token and "resume" (the
-//     last token of FrameSession) and "ack" (the client's rendered
-//     offset). The server replays [ack, end) exactly when its buffer still
+//     last token of FrameSession) and "ack" (the client's offset; 0 for a
+//     page that reloaded and has an empty terminal). The token is
+//     single-use, bound to the web session that opened the terminal, and
+//     refused (websocket close 1008, "resume refused: ...") when it is
+//     unknown, used, of an ended terminal, or of another web session. The server replays [ack, end) exactly when its buffer still
 //     holds it; otherwise it sends FrameRepaint (8-byte offset the repaint
 //     stands for, then escape sequences that redraw the current screen,
 //     alternate screen, cursor and modes) after which the client resets
