@@ -25,6 +25,7 @@ const user = 'e2e';
 const password = 'correct horse battery staple e2e';
 const login = userInfo().username;
 const nodename = 'e2e-node';
+const userB = 'e2e-b';
 
 let passed = 0;
 let failed = 0;
@@ -78,8 +79,68 @@ async function step(page, name, fn) {
   try { await page.screenshot({ path: shot }); } catch { /* browser gone */ }
 }
 
+// rowsText is the terminal's visible text, read from xterm's buffer (the
+// WebGL renderer draws into a canvas: there are no DOM rows to read).
 async function rowsText(page) {
-  return page.locator('.xterm-rows').innerText();
+  return page.evaluate(() => {
+    const t = window.posternTerminal;
+    if (!t) return '';
+    const b = t.buffer.active;
+    const out = [];
+    for (let y = b.viewportY; y < b.viewportY + t.rows; y++) {
+      const l = b.getLine(y);
+      out.push(l ? l.translateToString(true) : '');
+    }
+    return out.join('\n');
+  });
+}
+
+// allText is the terminal's whole buffer, scrollback included.
+async function allText(page) {
+  return page.evaluate(() => {
+    const t = window.posternTerminal;
+    if (!t) return '';
+    const b = t.buffer.active;
+    const out = [];
+    for (let y = 0; y < b.length; y++) out.push(b.getLine(y).translateToString(true));
+    return out.join('\n');
+  });
+}
+
+async function snapshot(page) {
+  return page.evaluate(() => (window.posternSerialize ? window.posternSerialize() : null));
+}
+
+// stableSnapshot waits until two serializations 300 ms apart agree.
+async function stableSnapshot(page) {
+  let prev = await snapshot(page);
+  return waitFor('a stable screen', async () => {
+    await sleep(300);
+    const cur = await snapshot(page);
+    const same = cur === prev;
+    prev = cur;
+    return same ? cur : null;
+  }, 15000, 0);
+}
+
+async function resumeToken(page) {
+  return page.evaluate(() => {
+    for (const k of Object.keys(sessionStorage)) {
+      if (k.startsWith('postern.term:')) return JSON.parse(sessionStorage.getItem(k)).resume;
+    }
+    return null;
+  });
+}
+
+// tryResume opens a terminal socket from the page with TOKEN (the page's
+// web session) and RESUME, and returns how it closed.
+async function tryResume(page, token, resume) {
+  return page.evaluate(([t, r]) => new Promise((resolve) => {
+    const params = { host: 'x', login: 'x', cols: 80, rows: 24, cluster: '' };
+    const ws = new WebSocket(`wss://${location.host}/webapi/terminal?params=${encodeURIComponent(JSON.stringify(params))}`, 'postern.v1');
+    ws.onopen = () => ws.send(JSON.stringify({ token: t, resume: r, ack: 0 }));
+    ws.onclose = (ev) => resolve({ code: ev.code, reason: ev.reason });
+  }), [token, resume]);
 }
 
 async function typeInTerminal(page, text) {
@@ -96,6 +157,53 @@ async function sttySize(page, marker) {
     const m = [...(await rowsText(page)).matchAll(re)];
     return m.length ? [Number(m.at(-1)[1]), Number(m.at(-1)[2])] : null;
   }, 30000);
+}
+
+
+// inkBelowBaseline prints TEXT at the start of a row and counts, in the
+// screenshot, the pixels that differ from the background in the lower
+// third of the cell at column COL (under the baseline, where `_`, `g`, `y`
+// draw). The screenshot is decoded in the page (a data: image into a
+// canvas: the UI's CSP allows data: images), so no PNG library is needed.
+async function inkBelowBaseline(page, marker, col) {
+  const box = await page.evaluate((marker) => {
+    const t = window.posternTerminal;
+    const buf = t.buffer.active;
+    for (let y = buf.length - 1; y >= 0; y--) {
+      const line = buf.getLine(y);
+      if (line && line.translateToString(true).startsWith(marker)) {
+        const row = y - buf.viewportY;
+        if (row < 0 || row >= t.rows) return null;
+        const r = document.querySelector('.xterm-screen').getBoundingClientRect();
+        return { left: r.left, top: r.top, cw: r.width / t.cols, ch: r.height / t.rows, row };
+      }
+    }
+    return null;
+  }, marker);
+  if (!box) throw new Error(`no row starting with ${marker} on the screen`);
+  const clip = { x: box.left + col * box.cw, y: box.top + box.row * box.ch, width: box.cw, height: box.ch };
+  const png = await page.screenshot({ clip });
+  return page.evaluate(async (b64) => {
+    const img = new Image();
+    img.src = `data:image/png;base64,${b64}`;
+    await img.decode();
+    const c = document.createElement('canvas');
+    c.width = img.width; c.height = img.height;
+    const g = c.getContext('2d');
+    g.drawImage(img, 0, 0);
+    const { data, width, height } = g.getImageData(0, 0, c.width, c.height);
+    // The background is the colour of the cell's top-left pixel.
+    const bg = [data[0], data[1], data[2]];
+    let ink = 0;
+    for (let y = Math.floor(height * 2 / 3); y < height; y++) {
+      for (let x = 0; x < width; x++) {
+        const i = (y * width + x) * 4;
+        const d = Math.abs(data[i] - bg[0]) + Math.abs(data[i + 1] - bg[1]) + Math.abs(data[i + 2] - bg[2]);
+        if (d > 120) ink++;
+      }
+    }
+    return ink;
+  }, png.toString('base64'));
 }
 
 async function main() {
@@ -119,6 +227,16 @@ async function main() {
 
   let context;
   let profile;
+  let contextB;
+  let profileB;
+  const launchOptions = {
+    executablePath: chromiumPath,
+    headless: true,
+    ignoreHTTPSErrors: true,
+    viewport: { width: 1200, height: 800 },
+    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+  };
   try {
     const pctl = (args, input) => execFileSync(join(buildDir, 'pctl'), ['--data-dir', dataDir, ...args],
       { input, stdio: ['pipe', 'pipe', 'pipe'] }).toString();
@@ -130,14 +248,7 @@ async function main() {
     pctl(['users', 'add', user, '--logins', login], `${password}\n`);
 
     profile = mkdtempSync(join(tmpdir(), 'postern-e2e-chromium-'));
-    context = await chromium.launchPersistentContext(profile, {
-      executablePath: chromiumPath,
-      headless: true,
-      ignoreHTTPSErrors: true,
-      viewport: { width: 1200, height: 800 },
-      args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-        '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-    });
+    context = await chromium.launchPersistentContext(profile, launchOptions);
     const page = context.pages()[0] || await context.newPage();
     const consoleErrors = [];
     page.on('console', (m) => { if (m.type() === 'error') consoleErrors.push(m.text()); });
@@ -178,8 +289,12 @@ async function main() {
       await page.locator(`tr[data-hostname="${nodename}"] select.login`).selectOption(login);
     });
 
-    await step(page, 'open a terminal', async () => {
-      await page.click(`tr[data-hostname="${nodename}"] button.connect`);
+    await step(page, 'open a terminal from its link', async () => {
+      const link = page.locator(`tr[data-hostname="${nodename}"] a.connect`);
+      const href = await link.getAttribute('href');
+      if (!/^\/web\/cluster\/e2e\/node\/[0-9a-f-]{36}\/[^/]+$/.test(href)) throw new Error(`link ${href}`);
+      await link.click();
+      await page.waitForURL((u) => u.pathname === href);
       await page.locator('#term-status[data-status="connected"]').waitFor({ timeout: 30000 });
       // Generous: root's shell start-up (~/.bashrc) is slow on a loaded CI box.
       await waitFor('a shell prompt', async () => (await rowsText(page)).trim().length > 0, 60000);
@@ -188,6 +303,19 @@ async function main() {
     await step(page, 'type a command and read its output', async () => {
       await typeInTerminal(page, 'echo "postern-$((6*7))"\n');
       await waitFor('the output', async () => (await rowsText(page)).includes('postern-42'), 30000);
+    });
+
+    await step(page, 'underscores and descenders are visible', async () => {
+      // printf's escapes keep the command line itself from matching.
+      await typeInTerminal(page, "printf 'a\\137b\\n'; printf 'gy|\\n'\n");
+      await waitFor('a_b on the screen', async () => /^a_b$/m.test(await rowsText(page)), 30000);
+      await waitFor('gy| on the screen', async () => /^gy\|$/m.test(await rowsText(page)), 30000);
+      const underscore = await inkBelowBaseline(page, 'a_b', 1);
+      const g = await inkBelowBaseline(page, 'gy|', 0);
+      const renderer = await page.locator('#terminal').getAttribute('data-renderer');
+      console.log(`     ink below the baseline (${renderer} renderer): '_' ${underscore} px, 'g' ${g} px`);
+      if (underscore < 2) throw new Error(`the underscore of a_b is clipped: ${underscore} px of ink under the baseline`);
+      if (g < 2) throw new Error(`the descender of g is clipped: ${g} px of ink under the baseline`);
     });
 
     let before;
@@ -214,9 +342,175 @@ async function main() {
       await page.locator('#term-latency', { hasText: 'ms' }).waitFor({ timeout: 15000 });
     });
 
+    await step(page, 'reload while top runs: the same shell and screen are back', async () => {
+      await typeInTerminal(page, 'clear; echo "PID=$$"\n');
+      const pid = await waitFor('the PID', async () => ((await rowsText(page)).match(/^PID=(\d+)$/m) || [])[1]);
+      await typeInTerminal(page, 'top -d 3600\n');
+      await waitFor('top on the screen', async () => /load average/.test(await rowsText(page)), 30000);
+      const before = await stableSnapshot(page);
+      const start = Date.now();
+      await page.reload();
+      await waitFor('the same screen', async () => (await snapshot(page)) === before, 10000, 50);
+      const took = Date.now() - start;
+      console.log(`     resumed and restored in ${took} ms (${before.length} bytes of serialized screen)`);
+      if (took > 2000) throw new Error(`the screen came back after ${took} ms`);
+      await page.locator('#term-status[data-status="connected"]').waitFor();
+      await typeInTerminal(page, 'q');
+      await typeInTerminal(page, 'echo "AFTER=$$"\n');
+      const after = await waitFor('the PID again', async () => ((await rowsText(page)).match(/^AFTER=(\d+)$/m) || [])[1]);
+      if (after !== pid) throw new Error(`shell PID ${after} after the reload, ${pid} before`);
+      console.log(`     the same shell (PID ${pid})`);
+    });
+
+    await step(page, 'the DOM renderer shows underscores too', async () => {
+      await page.evaluate(() => localStorage.setItem('postern.renderer', 'dom'));
+      await page.reload();
+      await page.locator('#terminal[data-renderer="dom"]').waitFor();
+      await page.locator('#term-status[data-status="connected"]').waitFor();
+      await typeInTerminal(page, "clear; printf 'a\\137b\\n'\n");
+      await waitFor('a_b on the screen', async () => /^a_b$/m.test(await rowsText(page)), 30000);
+      const ink = await inkBelowBaseline(page, 'a_b', 1);
+      console.log(`     ink below the baseline (dom renderer): '_' ${ink} px`);
+      if (ink < 2) throw new Error(`the underscore is clipped in the DOM renderer: ${ink} px`);
+      await page.evaluate(() => localStorage.removeItem('postern.renderer'));
+    });
+
+    await step(page, 'offline for 10s: every number once, in order, typing delivered once', async () => {
+      const sockets = [];
+      page.on('websocket', (ws) => sockets.push(ws.url()));
+      await typeInTerminal(page, 'clear; for i in $(seq 1 150); do echo "N=$i"; sleep 0.1; done; echo "COUNT""-DONE"\n');
+      await waitFor('the counter', async () => /^N=5$/m.test(await allText(page)), 30000, 50);
+      await page.context().setOffline(true);
+      // Typed while offline: delivered once when back (bash reads it after
+      // the loop).
+      await typeInTerminal(page, 'echo "OFF""LINE-$((2+3))"\n');
+      await sleep(10000);
+      await page.context().setOffline(false);
+      await waitFor('the end of the counter', async () => /^COUNT-DONE$/m.test(await allText(page)), 60000);
+      await waitFor('the offline command', async () => /^OFFLINE-5$/m.test(await allText(page)), 30000);
+      const text = await allText(page);
+      const nums = [...text.matchAll(/N=(\d+)/g)].map((m) => Number(m[1]));
+      const want = Array.from({ length: 150 }, (_, i) => i + 1);
+      if (JSON.stringify(nums) !== JSON.stringify(want)) {
+        throw new Error(`counter lines ${nums.length}: ${JSON.stringify(nums.slice(0, 20))}...`);
+      }
+      const typed = [...text.matchAll(/^OFFLINE-5$/gm)].length;
+      if (typed !== 1) throw new Error(`the offline command ran ${typed} times`);
+      console.log(`     150 numbers once each; ${sockets.length} new socket(s) while offline and after`);
+    });
+
+    await step(page, 'a dropped connection for 10s: resumed, every number once, typing delivered once', async () => {
+      // Keystroke echoes may land between counter lines, so numbers are
+      // matched anywhere on a line.
+      // Chromium's offline mode keeps an established websocket, so the
+      // drop is made by routing the terminal socket through Playwright:
+      // it is cut, and new sockets are refused for 10s.
+      let down = false;
+      let live = [];
+      let opened = 0;
+      await page.routeWebSocket(/\/webapi\/terminal/, (ws) => {
+        if (down) { ws.close({ code: 1006 }); return; }
+        opened++;
+        const server = ws.connectToServer();
+        live.push({ ws, server });
+      });
+      await page.reload(); // the next socket goes through the route
+      await page.locator('#term-status[data-status="connected"]').waitFor();
+      await typeInTerminal(page, 'clear; for i in $(seq 1 150); do echo "M=$i"; sleep 0.1; done; echo "DROP""-DONE"\n');
+      await waitFor('the counter', async () => /^M=5$/m.test(await allText(page)), 30000, 50);
+      down = true;
+      for (const { ws, server } of live) { server.close(); ws.close({ code: 1006 }); }
+      live = [];
+      await page.locator('#term-status[data-status="reconnecting"]').waitFor({ timeout: 5000 });
+      await typeInTerminal(page, 'echo "DRO""PPED-$((3+4))"\n');
+      await sleep(10000);
+      down = false;
+      await waitFor('the end of the counter', async () => /^DROP-DONE$/m.test(await allText(page)), 60000);
+      await waitFor('the command typed while down', async () => /^DROPPED-7$/m.test(await allText(page)), 30000);
+      const text = await allText(page);
+      const nums = [...text.matchAll(/M=(\d+)/g)].map((m) => Number(m[1]));
+      const want = Array.from({ length: 150 }, (_, i) => i + 1);
+      if (JSON.stringify(nums) !== JSON.stringify(want)) {
+        const miss = want.find((n) => nums.filter((x) => x === n).length !== 1);
+        const lines = text.split('\n');
+        const at = lines.findIndex((l) => l.includes(`M=${miss - 1}`));
+        throw new Error(`counter lines ${nums.length}, first wrong ${miss}, around it: ${JSON.stringify(lines.slice(at - 2, at + 4))}`);
+      }
+      const typed = [...text.matchAll(/^DROPPED-7$/gm)].length;
+      if (typed !== 1) throw new Error(`the command typed while down ran ${typed} times`);
+      await page.unrouteAll();
+      console.log(`     150 numbers once each across ${opened} sockets`);
+    });
+
+    await step(page, 'more than the buffer while disconnected: the screen is restored with a notice', async () => {
+      let down = false;
+      let live = [];
+      await page.routeWebSocket(/\/webapi\/terminal/, (ws) => {
+        if (down) { ws.close({ code: 1006 }); return; }
+        live.push({ ws, server: ws.connectToServer() });
+      });
+      await page.reload();
+      await page.locator('#term-status[data-status="connected"]').waitFor();
+      await typeInTerminal(page, 'sleep 2; seq 1 600000; top -d 3600\n');
+      await waitFor('the command to be echoed', async () => /seq 1 600000; top/.test(await rowsText(page)), 15000, 50);
+      down = true;
+      for (const { ws, server } of live) { server.close(); ws.close({ code: 1006 }); }
+      live = [];
+      await sleep(10000);
+      down = false;
+      await page.locator('#term-notice', { hasText: 'scrolled away' }).waitFor({ timeout: 30000 });
+      await waitFor('top restored', async () => /load average/.test(await rowsText(page)), 15000);
+      const rows = await rowsText(page);
+      if (/^\d+$/m.test(rows.split('\n').slice(1).join('\n'))) throw new Error(`seq output on the restored screen:\n${rows}`);
+      console.log(`     notice: ${await page.locator('#term-notice').innerText()}`);
+      await page.unrouteAll();
+      await typeInTerminal(page, 'q');
+      await typeInTerminal(page, 'clear; echo "back-$((1+1))"\n');
+      await waitFor('the shell after top', async () => /^back-2$/m.test(await rowsText(page)), 15000);
+    });
+
+    const resumeOfA = await resumeToken(page);
+    await step(page, 'user B with A\'s resume token or deep link is refused and audited', async () => {
+      if (!resumeOfA) throw new Error('no resume token in sessionStorage');
+      pctl(['users', 'add', userB, '--logins', 'nobody-here'], `${password}\n`);
+      profileB = mkdtempSync(join(tmpdir(), 'postern-e2e-chromium-b-'));
+      contextB = await chromium.launchPersistentContext(profileB, launchOptions);
+      const pageB = contextB.pages()[0] || await contextB.newPage();
+      await pageB.goto(page.url()); // A's deep link
+      await pageB.fill('#login-user', userB);
+      await pageB.fill('#login-password', password);
+      await pageB.click('#login-submit');
+      // The deep link opens B's own terminal, which B's roles refuse.
+      await pageB.locator('#term-error', { hasText: 'not found' }).waitFor({ timeout: 15000 });
+      const tokenB = await pageB.evaluate(() => sessionStorage.getItem('postern.token'));
+      const res = await tryResume(pageB, tokenB, resumeOfA);
+      if (res.code !== 1008 || !/resume refused/.test(res.reason)) throw new Error(`B's resume: ${JSON.stringify(res)}`);
+      const audit = await waitFor('the refusal in the audit log', () => {
+        const lines = pctl(['events', 'ls', '--type', 'access.denied', '--format', 'json']).trim().split('\n');
+        return lines.map((l) => JSON.parse(l)).find((e) => e.user === userB && /resume refused/.test(JSON.stringify(e)));
+      }, 15000, 500);
+      console.log(`     ${res.code} "${res.reason}"; audit: ${JSON.stringify(audit).slice(0, 160)}`);
+      // A's terminal is untouched.
+      await typeInTerminal(page, 'echo "still-$((40+2))"\n');
+      await waitFor('A still works', async () => /^still-42$/m.test(await rowsText(page)), 15000);
+    });
+
+    await step(page, 'the sessions view lists the terminal', async () => {
+      await page.click('#nav-sessions');
+      await page.locator('#sessions tbody tr').first().waitFor();
+      const text = await page.locator('#sessions tbody').innerText();
+      if (!text.includes(nodename) || !/detached|attached/.test(text)) throw new Error(`sessions: ${text}`);
+      await page.locator('#sessions tbody tr button.resume').first().click();
+      await page.locator('#term-status[data-status="connected"]').waitFor();
+      await typeInTerminal(page, 'echo "PID=$$"\n');
+      await waitFor('the same shell', async () => /^PID=\d+$/m.test(await rowsText(page)), 15000);
+    });
+
     let token;
+    let lastResume;
     await step(page, 'logging out ends the open terminal', async () => {
       token = await page.evaluate(() => sessionStorage.getItem('postern.token'));
+      lastResume = await resumeToken(page);
       const status = await page.evaluate(async (t) => {
         const r = await fetch('/webapi/sessions', { method: 'DELETE', headers: { Authorization: `Bearer ${t}` } });
         return r.status;
@@ -240,6 +534,14 @@ async function main() {
         throw new Error(`websocket: ${JSON.stringify(res)}`);
       }
       console.log(`     closed with ${res.code} "${res.reason}"`);
+      // A new web session of the same user cannot use the old resume token:
+      // logout ended the terminal.
+      const relogin = await page.evaluate(async ([u, p]) => {
+        const r = await fetch('/webapi/sessions', { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ user: u, password: p, otp_token: '' }) });
+        return (await r.json()).token;
+      }, [user, password]);
+      const again = await tryResume(page, relogin, lastResume);
+      if (again.code !== 1008 || !/resume refused/.test(again.reason)) throw new Error(`resume after logout: ${JSON.stringify(again)}`);
       await page.click('#term-back');
       await page.locator('#view-login').waitFor({ state: 'visible' });
     });
@@ -254,6 +556,8 @@ async function main() {
     console.log(`FAIL setup: ${err.message}`);
   } finally {
     if (context) await context.close().catch(() => {});
+    if (contextB) await contextB.close().catch(() => {});
+    if (profileB) rmSync(profileB, { recursive: true, force: true });
     if (profile) rmSync(profile, { recursive: true, force: true });
     daemon.kill('SIGTERM');
     await waitFor('postern to exit', () => daemonExited, 15000).catch(() => daemon.kill('SIGKILL'));

@@ -96,7 +96,10 @@ type FileConfig struct {
 	Debug         bool              `yaml:"debug,omitempty"`
 	LogFormat     string            `yaml:"log_format,omitempty"`
 	ShutdownGrace time.Duration     `yaml:"shutdown_grace,omitempty"`
-	Limits        Limits            `yaml:"limits,omitempty"`
+	// WebTerminalGrace is how long a web terminal waits for a resume
+	// after its browser went away; nil means the default (5m), 0 none.
+	WebTerminalGrace *time.Duration `yaml:"web_terminal_grace,omitempty"`
+	Limits           Limits         `yaml:"limits,omitempty"`
 }
 
 // BackendConfig selects the storage of an auth server.

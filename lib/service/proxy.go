@@ -151,6 +151,13 @@ func (p *Process) startWeb(sshAddr net.Addr) error {
 	// NodeWatcher in-process. Session records go to the backend when auth
 	// (and so the backend) is here; otherwise web keeps them in memory.
 	wcfg.WebSessions = web.WebSessionsConfig{Router: p.router, Nodes: p.nodeWatcher, Locks: p.locks, Audit: p.audit}
+	if g := p.cfg.WebTerminalGrace; g != nil {
+		// web: zero means the default, negative none.
+		wcfg.WebSessions.TerminalGrace = *g
+		if *g == 0 {
+			wcfg.WebSessions.TerminalGrace = -1
+		}
+	}
 	if p.store != nil {
 		wcfg.WebSessions.Roles = p.store
 		wcfg.WebSessions.Store = &web.BackendSessionStore{Backend: p.store.Backend()}

@@ -34,7 +34,7 @@ func (s *Server) emitTerminalAuthFailed(r *http.Request, err error) {
 // says why) or by an ambiguous target (route.ambiguous with every
 // candidate: the audit log is for admins, who see all nodes). Other
 // routing errors are not audited.
-func (t *termSession) auditRoute(ctx context.Context, p *TerminalParams, route proxy.Route, err error) {
+func (t *termSocket) auditRoute(ctx context.Context, p *TerminalParams, route proxy.Route, err error) {
 	fields := events.Fields{
 		events.FieldMethod:     auditMethod,
 		events.FieldKind:       auditKind,
@@ -69,4 +69,41 @@ func (t *termSession) auditRoute(ctx context.Context, p *TerminalParams, route p
 		return
 	}
 	t.srv.cfg.WebSessions.Audit.Emit(ctx, events.Event{Type: typ, User: t.live.user, Fields: fields})
+}
+
+// emitResumeRefused records a refused resume: a token of another user or
+// web session, or one that is unknown, used or whose terminal ended.
+func (s *Server) emitResumeRefused(r *http.Request, live *liveSession, err error) {
+	s.cfg.WebSessions.Audit.Emit(s.web.ctx, events.Event{Type: events.AccessDenied, User: live.user, Fields: events.Fields{
+		events.FieldMethod:     auditMethod,
+		events.FieldKind:       auditKind,
+		events.FieldRemoteAddr: r.RemoteAddr,
+		events.FieldReason:     trace.UserMessage(err),
+	}})
+}
+
+// emitEnd records the end of a web terminal with its reason (the node
+// records its own session.end; this one says why the proxy ended it:
+// grace expiry, logout, the browser, the shell's exit).
+func (t *term) emitEnd(end *sessionEnd) {
+	t.mu.Lock()
+	out, in := t.hist.end(), t.input
+	t.mu.Unlock()
+	fields := events.Fields{
+		events.FieldMethod:     auditMethod,
+		events.FieldKind:       auditKind,
+		events.FieldSessionID:  t.id,
+		events.FieldTarget:     t.params.Host,
+		events.FieldLogin:      t.params.Login,
+		events.FieldRemoteAddr: t.remoteAddr,
+		events.FieldReason:     end.reason,
+		events.FieldBytesOut:   out,
+		events.FieldBytesIn:    in,
+	}
+	if end.code >= 0 {
+		fields[events.FieldExitCode] = end.code
+	}
+	// Not the terminal's context (it has ended), nor the server's alone
+	// (a shutdown ends it too, and those ends are recorded as well).
+	t.srv.cfg.WebSessions.Audit.Emit(context.WithoutCancel(t.srv.web.ctx), events.Event{Type: events.SessionEnd, User: t.live.user, Fields: fields})
 }

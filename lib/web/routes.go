@@ -57,6 +57,11 @@ type WebSessionsConfig struct {
 	// clear message instead of hanging it. Zero means every 10s, given up
 	// after 3 unanswered; a nil Clock means the server's.
 	NodeKeepAlive utils.SSHKeepAliveConfig
+	// TerminalGrace is how long a terminal whose websocket went away
+	// waits for a resume (SPEC web_terminal_grace); zero means
+	// DefaultTerminalGrace, negative means none (the terminal ends with
+	// its socket, the behaviour before resume existed).
+	TerminalGrace time.Duration
 }
 
 func (c *WebSessionsConfig) enabled() bool { return c.Router != nil }
@@ -86,6 +91,9 @@ func (c *WebSessionsConfig) checkAndSetDefaults(now func() time.Time) error {
 	if c.Audit == nil {
 		c.Audit = events.Discard
 	}
+	if c.TerminalGrace == 0 {
+		c.TerminalGrace = DefaultTerminalGrace
+	}
 	return nil
 }
 
@@ -96,6 +104,8 @@ type webState struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
 	sessions sessionRegistry
+	// terms owns the terminals, attached and detached.
+	terms termRegistry
 	// mu guards closed and orders wg.Add against shutdown's wg.Wait.
 	mu        sync.Mutex
 	closed    bool
@@ -122,6 +132,7 @@ func (w *webState) shutdown(ctx context.Context) error {
 	w.closed = true
 	w.mu.Unlock()
 	w.sessions.closeAll()
+	w.terms.closeAll(errShuttingDown)
 	w.cancel()
 	if w.locksDone != nil {
 		<-w.locksDone
@@ -155,6 +166,9 @@ func (s *Server) registerWebRoutes(mux *http.ServeMux) error {
 	mux.HandleFunc("DELETE /webapi/sessions", s.requireSession(s.deleteSession))
 	mux.HandleFunc("GET /webapi/nodes", s.requireSession(s.listNodes))
 	mux.HandleFunc("GET /webapi/terminal", s.terminal)
+	mux.HandleFunc("GET /webapi/terminals", s.requireSession(s.listTerminals))
+	mux.HandleFunc("DELETE /webapi/terminals/{id}", s.requireSession(s.endTerminal))
+	mux.HandleFunc("POST /webapi/terminals/{id}/resume", s.requireSession(s.resumeTerminal))
 	s.registerUI(mux)
 	return nil
 }

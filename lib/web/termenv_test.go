@@ -40,6 +40,7 @@ import (
 type testNode struct {
 	ln       net.Listener
 	started  chan struct{} // one value per shell started
+	signals  chan string   // one value per signal request
 	ended    chan struct{} // one value per session channel closed
 	mu       sync.Mutex    // guards conns
 	conns    map[ssh.Conn]struct{}
@@ -80,7 +81,7 @@ func newTestNode(t *testing.T, as *auth.Server, uuid, hostname string) *testNode
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	n := &testNode{ln: ln, started: make(chan struct{}, 16), ended: make(chan struct{}, 16), conns: map[ssh.Conn]struct{}{}}
+	n := &testNode{ln: ln, started: make(chan struct{}, 16), signals: make(chan string, 16), ended: make(chan struct{}, 16), conns: map[ssh.Conn]struct{}{}}
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
@@ -162,6 +163,17 @@ func (n *testNode) session(ch ssh.Channel, reqs <-chan *ssh.Request) {
 				cols, rows := binary.BigEndian.Uint32(req.Payload), binary.BigEndian.Uint32(req.Payload[4:])
 				fmt.Fprintf(ch, "size=%dx%d\r\n", cols, rows)
 			}
+		case "signal":
+			// A hung-up shell exits, as bash does on SIGHUP.
+			var sig struct{ Name string }
+			_ = ssh.Unmarshal(req.Payload, &sig)
+			n.signals <- sig.Name
+			ch.SendRequest("exit-signal", false, ssh.Marshal(struct {
+				Signal     string
+				CoreDumped bool
+				Msg, Lang  string
+			}{Signal: sig.Name}))
+			ch.Close()
 		case "shell":
 			req.Reply(true, nil)
 			n.started <- struct{}{}
@@ -174,6 +186,16 @@ func (n *testNode) session(ch ssh.Channel, reqs <-chan *ssh.Request) {
 					k, err := ch.Read(buf)
 					if err != nil {
 						return
+					}
+					if bytes.Contains(buf[:k], []byte("flood")) {
+						// More than the replay buffer, then a
+						// full-screen program's screen.
+						line := bytes.Repeat([]byte("x"), 1000)
+						for i := 0; i < 2100; i++ {
+							fmt.Fprintf(ch, "%04d %s\r\n", i, line)
+						}
+						io.WriteString(ch, "\x1b[?1049h\x1b[?1h\x1b[H\x1b[2JFULL SCREEN\x1b[3;5HEND-OF-FLOOD")
+						continue
 					}
 					if bytes.Contains(buf[:k], []byte("exit")) {
 						ch.SendRequest("exit-status", false, ssh.Marshal(struct{ Status uint32 }{3}))

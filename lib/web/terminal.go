@@ -14,9 +14,11 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/api/webterm"
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/services"
@@ -67,7 +69,8 @@ func truncateReason(s string) string {
 }
 
 // terminal serves GET /webapi/terminal. The token is not in the URL (URLs
-// end up in logs and history): it is the first message on the socket.
+// end up in logs and history): it is the first message on the socket,
+// with the resume token when the page reattaches to a detached terminal.
 func (s *Server) terminal(w http.ResponseWriter, r *http.Request) {
 	if !s.cfg.WebSessions.enabled() {
 		writeError(w, http.StatusNotImplemented, "web sessions are not available on this proxy")
@@ -93,7 +96,7 @@ func (s *Server) terminal(w http.ResponseWriter, r *http.Request) {
 		c.Close(websocket.StatusPolicyViolation, "subprotocol "+TerminalSubprotocol+" required")
 		return
 	}
-	live, err := s.authenticateSocket(c, r)
+	live, msg, err := s.authenticateSocket(c, r)
 	if err != nil {
 		log.WithError(err).Info("Terminal authentication failed.")
 		s.emitTerminalAuthFailed(r, err)
@@ -101,13 +104,44 @@ func (s *Server) terminal(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	log = log.WithField("user", live.user)
-	t := &termSession{srv: s, c: c, live: live, log: log, remoteAddr: r.RemoteAddr}
-	t.run(r.URL.Query().Get("params"))
+	sock := &termSocket{srv: s, c: c, live: live, log: log, remoteAddr: r.RemoteAddr, sequenced: msg.Ack != nil}
+	if msg.Resume != "" {
+		t, err := s.web.terms.claim(live, msg.Resume)
+		if err != nil {
+			log.WithError(err).Warn("Terminal resume refused.")
+			s.emitResumeRefused(r, live, err)
+			c.Close(websocket.StatusPolicyViolation, truncateReason(trace.UserMessage(err)))
+			return
+		}
+		if err := writeOK(s.web.ctx, c); err != nil {
+			// The token was used: the terminal stays detached until its
+			// grace period ends, like a resume that never came.
+			return
+		}
+		sock.log = t.log
+		t.log.Info("Web terminal resumed.")
+		sock.serve(t, *msg.Ack)
+		return
+	}
+	if err := writeOK(s.web.ctx, c); err != nil {
+		return
+	}
+	t, err := s.startTerm(live, r.URL.Query().Get("params"), sock)
+	if err != nil {
+		sock.fail(err)
+		return
+	}
+	sock.log = t.log
+	sock.serve(t, 0)
+}
+
+func writeOK(ctx context.Context, c *websocket.Conn) error {
+	return trace.Wrap(c.Write(ctx, websocket.MessageText, []byte(`{"status":"ok"}`)))
 }
 
 // authenticateSocket reads the first message and checks it with the
 // session cookie of the upgrade request.
-func (s *Server) authenticateSocket(c *websocket.Conn, r *http.Request) (*liveSession, error) {
+func (s *Server) authenticateSocket(c *websocket.Conn, r *http.Request) (*liveSession, *webterm.AuthMessage, error) {
 	ctx := s.web.ctx
 	// Canceling a read context would drop the socket without a reason, so
 	// the timeout closes it properly instead, which ends the read.
@@ -115,36 +149,22 @@ func (s *Server) authenticateSocket(c *websocket.Conn, r *http.Request) (*liveSe
 		c.Close(websocket.StatusPolicyViolation, "expected {\"token\":...} as the first message within "+authTimeout.String())
 	})
 	defer timer.Stop()
-	_, msg, err := c.Read(ctx)
+	_, data, err := c.Read(ctx)
 	if err != nil {
-		return nil, trace.AccessDenied("expected {\"token\":...} as the first message")
+		return nil, nil, trace.AccessDenied("expected {\"token\":...} as the first message")
 	}
-	var m authMessage
-	if err := strictJSON(msg, &m); err != nil || m.Token == "" {
-		return nil, trace.AccessDenied("expected {\"token\":...} as the first message")
-	}
-	live, err := s.authenticate(ctx, r, m.Token)
+	msg, err := webterm.DecodeAuthMessage(data)
 	if err != nil {
-		return nil, trace.Wrap(err)
+		return nil, nil, trace.AccessDenied("expected {\"token\":...} as the first message")
+	}
+	live, err := s.authenticate(ctx, r, msg.Token)
+	if err != nil {
+		return nil, nil, trace.Wrap(err)
 	}
 	if !timer.Stop() {
-		return nil, trace.AccessDenied("authentication timed out")
+		return nil, nil, trace.AccessDenied("authentication timed out")
 	}
-	if err := c.Write(ctx, websocket.MessageText, []byte(`{"status":"ok"}`)); err != nil {
-		return nil, trace.Wrap(err)
-	}
-	return live, nil
-}
-
-// termSession is one terminal: it owns the SSH client and the goroutines
-// that pump bytes, and returns only when all of them have ended.
-type termSession struct {
-	srv  *Server
-	c    *websocket.Conn
-	live *liveSession
-	log  logrus.FieldLogger
-	// remoteAddr is the browser's address, for the audit trail.
-	remoteAddr string
+	return live, msg, nil
 }
 
 // sessionEnd is the cause that ends a terminal, with what the browser is
@@ -160,28 +180,144 @@ type sessionEnd struct {
 
 func (e *sessionEnd) Error() string { return e.reason }
 
-// errBrowserGone ends a terminal whose socket broke: nobody to tell.
+// errBrowserGone ends a socket that broke: nobody to tell. It ends the
+// terminal too unless the terminal is resumable.
 var errBrowserGone = errors.New("browser disconnected")
 
-func (t *termSession) run(rawParams string) {
+// errGraceExpired ends a detached terminal nobody resumed.
+var errGraceExpired = errors.New("detached and not resumed within the grace period")
+
+// startTerm connects a new terminal and starts its goroutine.
+func (s *Server) startTerm(live *liveSession, rawParams string, sock *termSocket) (*term, error) {
 	params, err := DecodeTerminalParams(rawParams)
 	if err != nil {
-		t.fail(err)
-		return
+		return nil, trace.Wrap(err)
 	}
-	log := t.log.WithFields(logrus.Fields{"target": params.Host, "login": params.Login})
-	t.log = log
-	ctx, cancel := context.WithCancelCause(t.live.ctx)
-	defer cancel(nil)
-	expiry := t.srv.cfg.Clock.AfterFunc(t.live.expires.Sub(t.srv.cfg.Clock.Now()), func() { cancel(errSessionExpired) })
-	defer expiry.Stop()
-
-	client, sess, stdin, err := t.connect(ctx, params)
+	id, err := randomHex()
 	if err != nil {
-		t.fail(err)
-		return
+		return nil, trace.Wrap(err)
 	}
-	defer client.Close()
+	id = id[:16]
+	clock := s.cfg.Clock
+	t := &term{
+		srv: s, id: id, live: live, params: params, started: clock.Now(), remoteAddr: sock.remoteAddr,
+		resumable: sock.sequenced && s.cfg.WebSessions.TerminalGrace > 0,
+		log:       sock.log.WithFields(logrus.Fields{"target": params.Host, "login": params.Login, "terminal_id": id}),
+		done:      make(chan struct{}),
+		hist:      newHistory(params.Cols, params.Rows, replayBufferSize),
+	}
+	t.ctx, t.cancel = context.WithCancelCause(live.ctx)
+	// The web session's absolute expiry ends its terminals, detached or not.
+	expiry := clock.AfterFunc(live.expires.Sub(clock.Now()), func() { t.cancel(errSessionExpired) })
+	sock.term = t
+	client, sess, stdin, err := sock.connect(t.ctx, params, t)
+	if err != nil {
+		expiry.Stop()
+		t.cancel(nil)
+		t.hist.close()
+		return nil, trace.Wrap(err)
+	}
+	t.client, t.sess, t.stdin = client, sess, stdin
+	if !s.web.track() {
+		expiry.Stop()
+		client.Close()
+		t.cancel(nil)
+		t.hist.close()
+		return nil, trace.ConnectionProblem(nil, "the proxy is shutting down")
+	}
+	if !s.web.terms.add(t) {
+		s.web.terminals.Done()
+		expiry.Stop()
+		client.Close()
+		t.cancel(nil)
+		t.hist.close()
+		return nil, trace.ConnectionProblem(nil, "the proxy is shutting down")
+	}
+	go func() {
+		defer s.web.terminals.Done()
+		defer expiry.Stop()
+		t.run()
+	}()
+	t.log.WithField("resumable", t.resumable).Info("Web terminal started.")
+	return t, nil
+}
+
+// term is one web terminal: the SSH session on the node, its output
+// history and screen, and the socket attached to it (none while
+// detached). It outlives its sockets by up to the grace period.
+type term struct {
+	srv     *Server
+	id      string
+	live    *liveSession
+	params  *TerminalParams
+	started time.Time
+	// The node as routed (set by connect, then read-only).
+	nodeHostname, nodeUUID, cluster string
+	remoteAddr                      string
+	// resumable: the client speaks the sequenced dialect and the grace
+	// period is on; otherwise the terminal ends with its socket.
+	resumable bool
+	log       logrus.FieldLogger
+	ctx       context.Context
+	cancel    context.CancelCauseFunc
+	// done is closed when run returned; end is set before.
+	done   chan struct{}
+	client *ssh.Client
+	sess   *ssh.Session
+	stdin  io.WriteCloser
+
+	// tokenHash is the current resume token's hash; guarded by the
+	// registry's mu.
+	tokenHash string
+
+	// Lock order: outMu, then inMu, then mu. outMu serializes output
+	// (and the switch of sockets, so that a replay and live output never
+	// interleave); inMu serializes input with the same switch, so a
+	// replaced socket's late keystroke cannot slip in after the new
+	// socket was told the input count.
+	outMu sync.Mutex
+	inMu  sync.Mutex
+	// hist is the output's replay buffer and emulator (its own lock;
+	// writes, screens and close are serialized by outMu).
+	hist *history
+	// mu guards the fields below.
+	mu    sync.Mutex
+	att   *termSocket
+	grace clockwork.Timer
+	input uint64
+	end   *sessionEnd
+}
+
+// Write takes the shell's output (stdout and stderr): into the history
+// and the emulator, then to the attached socket. It never fails: a socket
+// that cannot take the bytes is dropped and the bytes wait in the buffer.
+func (t *term) Write(p []byte) (int, error) {
+	t.outMu.Lock()
+	defer t.outMu.Unlock()
+	seq := t.hist.write(p)
+	t.mu.Lock()
+	a := t.att
+	t.mu.Unlock()
+	if a != nil {
+		if err := a.writeData(seq, p); err != nil {
+			a.c.CloseNow()
+		}
+	}
+	return len(p), nil
+}
+
+// run waits for the terminal's end, then closes the SSH session, tells
+// the attached socket and records session.end.
+func (t *term) run() {
+	defer close(t.done)
+	defer t.srv.web.terms.remove(t)
+	defer func() {
+		// outMu: an attach that began before the end computes its screen
+		// first; later ones see t.end.
+		t.outMu.Lock()
+		t.hist.close()
+		t.outMu.Unlock()
+	}()
 	kaCfg := t.srv.cfg.WebSessions.NodeKeepAlive
 	if kaCfg.Clock == nil {
 		kaCfg.Clock = t.srv.cfg.Clock
@@ -189,20 +325,13 @@ func (t *termSession) run(rawParams string) {
 	// The proxy is the node's SSH client here, so unlike the spliced
 	// paths it can probe the node at the SSH level. The client is closed
 	// first, which ends a probe in flight.
-	ka := utils.StartSSHKeepAlive(client, fmt.Sprintf("node %q", params.Host), kaCfg)
-	defer func() {
-		client.Close()
-		ka.Close()
-	}()
-	log.Info("Web terminal started.")
-
-	var wg sync.WaitGroup
+	ka := utils.StartSSHKeepAlive(t.client, fmt.Sprintf("node %q", t.params.Host), kaCfg)
+	defer ka.Close()
+	defer t.client.Close()
 	// The shell's exit (or the node dropping the connection).
 	exited := make(chan *sessionEnd, 1)
-	wg.Add(1)
 	go func() {
-		defer wg.Done()
-		err := sess.Wait()
+		err := t.sess.Wait()
 		end := &sessionEnd{code: -1, reason: "session ended"}
 		var exitErr *ssh.ExitError
 		switch {
@@ -217,49 +346,271 @@ func (t *termSession) run(rawParams string) {
 			end.reason = "connection to the node lost"
 		}
 		exited <- end
-		cancel(end)
+		t.cancel(end)
 	}()
-	// Browser -> node. Reads use the server's context, not ctx: canceling
-	// a read context makes the websocket library drop the connection,
-	// and the server still has to send the closing frames. Close below
-	// unblocks this read.
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		cancel(t.readLoop(ctx, sess, stdin))
-	}()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t.keepAlive(ctx, cancel)
-	}()
-
-	<-ctx.Done()
-	cause := context.Cause(ctx)
-	// Closing the client ends the shell's stdout copy and sess.Wait.
-	client.Close()
-	end := <-exited
+	<-t.ctx.Done()
+	cause := context.Cause(t.ctx)
+	var end *sessionEnd
+	if errors.Is(cause, errGraceExpired) {
+		// As a terminal whose line dropped: the shell gets SIGHUP (and may
+		// save its history), then the session closes.
+		if err := t.sess.Signal(ssh.SIGHUP); err != nil {
+			t.log.WithError(err).Debug("SIGHUP not delivered.")
+		}
+		timer := t.srv.cfg.Clock.NewTimer(hangupWait)
+		select {
+		case end = <-exited:
+		case <-timer.Chan():
+		}
+		timer.Stop()
+	}
+	// Closing the client ends the shell's output copy and sess.Wait.
+	t.client.Close()
+	if end == nil {
+		end = <-exited
+	}
 	var se *sessionEnd
 	switch {
 	case errors.As(cause, &se):
 		end = se
 	case errors.Is(cause, errBrowserGone):
-		end = nil
+		end = &sessionEnd{code: -1, reason: "browser disconnected"}
 	case cause != nil && !errors.Is(cause, context.Canceled):
 		end = &sessionEnd{code: -1, err: cause, reason: truncateReason(cause.Error())}
 	}
-	if end != nil {
-		t.finish(end)
-	} else {
-		t.c.CloseNow()
+	t.mu.Lock()
+	t.end = end
+	if t.grace != nil {
+		t.grace.Stop()
+	}
+	t.mu.Unlock()
+	t.emitEnd(end)
+	t.log.WithField("reason", end.reason).Info("Web terminal ended.")
+}
+
+// hangupWait is how long a hung-up shell may take to exit before its
+// session is closed anyway.
+const hangupWait = 2 * time.Second
+
+// attach makes sock the terminal's socket: the previous one (a reload
+// the server has not noticed yet) is dropped, the grace timer stops, a
+// new resume token is issued and what the client has not rendered is
+// replayed, or the screen repainted.
+func (t *term) attach(sock *termSocket, ack uint64) error {
+	t.outMu.Lock()
+	defer t.outMu.Unlock()
+	t.inMu.Lock()
+	t.mu.Lock()
+	if t.end != nil || t.ctx.Err() != nil {
+		t.mu.Unlock()
+		t.inMu.Unlock()
+		return trace.NotFound("the terminal ended")
+	}
+	old := t.att
+	t.att = sock
+	if t.grace != nil {
+		t.grace.Stop()
+		t.grace = nil
+	}
+	info := webterm.Session{ID: t.id, Input: t.input, GraceSeconds: int64(t.srv.cfg.WebSessions.TerminalGrace / time.Second)}
+	t.mu.Unlock()
+	t.inMu.Unlock()
+	if old != nil {
+		old.c.CloseNow()
+	}
+	// Still under outMu: no output moves while the client catches up.
+	replay, start, exact := t.hist.since(ack)
+	var repaint []byte
+	lost := uint64(0)
+	if exact {
+		info.Seq = ack
+	} else if sock.sequenced {
+		var st screenState
+		st, info.Seq = t.hist.screen()
+		repaint = st.repaint
+		if ack < start {
+			lost = start - ack
+		}
+	}
+	if sock.sequenced {
+		if t.resumable {
+			token, err := t.srv.web.terms.rotate(t)
+			if err != nil {
+				return trace.Wrap(err)
+			}
+			info.Resume = token
+		}
+		data, err := json.Marshal(info)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		if err := sock.write(webterm.FrameSession, data); err != nil {
+			return trace.Wrap(err)
+		}
+	}
+	// A new terminal's socket gets what the shell printed before it was
+	// attached (the prompt) the same way.
+	if exact || !sock.sequenced {
+		for off := 0; off < len(replay); off += replayChunk {
+			chunk := replay[off:min(off+replayChunk, len(replay))]
+			if err := sock.writeData(ack+uint64(off), chunk); err != nil {
+				return trace.Wrap(err)
+			}
+		}
+		return nil
+	}
+	if err := sock.c.Write(t.srv.web.ctx, websocket.MessageBinary, webterm.EncodeSeqFrame(webterm.FrameRepaint, info.Seq, repaint)); err != nil {
+		return trace.Wrap(err)
+	}
+	notice := "Screen restored: more output arrived while disconnected than the proxy keeps."
+	if lost > 0 {
+		notice = fmt.Sprintf("Screen restored: %s of output scrolled away while disconnected.", formatBytes(lost))
+	}
+	return trace.Wrap(sock.write(webterm.FrameNotice, []byte(notice)))
+}
+
+// replayChunk keeps replayed frames well under MaxFrameSize-sized reads.
+const replayChunk = 32 << 10
+
+func formatBytes(n uint64) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// detach is called when sock went away without ending the terminal: a
+// resumable terminal waits for a resume for the grace period, any other
+// ends.
+func (t *term) detach(sock *termSocket) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.att != sock {
+		return // replaced by a resume
+	}
+	t.att = nil
+	if !t.resumable {
+		t.cancel(errBrowserGone)
+		return
+	}
+	grace := t.srv.cfg.WebSessions.TerminalGrace
+	t.grace = t.srv.cfg.Clock.AfterFunc(grace, func() { t.cancel(errGraceExpired) })
+	t.log.WithField("grace", grace).Info("Web terminal detached; waiting for a resume.")
+}
+
+// input passes one browser keystroke frame to the shell, if sock is
+// still the attached socket (a replaced socket's frames are dropped: the
+// new socket's client resends from the count it was given).
+func (t *term) writeInput(sock *termSocket, p []byte) error {
+	t.inMu.Lock()
+	defer t.inMu.Unlock()
+	t.mu.Lock()
+	attached := t.att == sock
+	t.mu.Unlock()
+	if !attached {
+		return nil
+	}
+	if _, err := t.stdin.Write(p); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	t.input += uint64(len(p))
+	t.mu.Unlock()
+	return nil
+}
+
+func (t *term) resize(sock *termSocket, size TermSize) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.att != sock {
+		return nil
+	}
+	t.hist.resize(size.Cols, size.Rows)
+	return t.sess.WindowChange(size.Rows, size.Cols)
+}
+
+// termSocket is one websocket attached to a terminal: it owns the
+// goroutines that read the browser's frames and ping it, and returns
+// only when both have ended.
+type termSocket struct {
+	srv  *Server
+	c    *websocket.Conn
+	live *liveSession
+	log  logrus.FieldLogger
+	// remoteAddr is the browser's address, for the audit trail.
+	remoteAddr string
+	// sequenced: the client speaks the resumable dialect.
+	sequenced bool
+	// term is set once the terminal exists (for the audit of a refused
+	// route, before it does, it carries the params).
+	term *term
+}
+
+// serve attaches the socket and carries frames until the socket or the
+// terminal ends.
+func (s *termSocket) serve(t *term, ack uint64) {
+	// Drop the previous socket first: a write stuck on it holds outMu,
+	// which attach needs.
+	t.mu.Lock()
+	old := t.att
+	t.mu.Unlock()
+	if old != nil {
+		old.c.CloseNow()
+	}
+	if err := t.attach(s, ack); err != nil {
+		if trace.IsNotFound(err) {
+			s.fail(err)
+			return
+		}
+		s.log.WithError(err).Info("Attaching the terminal failed.")
+		t.detach(s)
+		return
+	}
+	ctx, cancel := context.WithCancelCause(t.ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	// Browser -> node. Reads use the server's context, not ctx: canceling
+	// a read context makes the websocket library drop the connection,
+	// and the server still has to send the closing frames. Closing the
+	// socket unblocks this read.
+	go func() {
+		defer wg.Done()
+		cancel(s.readLoop(ctx, t))
+	}()
+	go func() {
+		defer wg.Done()
+		s.keepAlive(ctx, cancel)
+	}()
+	<-ctx.Done()
+	cause := context.Cause(ctx)
+	var se *sessionEnd
+	switch {
+	case t.ctx.Err() != nil:
+		// The terminal ended: say why.
+		<-t.done
+		t.mu.Lock()
+		end := t.end
+		t.mu.Unlock()
+		s.finish(end)
+	case errors.As(cause, &se):
+		// The browser asked to end the terminal.
+		t.cancel(se)
+		<-t.done
+		s.finish(se)
+	default:
+		s.c.CloseNow()
+		t.detach(s)
 	}
 	wg.Wait()
-	log.Info("Web terminal ended.")
 }
 
 // connect routes, checks RBAC for the exact login, dials in-process and
 // starts a shell with a pty.
-func (t *termSession) connect(ctx context.Context, p *TerminalParams) (*ssh.Client, *ssh.Session, io.WriteCloser, error) {
+func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) (*ssh.Client, *ssh.Session, io.WriteCloser, error) {
 	cfg := t.srv.cfg.WebSessions
 	id, err := t.srv.identity(ctx, t.live)
 	if err != nil {
@@ -291,6 +642,7 @@ func (t *termSession) connect(ctx context.Context, p *TerminalParams) (*ssh.Clie
 		return nil, nil, nil, trace.Wrap(visible)
 	}
 	node := route.Node
+	out.nodeHostname, out.nodeUUID, out.cluster = node.Hostname, node.UUID, route.Cluster
 	hctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	handshakeTimer := t.srv.cfg.Clock.AfterFunc(sshHandshakeTimeout, func() {
@@ -329,7 +681,6 @@ func (t *termSession) connect(ctx context.Context, p *TerminalParams) (*ssh.Clie
 		client.Close()
 		return nil, nil, nil, trace.Wrap(err)
 	}
-	out := &frameWriter{t: t}
 	sess.Stdout = out
 	sess.Stderr = out
 	modes := ssh.TerminalModes{ssh.ECHO: 1, ssh.TTY_OP_ISPEED: 14400, ssh.TTY_OP_OSPEED: 14400}
@@ -346,7 +697,7 @@ func (t *termSession) connect(ctx context.Context, p *TerminalParams) (*ssh.Clie
 
 // readLoop carries browser frames to the session until the browser ends
 // it or goes away; it returns the cause.
-func (t *termSession) readLoop(ctx context.Context, sess *ssh.Session, stdin io.Writer) error {
+func (t *termSocket) readLoop(ctx context.Context, term *term) error {
 	clock := t.srv.cfg.Clock
 	lastTouch := clock.Now()
 	for {
@@ -369,7 +720,7 @@ func (t *termSession) readLoop(ctx context.Context, sess *ssh.Session, stdin io.
 		}
 		switch f.Type {
 		case FrameData:
-			if _, err := stdin.Write(f.Payload); err != nil {
+			if err := term.writeInput(t, f.Payload); err != nil {
 				return &sessionEnd{code: -1, reason: "connection to the node lost"}
 			}
 			if now := clock.Now(); now.Sub(lastTouch) >= touchInterval {
@@ -382,8 +733,15 @@ func (t *termSession) readLoop(ctx context.Context, sess *ssh.Session, stdin io.
 				t.log.WithError(err).Debug("Ignoring a malformed resize.")
 				continue
 			}
-			if err := sess.WindowChange(size.Rows, size.Cols); err != nil {
+			if err := term.resize(t, size); err != nil {
 				t.log.WithError(err).Debug("Window change failed.")
+			}
+		case webterm.FrameAck:
+			// Acks only tell the server what the client rendered; the
+			// buffer keeps the last replayBufferSize bytes either way,
+			// so they need no bookkeeping beyond validation.
+			if _, _, err := webterm.DecodeSeq(f.Payload); err != nil {
+				t.log.WithError(err).Debug("Ignoring a malformed ack.")
 			}
 		case FramePing:
 			t.write(FramePong, f.Payload)
@@ -396,7 +754,7 @@ func (t *termSession) readLoop(ctx context.Context, sess *ssh.Session, stdin io.
 }
 
 // keepAlive pings the browser; a missed pong ends the terminal.
-func (t *termSession) keepAlive(ctx context.Context, cancel context.CancelCauseFunc) {
+func (t *termSocket) keepAlive(ctx context.Context, cancel context.CancelCauseFunc) {
 	interval := t.srv.cfg.WebSessions.KeepAliveInterval
 	ticker := t.srv.cfg.Clock.NewTicker(interval)
 	defer ticker.Stop()
@@ -425,19 +783,19 @@ func (t *termSession) keepAlive(ctx context.Context, cancel context.CancelCauseF
 // write sends one frame. It is not bounded by a timer of its own: the
 // keep-alive drops a socket whose browser stopped answering, which ends a
 // stuck write.
-func (t *termSession) write(typ byte, payload []byte) error {
+func (t *termSocket) write(typ byte, payload []byte) error {
 	return t.c.Write(t.srv.web.ctx, websocket.MessageBinary, EncodeFrame(typ, payload))
 }
 
 // fail reports an error that prevented the session from starting.
-func (t *termSession) fail(err error) {
+func (t *termSocket) fail(err error) {
 	msg := trace.UserMessage(err)
 	t.log.WithError(err).Info("Web terminal failed.")
 	t.finish(&sessionEnd{code: -1, err: errors.New(msg), reason: msg})
 }
 
 // finish tells the browser how the session ended and closes the socket.
-func (t *termSession) finish(end *sessionEnd) {
+func (t *termSocket) finish(end *sessionEnd) {
 	if end.err != nil {
 		_ = t.write(FrameError, []byte(end.err.Error()))
 	}
@@ -450,14 +808,10 @@ func (t *termSession) finish(end *sessionEnd) {
 	t.c.Close(code, truncateReason(end.reason))
 }
 
-// frameWriter turns the shell's output into FrameData messages.
-type frameWriter struct {
-	t *termSession
-}
-
-func (f *frameWriter) Write(p []byte) (int, error) {
-	if err := f.t.write(FrameData, p); err != nil {
-		return 0, fmt.Errorf("writing to the browser: %w", err)
+// writeData sends terminal output in the socket's dialect.
+func (t *termSocket) writeData(seq uint64, p []byte) error {
+	if !t.sequenced {
+		return t.write(FrameData, p)
 	}
-	return len(p), nil
+	return t.c.Write(t.srv.web.ctx, websocket.MessageBinary, webterm.EncodeSeqFrame(FrameData, seq, p))
 }

@@ -59,7 +59,9 @@ func (s *Server) registerUI(mux *http.ServeMux) {
 			return
 		}
 		p := path.Clean(r.URL.Path)
-		if p == "/" || path.Ext(p) == "" {
+		// Under /web/ every path is the app's (a terminal's deep link
+		// /web/cluster/C/node/UUID/LOGIN may end in a login with a dot).
+		if p == "/" || path.Ext(p) == "" || strings.HasPrefix(p, "/web/") {
 			w.Header().Set("Cache-Control", "no-cache")
 			http.ServeFileFS(w, r, root, "index.html")
 			return

@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/gravitational/trace"
@@ -37,6 +38,7 @@ type startFlags struct {
 	configFile, dataDir, roles, clusterName, nodeName, labels string
 	authServer, token, caPin                                  string
 	nodeAddr, sshAddr, webAddr, authAddr, diagAddr            string
+	webTerminalGrace                                          time.Duration
 	webCert, webKey, backendType, etcdEndpoints, logFormat    string
 	debug                                                     bool
 }
@@ -63,6 +65,7 @@ func run(args []string) error {
 	start.Flag("web-addr", "Proxy HTTPS listen address (default "+config.DefaultWebAddr+").").StringVar(&f.webAddr)
 	start.Flag("auth-addr", "Auth API listen address (default "+config.DefaultAuthAddr+").").StringVar(&f.authAddr)
 	start.Flag("diag-addr", "Diagnostics listen address (default "+config.DefaultDiagAddr+").").StringVar(&f.diagAddr)
+	start.Flag("web-terminal-grace", "How long a web terminal waits for a resume after its browser went away (default 5m; web_terminal_grace: 0 in the config file turns resume off).").DurationVar(&f.webTerminalGrace)
 	start.Flag("web-cert", "TLS certificate of the web port (PEM).").StringVar(&f.webCert)
 	start.Flag("web-key", "TLS key of the web port (PEM).").StringVar(&f.webKey)
 	start.Flag("backend", "Backend of the auth role: sqlite or etcd.").EnumVar(&f.backendType, "sqlite", "etcd")
@@ -122,6 +125,10 @@ func (f *startFlags) config(cmd *kingpin.CmdClause) (*config.Config, error) {
 	set(&cfg.WebKey, f.webKey)
 	set(&cfg.Backend.Type, f.backendType)
 	set(&cfg.LogFormat, f.logFormat)
+	if f.webTerminalGrace != 0 {
+		g := f.webTerminalGrace
+		cfg.WebTerminalGrace = &g
+	}
 	if f.roles != "" {
 		cfg.Roles = config.ParseRoles(f.roles)
 	}

@@ -1,16 +1,27 @@
 // Postern's browser UI: log in, list the nodes this user may reach, open a
-// terminal. The session token lives in sessionStorage (gone when the tab
+// terminal at its own URL (/web/cluster/C/node/UUID/LOGIN) that survives a
+// reload or a network blip by resuming the same shell (lib/api/webterm's
+// package doc is the protocol). The session token lives in sessionStorage (gone when the tab
 // closes) and travels only in the Authorization header and as the first
 // websocket message, never in a URL. The session cookie is HttpOnly: this
 // script never sees it.
 import { Terminal } from '@xterm/xterm';
 import { FitAddon } from '@xterm/addon-fit';
+import { SerializeAddon } from '@xterm/addon-serialize';
+import { WebglAddon } from '@xterm/addon-webgl';
 
 const $ = (id) => document.getElementById(id);
 const TOKEN_KEY = 'postern.token';
 const USER_KEY = 'postern.user';
 const SUBPROTOCOL = 'postern.v1';
 const PING_INTERVAL_MS = 5000;
+// A socket whose pongs stopped for this long is given up and resumed: a
+// network blip can leave a websocket open but dead.
+const PONG_TIMEOUT_MS = 12000;
+// Keystrokes kept for a resend after a resume, and queued while offline;
+// either is sent as one frame, which must stay under the server's 64 KiB.
+const INPUT_KEEP = 32 << 10;
+const TERM_KEY = 'postern.term:';
 
 let token = sessionStorage.getItem(TOKEN_KEY);
 let nodes = [];
@@ -45,9 +56,11 @@ async function api(method, path, body) {
 // ---- views ---------------------------------------------------------------
 
 function show(view) {
-  for (const v of ['login', 'nodes', 'terminal']) $(`view-${v}`).hidden = v !== view;
+  for (const v of ['login', 'nodes', 'terminal', 'sessions']) $(`view-${v}`).hidden = v !== view;
   const user = sessionStorage.getItem(USER_KEY);
   $('logout').hidden = view === 'login';
+  $('nav-nodes').hidden = view === 'login';
+  $('nav-sessions').hidden = view === 'login';
   $('whoami').textContent = view === 'login' || !user ? '' : user;
   document.body.dataset.view = view;
 }
@@ -59,7 +72,7 @@ function forgetSession() {
 }
 
 async function showLogin(message) {
-  closeTerminal();
+  closeTerminal(true);
   forgetSession();
   show('login');
   $('login-error').textContent = message || '';
@@ -85,7 +98,7 @@ $('login-form').addEventListener('submit', async (ev) => {
     sessionStorage.setItem(USER_KEY, resp.user);
     $('login-password').value = '';
     $('login-otp').value = '';
-    await showNodes();
+    await route();
   } catch (err) {
     $('login-error').textContent = err.message;
   } finally {
@@ -95,6 +108,8 @@ $('login-form').addEventListener('submit', async (ev) => {
 
 $('logout').addEventListener('click', async () => {
   try { await api('DELETE', '/webapi/sessions'); } catch { /* already gone */ }
+  for (const k of Object.keys(sessionStorage)) if (k.startsWith(TERM_KEY)) sessionStorage.removeItem(k);
+  history.pushState(null, '', '/');
   await showLogin('Logged out.');
 });
 
@@ -102,6 +117,7 @@ $('logout').addEventListener('click', async () => {
 
 async function showNodes() {
   closeTerminal();
+  if (location.pathname !== '/') history.pushState(null, '', '/');
   show('nodes');
   $('nodes-error').textContent = '';
   try {
@@ -156,19 +172,55 @@ function renderNodes() {
     for (const l of n.logins) select.append(new Option(l, l));
     loginCell.append(select);
     const btnCell = cell('');
-    const btn = document.createElement('button');
-    btn.type = 'button';
-    btn.className = 'connect';
-    btn.textContent = 'Connect';
-    // The UUID is the unambiguous target (routing rule 1).
-    btn.addEventListener('click', () => openTerminal(n, select.value));
-    btnCell.append(btn);
+    // A link to the terminal's own URL: the UUID is the unambiguous
+    // target (routing rule 1); a middle click opens a second terminal.
+    const link = document.createElement('a');
+    link.className = 'connect button';
+    link.textContent = 'Connect';
+    const setHref = () => { link.href = terminalPath(n.cluster || clusterName, n.uuid, select.value); };
+    setHref();
+    select.addEventListener('change', setHref);
+    link.addEventListener('click', (ev) => {
+      if (ev.button !== 0 || ev.ctrlKey || ev.metaKey || ev.shiftKey) return;
+      ev.preventDefault();
+      navigate(link.getAttribute('href'));
+    });
+    btnCell.append(link);
     body.append(tr);
   }
   $('nodes-empty').hidden = shown.length > 0;
 }
 
 $('node-search').addEventListener('input', renderNodes);
+
+// ---- routes --------------------------------------------------------------
+
+let clusterName = '';
+
+function terminalPath(cluster, uuid, login) {
+  return `/web/cluster/${encodeURIComponent(cluster)}/node/${encodeURIComponent(uuid)}/${encodeURIComponent(login)}`;
+}
+
+function navigate(path) {
+  history.pushState(null, '', path);
+  route();
+}
+
+// route shows what the URL names; a deep link opened while logged out
+// lands on the terminal after the login.
+async function route() {
+  if (!token) return showLogin();
+  const p = location.pathname;
+  const m = p.match(/^\/web\/cluster\/([^/]+)\/node\/([^/]+)\/([^/]+)\/?$/);
+  if (m) {
+    const [cluster, uuid, login] = m.slice(1).map(decodeURIComponent);
+    return openTerminal({ cluster, uuid, login });
+  }
+  if (p === '/web/sessions') return showSessions();
+  return showNodes();
+}
+
+window.addEventListener('popstate', () => route());
 
 // ---- terminal ------------------------------------------------------------
 
@@ -180,6 +232,13 @@ function frame(type, payload) {
   const out = new Uint8Array(1 + body.length);
   out[0] = type.charCodeAt(0);
   out.set(body, 1);
+  return out;
+}
+
+function seqFrame(type, seq) {
+  const out = new Uint8Array(9);
+  out[0] = type.charCodeAt(0);
+  new DataView(out.buffer).setBigUint64(1, BigInt(seq));
   return out;
 }
 
@@ -195,42 +254,204 @@ function showTermError(text) {
   el.hidden = !text;
 }
 
-function openTerminal(node, login) {
+let noticeShown = 0;
+
+// showNotice shows one line beside the terminal (never in it: that would
+// corrupt a full-screen program); typing dismisses it after a while.
+function showNotice(text) {
+  const el = $('term-notice');
+  el.textContent = text;
+  el.hidden = !text;
+  noticeShown = text ? performance.now() : 0;
+}
+
+function dismissNoticeOnTyping() {
+  if (noticeShown && performance.now() - noticeShown > 5000) showNotice('');
+}
+
+// The font stack names monospace fonts with real descenders first; the
+// line height leaves room under the baseline, where the default (1.0)
+// clipped `_` in Chromium's DOM renderer.
+const FONT_FAMILY = '"DejaVu Sans Mono", "Menlo", "Consolas", "Liberation Mono", "Noto Sans Mono", monospace';
+
+function openTerminal(target) {
   closeTerminal();
   show('terminal');
   showTermError('');
+  showNotice('');
   $('term-latency').textContent = '';
-  $('term-title').textContent = `${login}@${node.hostname}`;
+  const known = nodes.find((n) => n.uuid === target.uuid);
+  $('term-title').textContent = `${target.login}@${known ? known.hostname : target.uuid}`;
+  if (!known) {
+    // A deep link opened directly: name the node once the list is in.
+    api('GET', '/webapi/nodes').then((r) => {
+      const n = (r.items || []).find((x) => x.uuid === target.uuid);
+      if (n && term && term.target === target) $('term-title').textContent = `${target.login}@${n.hostname}`;
+    }).catch(() => {});
+  }
   setStatus('connecting', 'connecting…');
 
-  const xterm = new Terminal({ cursorBlink: true, fontSize: 14, scrollback: 5000, fontFamily: 'monospace' });
+  const xterm = new Terminal({
+    cursorBlink: true, fontSize: 14, lineHeight: 1.2, scrollback: 5000,
+    fontFamily: FONT_FAMILY, customGlyphs: true, rescaleOverlappingGlyphs: true,
+  });
   const fit = new FitAddon();
+  const serialize = new SerializeAddon();
   xterm.loadAddon(fit);
+  xterm.loadAddon(serialize);
   const container = $('terminal');
   container.replaceChildren();
   xterm.open(container);
+  // WebGL draws glyphs from a texture atlas sized to the cell, so nothing
+  // is clipped by a CSS line box; without WebGL (no GPU, context lost)
+  // xterm's DOM renderer stays, with the line height above.
+  container.dataset.renderer = 'dom';
+  // localStorage postern.renderer=dom keeps the DOM renderer (a GPU whose
+  // WebGL output is blurry; the e2e test of both renderers).
+  if (localStorage.getItem('postern.renderer') !== 'dom') try {
+    const gl = new WebglAddon();
+    gl.onContextLoss(() => { gl.dispose(); container.dataset.renderer = 'dom'; });
+    xterm.loadAddon(gl);
+    container.dataset.renderer = 'webgl';
+  } catch { /* DOM fallback */ }
   fit.fit();
 
-  const params = { host: node.uuid, login, cols: xterm.cols, rows: xterm.rows, cluster: node.cluster || '' };
+  const key = TERM_KEY + location.pathname;
+  let stored = null;
+  try { stored = JSON.parse(sessionStorage.getItem(key)); } catch { /* none */ }
+  const t = {
+    xterm, fit, serialize, target, key, ws: null, observer: null, pinger: null, ready: false,
+    id: stored && stored.id, resume: stored && stored.resume,
+    // received: output offset handed to xterm (it renders what it was
+    // given, so this is what a resume acknowledges).
+    received: 0,
+    // Input: inputSent is the offset of the next byte sent; sent keeps the
+    // last INPUT_KEEP bytes sent (from sentBase) for a resend after a
+    // resume; queued holds keystrokes typed while no socket was open.
+    inputSent: null, sent: [], sentBase: 0, queued: [], refused: 0,
+    ended: false, grace: 0, detachedAt: 0, retry: 250, triedFresh: false, lastPong: 0,
+  };
+  term = t;
+  window.posternTerminal = xterm; // for e2e tests and debugging
+  window.posternSerialize = () => serialize.serialize();
+  connect(t);
+
+  xterm.onData((d) => sendInput(t, enc.encode(d)));
+  xterm.onBinary((d) => sendInput(t, Uint8Array.from(d, (c) => c.charCodeAt(0))));
+  xterm.onResize(({ cols, rows }) => send(t, 'w', JSON.stringify({ cols, rows })));
+  // Follow the window: refit whenever the container changes size.
+  t.observer = new ResizeObserver(() => { try { fit.fit(); } catch { /* hidden */ } });
+  t.observer.observe(container);
+}
+
+function send(t, type, payload) {
+  if (t.ready && t.ws && t.ws.readyState === WebSocket.OPEN) t.ws.send(frame(type, payload));
+}
+
+// rawSend sends keystrokes and logs them: if the socket is already
+// closing they are not sent now, and the next resume sends them again.
+function rawSend(t, bytes) {
+  if (t.ws.readyState === WebSocket.OPEN) t.ws.send(frame('r', bytes));
+  for (const b of bytes) t.sent.push(b);
+  t.inputSent += bytes.length;
+  if (t.sent.length > INPUT_KEEP) {
+    const drop = t.sent.length - INPUT_KEEP;
+    t.sent.splice(0, drop);
+    t.sentBase += drop;
+  }
+}
+
+// sendInput sends a keystroke now, or queues it while disconnected (it is
+// delivered once after the resume), or refuses it visibly when the queue
+// is full. Never twice: the server says which bytes it has (Session.input).
+function sendInput(t, bytes) {
+  if (t.ended) return;
+  if (t.ready && t.ws && t.ws.readyState === WebSocket.OPEN && t.inputSent !== null) {
+    dismissNoticeOnTyping();
+    rawSend(t, bytes);
+    return;
+  }
+  const queued = t.queued.reduce((n, b) => n + b.length, 0);
+  if (queued + bytes.length > INPUT_KEEP) {
+    t.refused += bytes.length;
+    showNotice(`Offline: ${t.refused} bytes of typing were not sent.`);
+    return;
+  }
+  t.queued.push(bytes);
+  showNotice(`Offline: ${queued + bytes.length} bytes of typing will be sent on reconnect.`);
+}
+
+// onSession reconciles input after a (re)attach: bytes the server did not
+// get are sent again, then what was queued.
+function onSession(t, info) {
+  t.id = info.id;
+  t.resume = info.resume;
+  t.grace = info.grace_seconds || 0;
+  if (t.resume) sessionStorage.setItem(t.key, JSON.stringify({ id: t.id, resume: t.resume }));
+  if (t.inputSent === null) {
+    // First attach of this page: the server's count is the start.
+    t.inputSent = info.input;
+    t.sentBase = info.input;
+    t.sent = [];
+  } else {
+    const have = info.input;
+    if (have < t.sentBase) showNotice(`${t.sentBase - have} bytes of typing were lost in the disconnect.`);
+    const from = Math.max(have, t.sentBase) - t.sentBase;
+    const again = Uint8Array.from(t.sent.slice(from));
+    t.sent = t.sent.slice(0, from);
+    t.inputSent = t.sentBase + from;
+    if (again.length) rawSend(t, again);
+  }
+  // Queued keystrokes go as one frame, as if pasted.
+  const queued = t.queued;
+  t.queued = [];
+  if (queued.length) {
+    const all = new Uint8Array(queued.reduce((n, b) => n + b.length, 0));
+    let off = 0;
+    for (const b of queued) { all.set(b, off); off += b.length; }
+    rawSend(t, all);
+  }
+  if (queued.length || t.refused) {
+    if (!t.refused) showNotice('');
+    t.refused = 0;
+  }
+}
+
+function connect(t) {
+  const { target, xterm } = t;
+  const cluster = target.cluster === clusterName ? '' : target.cluster;
+  const params = { host: target.uuid, login: target.login, cols: xterm.cols, rows: xterm.rows, cluster };
   const url = `wss://${location.host}/webapi/terminal?params=${encodeURIComponent(JSON.stringify(params))}`;
   const ws = new WebSocket(url, SUBPROTOCOL);
   ws.binaryType = 'arraybuffer';
-  const t = { xterm, fit, ws, observer: null, pinger: null, ready: false };
-  term = t;
-  window.posternTerminal = xterm; // for e2e tests and debugging
+  t.ws = ws;
+  t.ready = false;
+  let ackTimer = null;
+  const ack = () => {
+    ackTimer = null;
+    if (t.ws === ws && ws.readyState === WebSocket.OPEN) ws.send(seqFrame('a', t.received));
+  };
 
-  const send = (type, payload) => { if (t.ready && ws.readyState === WebSocket.OPEN) ws.send(frame(type, payload)); };
-
-  ws.addEventListener('open', () => ws.send(JSON.stringify({ token })));
+  ws.addEventListener('open', () => {
+    const first = { token, ack: t.received };
+    if (t.resume) first.resume = t.resume;
+    ws.send(JSON.stringify(first));
+  });
   ws.addEventListener('message', (ev) => {
+    if (t.ws !== ws) return;
     if (typeof ev.data === 'string') {
       const msg = JSON.parse(ev.data);
       if (msg.status === 'ok') {
         t.ready = true;
+        t.retry = 250;
+        t.lastPong = performance.now();
         setStatus('connected', 'connected');
         // The size may have changed while the socket opened.
-        send('w', JSON.stringify({ cols: xterm.cols, rows: xterm.rows }));
-        t.pinger = setInterval(() => send('p', String(performance.now())), PING_INTERVAL_MS);
+        send(t, 'w', JSON.stringify({ cols: xterm.cols, rows: xterm.rows }));
+        t.pinger = setInterval(() => {
+          if (performance.now() - t.lastPong > PONG_TIMEOUT_MS) { ws.close(4001, 'no pong'); return; }
+          send(t, 'p', String(performance.now()));
+        }, PING_INTERVAL_MS);
         xterm.focus();
       }
       return;
@@ -239,18 +460,41 @@ function openTerminal(node, login) {
     if (data.length === 0) return;
     const type = String.fromCharCode(data[0]);
     const payload = data.subarray(1);
+    const view = new DataView(data.buffer, data.byteOffset + 1);
     switch (type) {
-      case 'r': xterm.write(payload); break;
+      case 's': onSession(t, JSON.parse(dec.decode(payload))); break;
+      case 'r': {
+        if (payload.length < 8) break;
+        const seq = Number(view.getBigUint64(0));
+        let body = payload.subarray(8);
+        // Frames are contiguous; an overlap (never expected) is cut.
+        if (seq < t.received) body = body.subarray(Math.min(body.length, t.received - seq));
+        t.received = Math.max(t.received, seq + payload.length - 8);
+        xterm.write(body);
+        if (!ackTimer) ackTimer = setTimeout(ack, 100);
+        break;
+      }
+      case 'R': {
+        if (payload.length < 8) break;
+        xterm.reset();
+        xterm.write(payload.subarray(8));
+        t.received = Number(view.getBigUint64(0));
+        break;
+      }
+      case 'n': showNotice(dec.decode(payload)); break;
       case 'e': showTermError(dec.decode(payload)); break;
       case 'c': {
+        t.ended = true;
+        sessionStorage.removeItem(t.key);
         try {
           const c = JSON.parse(dec.decode(payload));
           t.closeReason = c.code >= 0 ? `${c.reason} (exit status ${c.code})` : c.reason;
         } catch { /* keep the websocket reason */ }
         break;
       }
-      case 'p': ws.send(frame('P', payload)); break;
+      case 'p': if (ws.readyState === WebSocket.OPEN) ws.send(frame('P', payload)); break;
       case 'P': {
+        t.lastPong = performance.now();
         const rtt = performance.now() - Number(dec.decode(payload));
         if (Number.isFinite(rtt)) $('term-latency').textContent = `${rtt.toFixed(1)} ms`;
         break;
@@ -260,41 +504,129 @@ function openTerminal(node, login) {
   });
   ws.addEventListener('close', (ev) => {
     clearInterval(t.pinger);
-    if (term !== t) return;
+    if (term !== t || t.ws !== ws) return;
+    t.ready = false;
+    const refused = ev.code === 1008 && /resume refused/.test(ev.reason);
+    if (refused && !t.triedFresh && t.received === 0) {
+      // A stored token of a terminal that ended: open a new one.
+      t.triedFresh = true;
+      t.resume = null;
+      sessionStorage.removeItem(t.key);
+      connect(t);
+      return;
+    }
+    if (!t.ended && t.resume && ev.code !== 1008) {
+      if (!t.detachedAt) t.detachedAt = Date.now();
+      if (Date.now() - t.detachedAt < t.grace * 1000) {
+        setStatus('reconnecting', 'reconnecting…');
+        setTimeout(() => { if (term === t) connect(t); }, t.retry);
+        t.retry = Math.min(t.retry * 2, 2000);
+        return;
+      }
+    }
+    t.ended = true;
     const reason = t.closeReason || ev.reason || `connection closed (code ${ev.code})`;
     setStatus('disconnected', `disconnected: ${reason}`);
     xterm.options.disableStdin = true;
   });
-
-  xterm.onData((d) => send('r', d));
-  xterm.onBinary((d) => send('r', Uint8Array.from(d, (c) => c.charCodeAt(0))));
-  xterm.onResize(({ cols, rows }) => send('w', JSON.stringify({ cols, rows })));
-  // Follow the window: refit whenever the container changes size.
-  t.observer = new ResizeObserver(() => { try { fit.fit(); } catch { /* hidden */ } });
-  t.observer.observe(container);
+  ws.addEventListener('open', () => { t.detachedAt = 0; }, { once: true });
 }
 
-function closeTerminal() {
+// closeTerminal leaves the terminal view. Leaving for another view
+// detaches (the shell waits for a resume from its link or the sessions
+// list); end (logout, Disconnect) ends the shell.
+function closeTerminal(end = false) {
   const t = term;
   if (!t) return;
   term = null;
   clearInterval(t.pinger);
   if (t.observer) t.observer.disconnect();
-  if (t.ws.readyState <= WebSocket.OPEN) {
-    try { t.ws.send(frame('c', JSON.stringify({ code: 0, reason: 'closed by the user' }))); } catch { /* closing */ }
-    t.ws.close(1000, 'closed by the user');
+  if (t.ws && t.ws.readyState <= WebSocket.OPEN) {
+    if ((end || !t.resume) && t.ws.readyState === WebSocket.OPEN) {
+      try { t.ws.send(frame('c', JSON.stringify({ code: 0, reason: 'closed by the user' }))); } catch { /* closing */ }
+    }
+    t.ws.close(1000, end ? 'closed by the user' : 'detached');
   }
+  if (end || !t.resume) sessionStorage.removeItem(t.key);
   t.xterm.dispose();
   window.posternTerminal = null;
+  window.posternSerialize = null;
 }
 
 $('term-back').addEventListener('click', () => showNodes());
 $('term-disconnect').addEventListener('click', () => {
-  if (term && term.ws.readyState <= WebSocket.OPEN) {
+  if (term && term.ws && term.ws.readyState === WebSocket.OPEN) {
     term.ws.send(frame('c', JSON.stringify({ code: 0, reason: 'closed by the user' })));
   }
 });
 
+// ---- active sessions -----------------------------------------------------
+
+function fmtBytes(n) {
+  if (n >= 1 << 20) return `${(n / (1 << 20)).toFixed(1)} MiB`;
+  if (n >= 1 << 10) return `${(n / (1 << 10)).toFixed(1)} KiB`;
+  return `${n} B`;
+}
+
+async function showSessions() {
+  closeTerminal();
+  if (location.pathname !== '/web/sessions') history.pushState(null, '', '/web/sessions');
+  show('sessions');
+  $('sessions-error').textContent = '';
+  let items = [];
+  try {
+    items = (await api('GET', '/webapi/terminals')).items || [];
+  } catch (err) {
+    if (err.status === 401) return showLogin('Your session ended; log in again.');
+    $('sessions-error').textContent = err.message;
+  }
+  const body = document.querySelector('#sessions tbody');
+  body.replaceChildren();
+  for (const s of items) {
+    const tr = document.createElement('tr');
+    tr.dataset.id = s.id;
+    const cell = (text, cls) => {
+      const td = document.createElement('td');
+      td.textContent = text;
+      if (cls) td.className = cls;
+      tr.append(td);
+      return td;
+    };
+    cell(s.node_hostname || s.node, 'hostname');
+    cell(s.login);
+    cell(new Date(s.started).toLocaleString());
+    cell(`${fmtBytes(s.bytes_out)} out, ${fmtBytes(s.bytes_in)} in`);
+    cell(s.state, 'state');
+    const actions = cell('');
+    const resume = document.createElement('button');
+    resume.type = 'button';
+    resume.className = 'resume';
+    resume.textContent = s.state === 'detached' ? 'Resume' : 'Take over';
+    resume.addEventListener('click', async () => {
+      try {
+        const r = await api('POST', `/webapi/terminals/${encodeURIComponent(s.id)}/resume`);
+        const path = terminalPath(s.cluster || clusterName, s.node, s.login);
+        sessionStorage.setItem(TERM_KEY + path, JSON.stringify({ id: s.id, resume: r.resume }));
+        navigate(path);
+      } catch (err) { $('sessions-error').textContent = err.message; }
+    });
+    const end = document.createElement('button');
+    end.type = 'button';
+    end.className = 'end';
+    end.textContent = 'End';
+    end.addEventListener('click', async () => {
+      try { await api('DELETE', `/webapi/terminals/${encodeURIComponent(s.id)}`); } catch (err) { $('sessions-error').textContent = err.message; }
+      await showSessions();
+    });
+    actions.append(resume, end);
+    body.append(tr);
+  }
+  $('sessions-empty').hidden = items.length > 0;
+}
+
+$('nav-sessions').addEventListener('click', () => navigate('/web/sessions'));
+$('nav-nodes').addEventListener('click', () => navigate('/'));
+
 // ---- start ---------------------------------------------------------------
 
-if (token) showNodes(); else showLogin();
+api('GET', '/webapi/ping').then((p) => { clusterName = p.cluster_name || ''; }).catch(() => {}).finally(() => route());

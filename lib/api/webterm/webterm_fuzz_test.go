@@ -1,4 +1,4 @@
-package web
+package webterm
 
 import (
 	"bytes"
@@ -28,9 +28,17 @@ func FuzzDecodeFrame(f *testing.F) {
 			t.Fatal("frame does not round-trip")
 		}
 		if size, err := DecodeResize(fr.Payload); err == nil {
-			if size.Cols < 1 || size.Rows < 1 || size.Cols > maxTermDimension || size.Rows > maxTermDimension {
+			if size.Cols < 1 || size.Rows < 1 || size.Cols > MaxTermDimension || size.Rows > MaxTermDimension {
 				t.Fatalf("accepted size %+v", size)
 			}
+		}
+		if seq, data, err := DecodeSeq(fr.Payload); err == nil {
+			if !bytes.Equal(EncodeSeqFrame(fr.Type, seq, data), msg) {
+				t.Fatal("sequenced frame does not round-trip")
+			}
+		}
+		if m, err := DecodeAuthMessage(fr.Payload); err == nil && m.Token == "" {
+			t.Fatal("accepted a first message without a token")
 		}
 		if p, err := DecodeTerminalParams(string(fr.Payload)); err == nil {
 			if p.Host == "" || p.Login == "" || p.Cols < 1 || p.Rows < 1 {

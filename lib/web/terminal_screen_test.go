@@ -1,0 +1,64 @@
+package web
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestHistoryLazyEmulatorMatchesEager: feeding the emulator lazily (only
+// what leaves the replay buffer, then the tail at repaint) with resizes
+// at their stream offsets gives the same screen as feeding every byte
+// as it comes.
+func TestHistoryLazyEmulatorMatchesEager(t *testing.T) {
+	const limit = 16 << 10
+	h := newHistory(80, 24, limit)
+	defer h.close()
+	eager := newScreen(80, 24)
+	defer eager.close()
+	write := func(p []byte) {
+		h.write(p)
+		eager.write(p)
+	}
+	// 91 columns: wrapped at 80, not at 100, so a resize applied at the
+	// wrong offset shows on the screen.
+	line := bytes.Repeat([]byte("y"), 85)
+	// A single write larger than the whole buffer, too.
+	write(bytes.Repeat(append(bytes.Repeat([]byte("z"), 200), '\r', '\n'), 2*limit/200))
+	for i := 0; i < 1000; i++ {
+		write([]byte(fmt.Sprintf("%05d %s\r\n", i, line)))
+		if i == 990 {
+			h.resize(100, 30)
+			eager.resize(100, 30)
+		}
+	}
+	require.Greater(t, h.end(), uint64(4*limit))
+	write([]byte("\x1b[?1049h\x1b[?2004h\x1b[H\x1b[2JTOP LINE\x1b[10;20Hmiddle"))
+	st, end := h.screen()
+	require.Equal(t, h.end(), end)
+	require.Equal(t, string(eager.repaint()), string(st.repaint))
+	require.True(t, strings.HasPrefix(string(st.repaint), "\x1b[?1049h"))
+	require.Contains(t, string(st.repaint), "\x1b[?2004h")
+	require.Contains(t, st.text, "TOP LINE")
+
+	// And on: the emulator is at the end; more output keeps it exact.
+	write([]byte("\x1b[?1049lback on the main screen\r\n"))
+	st, _ = h.screen()
+	require.Equal(t, string(eager.repaint()), string(st.repaint))
+	require.Contains(t, st.text, "00999 yyy")
+}
+
+// BenchmarkTerminalOutput: the output path's cost per byte with the
+// emulator behind it (a flood: every byte leaves the replay buffer).
+func BenchmarkTerminalOutput(b *testing.B) {
+	h := newHistory(120, 40, replayBufferSize)
+	defer h.close()
+	chunk := bytes.Repeat(append(bytes.Repeat([]byte("x"), 100), '\r', '\n'), 300)
+	b.SetBytes(int64(len(chunk)))
+	for i := 0; i < b.N; i++ {
+		h.write(chunk)
+	}
+}
