@@ -105,9 +105,11 @@ type Agent struct {
 	cancel     context.CancelFunc
 	done       chan struct{}
 
-	// mu guards conn, the current tunnel (nil between connections).
+	// mu guards conn, the current tunnel (nil between connections), and
+	// up, closed (and replaced) each time a tunnel comes up.
 	mu   sync.Mutex
 	conn ssh.Conn
+	up   chan struct{}
 }
 
 // NewAgent returns an Agent; call Start.
@@ -127,7 +129,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 		c = are.ExistingCollector.(prometheus.Counter)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Agent{cfg: cfg, reconnects: c, ctx: ctx, cancel: cancel, done: make(chan struct{})}, nil
+	return &Agent{cfg: cfg, reconnects: c, ctx: ctx, cancel: cancel, done: make(chan struct{}), up: make(chan struct{})}, nil
 }
 
 // Start runs the agent until Close.
@@ -227,6 +229,8 @@ func (a *Agent) connectAndServe() (connected bool, err error) {
 		return false, trace.Wrap(a.ctx.Err())
 	}
 	a.conn = sconn
+	close(a.up)
+	a.up = make(chan struct{})
 	a.mu.Unlock()
 	defer func() {
 		a.mu.Lock()
@@ -272,4 +276,41 @@ func (a *Agent) connectAndServe() (connected bool, err error) {
 	_ = sconn.Close()
 	wg.Wait()
 	return true, trace.Wrap(errors.Join(ka.Err(), sconn.Wait()))
+}
+
+// DialAuth opens a connection to the auth API through the current tunnel
+// (ChannelAuth): a node behind NAT gives it to its auth client as Dial.
+// ConnectionProblem while no tunnel is up.
+func (a *Agent) DialAuth(ctx context.Context, _, _ string) (net.Conn, error) {
+	a.mu.Lock()
+	conn := a.conn
+	a.mu.Unlock()
+	if conn == nil {
+		return nil, trace.ConnectionProblem(nil, "no tunnel to the proxy %s yet", a.cfg.ProxyAddr)
+	}
+	ch, reqs, err := conn.OpenChannel(ChannelAuth, nil)
+	if err != nil {
+		return nil, trace.ConnectionProblem(err, "opening an auth channel through the tunnel to %s: %v", a.cfg.ProxyAddr, err)
+	}
+	go ssh.DiscardRequests(reqs)
+	return newChannelConn(ch, "node", "auth-via-"+a.cfg.ProxyAddr), nil
+}
+
+// WaitConnected blocks until a tunnel is up or ctx ends.
+func (a *Agent) WaitConnected(ctx context.Context) error {
+	for {
+		a.mu.Lock()
+		conn, up := a.conn, a.up
+		a.mu.Unlock()
+		if conn != nil {
+			return nil
+		}
+		select {
+		case <-up:
+		case <-ctx.Done():
+			return trace.ConnectionProblem(ctx.Err(), "no tunnel to the proxy %s: %v", a.cfg.ProxyAddr, context.Cause(ctx))
+		case <-a.done:
+			return trace.ConnectionProblem(nil, "the tunnel agent stopped")
+		}
+	}
 }

@@ -14,6 +14,12 @@ const (
 	// ChannelTransport carries one client connection to the node's own SSH
 	// server; its extra data is a TransportRequest.
 	ChannelTransport = "postern-transport@postern.dev"
+	// ChannelAuth is opened by the node: the proxy splices it, byte for
+	// byte, to the auth API, so that a node behind NAT heartbeats and
+	// calls auth through its tunnel. The node's mutual TLS runs inside:
+	// auth sees the node's own client certificate, and the proxy reads
+	// nothing.
+	ChannelAuth = "postern-auth@postern.dev"
 )
 
 // TransportRequest is the extra data of a ChannelTransport open: who the

@@ -79,6 +79,9 @@ type ServerConfig struct {
 	// Metrics: where postern_tunnels is registered; nil: a private
 	// registry.
 	Metrics prometheus.Registerer
+	// DialAuth connects to the auth API for a node's ChannelAuth; nil
+	// refuses such channels (the node must reach auth by itself).
+	DialAuth func(ctx context.Context) (net.Conn, error)
 }
 
 // CheckAndSetDefaults validates the config and fills in defaults.
@@ -283,10 +286,24 @@ func (s *Server) handleConn(nc net.Conn) {
 	_ = nc.SetDeadline(time.Time{})
 	t := &tunnel{uuid: sconn.Permissions.Extensions[permUUID], sconn: sconn}
 	log := s.cfg.Logger.WithFields(logrus.Fields{"uuid": t.uuid, "remote_addr": nc.RemoteAddr().String()})
-	// A node opens nothing on the proxy: refuse every channel it tries.
+	// The only channel a node may open is one to the auth API.
+	tunnelCtx, endTunnel := context.WithCancel(context.Background())
+	var chWG sync.WaitGroup
+	defer chWG.Wait()
+	defer endTunnel()
+	chWG.Add(1)
 	go func() {
+		defer chWG.Done()
 		for nch := range chans {
-			_ = nch.Reject(ssh.Prohibited, "a tunnel carries channels from the proxy only")
+			if nch.ChannelType() != ChannelAuth || s.cfg.DialAuth == nil {
+				_ = nch.Reject(ssh.Prohibited, "a tunnel carries only transport channels from the proxy and auth channels from the node")
+				continue
+			}
+			chWG.Add(1)
+			go func() {
+				defer chWG.Done()
+				s.spliceAuth(tunnelCtx, t.uuid, nch)
+			}()
 		}
 	}()
 	t.ka = utils.StartSSHKeepAlive(sconn, "tunnel from "+t.uuid, utils.SSHKeepAliveConfig{
@@ -389,4 +406,25 @@ func (s *Server) DialTunnel(ctx context.Context, uuid, source, destination strin
 		return newChannelConn(ch, "proxy", "tunnel:"+uuid), nil
 	}
 	return nil, trace.ConnectionProblem(last, "opening a channel on the tunnel from node %q: %v", uuid, last)
+}
+
+// spliceAuth connects a node's ChannelAuth to the auth API and copies
+// bytes both ways until either side closes.
+func (s *Server) spliceAuth(tunnelCtx context.Context, uuid string, nch ssh.NewChannel) {
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultHandshakeTimeout)
+	ac, err := s.cfg.DialAuth(ctx)
+	cancel()
+	if err != nil {
+		s.cfg.Logger.WithError(err).WithField("uuid", uuid).Warn("Could not reach the auth API for a tunnel node.")
+		_ = nch.Reject(ssh.ConnectionFailed, "the proxy cannot reach the auth API")
+		return
+	}
+	ch, reqs, err := nch.Accept()
+	if err != nil {
+		_ = ac.Close()
+		return
+	}
+	go ssh.DiscardRequests(reqs)
+	// tunnelCtx ends with the tunnel, so that a splice never outlives it.
+	_, _, _ = utils.Splice(tunnelCtx, ch, ac)
 }

@@ -28,16 +28,20 @@ type fixture struct {
 	audit *events.Recorder
 }
 
-func newFixture(t *testing.T, clock clockwork.Clock) *fixture {
+func newFixture(t *testing.T, clock clockwork.Clock, opts ...func(*ServerConfig)) *fixture {
 	t.Helper()
 	ca := srvtest.NewCA(t)
 	audit := events.NewRecorder()
-	s, err := NewServer(ServerConfig{
+	cfg := ServerConfig{
 		HostSigner: ca.RoleHostSigner(t, srvtest.HostCert{UUID: "proxy-1", Role: RoleProxy, Principals: []string{"127.0.0.1"}}),
 		HostCAs:    func() []ssh.PublicKey { return []ssh.PublicKey{ca.Signer.PublicKey()} },
 		Audit:      audit,
 		Clock:      clock,
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	s, err := NewServer(cfg)
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -272,4 +276,47 @@ func TestTunnelKeepAliveDropsSilentPeer(t *testing.T) {
 	// Closed (and unregistering): nothing can be dialed over it.
 	_, err = f.srv.DialTunnel(context.Background(), "node-1", "", "")
 	require.Error(t, err)
+}
+
+// TestTunnelAuthChannel: a node's ChannelAuth is spliced to the auth API
+// (here an echo server); any other channel a node opens is refused.
+func TestTunnelAuthChannel(t *testing.T) {
+	authLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer authLn.Close()
+	go func() {
+		for {
+			c, err := authLn.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(c, c); c.Close() }()
+		}
+	}()
+	f := newFixture(t, nil, func(c *ServerConfig) {
+		c.DialAuth = func(ctx context.Context) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "tcp", authLn.Addr().String())
+		}
+	})
+	a := f.startAgent(t, f.ca.RoleHostSigner(t, srvtest.HostCert{UUID: "node-1", Role: RoleNode}), echoHandler(make(chan string, 1)), nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, a.WaitConnected(ctx))
+	c, err := a.DialAuth(ctx, "tcp", "auth")
+	require.NoError(t, err)
+	_, err = c.Write([]byte("hello"))
+	require.NoError(t, err)
+	buf := make([]byte, 5)
+	_, err = io.ReadFull(c, buf)
+	require.NoError(t, err)
+	require.Equal(t, "hello", string(buf))
+	c.Close()
+
+	a.mu.Lock()
+	conn := a.conn
+	a.mu.Unlock()
+	_, _, err = conn.OpenChannel("direct-tcpip", nil)
+	require.Error(t, err)
+	_, _, err = conn.OpenChannel(ChannelTransport, nil)
+	require.Error(t, err, "a node cannot open transport channels on the proxy")
 }
