@@ -633,7 +633,7 @@ func (r *Router) Via(node services.Node) string {
 	case node.Tunnel && r.cfg.Tunnels != nil:
 		return "tunnel (none on this proxy now: a dial waits tunnel_find_timeout for one)"
 	case node.Tunnel:
-		return "tunnel, but this proxy accepts no tunnels: offline"
+		return "its reverse tunnel (a tunnel-only node: never dialed directly)"
 	}
 	return "registered address " + node.Addr
 }
