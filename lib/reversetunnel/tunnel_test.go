@@ -124,6 +124,11 @@ func TestTunnelReconnects(t *testing.T) {
 	remotes := make(chan string, 4)
 	a := f.startAgent(t, f.ca.RoleHostSigner(t, srvtest.HostCert{UUID: "node-1", Role: RoleNode}), echoHandler(remotes), reg)
 	waitTunnel(t, f.srv, "node-1")
+	// The server registers before the agent's handshake has returned:
+	// wait for the agent's side too, or there is nothing to drop yet.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, a.WaitConnected(ctx))
 	again := f.srv.TunnelRegistered("node-1")
 	a.DropTunnel()
 	select {
