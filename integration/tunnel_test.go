@@ -117,6 +117,12 @@ func TestNodeBehindNAT(t *testing.T) {
 		require.Contains(t, ls, "natted")
 	})
 
+	t.Run("pctl tokens add prints both join commands", func(t *testing.T) {
+		out := mustPctl(t, c.dataDir, "", "tokens", "add", "--type", "node")
+		require.Contains(t, out, "postern start --roles node --auth-server ")
+		require.Regexp(t, `postern start --roles node --proxy-server \S+:3080 --token \S+ --ca-pin sha256:[0-9a-f]+`, out)
+	})
+
 	t.Run("pctl route says tunnel", func(t *testing.T) {
 		out := mustPctl(t, c.dataDir, "", "route", "natted")
 		// pctl routes on its own (it holds no tunnels): it says how.
