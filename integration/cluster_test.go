@@ -37,6 +37,7 @@ func procConfig(dataDir string, roles ...string) *config.Config {
 		NodeAddr:    "127.0.0.1:0",
 		SSHAddr:     "127.0.0.1:0",
 		WebAddr:     "127.0.0.1:0",
+		TunnelAddr:  "127.0.0.1:0",
 		AuthAddr:    "127.0.0.1:0",
 		DiagAddr:    "127.0.0.1:0",
 	}}

@@ -135,6 +135,7 @@ func startClusterIn(dir string) (*cluster, error) {
 		WebAddr:     "127.0.0.1:0",
 		AuthAddr:    "127.0.0.1:0",
 		DiagAddr:    "127.0.0.1:0",
+		TunnelAddr:  "127.0.0.1:0",
 	}}
 	// Warnings only: per-connection Info lines would be a cost of their
 	// own in the numbers, and noise in the output.

@@ -150,6 +150,9 @@ func (s *Server) GenerateHostCert(ctx context.Context, req HostCertRequest) ([]b
 		// Host certificates live as long as the CA: a node keeps its
 		// identity across restarts and there is no renewal yet.
 		ValidBefore: uint64(s.tlsCACert.NotAfter.Unix()),
+		// A non-critical extension: OpenSSH ignores it in host
+		// certificates; the tunnel port reads it.
+		Permissions: ssh.Permissions{Extensions: map[string]string{services.CertExtensionHostRole: req.Role}},
 	}
 	if err := s.sign(cert, s.hostSigner); err != nil {
 		return nil, trace.Wrap(err)

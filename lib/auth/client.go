@@ -40,6 +40,10 @@ type ClientConfig struct {
 	// Timeout bounds each call (watches excepted); zero means
 	// DefaultClientTimeout.
 	Timeout time.Duration
+	// Dial opens the byte stream the mutual TLS runs over; nil means TCP
+	// to Addr. A tunnel node dials through its tunnel (the proxy splices
+	// it to the auth API: auth still sees the node's own client cert).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // CheckAndSetDefaults validates the config.
@@ -90,8 +94,12 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		tlsCfg.Time = cfg.Clock.Now
 	}
 	dialer := &net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}
+	dial := cfg.Dial
+	if dial == nil {
+		dial = dialer.DialContext
+	}
 	transport := &http.Transport{
-		DialContext:         dialer.DialContext,
+		DialContext:         dial,
 		TLSClientConfig:     tlsCfg,
 		TLSHandshakeTimeout: cfg.Timeout,
 		MaxIdleConnsPerHost: 8,

@@ -43,6 +43,11 @@ type JoinParams struct {
 	Clock clockwork.Clock
 	// Timeout bounds the whole join; zero means DefaultClientTimeout.
 	Timeout time.Duration
+	// Dial opens the byte stream to the auth API that the pinned TLS runs
+	// over; nil means TCP to AuthAddr. A node behind NAT passes the
+	// proxy's join relay (a raw relay: the pin still checks the auth
+	// server itself, and the token travels inside that TLS).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // CheckAndSetDefaults validates the parameters.
@@ -108,8 +113,12 @@ func Join(ctx context.Context, p JoinParams) (*Identity, error) {
 		return nil, trace.Wrap(err)
 	}
 
+	dial := p.Dial
+	if dial == nil {
+		dial = (&net.Dialer{Timeout: p.Timeout}).DialContext
+	}
 	transport := &http.Transport{
-		DialContext:       (&net.Dialer{Timeout: p.Timeout}).DialContext,
+		DialContext:       dial,
 		TLSClientConfig:   joinTLSConfig(p.CAPin, p.Clock),
 		DisableKeepAlives: true,
 	}

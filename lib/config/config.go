@@ -42,6 +42,8 @@ const (
 	DefaultSSHAddr  = "0.0.0.0:3023"
 	DefaultAuthAddr = "0.0.0.0:3025"
 	DefaultWebAddr  = "0.0.0.0:3080"
+	// DefaultTunnelAddr is the proxy's reverse tunnel port (SPEC.md).
+	DefaultTunnelAddr = "0.0.0.0:3024"
 	// DefaultDiagAddr is loopback only: metrics and health describe the
 	// estate and are nobody else's business unless the operator says so.
 	DefaultDiagAddr = "127.0.0.1:3000"
@@ -76,26 +78,32 @@ type Limits struct {
 // FileConfig is the YAML file, field for field. Empty values mean "not set
 // here": defaults apply unless a flag sets them.
 type FileConfig struct {
-	DataDir       string            `yaml:"data_dir,omitempty"`
-	Roles         []string          `yaml:"roles,omitempty"`
-	ClusterName   string            `yaml:"cluster_name,omitempty"`
-	NodeName      string            `yaml:"nodename,omitempty"`
-	Labels        map[string]string `yaml:"labels,omitempty"`
-	AuthServer    string            `yaml:"auth_server,omitempty"`
-	Token         string            `yaml:"token,omitempty"`
-	CAPin         string            `yaml:"ca_pin,omitempty"`
-	NodeAddr      string            `yaml:"node_addr,omitempty"`
-	SSHAddr       string            `yaml:"ssh_addr,omitempty"`
-	WebAddr       string            `yaml:"web_addr,omitempty"`
-	AuthAddr      string            `yaml:"auth_addr,omitempty"`
-	DiagAddr      string            `yaml:"diag_addr,omitempty"`
-	PublicAddrs   []string          `yaml:"public_addrs,omitempty"`
-	WebCert       string            `yaml:"web_cert,omitempty"`
-	WebKey        string            `yaml:"web_key,omitempty"`
-	Backend       BackendConfig     `yaml:"backend,omitempty"`
-	Debug         bool              `yaml:"debug,omitempty"`
-	LogFormat     string            `yaml:"log_format,omitempty"`
-	ShutdownGrace time.Duration     `yaml:"shutdown_grace,omitempty"`
+	DataDir     string            `yaml:"data_dir,omitempty"`
+	Roles       []string          `yaml:"roles,omitempty"`
+	ClusterName string            `yaml:"cluster_name,omitempty"`
+	NodeName    string            `yaml:"nodename,omitempty"`
+	Labels      map[string]string `yaml:"labels,omitempty"`
+	AuthServer  string            `yaml:"auth_server,omitempty"`
+	// ProxyServer, for a node behind NAT, is the proxy's web address
+	// (HOST:3080): the node joins through it, opens no listening port and
+	// reaches auth only over its reverse tunnel. Excludes AuthServer.
+	ProxyServer string `yaml:"proxy_server,omitempty"`
+	// TunnelAddr is where a proxy accepts reverse tunnels.
+	TunnelAddr    string        `yaml:"tunnel_addr,omitempty"`
+	Token         string        `yaml:"token,omitempty"`
+	CAPin         string        `yaml:"ca_pin,omitempty"`
+	NodeAddr      string        `yaml:"node_addr,omitempty"`
+	SSHAddr       string        `yaml:"ssh_addr,omitempty"`
+	WebAddr       string        `yaml:"web_addr,omitempty"`
+	AuthAddr      string        `yaml:"auth_addr,omitempty"`
+	DiagAddr      string        `yaml:"diag_addr,omitempty"`
+	PublicAddrs   []string      `yaml:"public_addrs,omitempty"`
+	WebCert       string        `yaml:"web_cert,omitempty"`
+	WebKey        string        `yaml:"web_key,omitempty"`
+	Backend       BackendConfig `yaml:"backend,omitempty"`
+	Debug         bool          `yaml:"debug,omitempty"`
+	LogFormat     string        `yaml:"log_format,omitempty"`
+	ShutdownGrace time.Duration `yaml:"shutdown_grace,omitempty"`
 	// WebTerminalGrace is how long a web terminal waits for a resume
 	// after its browser went away; nil means the default (5m), 0 none.
 	WebTerminalGrace *time.Duration `yaml:"web_terminal_grace,omitempty"`
@@ -211,6 +219,7 @@ func (c *Config) CheckAndSetDefaults() error {
 		{"node_addr", &c.NodeAddr, DefaultNodeAddr},
 		{"ssh_addr", &c.SSHAddr, DefaultSSHAddr},
 		{"web_addr", &c.WebAddr, DefaultWebAddr},
+		{"tunnel_addr", &c.TunnelAddr, DefaultTunnelAddr},
 		{"auth_addr", &c.AuthAddr, DefaultAuthAddr},
 		{"diag_addr", &c.DiagAddr, DefaultDiagAddr},
 	}
@@ -223,9 +232,19 @@ func (c *Config) CheckAndSetDefaults() error {
 			return trace.BadParameter("%s: invalid address %q: want HOST:PORT", d.name, *d.v)
 		}
 	}
-	if !c.HasRole(RoleAuth) {
+	if c.ProxyServer != "" {
+		if len(c.Roles) != 1 || !c.HasRole(RoleNode) {
+			return trace.BadParameter("proxy_server (--proxy-server) is for a node alone: run it with --roles node, not %v", c.Roles)
+		}
+		if c.AuthServer != "" {
+			return trace.BadParameter("give either auth_server (--auth-server) or proxy_server (--proxy-server), not both")
+		}
+		if _, _, err := net.SplitHostPort(c.ProxyServer); err != nil {
+			return trace.BadParameter("proxy_server: invalid address %q: want HOST:PORT (the proxy's web port, 3080)", c.ProxyServer)
+		}
+	} else if !c.HasRole(RoleAuth) {
 		if c.AuthServer == "" {
-			return trace.BadParameter("roles %v need --auth-server (no local auth role)", c.Roles)
+			return trace.BadParameter("roles %v need --auth-server or, for a node behind NAT, --proxy-server (no local auth role)", c.Roles)
 		}
 		if _, _, err := net.SplitHostPort(c.AuthServer); err != nil {
 			return trace.BadParameter("auth_server: invalid address %q: want HOST:PORT", c.AuthServer)

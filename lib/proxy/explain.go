@@ -26,6 +26,9 @@ type Explanation struct {
 	Chosen *services.Node `json:"chosen,omitempty"`
 	// Reason says why Chosen was chosen.
 	Reason string `json:"reason,omitempty"`
+	// Via says how the chosen node would be dialed (a tunnel on this
+	// proxy, waiting for one, or its registered address).
+	Via string `json:"via,omitempty"`
 	// Error is what a connection would fail with.
 	Error string `json:"error,omitempty"`
 }
@@ -75,6 +78,8 @@ func (r *Router) ExplainTarget(ctx context.Context, t Target) Explanation {
 		e.Error = trace.UserMessage(err)
 		e.Chosen = nil
 		e.Reason = ""
+	} else if e.Chosen != nil {
+		e.Via = r.Via(*e.Chosen)
 	}
 	return e
 }
@@ -102,12 +107,23 @@ func (e Explanation) String() string {
 		b.WriteString("\n  " + mark + services.EscapeText(n.Hostname) + " " + CandidateLine(n))
 	}
 	if e.Chosen != nil {
-		b.WriteString("\nchosen:     " + services.EscapeText(e.Chosen.UUID) + " (" + services.EscapeText(e.Chosen.Hostname) + ", " + services.EscapeText(e.Chosen.Addr) + ")")
+		b.WriteString("\nchosen:     " + services.EscapeText(e.Chosen.UUID) + " (" + services.EscapeText(e.Chosen.Hostname) + ", " + services.EscapeText(addrOrTunnel(*e.Chosen)) + ")")
 		b.WriteString("\nreason:     " + e.Reason)
+		if e.Via != "" {
+			b.WriteString("\nvia:        " + e.Via)
+		}
 	}
 	if e.Error != "" {
 		b.WriteString("\nerror:      " + strings.ReplaceAll(e.Error, "\n", "\n            "))
 	}
 	b.WriteString("\n")
 	return b.String()
+}
+
+// addrOrTunnel is a node's address, or "tunnel" for a tunnel-only node.
+func addrOrTunnel(n services.Node) string {
+	if n.Tunnel {
+		return "tunnel"
+	}
+	return n.Addr
 }

@@ -12,6 +12,10 @@ type routerMetrics struct {
 	notFound      prometheus.Counter
 	ambiguous     prometheus.Counter
 	dialFailures  prometheus.Counter
+	// tunnelRouting times finding a node's tunnel, by result (found,
+	// timeout, canceled); tunnelTimeouts counts finds that gave up.
+	tunnelRouting  *prometheus.HistogramVec
+	tunnelTimeouts prometheus.Counter
 }
 
 func newRouterMetrics(reg prometheus.Registerer) (*routerMetrics, error) {
@@ -35,13 +39,27 @@ func newRouterMetrics(reg prometheus.Registerer) (*routerMetrics, error) {
 			Namespace: "postern", Subsystem: "proxy", Name: "dial_failures_total",
 			Help: "Dials to a routed node that failed or timed out.",
 		}),
+		tunnelRouting: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "postern", Name: "tunnel_routing_duration_seconds",
+			Help: "Time to find a tunnel to a node on this proxy (including the wait for one to register), by result.",
+			// GitLab kas's buckets (seed 003): from a tunnel already here
+			// (sub-millisecond) to the longest sensible find timeout.
+			Buckets: []float64{0.001, 0.004, 0.016, 0.064, 0.256, 1.024, 4.096, 16.384},
+		}, []string{"result"}),
+		tunnelTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "postern", Name: "tunnel_routing_timeout_total",
+			Help: "Dials to a tunnel node that gave up: no tunnel reached this proxy within tunnel_find_timeout.",
+		}),
 	}
 	var err error
+	if m.tunnelRouting, err = register(reg, m.tunnelRouting); err != nil {
+		return nil, err
+	}
 	m.routeDuration, err = register(reg, m.routeDuration)
 	if err != nil {
 		return nil, err
 	}
-	for _, c := range []*prometheus.Counter{&m.notFound, &m.ambiguous, &m.dialFailures} {
+	for _, c := range []*prometheus.Counter{&m.notFound, &m.ambiguous, &m.dialFailures, &m.tunnelTimeouts} {
 		if *c, err = register(reg, *c); err != nil {
 			return nil, err
 		}

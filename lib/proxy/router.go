@@ -83,10 +83,28 @@ type RouterConfig struct {
 	// private registry (metrics collected but not exported). Tests must
 	// never pass prometheus.DefaultRegisterer.
 	Metrics prometheus.Registerer
+	// Tunnels, when set, are the reverse tunnels connected to this proxy
+	// (*reversetunnel.Server): a node with a tunnel here is dialed over
+	// it, and a tunnel-only node is waited for (tunnel_find_timeout).
+	// Nil means this proxy holds no tunnels: tunnel-only nodes are
+	// offline.
+	Tunnels TunnelDialer
 	// Locks, when set, refuses to dial a locked node (`pctl lock --node`)
 	// with the lock's message; *services.LockWatcher is one. Nil means no
 	// node locks.
 	Locks NodeLocks
+}
+
+// TunnelDialer is what the Router uses of the tunnel server.
+type TunnelDialer interface {
+	// HasTunnel reports whether a tunnel from node uuid is here.
+	HasTunnel(uuid string) bool
+	// TunnelRegistered is closed when a tunnel from uuid next registers.
+	TunnelRegistered(uuid string) <-chan struct{}
+	// DialTunnel opens a connection to node uuid's SSH server over its
+	// tunnel; NotFound when there is none. source and destination name
+	// the client and its target for the node's audit log.
+	DialTunnel(ctx context.Context, uuid, source, destination string) (net.Conn, error)
 }
 
 // NodeLocks checks locks; its error for a locked node is a
@@ -437,6 +455,9 @@ type RouteRequest struct {
 	// before routing decides (see AccessFilter). Every user-facing path
 	// sets it; nil means the admin view.
 	Access AccessFilter
+	// Source is the client's address, passed to a tunnel node for its
+	// audit log; empty when unknown.
+	Source string
 	// Authorize, when set, runs on the chosen node before anything is
 	// dialed (the web terminal checks the exact login there). Its error
 	// is returned as is and nothing is dialed.
@@ -497,9 +518,24 @@ func (r *Router) DialHost(ctx context.Context, req RouteRequest) (net.Conn, Rout
 			return nil, route, trace.Wrap(err)
 		}
 	}
-	// Rule 6: the only address ever dialed is a registered node's Addr.
+	// Dialer order (SPEC.md "Reverse tunnels"): a tunnel on this proxy,
+	// then the registered address, never for a tunnel-only node.
 	node := route.Node
 	timeout := netCfg.Spec.SSHDialTimeout.Value()
+	if node.Tunnel || (r.cfg.Tunnels != nil && r.cfg.Tunnels.HasTunnel(node.UUID)) {
+		conn, err := r.dialTunnel(ctx, req, node, netCfg)
+		if err != nil {
+			return nil, route, err
+		}
+		checked, err := checkBanner(ctx, conn, timeout)
+		if err != nil {
+			conn.Close()
+			r.metrics.dialFailures.Inc()
+			return nil, route, trace.ConnectionProblem(err, "node %q did not answer as an SSH server over its tunnel", node.Hostname)
+		}
+		return checked, route, nil
+	}
+	// Rule 6: the only address ever dialed is a registered node's Addr.
 	// The timeout is real time on purpose: it bounds a kernel connect(),
 	// which a fake clock cannot speed up, and a net.Dialer reads the
 	// context deadline as wall-clock time.
@@ -527,6 +563,79 @@ func (r *Router) DialHost(ctx context.Context, req RouteRequest) (net.Conn, Rout
 		return nil, route, trace.ConnectionProblem(err, "node %q (%s) did not answer as an SSH server", node.Hostname, node.Addr)
 	}
 	return checked, route, nil
+}
+
+// Results of a tunnel dial, the postern_tunnel_routing_duration_seconds
+// label.
+const (
+	resultFound    = "found"
+	resultTimeout  = "timeout"
+	resultCanceled = "canceled"
+)
+
+// dialTunnel dials node over a tunnel on this proxy, waiting up to
+// tunnel_find_timeout (on the Router's clock) for one to register: a node
+// reconnecting after a proxy restart must not fail the sessions opened
+// meanwhile. The wait blocks on the registry's channel, not a poll.
+func (r *Router) dialTunnel(ctx context.Context, req RouteRequest, node services.Node, netCfg *services.ClusterNetworkingConfig) (net.Conn, error) {
+	timeout := netCfg.Spec.TunnelFindTimeout.Value()
+	offline := func() error {
+		return trace.ConnectionProblem(nil, "node %q is offline: no tunnel reached this proxy within %v", req.Target.Host, timeout)
+	}
+	if r.cfg.Tunnels == nil {
+		return nil, offline()
+	}
+	start := r.cfg.Clock.Now()
+	observe := func(result string) {
+		r.metrics.tunnelRouting.WithLabelValues(result).Observe(r.cfg.Clock.Since(start).Seconds())
+	}
+	deadline := r.cfg.Clock.NewTimer(timeout)
+	defer deadline.Stop()
+	dst := req.Target.Host
+	if req.Target.Port != "" {
+		dst = net.JoinHostPort(req.Target.Host, req.Target.Port)
+	}
+	for {
+		registered := r.cfg.Tunnels.TunnelRegistered(node.UUID)
+		if r.cfg.Tunnels.HasTunnel(node.UUID) {
+			conn, err := r.cfg.Tunnels.DialTunnel(ctx, node.UUID, req.Source, dst)
+			if err == nil {
+				observe(resultFound)
+				return conn, nil
+			}
+			if !trace.IsNotFound(err) {
+				r.metrics.dialFailures.Inc()
+				observe(resultCanceled)
+				return nil, trace.Wrap(err)
+			}
+			// The tunnel went away in between: wait for the next.
+		}
+		select {
+		case <-registered:
+		case <-deadline.Chan():
+			observe(resultTimeout)
+			r.metrics.tunnelTimeouts.Inc()
+			r.cfg.Logger.WithFields(logrus.Fields{"node": node.UUID, "timeout": timeout.String()}).Warn("No tunnel from the node reached this proxy in time.")
+			return nil, offline()
+		case <-ctx.Done():
+			observe(resultCanceled)
+			return nil, trace.ConnectionProblem(context.Cause(ctx), "dialing node %q canceled while waiting for its tunnel: %v", req.Target.Host, context.Cause(ctx))
+		}
+	}
+}
+
+// Via says how DialHost would reach node now: over a tunnel on this
+// proxy, by waiting for one, or at its registered address.
+func (r *Router) Via(node services.Node) string {
+	switch {
+	case r.cfg.Tunnels != nil && r.cfg.Tunnels.HasTunnel(node.UUID):
+		return "tunnel on this proxy"
+	case node.Tunnel && r.cfg.Tunnels != nil:
+		return "tunnel (none on this proxy now: a dial waits tunnel_find_timeout for one)"
+	case node.Tunnel:
+		return "its reverse tunnel (a tunnel-only node: never dialed directly)"
+	}
+	return "registered address " + node.Addr
 }
 
 // Sites lists the clusters this proxy routes to: the local one, always

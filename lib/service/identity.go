@@ -2,12 +2,14 @@ package service
 
 import (
 	"context"
+	"net"
 	"slices"
 
 	"github.com/gravitational/trace"
 
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/web"
 )
 
 // hostIdentity returns the identity of a node or proxy role:
@@ -50,7 +52,7 @@ func (p *Process) hostIdentity(ctx context.Context, role, addr string, principal
 	if p.cfg.Token == "" || p.cfg.CAPin == "" {
 		return nil, trace.BadParameter("this %s has not joined a cluster yet: start it with --token and --ca-pin (printed by `pctl tokens add --type %s`)", role, role)
 	}
-	id, err := auth.Join(ctx, auth.JoinParams{
+	jp := auth.JoinParams{
 		AuthAddr:             p.cfg.AuthServer,
 		Token:                p.cfg.Token,
 		CAPin:                p.cfg.CAPin,
@@ -59,7 +61,16 @@ func (p *Process) hostIdentity(ctx context.Context, role, addr string, principal
 		Addr:                 addr,
 		AdditionalPrincipals: principals,
 		Clock:                p.clock,
-	})
+	}
+	if p.cfg.ProxyServer != "" {
+		// Through the proxy's join relay: a raw pipe to auth, so the pin
+		// checks auth itself (lib/web/joinrelay.go says why).
+		jp.AuthAddr = p.cfg.ProxyServer
+		jp.Dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return web.DialJoinRelay(ctx, p.cfg.ProxyServer)
+		}
+	}
+	id, err := auth.Join(ctx, jp)
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -115,7 +126,14 @@ func (p *Process) accessPointFor(id *auth.Identity) (accessPoint, error) {
 		return p.store, nil
 	}
 	if p.authClient == nil {
-		clt, err := auth.NewClient(auth.ClientConfig{Addr: p.cfg.AuthServer, Identity: id, Clock: p.clock})
+		cc := auth.ClientConfig{Addr: p.cfg.AuthServer, Identity: id, Clock: p.clock}
+		if p.tunnelAgent != nil {
+			// Every auth call of a node behind NAT rides its tunnel; the
+			// address only names the API in messages and the URL.
+			cc.Addr = p.cfg.ProxyServer
+			cc.Dial = p.tunnelAgent.DialAuth
+		}
+		clt, err := auth.NewClient(cc)
 		if err != nil {
 			return nil, trace.Wrap(err)
 		}

@@ -64,7 +64,13 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		p.onShutdown(func(context.Context) error { return netw.Close() })
 		networking = netw
 	}
+	ts, tunnelAddr, err := p.startTunnelServer(id)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	p.tunnelServer = ts
 	router, err := proxy.NewRouter(proxy.RouterConfig{
+		Tunnels:     ts,
 		ClusterName: p.clusterName,
 		NodeWatcher: nw,
 		Networking:  networking,
@@ -106,11 +112,11 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	p.onShutdown(server.Shutdown)
 	p.log.WithField("addr", ln.Addr().String()).Info("Proxy SSH server is serving.")
 
-	return trace.Wrap(p.startWeb(ln.Addr()))
+	return trace.Wrap(p.startWeb(ln.Addr(), tunnelAddr))
 }
 
 // startWeb serves the proxy's HTTPS port.
-func (p *Process) startWeb(sshAddr net.Addr) error {
+func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string) error {
 	raw, err := p.listen(ListenerWeb, p.cfg.WebAddr)
 	if err != nil {
 		return trace.Wrap(err)
@@ -135,9 +141,12 @@ func (p *Process) startWeb(sshAddr net.Addr) error {
 	wcfg := web.Config{
 		ClusterName:  p.clusterName,
 		ProxySSHAddr: advertisedAddr(sshAddr),
-		Certificate:  pair,
-		Clock:        p.clock,
-		Logger:       p.log.WithField("component", "web"),
+		TunnelAddr:   tunnelAddr,
+		// Hosts that reach only this proxy join through it.
+		JoinRelay:   p.dialAuthAPI,
+		Certificate: pair,
+		Clock:       p.clock,
+		Logger:      p.log.WithField("component", "web"),
 	}
 	if p.authServer != nil {
 		wcfg.Auth = p.authServer

@@ -22,7 +22,9 @@ func (p *Process) startHostRoles(ctx context.Context) error {
 	cfg := p.cfg
 	var nodeLn, proxyLn net.Listener
 	var nodeLim, proxyLim *limiter.ConnectionLimiter
-	if cfg.HasRole(config.RoleNode) {
+	// A node behind NAT (proxy_server) opens no listening port.
+	behindNAT := cfg.ProxyServer != ""
+	if cfg.HasRole(config.RoleNode) && !behindNAT {
 		ln, err := p.listen(ListenerNode, cfg.NodeAddr)
 		if err != nil {
 			return trace.Wrap(err)
@@ -42,6 +44,18 @@ func (p *Process) startHostRoles(ctx context.Context) error {
 	}
 	var err error
 	var nodeID, proxyID *auth.Identity
+	var tn *tunnelNode
+	if behindNAT {
+		// Joined through the proxy's join relay; no address, no extra
+		// principals (nothing dials it).
+		if nodeID, err = p.hostIdentity(ctx, auth.RoleNode, "", nil); err != nil {
+			return trace.Wrap(err)
+		}
+		if tn, err = p.startTunnelAgent(ctx, nodeID); err != nil {
+			return trace.Wrap(err)
+		}
+		p.tunnelAgent = tn.agent
+	}
 	if nodeLn != nil {
 		principals := appendUnique(listenIPs(nodeLn.Addr()), hostOf(advertisedAddr(nodeLn.Addr())))
 		if nodeID, err = p.hostIdentity(ctx, auth.RoleNode, advertisedAddr(nodeLn.Addr()), principals); err != nil {
@@ -82,8 +96,8 @@ func (p *Process) startHostRoles(ctx context.Context) error {
 	if err := p.startAccessCache(ctx, ap); err != nil {
 		return trace.Wrap(err)
 	}
-	if nodeLn != nil {
-		if err := p.startNode(ctx, nodeLn, nodeLim, nodeID, ap); err != nil {
+	if nodeID != nil {
+		if err := p.startNode(ctx, nodeLn, nodeLim, nodeID, ap, tn); err != nil {
 			return trace.Wrap(err)
 		}
 	}
@@ -116,20 +130,29 @@ func (r *nodeRecord) get() services.Node {
 	return n
 }
 
-// startNode serves the node's SSH port and heartbeats into the inventory.
-func (p *Process) startNode(ctx context.Context, ln net.Listener, lim *limiter.ConnectionLimiter, id *auth.Identity, ap accessPoint) error {
-	rec := &nodeRecord{node: services.Node{
+// startNode serves the node's SSH port (or, behind NAT, the connections
+// its tunnel brings: ln is nil and tn set) and heartbeats into the
+// inventory.
+func (p *Process) startNode(ctx context.Context, ln net.Listener, lim *limiter.ConnectionLimiter, id *auth.Identity, ap accessPoint, tn *tunnelNode) error {
+	node := services.Node{
 		UUID:     p.hostUUID,
 		Hostname: p.cfg.NodeName,
-		Addr:     advertisedAddr(ln.Addr()),
 		Labels:   p.cfg.Labels,
 		Cluster:  p.clusterName,
 		Version:  version.Version,
-	}}
+	}
+	if ln != nil {
+		node.Addr = advertisedAddr(ln.Addr())
+	} else {
+		// Asked for by the node and granted by auth only with no
+		// address: reachable over its tunnel alone.
+		node.Tunnel = true
+	}
+	rec := &nodeRecord{node: node}
 	if err := p.checkNodeRecord(rec.node); err != nil {
 		return trace.Wrap(err)
 	}
-	server, err := srv.New(srv.Config{
+	scfg := srv.Config{
 		ClusterName: p.clusterName,
 		HostSigners: []ssh.Signer{id.SSHSigner},
 		AccessPoint: p.sshAccess,
@@ -137,15 +160,26 @@ func (p *Process) startNode(ctx context.Context, ln net.Listener, lim *limiter.C
 		Clock:       p.clock,
 		Logger:      p.log.WithField("component", "node"),
 		IdleTimeout: p.cfg.Limits.IdleTimeout,
-		Limiter:     lim,
 		Audit:       p.audit,
 		Locks:       p.locks,
-	})
+	}
+	// Behind NAT there is no listener and so no listener's limiter: the
+	// proxy's caps apply to every connection before it reaches the
+	// tunnel. (A nil *ConnectionLimiter must not become a non-nil
+	// interface.)
+	if lim != nil {
+		scfg.Limiter = lim
+	}
+	server, err := srv.New(scfg)
 	if err != nil {
 		return trace.Wrap(err)
 	}
 	p.nodeServer = server
-	p.goServe("node SSH", func() error { return ignoreClosed(server.Serve(ln)) })
+	if ln != nil {
+		p.goServe("node SSH", func() error { return ignoreClosed(server.Serve(ln)) })
+	} else {
+		tn.server.Store(server)
+	}
 	p.onShutdown(server.Shutdown)
 
 	hb, err := auth.NewHeartbeat(auth.HeartbeatConfig{
@@ -160,7 +194,11 @@ func (p *Process) startNode(ctx context.Context, ln net.Listener, lim *limiter.C
 	p.heartbeat = hb
 	p.goServe("heartbeat", hb.Run)
 	p.onShutdown(func(context.Context) error { return hb.Close() })
-	p.log.WithField("addr", ln.Addr().String()).Info("Node SSH server is serving.")
+	if ln != nil {
+		p.log.WithField("addr", ln.Addr().String()).Info("Node SSH server is serving.")
+	} else {
+		p.log.Info("Node SSH server is serving over its reverse tunnel (no listening port).")
+	}
 	return nil
 }
 

@@ -30,6 +30,7 @@ import (
 	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/proxy"
+	"github.com/postern-dev/postern/lib/reversetunnel"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/srv"
 	"github.com/postern-dev/postern/lib/utils"
@@ -83,11 +84,15 @@ type Process struct {
 	// audit is the audit log every server writes to.
 	audit *events.Log
 
-	nodeServer  *srv.Server
-	heartbeat   *auth.Heartbeat
-	proxySSH    *srv.Server
-	nodeWatcher *services.NodeWatcher
-	router      *proxy.Router
+	nodeServer *srv.Server
+	heartbeat  *auth.Heartbeat
+	// tunnelAgent is a node behind NAT's agent; tunnelServer the proxy's
+	// tunnel port. Nil when not running.
+	tunnelAgent  *reversetunnel.Agent
+	tunnelServer *reversetunnel.Server
+	proxySSH     *srv.Server
+	nodeWatcher  *services.NodeWatcher
+	router       *proxy.Router
 	// locks is the lock set every server here enforces (locks.go).
 	locks *services.LockWatcher
 	// sshAccess is what the SSH servers check certificates and roles

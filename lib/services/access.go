@@ -23,6 +23,11 @@ const (
 	CertExtensionTraits = "postern-traits@postern.dev"
 	// CertExtensionCluster is the cluster that issued the certificate.
 	CertExtensionCluster = "postern-cluster@postern.dev"
+	// CertExtensionHostRole is a host certificate's role ("node",
+	// "proxy"): the tunnel port admits only nodes, and a node trusts only
+	// proxies at the other end of its tunnel. A host certificate without
+	// it (issued before reverse tunnels) is refused there.
+	CertExtensionHostRole = "postern-host-role@postern.dev"
 )
 
 // loginsTemplate is the only template roles support today.

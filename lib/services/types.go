@@ -48,6 +48,9 @@ type Node struct {
 	LastHeartbeat time.Time `json:"last_heartbeat"`
 	// Version is the postern version the node runs.
 	Version string `json:"version,omitempty"`
+	// Tunnel marks a node reachable only over a reverse tunnel (behind
+	// NAT): it has no Addr and the proxy never dials it directly.
+	Tunnel bool `json:"tunnel,omitempty"`
 }
 
 // User is a Postern user.
@@ -165,7 +168,28 @@ type ClusterNetworkingConfigSpec struct {
 	// SSHDialTimeout bounds the proxy's dial to a node; zero means
 	// DefaultSSHDialTimeout.
 	SSHDialTimeout Duration `json:"ssh_dial_timeout,omitempty"`
+	// TunnelFindTimeout is how long a dial to a tunnel node waits for its
+	// tunnel to reach this proxy (a node reconnecting after a proxy
+	// restart); zero means DefaultTunnelFindTimeout.
+	TunnelFindTimeout Duration `json:"tunnel_find_timeout,omitempty"`
+	// KeepAliveInterval and KeepAliveCountMax time the tunnels'
+	// keep-alives; zero means DefaultTunnelKeepAliveInterval and
+	// DefaultTunnelKeepAliveCountMax.
+	KeepAliveInterval Duration `json:"keep_alive_interval,omitempty"`
+	KeepAliveCountMax int      `json:"keep_alive_count_max,omitempty"`
 }
+
+// Tunnel defaults (SPEC.md "Reverse tunnels"). 5s to find a tunnel covers
+// an agent's first reconnect attempts after a proxy restart (backoff
+// 250ms, 500ms, 1s, 2s) without holding a user's dial for long; 5s x 3
+// keep-alives find a half-open tunnel within ~15s.
+const (
+	DefaultTunnelFindTimeout       = 5 * time.Second
+	DefaultTunnelKeepAliveInterval = 5 * time.Second
+	DefaultTunnelKeepAliveCountMax = 3
+	// MaxTunnelFindTimeout bounds how long a user's dial may hang.
+	MaxTunnelFindTimeout = 5 * time.Minute
+)
 
 // DefaultSSHDialTimeout is long enough for a node across a WAN, short
 // enough that a dead node fails a user's connection before they give up.

@@ -114,7 +114,13 @@ func (n *Node) CheckAndSetDefaults() error {
 	if err := checkText("node hostname", n.Hostname, maxNameLen); err != nil {
 		return trace.BadParameter("node %q: %v", n.UUID, err)
 	}
-	if _, _, err := SplitAddr(n.Addr); err != nil {
+	if n.Tunnel {
+		// A tunnel node is reached only over its tunnel: an address on it
+		// would be one the proxy must never dial.
+		if n.Addr != "" {
+			return trace.BadParameter("node %q: a tunnel node has no addr, got %q", n.UUID, n.Addr)
+		}
+	} else if _, _, err := SplitAddr(n.Addr); err != nil {
 		return trace.BadParameter("node %q: addr: %v", n.UUID, err)
 	}
 	if err := CheckNodeLabels(n.Labels); err != nil {
@@ -443,6 +449,24 @@ func (c *ClusterNetworkingConfig) CheckAndSetDefaults() error {
 	}
 	if c.Spec.SSHDialTimeout == 0 {
 		c.Spec.SSHDialTimeout = Duration(DefaultSSHDialTimeout)
+	}
+	switch {
+	case c.Spec.TunnelFindTimeout < 0 || c.Spec.TunnelFindTimeout.Value() > MaxTunnelFindTimeout:
+		return trace.BadParameter("cluster networking config: spec.tunnel_find_timeout must be between 0 and %v, got %v", MaxTunnelFindTimeout, c.Spec.TunnelFindTimeout.Value())
+	case c.Spec.TunnelFindTimeout == 0:
+		c.Spec.TunnelFindTimeout = Duration(DefaultTunnelFindTimeout)
+	}
+	switch {
+	case c.Spec.KeepAliveInterval < 0:
+		return trace.BadParameter("cluster networking config: spec.keep_alive_interval must not be negative, got %v", c.Spec.KeepAliveInterval.Value())
+	case c.Spec.KeepAliveInterval == 0:
+		c.Spec.KeepAliveInterval = Duration(DefaultTunnelKeepAliveInterval)
+	}
+	switch {
+	case c.Spec.KeepAliveCountMax < 0:
+		return trace.BadParameter("cluster networking config: spec.keep_alive_count_max must not be negative, got %d", c.Spec.KeepAliveCountMax)
+	case c.Spec.KeepAliveCountMax == 0:
+		c.Spec.KeepAliveCountMax = DefaultTunnelKeepAliveCountMax
 	}
 	return nil
 }

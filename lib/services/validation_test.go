@@ -76,6 +76,9 @@ func TestNetworkingCheckAndSetDefaults(t *testing.T) {
 	require.Equal(t, NetworkingConfigName, c.Metadata.Name)
 	require.Equal(t, RoutingUnambiguousMatch, c.Spec.RoutingStrategy)
 	require.Equal(t, DefaultSSHDialTimeout, c.Spec.SSHDialTimeout.Value())
+	require.Equal(t, DefaultTunnelFindTimeout, c.Spec.TunnelFindTimeout.Value())
+	require.Equal(t, DefaultTunnelKeepAliveInterval, c.Spec.KeepAliveInterval.Value())
+	require.Equal(t, DefaultTunnelKeepAliveCountMax, c.Spec.KeepAliveCountMax)
 
 	c = &ClusterNetworkingConfig{Spec: ClusterNetworkingConfigSpec{RoutingStrategy: RoutingMostRecent, SSHDialTimeout: Duration(time.Second)}}
 	require.NoError(t, c.CheckAndSetDefaults())
@@ -84,6 +87,10 @@ func TestNetworkingCheckAndSetDefaults(t *testing.T) {
 	for _, bad := range []*ClusterNetworkingConfig{
 		{Spec: ClusterNetworkingConfigSpec{RoutingStrategy: "first"}},
 		{Spec: ClusterNetworkingConfigSpec{SSHDialTimeout: Duration(-1)}},
+		{Spec: ClusterNetworkingConfigSpec{TunnelFindTimeout: Duration(-1)}},
+		{Spec: ClusterNetworkingConfigSpec{TunnelFindTimeout: Duration(time.Hour)}},
+		{Spec: ClusterNetworkingConfigSpec{KeepAliveInterval: Duration(-1)}},
+		{Spec: ClusterNetworkingConfigSpec{KeepAliveCountMax: -1}},
 		{Kind: "role"},
 		{Metadata: Metadata{Name: "other"}},
 	} {
@@ -95,6 +102,7 @@ func TestNodeUserTokenCAValidation(t *testing.T) {
 	n := &Node{UUID: "u1", Addr: "[::1]:3022", Cluster: "c1"}
 	require.NoError(t, n.CheckAndSetDefaults())
 	require.Equal(t, "u1", n.Hostname, "hostname defaults to the uuid")
+	require.NoError(t, (&Node{UUID: "u2", Cluster: "c1", Tunnel: true}).CheckAndSetDefaults(), "a tunnel node has no addr")
 	for _, bad := range []Node{
 		{UUID: "", Addr: "h:1", Cluster: "c"},
 		{UUID: "u", Addr: "h:1", Cluster: ""},
@@ -103,6 +111,8 @@ func TestNodeUserTokenCAValidation(t *testing.T) {
 		{UUID: "u", Addr: ":22", Cluster: "c"},
 		{UUID: "u", Addr: "h:1", Cluster: "c", Hostname: "a b"},
 		{UUID: "u", Addr: "h:1", Cluster: "c", Labels: map[string]string{"": "x"}},
+		{UUID: "u", Addr: "", Cluster: "c"},
+		{UUID: "u", Addr: "h:1", Cluster: "c", Tunnel: true},
 	} {
 		require.True(t, trace.IsBadParameter(bad.CheckAndSetDefaults()), "%+v", bad)
 	}

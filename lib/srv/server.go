@@ -118,6 +118,25 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 }
 
+// HandleConn serves one connection that came from no listener of this
+// server: a client connection carried over a reverse tunnel, which the
+// node serves in-process (no TCP hop). It runs the same handshake,
+// authentication and session path as an accepted connection, is counted
+// in Shutdown's wait and closed by Close, and returns when the connection
+// ends. After Shutdown or Close it closes nc at once.
+func (s *Server) HandleConn(nc net.Conn) {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		_ = nc.Close()
+		return
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	defer s.wg.Done()
+	s.handleConn(nc)
+}
+
 // Shutdown stops accepting, lets open connections finish, and when ctx is
 // done first closes them and returns ctx's error.
 func (s *Server) Shutdown(ctx context.Context) error {

@@ -39,6 +39,12 @@ type Config struct {
 	// WebSessions enables browser sessions, GET /webapi/nodes and the
 	// terminal websocket (routes.go); the zero value disables them.
 	WebSessions WebSessionsConfig
+	// JoinRelay, when set, dials the auth API for hosts that join
+	// through this proxy (joinrelay.go); nil means no relay.
+	JoinRelay func(ctx context.Context) (net.Conn, error)
+	// TunnelAddr is the proxy's reverse tunnel address reported by
+	// /webapi/ping; empty when it takes no tunnels.
+	TunnelAddr string
 	// Clock; nil means the real clock.
 	Clock clockwork.Clock
 	// Logger; nil means component=web.
@@ -71,6 +77,8 @@ type Server struct {
 	srv *http.Server
 	// web is the browser sessions' and terminals' state (routes.go).
 	web *webState
+	// joinRelay relays joins to auth (joinrelay.go); nil without one.
+	joinRelay *joinRelay
 }
 
 // Timeouts of the HTTP server: a peer that trickles headers or never reads
@@ -89,6 +97,10 @@ func NewServer(cfg Config) (*Server, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /webapi/ping", s.ping)
 	mux.HandleFunc("POST /webapi/ssh/certs", s.sshCerts)
+	if cfg.JoinRelay != nil {
+		s.joinRelay = newJoinRelay(cfg.JoinRelay)
+	}
+	mux.HandleFunc("GET "+JoinRelayPath, s.serveJoinRelay)
 	if err := s.registerWebRoutes(mux); err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -113,6 +125,7 @@ func (s *Server) ping(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, webapi.PingResponse{
 		ClusterName:   s.cfg.ClusterName,
 		ProxySSHAddr:  s.cfg.ProxySSHAddr,
+		TunnelAddr:    s.cfg.TunnelAddr,
 		SecondFactor:  secondFactor,
 		ServerVersion: version.Version,
 	})
@@ -144,7 +157,7 @@ func (s *Server) Serve(ln net.Listener) error {
 func (s *Server) Shutdown(ctx context.Context) error {
 	err := s.srv.Shutdown(ctx)
 	// Terminals are hijacked websockets that srv.Shutdown does not wait for.
-	return trace.NewAggregate(err, s.web.shutdown(ctx))
+	return trace.NewAggregate(err, s.web.shutdown(ctx), s.joinRelay.shutdown(ctx))
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

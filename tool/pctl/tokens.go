@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
@@ -47,5 +48,19 @@ func (c *cli) tokensAdd(ctx context.Context, typ string, ttl time.Duration) erro
 	fmt.Fprintf(c.stdout, "Run this on the new %s (replace the auth address if it is not reachable as shown):\n\n", typ)
 	fmt.Fprintf(c.stdout, "postern start --roles %s --auth-server %s --token %s --ca-pin %s\n",
 		typ, c.addr, tok.Name, pin)
+	if typ == services.TokenTypeNode {
+		// The proxy's web address is not known here: the auth host's
+		// name on the default web port is the usual all-in-one answer.
+		web := net.JoinHostPort(hostOf(c.addr), "3080")
+		fmt.Fprintf(c.stdout, "\nOr, on a node that can reach only the proxy (behind NAT; replace the proxy's web address if needed):\n\n")
+		fmt.Fprintf(c.stdout, "postern start --roles node --proxy-server %s --token %s --ca-pin %s\n", web, tok.Name, pin)
+	}
 	return nil
+}
+
+func hostOf(hostport string) string {
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		return h
+	}
+	return hostport
 }

@@ -36,8 +36,8 @@ func main() {
 // overrides the config file.
 type startFlags struct {
 	configFile, dataDir, roles, clusterName, nodeName, labels string
-	authServer, token, caPin                                  string
-	nodeAddr, sshAddr, webAddr, authAddr, diagAddr            string
+	authServer, proxyServer, token, caPin                     string
+	nodeAddr, sshAddr, webAddr, authAddr, diagAddr, tunAddr   string
 	webTerminalGrace                                          time.Duration
 	webCert, webKey, backendType, etcdEndpoints, logFormat    string
 	debug                                                     bool
@@ -58,11 +58,13 @@ func run(args []string) error {
 	start.Flag("nodename", "This node's hostname in the inventory (default: the OS hostname).").StringVar(&f.nodeName)
 	start.Flag("labels", "Node labels: k=v,k2=v2.").StringVar(&f.labels)
 	start.Flag("auth-server", "Auth server HOST:PORT to join (roles without auth).").StringVar(&f.authServer)
+	start.Flag("proxy-server", "Proxy web HOST:PORT to join and tunnel through (a node behind NAT: no listening port).").StringVar(&f.proxyServer)
 	start.Flag("token", "Join token from `pctl tokens add`.").StringVar(&f.token)
 	start.Flag("ca-pin", "Pin of the cluster's TLS CA: sha256:HEX.").StringVar(&f.caPin)
 	start.Flag("node-addr", "Node SSH listen address (default "+config.DefaultNodeAddr+").").StringVar(&f.nodeAddr)
 	start.Flag("ssh-addr", "Proxy SSH listen address (default "+config.DefaultSSHAddr+").").StringVar(&f.sshAddr)
 	start.Flag("web-addr", "Proxy HTTPS listen address (default "+config.DefaultWebAddr+").").StringVar(&f.webAddr)
+	start.Flag("tunnel-addr", "Proxy reverse tunnel listen address (default "+config.DefaultTunnelAddr+").").StringVar(&f.tunAddr)
 	start.Flag("auth-addr", "Auth API listen address (default "+config.DefaultAuthAddr+").").StringVar(&f.authAddr)
 	start.Flag("diag-addr", "Diagnostics listen address (default "+config.DefaultDiagAddr+").").StringVar(&f.diagAddr)
 	start.Flag("web-terminal-grace", "How long a web terminal waits for a resume after its browser went away (default 5m; web_terminal_grace: 0 in the config file turns resume off).").DurationVar(&f.webTerminalGrace)
@@ -114,11 +116,13 @@ func (f *startFlags) config(cmd *kingpin.CmdClause) (*config.Config, error) {
 	set(&cfg.ClusterName, f.clusterName)
 	set(&cfg.NodeName, f.nodeName)
 	set(&cfg.AuthServer, f.authServer)
+	set(&cfg.ProxyServer, f.proxyServer)
 	set(&cfg.Token, f.token)
 	set(&cfg.CAPin, f.caPin)
 	set(&cfg.NodeAddr, f.nodeAddr)
 	set(&cfg.SSHAddr, f.sshAddr)
 	set(&cfg.WebAddr, f.webAddr)
+	set(&cfg.TunnelAddr, f.tunAddr)
 	set(&cfg.AuthAddr, f.authAddr)
 	set(&cfg.DiagAddr, f.diagAddr)
 	set(&cfg.WebCert, f.webCert)

@@ -14,8 +14,11 @@ import (
 
 // PingResponse is GET /webapi/ping: what a client learns before logging in.
 type PingResponse struct {
-	ClusterName   string `json:"cluster_name"`
-	ProxySSHAddr  string `json:"proxy_ssh_addr"`
+	ClusterName  string `json:"cluster_name"`
+	ProxySSHAddr string `json:"proxy_ssh_addr"`
+	// TunnelAddr is the proxy's reverse tunnel port (nodes behind NAT
+	// dial it); empty when the proxy takes no tunnels.
+	TunnelAddr    string `json:"tunnel_addr,omitempty"`
 	SecondFactor  string `json:"second_factor"`
 	ServerVersion string `json:"server_version"`
 }

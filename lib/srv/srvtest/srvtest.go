@@ -247,3 +247,40 @@ func AccessRole() *services.Role {
 		},
 	}
 }
+
+// HostCert describes a host certificate for RoleHostSigner.
+type HostCert struct {
+	UUID string
+	// Role goes in services.CertExtensionHostRole ("node", "proxy");
+	// empty leaves the extension out.
+	Role       string
+	Principals []string
+	// ValidBefore; zero means forever.
+	ValidBefore time.Time
+}
+
+// RoleHostSigner makes a host key certified as h describes, with the role
+// extension auth's GenerateHostCert adds.
+func (c *CA) RoleHostSigner(t testing.TB, h HostCert) ssh.Signer {
+	t.Helper()
+	key := NewSigner(t)
+	before := uint64(ssh.CertTimeInfinity)
+	if !h.ValidBefore.IsZero() {
+		before = uint64(h.ValidBefore.Unix())
+	}
+	cert := &ssh.Certificate{
+		Key:             key.PublicKey(),
+		Serial:          1,
+		CertType:        ssh.HostCert,
+		KeyId:           h.UUID,
+		ValidPrincipals: append([]string{h.UUID}, h.Principals...),
+		ValidBefore:     before,
+	}
+	if h.Role != "" {
+		cert.Permissions.Extensions = map[string]string{services.CertExtensionHostRole: h.Role}
+	}
+	require.NoError(t, cert.SignCert(rand.Reader, c.Signer))
+	s, err := ssh.NewCertSigner(cert, key)
+	require.NoError(t, err)
+	return s
+}

@@ -1,0 +1,316 @@
+package reversetunnel
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sirupsen/logrus"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
+)
+
+// Reconnect backoff: the first retry after ~250ms (a proxy restart is
+// usually that quick), doubling to a 10s cap so that a fleet of agents
+// does not hammer a proxy that is down; full jitter over [d/2, d] so that
+// the fleet does not come back in lock step.
+const (
+	initialBackoff = 250 * time.Millisecond
+	maxBackoff     = 10 * time.Second
+)
+
+// ConnHandler serves one client connection that arrived over a tunnel;
+// the node passes its SSH server's HandleConn. It returns when the
+// connection is done.
+type ConnHandler func(nc net.Conn)
+
+// AgentConfig configures an Agent.
+type AgentConfig struct {
+	// ProxyAddr is the proxy's tunnel address (host:port). Required.
+	ProxyAddr string
+	// Signer is the node's host certificate signer. Required.
+	Signer ssh.Signer
+	// HostCAs returns the cluster's host CA keys; the proxy must present a
+	// host certificate of role proxy signed by one, naming ProxyAddr's
+	// host. Required.
+	HostCAs func() []ssh.PublicKey
+	// Handler serves transport channels. Required.
+	Handler ConnHandler
+	// Dial opens the TCP connection; nil means a net.Dialer.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// KeepAliveInterval and KeepAliveCountMax; zero means the defaults.
+	KeepAliveInterval time.Duration
+	KeepAliveCountMax int
+	// Clock times backoff and keep-alives; nil: real.
+	Clock clockwork.Clock
+	// Logger; nil means component "reversetunnel:agent".
+	Logger logrus.FieldLogger
+	// Metrics: where postern_tunnel_reconnects_total is registered; nil:
+	// a private registry.
+	Metrics prometheus.Registerer
+}
+
+// CheckAndSetDefaults validates the config and fills in defaults.
+func (c *AgentConfig) CheckAndSetDefaults() error {
+	switch {
+	case c.ProxyAddr == "":
+		return trace.BadParameter("tunnel agent: missing ProxyAddr")
+	case c.Signer == nil:
+		return trace.BadParameter("tunnel agent: missing Signer")
+	case c.HostCAs == nil:
+		return trace.BadParameter("tunnel agent: missing HostCAs")
+	case c.Handler == nil:
+		return trace.BadParameter("tunnel agent: missing Handler")
+	}
+	if _, _, err := net.SplitHostPort(c.ProxyAddr); err != nil {
+		return trace.BadParameter("tunnel agent: proxy address %q: %v", c.ProxyAddr, err)
+	}
+	if c.Dial == nil {
+		c.Dial = (&net.Dialer{}).DialContext
+	}
+	if c.KeepAliveInterval == 0 {
+		c.KeepAliveInterval = DefaultKeepAliveInterval
+	}
+	if c.KeepAliveCountMax == 0 {
+		c.KeepAliveCountMax = DefaultKeepAliveCountMax
+	}
+	if c.Clock == nil {
+		c.Clock = clockwork.NewRealClock()
+	}
+	if c.Logger == nil {
+		c.Logger = logrus.WithField("component", "reversetunnel:agent")
+	}
+	if c.Metrics == nil {
+		c.Metrics = prometheus.NewRegistry()
+	}
+	return nil
+}
+
+// Agent keeps one tunnel to one proxy, reconnecting with backoff. It owns
+// its run loop and, per connection, the channel handlers; Close stops and
+// waits for all of them.
+type Agent struct {
+	cfg        AgentConfig
+	reconnects prometheus.Counter
+	ctx        context.Context
+	cancel     context.CancelFunc
+	done       chan struct{}
+
+	// mu guards conn, the current tunnel (nil between connections), and
+	// up, closed (and replaced) each time a tunnel comes up.
+	mu   sync.Mutex
+	conn ssh.Conn
+	up   chan struct{}
+}
+
+// NewAgent returns an Agent; call Start.
+func NewAgent(cfg AgentConfig) (*Agent, error) {
+	if err := cfg.CheckAndSetDefaults(); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	c := prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "postern", Name: "tunnel_reconnects_total",
+		Help: "Times a tunnel agent reconnected to a proxy after losing or failing to open its tunnel.",
+	})
+	if err := cfg.Metrics.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			return nil, trace.Wrap(err)
+		}
+		c = are.ExistingCollector.(prometheus.Counter)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Agent{cfg: cfg, reconnects: c, ctx: ctx, cancel: cancel, done: make(chan struct{}), up: make(chan struct{})}, nil
+}
+
+// Start runs the agent until Close.
+func (a *Agent) Start() { go a.run() }
+
+// Close stops the agent, closes its tunnel and waits.
+func (a *Agent) Close() error {
+	a.cancel()
+	a.mu.Lock()
+	if a.conn != nil {
+		_ = a.conn.Close()
+	}
+	a.mu.Unlock()
+	<-a.done
+	return nil
+}
+
+// Done is closed when the agent has stopped.
+func (a *Agent) Done() <-chan struct{} { return a.done }
+
+// DropTunnel closes the current tunnel (if any): the agent reconnects as
+// after any loss. Operators and tests use it; nothing else should.
+func (a *Agent) DropTunnel() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.conn != nil {
+		_ = a.conn.Close()
+	}
+}
+
+func (a *Agent) run() {
+	defer close(a.done)
+	backoff := initialBackoff
+	for first := true; ; first = false {
+		if !first {
+			a.reconnects.Inc()
+		}
+		connected, err := a.connectAndServe()
+		if a.ctx.Err() != nil {
+			return
+		}
+		if connected {
+			// A tunnel that lived starts the backoff afresh.
+			backoff = initialBackoff
+		}
+		wait := backoff/2 + rand.N(backoff/2+1)
+		a.cfg.Logger.WithError(err).WithField("retry_in", wait.String()).Warn("Tunnel to the proxy lost; reconnecting.")
+		select {
+		case <-a.cfg.Clock.After(wait):
+		case <-a.ctx.Done():
+			return
+		}
+		backoff = min(backoff*2, maxBackoff)
+	}
+}
+
+// checkProxy accepts only a proxy's host certificate of this cluster
+// naming the address dialed: a node's certificate (another node
+// pretending to be the proxy) is refused.
+func (a *Agent) checkProxy(addr string, _ net.Addr, key ssh.PublicKey) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	if err := authz.CheckHostCert(a.cfg.HostCAs(), host, key, a.cfg.Clock); err != nil {
+		return trace.Wrap(err)
+	}
+	if role := key.(*ssh.Certificate).Extensions[services.CertExtensionHostRole]; role != RoleProxy {
+		return trace.AccessDenied("the tunnel server's host certificate has role %q, not %q", role, RoleProxy)
+	}
+	return nil
+}
+
+func (a *Agent) connectAndServe() (connected bool, err error) {
+	dctx, cancel := context.WithTimeout(a.ctx, DefaultHandshakeTimeout)
+	defer cancel()
+	nc, err := a.cfg.Dial(dctx, "tcp", a.cfg.ProxyAddr)
+	if err != nil {
+		return false, trace.ConnectionProblem(err, "dialing the proxy's tunnel port %s: %v", a.cfg.ProxyAddr, err)
+	}
+	_ = nc.SetDeadline(time.Now().Add(DefaultHandshakeTimeout))
+	sconn, chans, reqs, err := ssh.NewClientConn(nc, a.cfg.ProxyAddr, &ssh.ClientConfig{
+		User:            "tunnel",
+		Auth:            []ssh.AuthMethod{ssh.PublicKeys(a.cfg.Signer)},
+		HostKeyCallback: a.checkProxy,
+		ClientVersion:   "SSH-2.0-postern-tunnel-agent",
+	})
+	if err != nil {
+		_ = nc.Close()
+		return false, trace.ConnectionProblem(err, "tunnel handshake with %s: %v", a.cfg.ProxyAddr, err)
+	}
+	_ = nc.SetDeadline(time.Time{})
+	a.mu.Lock()
+	if a.ctx.Err() != nil {
+		a.mu.Unlock()
+		_ = sconn.Close()
+		return false, trace.Wrap(a.ctx.Err())
+	}
+	a.conn = sconn
+	close(a.up)
+	a.up = make(chan struct{})
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.conn = nil
+		a.mu.Unlock()
+	}()
+	a.cfg.Logger.WithField("proxy", a.cfg.ProxyAddr).Info("Tunnel to the proxy is up.")
+	ka := utils.StartSSHKeepAlive(sconn, "proxy "+a.cfg.ProxyAddr, utils.SSHKeepAliveConfig{
+		Interval: a.cfg.KeepAliveInterval, CountMax: a.cfg.KeepAliveCountMax, Clock: a.cfg.Clock,
+	})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		ssh.DiscardRequests(reqs)
+	}()
+	for nch := range chans {
+		if nch.ChannelType() != ChannelTransport {
+			_ = nch.Reject(ssh.UnknownChannelType, "unknown channel type")
+			continue
+		}
+		req, ok := parseTransportRequest(nch.ExtraData())
+		if !ok {
+			_ = nch.Reject(ssh.ConnectionFailed, "malformed transport request")
+			continue
+		}
+		ch, creqs, err := nch.Accept()
+		if err != nil {
+			continue
+		}
+		go ssh.DiscardRequests(creqs)
+		remote := req.Source
+		if remote == "" {
+			remote = "tunnel"
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.cfg.Handler(newChannelConn(ch, req.Destination, remote))
+		}()
+	}
+	ka.Close()
+	_ = sconn.Close()
+	wg.Wait()
+	return true, trace.Wrap(errors.Join(ka.Err(), sconn.Wait()))
+}
+
+// DialAuth opens a connection to the auth API through the current tunnel
+// (ChannelAuth): a node behind NAT gives it to its auth client as Dial.
+// ConnectionProblem while no tunnel is up.
+func (a *Agent) DialAuth(ctx context.Context, _, _ string) (net.Conn, error) {
+	a.mu.Lock()
+	conn := a.conn
+	a.mu.Unlock()
+	if conn == nil {
+		return nil, trace.ConnectionProblem(nil, "no tunnel to the proxy %s yet", a.cfg.ProxyAddr)
+	}
+	ch, reqs, err := conn.OpenChannel(ChannelAuth, nil)
+	if err != nil {
+		return nil, trace.ConnectionProblem(err, "opening an auth channel through the tunnel to %s: %v", a.cfg.ProxyAddr, err)
+	}
+	go ssh.DiscardRequests(reqs)
+	return newChannelConn(ch, "node", "auth-via-"+a.cfg.ProxyAddr), nil
+}
+
+// WaitConnected blocks until a tunnel is up or ctx ends.
+func (a *Agent) WaitConnected(ctx context.Context) error {
+	for {
+		a.mu.Lock()
+		conn, up := a.conn, a.up
+		a.mu.Unlock()
+		if conn != nil {
+			return nil
+		}
+		select {
+		case <-up:
+		case <-ctx.Done():
+			return trace.ConnectionProblem(ctx.Err(), "no tunnel to the proxy %s: %v", a.cfg.ProxyAddr, context.Cause(ctx))
+		case <-a.done:
+			return trace.ConnectionProblem(nil, "the tunnel agent stopped")
+		}
+	}
+}

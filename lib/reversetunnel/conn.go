@@ -1,0 +1,107 @@
+package reversetunnel
+
+import (
+	"encoding/json"
+	"net"
+	"sync"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+)
+
+// Channel types on a tunnel. The proxy opens them; the agent serves them.
+const (
+	// ChannelTransport carries one client connection to the node's own SSH
+	// server; its extra data is a TransportRequest.
+	ChannelTransport = "postern-transport@postern.dev"
+	// ChannelAuth is opened by the node: the proxy splices it, byte for
+	// byte, to the auth API, so that a node behind NAT heartbeats and
+	// calls auth through its tunnel. The node's mutual TLS runs inside:
+	// auth sees the node's own client certificate, and the proxy reads
+	// nothing.
+	ChannelAuth = "postern-auth@postern.dev"
+)
+
+// TransportRequest is the extra data of a ChannelTransport open: who the
+// client is and what it asked for, for the node's audit log. It is the
+// proxy's word, which the node trusts no more than the proxy itself.
+type TransportRequest struct {
+	// Source is the client's address as the proxy saw it.
+	Source string `json:"src,omitempty"`
+	// Destination is the target the client asked for ("host:port").
+	Destination string `json:"dst,omitempty"`
+}
+
+// maxTransportRequest bounds the extra data a node parses.
+const maxTransportRequest = 4096
+
+func parseTransportRequest(b []byte) (TransportRequest, bool) {
+	var r TransportRequest
+	if len(b) == 0 {
+		return r, true
+	}
+	if len(b) > maxTransportRequest || json.Unmarshal(b, &r) != nil {
+		return TransportRequest{}, false
+	}
+	return r, true
+}
+
+// chanAddr is a net.Addr for a tunnel channel's ends.
+type chanAddr string
+
+func (a chanAddr) Network() string { return "tunnel" }
+func (a chanAddr) String() string  { return string(a) }
+
+// channelConn makes an SSH channel a net.Conn, so that the node's SSH
+// server and the proxy's splice treat a tunnel channel like a socket.
+//
+// Deadlines: an ssh.Channel has none, and the node's server bounds its
+// handshake with SetDeadline. A deadline here closes the channel when it
+// passes: coarser than a socket's (the conn is unusable afterwards), but
+// every caller in Postern treats a deadline that fires as the end of the
+// connection anyway (handshake timeout, banner check).
+type channelConn struct {
+	ssh.Channel
+	local, remote net.Addr
+
+	// mu guards timer.
+	mu    sync.Mutex
+	timer *time.Timer
+}
+
+func newChannelConn(ch ssh.Channel, local, remote string) *channelConn {
+	return &channelConn{Channel: ch, local: chanAddr(local), remote: chanAddr(remote)}
+}
+
+func (c *channelConn) LocalAddr() net.Addr  { return c.local }
+func (c *channelConn) RemoteAddr() net.Addr { return c.remote }
+
+func (c *channelConn) Close() error {
+	c.mu.Lock()
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	c.mu.Unlock()
+	return c.Channel.Close()
+}
+
+// SetDeadline arms (or, with the zero time, disarms) the close. Real
+// time on purpose, like a socket deadline: a fake clock cannot interrupt
+// a blocked read.
+func (c *channelConn) SetDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
+	}
+	if !t.IsZero() {
+		c.timer = time.AfterFunc(time.Until(t), func() { _ = c.Channel.Close() })
+	}
+	return nil
+}
+
+func (c *channelConn) SetReadDeadline(t time.Time) error  { return c.SetDeadline(t) }
+func (c *channelConn) SetWriteDeadline(t time.Time) error { return c.SetDeadline(t) }
+
+var _ net.Conn = (*channelConn)(nil)

@@ -1,0 +1,430 @@
+// Package reversetunnel lets nodes that cannot accept connections (behind
+// NAT, in private subnets) be reached: the node's Agent dials the proxy's
+// tunnel port (3024) with its host certificate and keeps the SSH
+// connection open; the proxy's Server registers it under the UUID in that
+// certificate, and the Router opens a ChannelTransport on it for every
+// client connection to the node, which the node serves with its own SSH
+// server in-process.
+//
+// Trust: the tunnel port admits only host certificates of this cluster's
+// host CA whose role is node; the UUID is the certificate's KeyId and
+// nothing the node sends later can change it. The agent admits only a
+// proxy's host certificate of the same CA. Keep-alives run on both ends
+// (keepalive@openssh.com every KeepAliveInterval, KeepAliveCountMax
+// missed = dead) so that a half-open tunnel is dropped within ~15s.
+//
+// Goroutines: Server owns one handler per connection (tracked in a map and
+// a WaitGroup) and each handler owns its keep-alive; Close closes the
+// listeners and every tunnel and waits for all of them.
+package reversetunnel
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sirupsen/logrus"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
+)
+
+// Defaults (SPEC.md "Reverse tunnels"). 5s x 3: a half-open tunnel is
+// found within ~15s, where Teleport's defaults take 15 minutes.
+const (
+	DefaultKeepAliveInterval = 5 * time.Second
+	DefaultKeepAliveCountMax = 3
+	// DefaultHandshakeTimeout bounds a tunnel's SSH handshake: a
+	// connection that does not finish it is not a node.
+	DefaultHandshakeTimeout = 10 * time.Second
+)
+
+// RoleNode is the host role the tunnel port admits.
+const RoleNode = "node"
+
+// RoleProxy is the host role an agent accepts at the other end.
+const RoleProxy = "proxy"
+
+// ErrServerClosed is returned by Serve after Close.
+var ErrServerClosed = errors.New("reversetunnel: server closed")
+
+// ServerConfig configures a Server.
+type ServerConfig struct {
+	// HostSigner is the proxy's host certificate signer. Required.
+	HostSigner ssh.Signer
+	// HostCAs returns this cluster's host CA keys, read on every
+	// handshake so a rotated CA applies at once. Required.
+	HostCAs func() []ssh.PublicKey
+	// KeepAliveInterval and KeepAliveCountMax: zero means the defaults.
+	KeepAliveInterval time.Duration
+	KeepAliveCountMax int
+	// HandshakeTimeout: zero means DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+	// Audit receives refusals (events.AccessDenied, kind "tunnel"); nil
+	// discards them.
+	Audit events.Emitter
+	// Clock checks certificates and times keep-alives; nil: real.
+	Clock clockwork.Clock
+	// Logger; nil means component "reversetunnel:server".
+	Logger logrus.FieldLogger
+	// Metrics: where postern_tunnels is registered; nil: a private
+	// registry.
+	Metrics prometheus.Registerer
+	// DialAuth connects to the auth API for a node's ChannelAuth; nil
+	// refuses such channels (the node must reach auth by itself).
+	DialAuth func(ctx context.Context) (net.Conn, error)
+}
+
+// CheckAndSetDefaults validates the config and fills in defaults.
+func (c *ServerConfig) CheckAndSetDefaults() error {
+	if c.HostSigner == nil {
+		return trace.BadParameter("reversetunnel: missing HostSigner")
+	}
+	if c.HostCAs == nil {
+		return trace.BadParameter("reversetunnel: missing HostCAs")
+	}
+	if c.KeepAliveInterval == 0 {
+		c.KeepAliveInterval = DefaultKeepAliveInterval
+	}
+	if c.KeepAliveCountMax == 0 {
+		c.KeepAliveCountMax = DefaultKeepAliveCountMax
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if c.Audit == nil {
+		c.Audit = events.Discard
+	}
+	if c.Clock == nil {
+		c.Clock = clockwork.NewRealClock()
+	}
+	if c.Logger == nil {
+		c.Logger = logrus.WithField("component", "reversetunnel:server")
+	}
+	if c.Metrics == nil {
+		c.Metrics = prometheus.NewRegistry()
+	}
+	return nil
+}
+
+// tunnel is one registered agent connection.
+type tunnel struct {
+	uuid  string
+	sconn *ssh.ServerConn
+	ka    *utils.SSHKeepAlive
+}
+
+// Server is the proxy's tunnel port.
+type Server struct {
+	cfg     ServerConfig
+	sshCfg  *ssh.ServerConfig
+	tunnels prometheus.Gauge
+
+	// mu guards listeners, byUUID, waiters and closing.
+	mu        sync.Mutex
+	listeners map[net.Listener]struct{}
+	// byUUID holds each node's tunnels, newest first.
+	byUUID map[string][]*tunnel
+	// waiters[uuid] is closed (and removed) when a tunnel for uuid
+	// registers: a dial waiting for a node blocks on it.
+	waiters map[string]chan struct{}
+	closing bool
+	wg      sync.WaitGroup
+}
+
+// NewServer returns a Server; call Serve.
+func NewServer(cfg ServerConfig) (*Server, error) {
+	if err := cfg.CheckAndSetDefaults(); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: "postern", Name: "tunnels",
+		Help: "Reverse tunnels from nodes connected to this proxy.",
+	})
+	if err := cfg.Metrics.Register(g); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			return nil, trace.Wrap(err)
+		}
+		g = are.ExistingCollector.(prometheus.Gauge)
+	}
+	s := &Server{
+		cfg:       cfg,
+		tunnels:   g,
+		listeners: map[net.Listener]struct{}{},
+		byUUID:    map[string][]*tunnel{},
+		waiters:   map[string]chan struct{}{},
+	}
+	s.sshCfg = &ssh.ServerConfig{ServerVersion: "SSH-2.0-postern-tunnel"}
+	s.sshCfg.AddHostKey(cfg.HostSigner)
+	return s, nil
+}
+
+// Serve accepts tunnels on ln until Close.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		_ = ln.Close()
+		return ErrServerClosed
+	}
+	s.listeners[ln] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	defer s.wg.Done()
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closing := s.closing
+			s.mu.Unlock()
+			if closing {
+				return ErrServerClosed
+			}
+			return trace.ConnectionProblem(err, "accepting tunnels on %v", ln.Addr())
+		}
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			_ = nc.Close()
+			return ErrServerClosed
+		}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer s.wg.Done()
+			s.handleConn(nc)
+		}()
+	}
+}
+
+// Close closes the listeners and every tunnel and waits for them.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closing = true
+	for ln := range s.listeners {
+		_ = ln.Close()
+	}
+	var all []*tunnel
+	for _, ts := range s.byUUID {
+		all = append(all, ts...)
+	}
+	s.mu.Unlock()
+	for _, t := range all {
+		_ = t.sconn.Close()
+	}
+	s.wg.Wait()
+	return nil
+}
+
+const permUUID = "postern-tunnel-uuid"
+
+// checkNodeCert is the tunnel port's admission rule: a host certificate
+// of this cluster's host CA, valid now, with role node. The UUID is the
+// KeyId, which auth sets to the host's UUID and is always a principal.
+func (s *Server) checkNodeCert(key ssh.PublicKey) (string, error) {
+	cert, ok := key.(*ssh.Certificate)
+	if !ok {
+		return "", trace.AccessDenied("a plain %s key, not a host certificate", key.Type())
+	}
+	if cert.CertType != ssh.HostCert {
+		return "", trace.AccessDenied("a user certificate (key id %q), not a host certificate", cert.KeyId)
+	}
+	if err := authz.CheckHostCert(s.cfg.HostCAs(), cert.KeyId, cert, s.cfg.Clock); err != nil {
+		return "", trace.Wrap(err)
+	}
+	if role := cert.Extensions[services.CertExtensionHostRole]; role != RoleNode {
+		return "", trace.AccessDenied("host certificate %q has role %q, only %q may open a tunnel", cert.KeyId, role, RoleNode)
+	}
+	return cert.KeyId, nil
+}
+
+func (s *Server) deny(remote net.Addr, reason string) {
+	s.cfg.Logger.WithFields(logrus.Fields{"remote_addr": remote.String(), "reason": reason}).Warn("Tunnel refused.")
+	s.cfg.Audit.Emit(context.Background(), events.Event{
+		Type: events.AccessDenied,
+		Fields: events.Fields{
+			events.FieldKind: "tunnel", events.FieldRemoteAddr: remote.String(), events.FieldReason: reason,
+		},
+	})
+}
+
+func (s *Server) handleConn(nc net.Conn) {
+	_ = nc.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	// Per connection, so that exactly one refusal is audited whether the
+	// peer failed at the key (the callback knows why) or before it.
+	cfg := *s.sshCfg
+	var refused bool
+	cfg.PublicKeyCallback = func(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permissions, error) {
+		uuid, err := s.checkNodeCert(key)
+		if err != nil {
+			refused = true
+			s.deny(meta.RemoteAddr(), trace.UserMessage(err))
+			return nil, err
+		}
+		return &ssh.Permissions{Extensions: map[string]string{permUUID: uuid}}, nil
+	}
+	// One try: a node offers exactly its host certificate.
+	cfg.MaxAuthTries = 1
+	sconn, chans, reqs, err := ssh.NewServerConn(nc, &cfg)
+	if err != nil {
+		if !refused {
+			s.deny(nc.RemoteAddr(), "tunnel handshake failed: "+err.Error())
+		}
+		_ = nc.Close()
+		return
+	}
+	_ = nc.SetDeadline(time.Time{})
+	t := &tunnel{uuid: sconn.Permissions.Extensions[permUUID], sconn: sconn}
+	log := s.cfg.Logger.WithFields(logrus.Fields{"uuid": t.uuid, "remote_addr": nc.RemoteAddr().String()})
+	// The only channel a node may open is one to the auth API.
+	tunnelCtx, endTunnel := context.WithCancel(context.Background())
+	var chWG sync.WaitGroup
+	defer chWG.Wait()
+	defer endTunnel()
+	chWG.Add(1)
+	go func() {
+		defer chWG.Done()
+		for nch := range chans {
+			if nch.ChannelType() != ChannelAuth || s.cfg.DialAuth == nil {
+				_ = nch.Reject(ssh.Prohibited, "a tunnel carries only transport channels from the proxy and auth channels from the node")
+				continue
+			}
+			chWG.Add(1)
+			go func() {
+				defer chWG.Done()
+				s.spliceAuth(tunnelCtx, t.uuid, nch)
+			}()
+		}
+	}()
+	t.ka = utils.StartSSHKeepAlive(sconn, "tunnel from "+t.uuid, utils.SSHKeepAliveConfig{
+		Interval: s.cfg.KeepAliveInterval, CountMax: s.cfg.KeepAliveCountMax, Clock: s.cfg.Clock,
+	})
+	if !s.register(t) {
+		t.ka.Close()
+		_ = sconn.Close()
+		return
+	}
+	log.Info("Tunnel connected.")
+	// Global requests: keep-alives are answered, everything else refused.
+	ssh.DiscardRequests(reqs)
+	s.unregister(t)
+	t.ka.Close()
+	_ = sconn.Close()
+	log.WithError(t.ka.Err()).Info("Tunnel disconnected.")
+}
+
+func (s *Server) register(t *tunnel) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return false
+	}
+	s.byUUID[t.uuid] = append([]*tunnel{t}, s.byUUID[t.uuid]...)
+	if w, ok := s.waiters[t.uuid]; ok {
+		close(w)
+		delete(s.waiters, t.uuid)
+	}
+	s.tunnels.Inc()
+	return true
+}
+
+func (s *Server) unregister(t *tunnel) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ts := s.byUUID[t.uuid]
+	for i, x := range ts {
+		if x == t {
+			ts = append(ts[:i:i], ts[i+1:]...)
+			s.tunnels.Dec()
+			break
+		}
+	}
+	if len(ts) == 0 {
+		delete(s.byUUID, t.uuid)
+	} else {
+		s.byUUID[t.uuid] = ts
+	}
+}
+
+// HasTunnel reports whether a tunnel from uuid is connected here.
+func (s *Server) HasTunnel(uuid string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.byUUID[uuid]) > 0
+}
+
+// TunnelRegistered returns a channel closed when a tunnel from uuid next
+// registers. Callers check HasTunnel after taking it, so that a tunnel
+// that registered in between is not missed.
+func (s *Server) TunnelRegistered(uuid string) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w, ok := s.waiters[uuid]
+	if !ok {
+		w = make(chan struct{})
+		s.waiters[uuid] = w
+	}
+	return w
+}
+
+// DialTunnel opens a transport channel to node uuid on its newest tunnel,
+// falling back to older ones when a channel open fails (a tunnel whose
+// keep-alive has not yet noticed it is dead). NotFound when no tunnel
+// from uuid is here.
+func (s *Server) DialTunnel(ctx context.Context, uuid, source, destination string) (net.Conn, error) {
+	s.mu.Lock()
+	ts := append([]*tunnel(nil), s.byUUID[uuid]...)
+	s.mu.Unlock()
+	if len(ts) == 0 {
+		return nil, trace.NotFound("no tunnel from node %q on this proxy", uuid)
+	}
+	extra, err := json.Marshal(TransportRequest{Source: source, Destination: destination})
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	var last error
+	for _, t := range ts {
+		if err := ctx.Err(); err != nil {
+			return nil, trace.Wrap(err)
+		}
+		ch, reqs, err := t.sconn.OpenChannel(ChannelTransport, extra)
+		if err != nil {
+			last = err
+			continue
+		}
+		go ssh.DiscardRequests(reqs)
+		return newChannelConn(ch, "proxy", "tunnel:"+uuid), nil
+	}
+	return nil, trace.ConnectionProblem(last, "opening a channel on the tunnel from node %q: %v", uuid, last)
+}
+
+// spliceAuth connects a node's ChannelAuth to the auth API and copies
+// bytes both ways until either side closes.
+func (s *Server) spliceAuth(tunnelCtx context.Context, uuid string, nch ssh.NewChannel) {
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultHandshakeTimeout)
+	ac, err := s.cfg.DialAuth(ctx)
+	cancel()
+	if err != nil {
+		s.cfg.Logger.WithError(err).WithField("uuid", uuid).Warn("Could not reach the auth API for a tunnel node.")
+		_ = nch.Reject(ssh.ConnectionFailed, "the proxy cannot reach the auth API")
+		return
+	}
+	ch, reqs, err := nch.Accept()
+	if err != nil {
+		_ = ac.Close()
+		return
+	}
+	go ssh.DiscardRequests(reqs)
+	// tunnelCtx ends with the tunnel, so that a splice never outlives it.
+	_, _, _ = utils.Splice(tunnelCtx, ch, ac)
+}

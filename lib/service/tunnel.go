@@ -1,0 +1,157 @@
+package service
+
+import (
+	"context"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/gravitational/trace"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/reversetunnel"
+	"github.com/postern-dev/postern/lib/srv"
+	"github.com/postern-dev/postern/lib/web"
+)
+
+// ListenerTunnel is the proxy's reverse tunnel port.
+const ListenerTunnel = "tunnel"
+
+// tunnelStartTimeout bounds how long a node behind NAT waits at start for
+// its first tunnel: everything it does next (the access point, the
+// heartbeat) goes through it.
+const tunnelStartTimeout = 30 * time.Second
+
+// signerCA is the host CA that signed id's own host certificate. A host
+// trusts exactly that CA on the tunnel: its certificate came from the
+// join the CA pin authenticated (or from the local auth server), so a
+// proxy or node of this cluster is one the same CA signed, and a host of
+// another cluster is not.
+func signerCA(id *auth.Identity) func() []ssh.PublicKey {
+	ca := id.SSHCert.SignatureKey
+	return func() []ssh.PublicKey { return []ssh.PublicKey{ca} }
+}
+
+// dialAuthAPI connects to the auth API on behalf of a tunnel node or a
+// joining host: the local auth listener in an all-in-one process, the
+// configured auth server otherwise.
+func (p *Process) dialAuthAPI(ctx context.Context) (net.Conn, error) {
+	addr := p.cfg.AuthServer
+	if a := p.Addr(ListenerAuth); a != nil {
+		addr = dialableAddr(a)
+	}
+	if addr == "" {
+		return nil, trace.NotFound("this proxy knows no auth server")
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	return nc, trace.Wrap(err)
+}
+
+// startTunnelServer serves the proxy's tunnel port with the proxy's host
+// identity.
+func (p *Process) startTunnelServer(id *auth.Identity) (*reversetunnel.Server, string, error) {
+	ln, err := p.listen(ListenerTunnel, p.cfg.TunnelAddr)
+	if err != nil {
+		return nil, "", trace.Wrap(err)
+	}
+	ts, err := reversetunnel.NewServer(reversetunnel.ServerConfig{
+		HostSigner: id.SSHSigner,
+		HostCAs:    signerCA(id),
+		Audit:      p.audit,
+		Clock:      p.clock,
+		Logger:     p.log.WithField("component", "reversetunnel:server"),
+		Metrics:    p.registry,
+		DialAuth:   p.dialAuthAPI,
+	})
+	if err != nil {
+		ln.Close()
+		return nil, "", trace.Wrap(err)
+	}
+	p.goServe("tunnel", func() error {
+		if err := ts.Serve(ln); err != nil && err != reversetunnel.ErrServerClosed {
+			return trace.Wrap(err)
+		}
+		return nil
+	})
+	p.onShutdown(func(context.Context) error { return ts.Close() })
+	p.log.WithField("addr", ln.Addr().String()).Info("Reverse tunnel server is serving.")
+	return ts, advertisedAddr(ln.Addr()), nil
+}
+
+// tunnelNode is a node behind NAT: its agent, and the node server the
+// agent hands connections to once it exists.
+type tunnelNode struct {
+	agent  *reversetunnel.Agent
+	server atomic.Pointer[srv.Server]
+}
+
+func (t *tunnelNode) handle(nc net.Conn) {
+	s := t.server.Load()
+	if s == nil {
+		// Not serving yet (still starting): the proxy's banner check
+		// fails the dial cleanly.
+		_ = nc.Close()
+		return
+	}
+	s.HandleConn(nc)
+}
+
+// tunnelAddrFor is where the node dials the proxy's tunnel port: the
+// address the proxy announces in /webapi/ping, with an unspecified or
+// loopback host replaced by the host the node was given (--proxy-server),
+// which the proxy's host certificate names.
+func tunnelAddrFor(proxyServer, announced string) (string, error) {
+	host, _, err := net.SplitHostPort(proxyServer)
+	if err != nil {
+		return "", trace.BadParameter("proxy_server %q: %v", proxyServer, err)
+	}
+	if announced == "" {
+		return "", trace.BadParameter("the proxy at %s takes no reverse tunnels", proxyServer)
+	}
+	ah, port, err := net.SplitHostPort(announced)
+	if err != nil {
+		return "", trace.BadParameter("the proxy at %s announced a bad tunnel address %q", proxyServer, announced)
+	}
+	if ip := net.ParseIP(ah); ah == "" || (ip != nil && (ip.IsUnspecified() || ip.IsLoopback())) {
+		ah = host
+	}
+	return net.JoinHostPort(ah, port), nil
+}
+
+// startTunnelAgent connects a node behind NAT to its proxy and waits for
+// the first tunnel.
+func (p *Process) startTunnelAgent(ctx context.Context, id *auth.Identity) (*tunnelNode, error) {
+	pctx, cancel := context.WithTimeout(ctx, tunnelStartTimeout)
+	defer cancel()
+	ping, err := web.PingProxy(pctx, p.cfg.ProxyServer)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	addr, err := tunnelAddrFor(p.cfg.ProxyServer, ping.TunnelAddr)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	tn := &tunnelNode{}
+	agent, err := reversetunnel.NewAgent(reversetunnel.AgentConfig{
+		ProxyAddr: addr,
+		Signer:    id.SSHSigner,
+		HostCAs:   signerCA(id),
+		Handler:   tn.handle,
+		Clock:     p.clock,
+		Logger:    p.log.WithField("component", "reversetunnel:agent"),
+		Metrics:   p.registry,
+	})
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	agent.Start()
+	p.onShutdown(func(context.Context) error { return agent.Close() })
+	tn.agent = agent
+	if err := agent.WaitConnected(pctx); err != nil {
+		return nil, trace.Wrap(err, "no reverse tunnel to the proxy at %s", addr)
+	}
+	p.log.WithField("proxy", addr).Info("Reverse tunnel to the proxy is up.")
+	return tn, nil
+}
