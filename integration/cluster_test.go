@@ -44,7 +44,7 @@ func procConfig(dataDir string, roles ...string) *config.Config {
 }
 
 // startProcess starts a process and stops it at the end of the test.
-func startProcess(t *testing.T, cfg *config.Config) *service.Process {
+func startProcess(t testing.TB, cfg *config.Config) *service.Process {
 	t.Helper()
 	p, err := service.New(cfg, testOptions())
 	require.NoError(t, err)
@@ -58,14 +58,14 @@ func startProcess(t *testing.T, cfg *config.Config) *service.Process {
 	return p
 }
 
-func stopProcess(t *testing.T, p *service.Process) {
+func stopProcess(t testing.TB, p *service.Process) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	require.NoError(t, p.Shutdown(ctx))
 }
 
 // pctl runs the pctl binary; it returns stdout, stderr and the error.
-func pctl(t *testing.T, dataDir, stdin string, args ...string) (string, string, error) {
+func pctl(t testing.TB, dataDir, stdin string, args ...string) (string, string, error) {
 	t.Helper()
 	cmd := exec.Command(bin("pctl"), append([]string{"--data-dir", dataDir}, args...)...)
 	cmd.Stdin = strings.NewReader(stdin)
@@ -75,7 +75,7 @@ func pctl(t *testing.T, dataDir, stdin string, args ...string) (string, string, 
 	return out.String(), errOut.String(), err
 }
 
-func mustPctl(t *testing.T, dataDir, stdin string, args ...string) string {
+func mustPctl(t testing.TB, dataDir, stdin string, args ...string) string {
 	t.Helper()
 	out, errOut, err := pctl(t, dataDir, stdin, args...)
 	require.NoError(t, err, "pctl %v: %s", args, errOut)
@@ -85,7 +85,7 @@ func mustPctl(t *testing.T, dataDir, stdin string, args ...string) string {
 var joinRe = regexp.MustCompile(`--token (\S+) --ca-pin (sha256:[0-9a-f]+)`)
 
 // adminClient opens an auth client with the admin identity of dataDir.
-func adminClient(t *testing.T, dataDir string, p *service.Process) *auth.Client {
+func adminClient(t testing.TB, dataDir string, p *service.Process) *auth.Client {
 	t.Helper()
 	id, err := auth.ReadIdentity(config.AdminIdentityDir(dataDir))
 	require.NoError(t, err)
@@ -95,7 +95,7 @@ func adminClient(t *testing.T, dataDir string, p *service.Process) *auth.Client 
 	return clt
 }
 
-func waitNodes(t *testing.T, clt *auth.Client, want int) []services.Node {
+func waitNodes(t testing.TB, clt *auth.Client, want int) []services.Node {
 	t.Helper()
 	var nodes []services.Node
 	require.Eventually(t, func() bool {

@@ -31,7 +31,7 @@ type allInOne struct {
 	keyPath string
 }
 
-func newAllInOne(t *testing.T) *allInOne {
+func newAllInOne(t testing.TB) *allInOne {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := procConfig(dir, config.RoleAuth, config.RoleProxy, config.RoleNode)

@@ -37,7 +37,7 @@ type pshEnv struct {
 	agentSock string
 }
 
-func newPshEnv(t *testing.T, c *allInOne) *pshEnv {
+func newPshEnv(t testing.TB, c *allInOne) *pshEnv {
 	return &pshEnv{c: c, home: filepath.Join(t.TempDir(), "postern-home")}
 }
 
@@ -79,7 +79,7 @@ func (e *pshEnv) cmd(stdin string, args ...string) *exec.Cmd {
 }
 
 // run returns stdout, stderr and the exit code.
-func (e *pshEnv) run(t *testing.T, stdin string, args ...string) (string, string, int) {
+func (e *pshEnv) run(t testing.TB, stdin string, args ...string) (string, string, int) {
 	t.Helper()
 	cmd := e.cmd(stdin, args...)
 	var out, errOut bytes.Buffer
@@ -94,14 +94,14 @@ func (e *pshEnv) run(t *testing.T, stdin string, args ...string) (string, string
 	return out.String(), errOut.String(), code
 }
 
-func (e *pshEnv) mustRun(t *testing.T, stdin string, args ...string) string {
+func (e *pshEnv) mustRun(t testing.TB, stdin string, args ...string) string {
 	t.Helper()
 	out, errOut, code := e.run(t, stdin, args...)
 	require.Equal(t, 0, code, "psh %v: %s", args, errOut)
 	return out
 }
 
-func (e *pshEnv) login(t *testing.T, user, stdin string) {
+func (e *pshEnv) login(t testing.TB, user, stdin string) {
 	t.Helper()
 	e.mustRun(t, stdin, "login", "--proxy", e.webAddr(), "--user", user, "--cacert", e.caCert())
 }

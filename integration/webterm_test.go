@@ -37,7 +37,7 @@ type webTermClient struct {
 	token  string
 }
 
-func webTermLogin(t *testing.T, c *allInOne) *webTermClient {
+func webTermLogin(t testing.TB, c *allInOne) *webTermClient {
 	t.Helper()
 	caPEM, err := os.ReadFile(filepath.Join(c.dataDir, "web", web.SelfSignedCertFile))
 	require.NoError(t, err)
