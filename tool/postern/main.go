@@ -38,7 +38,8 @@ type startFlags struct {
 	authServer, token, caPin                                  string
 	nodeAddr, sshAddr, webAddr, authAddr, diagAddr            string
 	webCert, webKey, backendType, etcdEndpoints, logFormat    string
-	debug                                                     bool
+	debug, diagPprof                                          bool
+	gcPercent                                                 int
 }
 
 func run(args []string) error {
@@ -63,6 +64,8 @@ func run(args []string) error {
 	start.Flag("web-addr", "Proxy HTTPS listen address (default "+config.DefaultWebAddr+").").StringVar(&f.webAddr)
 	start.Flag("auth-addr", "Auth API listen address (default "+config.DefaultAuthAddr+").").StringVar(&f.authAddr)
 	start.Flag("diag-addr", "Diagnostics listen address (default "+config.DefaultDiagAddr+").").StringVar(&f.diagAddr)
+	start.Flag("diag-pprof", "Serve pprof under /debug/pprof/ on the (loopback) diagnostics address.").BoolVar(&f.diagPprof)
+	start.Flag("gc-percent", fmt.Sprintf("Garbage collector target, as GOGC (default %d, or GOGC when set).", config.DefaultGCPercent)).IntVar(&f.gcPercent)
 	start.Flag("web-cert", "TLS certificate of the web port (PEM).").StringVar(&f.webCert)
 	start.Flag("web-key", "TLS key of the web port (PEM).").StringVar(&f.webKey)
 	start.Flag("backend", "Backend of the auth role: sqlite or etcd.").EnumVar(&f.backendType, "sqlite", "etcd")
@@ -137,6 +140,12 @@ func (f *startFlags) config(cmd *kingpin.CmdClause) (*config.Config, error) {
 	}
 	if f.debug {
 		cfg.Debug = true
+	}
+	if f.diagPprof {
+		cfg.DiagPprof = true
+	}
+	if f.gcPercent != 0 {
+		cfg.GCPercent = f.gcPercent
 	}
 	if err := cfg.CheckAndSetDefaults(); err != nil {
 		if cfg.ConfigFile != "" {
