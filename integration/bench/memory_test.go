@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -162,6 +163,12 @@ func runClientHelper() int {
 			defer wg.Done()
 			defer func() { <-sem }()
 			h, err := dialNode(cr, proxyAddr, nodeAddr, nil)
+			// The listeners admit 20 new connections per second from one
+			// address: at POSTERN_BENCH_IDLE_CONNS=1000 wait and retry.
+			for tries := 0; err != nil && strings.Contains(err.Error(), "too many new connections") && tries < 100; tries++ {
+				time.Sleep(100 * time.Millisecond)
+				h, err = dialNode(cr, proxyAddr, nodeAddr, nil)
+			}
 			if err != nil {
 				errs[i] = err
 				return
