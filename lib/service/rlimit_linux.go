@@ -20,13 +20,16 @@ func raiseFileLimit(log logrus.FieldLogger) {
 		return
 	}
 	before := lim.Cur
-	if lim.Cur < lim.Max {
-		lim.Cur = lim.Max
-		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
-			log.WithError(err).WithFields(logrus.Fields{"soft": before, "hard": lim.Max}).
-				Warn("Cannot raise the file descriptor limit to the hard limit; each session needs a few descriptors, so connections beyond the soft limit will fail. Raise it with ulimit -n or LimitNOFILE=.")
-			return
-		}
+	fields := logrus.Fields{"soft": before, "hard": lim.Max}
+	if lim.Cur >= lim.Max {
+		log.WithFields(fields).Info("File descriptor limit (RLIMIT_NOFILE) is at the hard limit; raise the hard limit (LimitNOFILE= in the systemd unit) to hold more sessions.")
+		return
+	}
+	lim.Cur = lim.Max
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		log.WithError(err).WithFields(fields).
+			Warn("Cannot raise the file descriptor limit to the hard limit; each session needs a few descriptors, so connections beyond the soft limit will fail. Raise it with ulimit -n or LimitNOFILE=.")
+		return
 	}
 	log.WithFields(logrus.Fields{"from": before, "to": lim.Cur, "hard": lim.Max}).
 		Info("File descriptor limit (RLIMIT_NOFILE) raised to the hard limit; raise the hard limit (LimitNOFILE= in the systemd unit) to hold more sessions.")
