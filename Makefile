@@ -13,7 +13,7 @@ FUZZTIME  ?= 10s
 
 BINARIES := postern psh pctl
 
-.PHONY: all build run test test-go test-integration bench fuzz lint clean web e2e
+.PHONY: all build run test test-go test-integration bench bench-report fuzz lint clean web e2e
 
 all: build
 
@@ -46,6 +46,13 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(or $(BENCHTIME),2x) -timeout 30m ./...
 	@if [ "$(BENCH_OPENSSH)" = 1 ]; then BUILD_DIR="$(abspath $(BUILD_DIR))" ./bench/postern-vs-openssh.sh; fi
 	@if [ "$(BENCH_LOAD)" = 1 ]; then BUILD_DIR="$(abspath $(BUILD_DIR))" ./bench/load.sh; fi
+
+# bench-report runs the side-by-side suite (direct, Postern, sshd bastion)
+# REPORT_RUNS times (default 3) and writes docs/performance.md: medians
+# with min-max over runs, ratios within each run, date, machine, commit.
+# Root, free ports 2201-2202, ~10 minutes per run (bench/report.sh).
+bench-report:
+	BUILD_DIR="$(abspath $(BUILD_DIR))" ./bench/report.sh
 
 # fuzz runs every fuzz target for FUZZTIME each.
 fuzz:

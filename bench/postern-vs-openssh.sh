@@ -40,6 +40,7 @@
 #        POSTERN_CONFIG=FILE: a postern.yaml both Postern processes start with
 #          (flags still win; bench/load.sh uses it to lift the connection caps)
 #        PROFILE=1: perf-record the proxy during one Postern upload
+#        LATENCY=0: skip the setup measurement (a.)
 #        KEEP=1: keep the work dir (logs, JSON) instead of removing it
 set -uo pipefail
 
@@ -314,19 +315,27 @@ cpu_seconds() { # before-file during-file -> CPU seconds used in between
 
 throughput() {
 	log "b. throughput: $TP_SIZE of zeros each way, $TP_RUNS runs per arm, arms alternating (MB = 1e6 bytes)"
-	local cfgname cfg dir i arm order cmd v bp cpu sampler p
+	local cfgname cfg dir i arm order cmd v bp cpu sampler p host
 	for cfgname in default aesgcm; do
 		cfg=$CFG
 		[ $cfgname = aesgcm ] && cfg=$CFG_AES
 		for dir in upload download; do
 			for i in $(seq "$TP_RUNS"); do
-				order="sshd postern"
-				[ $((i % 2)) = 0 ] && order="postern sshd"
+				order="sshd postern direct"
+				[ $((i % 2)) = 0 ] && order="direct postern sshd"
 				for arm in $order; do
+					host=via-$arm
+					[ $arm = direct ] && host=direct
 					if [ $dir = upload ]; then
-						cmd="head -c $TP_SIZE /dev/zero | ssh -F $cfg via-$arm 'cat >/dev/null'"
+						cmd="head -c $TP_SIZE /dev/zero | ssh -F $cfg $host 'cat >/dev/null'"
 					else
-						cmd="ssh -F $cfg via-$arm 'head -c $TP_SIZE /dev/zero' >/dev/null"
+						cmd="ssh -F $cfg $host 'head -c $TP_SIZE /dev/zero' >/dev/null"
+					fi
+					if [ $arm = direct ]; then # no hop: the limit, no jump host CPU
+						v=$(tp_once "$cmd")
+						printf '  %-8s %-8s %-8s run %d: %7.1f MB/s\n' "$cfgname" "$dir" "$arm" "$i" "$v"
+						record "tp_${dir}_${cfgname}" "$arm" "$v"
+						continue
 					fi
 					bp=$(bastion_pid "$arm")
 					: >"$W/cpu_during"
@@ -437,7 +446,7 @@ rows = [
     ("jump host CPU s/GB, down, AES-GCM", "cpu_download_aesgcm", "(info)", None),
     ("PSS per idle -J connection, KiB", "mem_kib_per_conn", "<= 0.05", lambda r: r <= 0.05),
 ]
-print(f"{'metric':34} {'sshd':>9} {'postern':>9} {'direct':>9} {'ratio':>7}  target   ok")
+print(f"{'metric':34} {'sshd':>9} {'postern':>9} {'direct':>9} {'ratio':>7}  target   ok  postern/direct")
 for title, key, target, ok in rows:
     if key not in vals:
         continue
@@ -447,7 +456,9 @@ for title, key, target, ok in rows:
     ratio = p / s if s and p is not None else float("nan")
     verdict = "" if ok is None else ("yes" if ok(ratio) else "NO")
     fmt = lambda x: f"{x:9.1f}" if x is not None else f"{'-':>9}"
-    print(f"{title:34} {fmt(s)} {fmt(p)} {fmt(med.get('direct'))} {ratio:7.3f}  {target:8} {verdict}")
+    dr = med.get("direct")
+    pd = f"{p / dr:7.3f}" if dr and p is not None else ""
+    print(f"{title:34} {fmt(s)} {fmt(p)} {fmt(dr)} {ratio:7.3f}  {target:8} {verdict:3} {pd}")
 PY
 }
 
@@ -456,7 +467,7 @@ PY
 
 echo "postern-vs-openssh: $(ssh -V 2>&1); $(date -u '+%F %T UTC'); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
 setup
-latency
+[ "${LATENCY:-1}" = 1 ] && latency
 throughput
 profile
 memory

@@ -43,6 +43,10 @@ func TestDiagnostics(t *testing.T) {
 		require.Equal(t, "ok", ready[k], "readyz %s: %v", k, ready)
 	}
 
+	// pprof is off unless diag_pprof is set (TestDiagPprof).
+	code, _ = get("/debug/pprof/goroutine?debug=1")
+	require.Equal(t, http.StatusNotFound, code)
+
 	code, body = get("/metrics")
 	require.Equal(t, http.StatusOK, code)
 	for _, m := range []string{
@@ -52,6 +56,8 @@ func TestDiagnostics(t *testing.T) {
 		"postern_nodewatcher_healthy 1",
 		`postern_limiter_active{`,
 		`postern_audit_events_total{event="session.start"} 1`,
+		// The Go and process collectors: what a session costs.
+		"go_goroutines ", "go_memstats_heap_inuse_bytes ", "process_resident_memory_bytes ",
 	} {
 		require.Contains(t, body, m)
 	}
@@ -89,4 +95,19 @@ func TestDefaultDiagAddrBusy(t *testing.T) {
 	stopProcess(t, p)
 	require.Error(t, err)
 	require.Contains(t, err.Error(), config.DefaultDiagAddr)
+}
+
+// TestDiagPprof: with diag_pprof the diagnostics port serves pprof, the
+// goroutine dump an operator needs to see where sessions' goroutines sit.
+func TestDiagPprof(t *testing.T) {
+	cfg := procConfig(t.TempDir(), config.RoleAuth)
+	cfg.DiagPprof = true
+	p := startProcess(t, cfg)
+	resp, err := http.Get("http://" + p.Addr(service.ListenerDiag).String() + "/debug/pprof/goroutine?debug=1")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	require.Contains(t, string(body), "goroutine profile: total")
 }

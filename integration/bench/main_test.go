@@ -136,6 +136,10 @@ func startClusterIn(dir string) (*cluster, error) {
 		AuthAddr:    "127.0.0.1:0",
 		DiagAddr:    "127.0.0.1:0",
 		TunnelAddr:  "127.0.0.1:0",
+		// Every benchmark connection is one user from 127.0.0.1: lift the
+		// caps so that POSTERN_BENCH_IDLE_CONNS=1000 measures sessions,
+		// not the limiter.
+		Limits: config.Limits{MaxConnectionsPerIP: -1, MaxConnectionsPerUser: -1, MaxSessionsPerUser: -1, MaxConnections: -1},
 	}}
 	// Warnings only: per-connection Info lines would be a cost of their
 	// own in the numbers, and noise in the output.

@@ -47,6 +47,21 @@ const (
 	// DefaultDiagAddr is loopback only: metrics and health describe the
 	// estate and are nobody else's business unless the operator says so.
 	DefaultDiagAddr = "127.0.0.1:3000"
+	// DefaultGCPercent is the daemon's GOGC. Measured with
+	// bench/postern-vs-openssh.sh (ssh -J, 512 MiB each way, same run):
+	// the proxy's garbage is x/crypto's per-packet buffers, and at Go's
+	// default of 100 the collector is a fifth of the hop's upload CPU;
+	// 400 cuts it to a fraction of that. The cost is memory: between
+	// collections the heap may grow to 5x the live heap instead of 2x
+	// (live heap is ~50 KiB per idle session, so ~250 MiB peak instead of
+	// ~100 MiB at 1,000 sessions). GOMEMLIMIT, when the operator sets it,
+	// still bounds the total: the runtime collects earlier near the limit.
+	DefaultGCPercent = 400
+	// MinGCPercent and MaxGCPercent bound gc_percent: below 10 the process
+	// does little but collect, above 10,000 the heap is effectively
+	// unbounded.
+	MinGCPercent = 10
+	MaxGCPercent = 10000
 	// DefaultShutdownGrace is how long sessions may drain on SIGTERM before
 	// they are cut: long enough for a command to finish, short enough for a
 	// service manager's own stop timeout (systemd's default is 90s).
@@ -89,14 +104,23 @@ type FileConfig struct {
 	// reaches auth only over its reverse tunnel. Excludes AuthServer.
 	ProxyServer string `yaml:"proxy_server,omitempty"`
 	// TunnelAddr is where a proxy accepts reverse tunnels.
-	TunnelAddr    string        `yaml:"tunnel_addr,omitempty"`
-	Token         string        `yaml:"token,omitempty"`
-	CAPin         string        `yaml:"ca_pin,omitempty"`
-	NodeAddr      string        `yaml:"node_addr,omitempty"`
-	SSHAddr       string        `yaml:"ssh_addr,omitempty"`
-	WebAddr       string        `yaml:"web_addr,omitempty"`
-	AuthAddr      string        `yaml:"auth_addr,omitempty"`
-	DiagAddr      string        `yaml:"diag_addr,omitempty"`
+	TunnelAddr string `yaml:"tunnel_addr,omitempty"`
+	Token      string `yaml:"token,omitempty"`
+	CAPin      string `yaml:"ca_pin,omitempty"`
+	NodeAddr   string `yaml:"node_addr,omitempty"`
+	SSHAddr    string `yaml:"ssh_addr,omitempty"`
+	WebAddr    string `yaml:"web_addr,omitempty"`
+	AuthAddr   string `yaml:"auth_addr,omitempty"`
+	DiagAddr   string `yaml:"diag_addr,omitempty"`
+	// DiagPprof serves net/http/pprof under /debug/pprof/ on the
+	// diagnostics address. Off by default (profiles show memory contents'
+	// shapes, command names and timings), and refused unless diag_addr is a
+	// loopback address.
+	DiagPprof bool `yaml:"diag_pprof,omitempty"`
+	// GCPercent is the garbage collector's target (what GOGC sets): zero
+	// means DefaultGCPercent unless the GOGC environment variable is set,
+	// which then wins. See DefaultGCPercent for its memory cost.
+	GCPercent     int           `yaml:"gc_percent,omitempty"`
 	PublicAddrs   []string      `yaml:"public_addrs,omitempty"`
 	WebCert       string        `yaml:"web_cert,omitempty"`
 	WebKey        string        `yaml:"web_key,omitempty"`
@@ -232,6 +256,14 @@ func (c *Config) CheckAndSetDefaults() error {
 			return trace.BadParameter("%s: invalid address %q: want HOST:PORT", d.name, *d.v)
 		}
 	}
+	if c.DiagPprof {
+		if err := checkLoopback(c.DiagAddr); err != nil {
+			return trace.BadParameter("diag_pprof needs a loopback diag_addr (profiles are not for the network): %v", err)
+		}
+	}
+	if c.GCPercent != 0 && (c.GCPercent < MinGCPercent || c.GCPercent > MaxGCPercent) {
+		return trace.BadParameter("gc_percent %d: want %d..%d (or unset for %d)", c.GCPercent, MinGCPercent, MaxGCPercent, DefaultGCPercent)
+	}
 	if c.ProxyServer != "" {
 		if len(c.Roles) != 1 || !c.HasRole(RoleNode) {
 			return trace.BadParameter("proxy_server (--proxy-server) is for a node alone: run it with --roles node, not %v", c.Roles)
@@ -334,4 +366,20 @@ func AdminIdentityDir(dataDir string) string { return filepath.Join(dataDir, "id
 // String is for debug logs.
 func (c *Config) String() string {
 	return fmt.Sprintf("roles=%v cluster=%s data_dir=%s", c.Roles, c.ClusterName, c.DataDir)
+}
+
+// checkLoopback accepts HOST:PORT whose host is a loopback IP or
+// "localhost".
+func checkLoopback(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return trace.BadParameter("invalid address %q: want HOST:PORT", addr)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return trace.BadParameter("%q is not a loopback address", addr)
 }

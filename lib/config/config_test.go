@@ -98,3 +98,50 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// TestDiagPprofNeedsLoopback: profiles are for the operator on the host,
+// never the network; a non-loopback diag_addr with diag_pprof is refused.
+func TestDiagPprofNeedsLoopback(t *testing.T) {
+	for _, tc := range []struct {
+		addr string
+		ok   bool
+	}{
+		{"127.0.0.1:3000", true},
+		{"[::1]:3000", true},
+		{"localhost:3000", true},
+		{"0.0.0.0:3000", false},
+		{"10.1.2.3:3000", false},
+		{":3000", false},
+	} {
+		t.Run(tc.addr, func(t *testing.T) {
+			cfg := Config{FileConfig: FileConfig{DataDir: t.TempDir(), NodeName: "n", DiagAddr: tc.addr, DiagPprof: true}}
+			err := cfg.CheckAndSetDefaults()
+			if tc.ok {
+				require.NoError(t, err)
+				return
+			}
+			require.True(t, trace.IsBadParameter(err), "%v", err)
+			require.Contains(t, err.Error(), "diag_pprof")
+			require.Contains(t, err.Error(), "loopback")
+		})
+	}
+	// Without diag_pprof any address is fine.
+	cfg := Config{FileConfig: FileConfig{DataDir: t.TempDir(), NodeName: "n", DiagAddr: "0.0.0.0:3000"}}
+	require.NoError(t, cfg.CheckAndSetDefaults())
+}
+
+func TestGCPercentRange(t *testing.T) {
+	for _, tc := range []struct {
+		pct int
+		ok  bool
+	}{{0, true}, {10, true}, {400, true}, {10000, true}, {9, false}, {-1, false}, {10001, false}} {
+		cfg := Config{FileConfig: FileConfig{DataDir: t.TempDir(), NodeName: "n", GCPercent: tc.pct}}
+		err := cfg.CheckAndSetDefaults()
+		if tc.ok {
+			require.NoError(t, err, tc.pct)
+			continue
+		}
+		require.True(t, trace.IsBadParameter(err), "%d: %v", tc.pct, err)
+		require.Contains(t, err.Error(), "gc_percent")
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sort"
 	"sync"
 	"syscall"
@@ -21,7 +22,8 @@ import (
 // healthCheck is one component's view of itself: nil when it can serve.
 type healthCheck func(ctx context.Context) error
 
-// diagServer serves /metrics, /healthz and /readyz on the diagnostics
+// diagServer serves /metrics, /healthz, /readyz (and /debug/pprof/ when
+// enabled) on the diagnostics
 // address. /healthz answers whether the process is alive (always 200 while
 // it serves); /readyz runs every registered check, so a load balancer stops
 // sending users to a proxy whose NodeWatcher lost its watch or whose backend
@@ -35,7 +37,7 @@ type diagServer struct {
 	checks map[string]healthCheck
 }
 
-func newDiagServer(reg *prometheus.Registry) *diagServer {
+func newDiagServer(reg *prometheus.Registry, withPprof bool) *diagServer {
 	d := &diagServer{registry: reg, checks: map[string]healthCheck{}}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -43,6 +45,17 @@ func newDiagServer(reg *prometheus.Registry) *diagServer {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("/readyz", d.readyz)
+	if withPprof {
+		// Registered on this mux only (the package's init also adds them
+		// to http.DefaultServeMux, which nothing here serves): off unless
+		// diag_pprof is set, and config refuses it on a non-loopback
+		// diagnostics address.
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	d.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	return d
 }
@@ -104,7 +117,10 @@ func (p *Process) startDiag() error {
 		}
 		return trace.Wrap(err)
 	}
-	d := newDiagServer(p.registry)
+	d := newDiagServer(p.registry, p.cfg.DiagPprof)
+	if p.cfg.DiagPprof {
+		p.log.WithField("diag_addr", ln.Addr().String()).Warn("pprof is served under /debug/pprof/ on the diagnostics address (diag_pprof).")
+	}
 	p.diag = d
 	if p.store != nil {
 		store := p.store

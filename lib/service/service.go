@@ -148,6 +148,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	if err != nil {
 		return trace.Wrap(err)
 	}
+	tuneRuntime(p.cfg, p.log)
 	if err := p.Start(ctx); err != nil {
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
 		defer cancel()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
 
@@ -197,20 +198,97 @@ func newConn(s *Server, nc net.Conn, sconn *ssh.ServerConn) *conn {
 // waits for everything it started.
 func (c *conn) serve(chans <-chan ssh.NewChannel, reqs <-chan *ssh.Request) {
 	c.log.Info("Connection established.")
-	c.go_(func() { c.handleGlobalRequests(reqs) })
-	if c.cfg.KeepAliveInterval > 0 {
-		c.go_(c.keepAliveLoop)
-	}
-	if c.cfg.IdleTimeout > 0 {
-		c.go_(c.idleLoop)
-	}
-	for nch := range chans {
-		c.dispatch(nch)
-	}
+	c.loop(chans, reqs)
 	c.close("connection closed by client")
 	c.wg.Wait()
 	c.cleanup()
 	c.log.WithField("reason", context.Cause(c.ctx).Error()).Info("Connection ended.")
+}
+
+// loop is the connection's one control goroutine: it accepts channels,
+// answers global requests, sends keep-alives and enforces the idle timeout
+// until the client's channel stream ends. One goroutine rather than one per
+// duty because a proxy holds thousands of idle connections and each
+// goroutine's stack (4-8 KiB) is paid per connection; none of these duties
+// blocks for long (dispatch starts the channel's handler in its own
+// goroutine, global requests are answered from memory, a keep-alive probe
+// waits for its reply in a goroutine of its own while it is in flight).
+//
+// Keep-alive: a probe every KeepAliveInterval, one in flight at a time;
+// KeepAliveCountMax intervals in a row without an answer close the
+// connection. Idle timeout: the connection closes when no channel data
+// moved for IdleTimeout. Both use timers re-armed after they fire rather
+// than tickers: a ticker drops ticks when the loop is late, and re-arming
+// makes "the loop handled the last tick" observable to fake-clock tests.
+func (c *conn) loop(chans <-chan ssh.NewChannel, reqs <-chan *ssh.Request) {
+	var keepAliveC, idleC <-chan time.Time
+	var keepAlive, idle clockwork.Timer
+	if c.cfg.KeepAliveInterval > 0 {
+		keepAlive = c.cfg.Clock.NewTimer(c.cfg.KeepAliveInterval)
+		defer keepAlive.Stop()
+		keepAliveC = keepAlive.Chan()
+	}
+	if c.cfg.IdleTimeout > 0 {
+		idle = c.cfg.Clock.NewTimer(c.idleWait())
+		defer idle.Stop()
+		idleC = idle.Chan()
+	}
+	replies := make(chan error, 1)
+	inflight, missed := false, 0
+	for {
+		select {
+		case nch, ok := <-chans:
+			if !ok {
+				return
+			}
+			c.dispatch(nch)
+		case req, ok := <-reqs:
+			if !ok {
+				reqs = nil // the channel stream ends next
+				continue
+			}
+			dispatchRequest(c.srv.policy.global, c, c.log, req)
+		case <-keepAliveC:
+			if inflight {
+				missed++
+				if missed >= c.cfg.KeepAliveCountMax {
+					c.close(fmt.Sprintf("no answer to %d keep-alives", missed))
+					keepAliveC = nil // chans closes with the connection
+					continue
+				}
+			} else {
+				inflight = true
+				c.go_(func() {
+					_, _, err := c.sconn.SendRequest(keepAliveRequest, true, nil)
+					replies <- err
+				})
+			}
+			keepAlive.Reset(c.cfg.KeepAliveInterval)
+		case err := <-replies:
+			inflight = false
+			if err != nil {
+				c.close("keep-alive failed: " + err.Error())
+				keepAliveC = nil
+				continue
+			}
+			missed = 0
+			c.keepAlivesAnswered.Add(1)
+		case <-idleC:
+			wait := c.idleWait()
+			if wait <= 0 {
+				c.close(fmt.Sprintf("idle timeout: no channel data for %v", c.cfg.IdleTimeout))
+				idleC = nil
+				continue
+			}
+			idle.Reset(wait)
+		}
+	}
+}
+
+// idleWait is how long until the connection has been idle for
+// IdleTimeout; zero or less means it has been.
+func (c *conn) idleWait() time.Duration {
+	return c.cfg.IdleTimeout - c.cfg.Clock.Since(time.Unix(0, c.lastActive.Load()))
 }
 
 // go_ starts f as a goroutine owned by the connection.
@@ -247,12 +325,6 @@ func (c *conn) dispatch(nch ssh.NewChannel) {
 		defer release()
 		handle(c, nch)
 	})
-}
-
-func (c *conn) handleGlobalRequests(reqs <-chan *ssh.Request) {
-	for req := range reqs {
-		dispatchRequest(c.srv.policy.global, c, c.log, req)
-	}
 }
 
 // close ends the connection: every channel and request stream ends with
@@ -292,69 +364,6 @@ func (c *conn) cleanup() {
 // touch records channel activity for the idle timer.
 func (c *conn) touch() {
 	c.lastActive.Store(c.cfg.Clock.Now().UnixNano())
-}
-
-// keepAliveLoop probes the client every KeepAliveInterval and closes the
-// connection after KeepAliveCountMax probes in a row went unanswered. One
-// probe is in flight at a time; its goroutine ends when it is answered or
-// the connection closes.
-func (c *conn) keepAliveLoop() {
-	// A timer re-armed after each probe rather than a ticker: a ticker
-	// drops ticks when the loop is late, and re-arming makes "the loop
-	// handled the last tick" observable to fake-clock tests.
-	timer := c.cfg.Clock.NewTimer(c.cfg.KeepAliveInterval)
-	defer timer.Stop()
-	replies := make(chan error, 1)
-	inflight, missed := false, 0
-	for {
-		select {
-		case <-c.ctx.Done():
-			return
-		case <-timer.Chan():
-			if inflight {
-				missed++
-				if missed >= c.cfg.KeepAliveCountMax {
-					c.close(fmt.Sprintf("no answer to %d keep-alives", missed))
-					return
-				}
-			} else {
-				inflight = true
-				c.go_(func() {
-					_, _, err := c.sconn.SendRequest(keepAliveRequest, true, nil)
-					replies <- err
-				})
-			}
-			timer.Reset(c.cfg.KeepAliveInterval)
-		case err := <-replies:
-			inflight = false
-			if err != nil {
-				c.close("keep-alive failed: " + err.Error())
-				return
-			}
-			missed = 0
-			c.keepAlivesAnswered.Add(1)
-		}
-	}
-}
-
-// idleLoop closes the connection when no channel data moved for
-// IdleTimeout.
-func (c *conn) idleLoop() {
-	for {
-		last := time.Unix(0, c.lastActive.Load())
-		wait := c.cfg.IdleTimeout - c.cfg.Clock.Since(last)
-		if wait <= 0 {
-			c.close(fmt.Sprintf("idle timeout: no channel data for %v", c.cfg.IdleTimeout))
-			return
-		}
-		timer := c.cfg.Clock.NewTimer(wait)
-		select {
-		case <-c.ctx.Done():
-			timer.Stop()
-			return
-		case <-timer.Chan():
-		}
-	}
 }
 
 // trackedChannel records data in both directions as activity.

@@ -40,7 +40,8 @@ type startFlags struct {
 	nodeAddr, sshAddr, webAddr, authAddr, diagAddr, tunAddr   string
 	webTerminalGrace                                          time.Duration
 	webCert, webKey, backendType, etcdEndpoints, logFormat    string
-	debug                                                     bool
+	debug, diagPprof                                          bool
+	gcPercent                                                 int
 }
 
 func run(args []string) error {
@@ -68,6 +69,8 @@ func run(args []string) error {
 	start.Flag("auth-addr", "Auth API listen address (default "+config.DefaultAuthAddr+").").StringVar(&f.authAddr)
 	start.Flag("diag-addr", "Diagnostics listen address (default "+config.DefaultDiagAddr+").").StringVar(&f.diagAddr)
 	start.Flag("web-terminal-grace", "How long a web terminal waits for a resume after its browser went away (default 5m; web_terminal_grace: 0 in the config file turns resume off).").DurationVar(&f.webTerminalGrace)
+	start.Flag("diag-pprof", "Serve pprof under /debug/pprof/ on the (loopback) diagnostics address.").BoolVar(&f.diagPprof)
+	start.Flag("gc-percent", fmt.Sprintf("Garbage collector target, as GOGC (default %d, or GOGC when set).", config.DefaultGCPercent)).IntVar(&f.gcPercent)
 	start.Flag("web-cert", "TLS certificate of the web port (PEM).").StringVar(&f.webCert)
 	start.Flag("web-key", "TLS key of the web port (PEM).").StringVar(&f.webKey)
 	start.Flag("backend", "Backend of the auth role: sqlite or etcd.").EnumVar(&f.backendType, "sqlite", "etcd")
@@ -148,6 +151,12 @@ func (f *startFlags) config(cmd *kingpin.CmdClause) (*config.Config, error) {
 	}
 	if f.debug {
 		cfg.Debug = true
+	}
+	if f.diagPprof {
+		cfg.DiagPprof = true
+	}
+	if f.gcPercent != 0 {
+		cfg.GCPercent = f.gcPercent
 	}
 	if err := cfg.CheckAndSetDefaults(); err != nil {
 		if cfg.ConfigFile != "" {

@@ -1,0 +1,87 @@
+#!/bin/bash
+# bench/report.sh: `make bench-report`. Runs the side-by-side suite
+# (bench/postern-vs-openssh.sh: direct, Postern, an sshd bastion; same
+# OpenSSH client, certificate, node and login) REPORT_RUNS times and writes
+# docs/performance.md: each figure's median with min-max over the runs, the
+# ratios Postern/sshd and Postern/direct with min-max over the runs, the
+# date, the machine and the commit. Throughput on a shared machine varies
+# +-25% run to run, which is why every ratio is taken within one run (both
+# arms measured interleaved) and reported as a range, never a point.
+#
+# usage: bench/report.sh            (root: the suite creates a user)
+# env:   REPORT_RUNS=3 REPORT_OUT=docs/performance.md, and the suite's own
+#        knobs (RUNS, TP_RUNS, TP_SIZE, MEM_N, ...; see postern-vs-openssh.sh)
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+REPORT_RUNS=${REPORT_RUNS:-3}
+OUT=${REPORT_OUT:-$REPO/docs/performance.md}
+COLLECT=$(mktemp -d /tmp/postern-report.XXXXXX)
+trap 'rm -rf "$COLLECT"' EXIT
+
+for r in $(seq "$REPORT_RUNS"); do
+	echo "=== report run $r of $REPORT_RUNS"
+	log=$COLLECT/run_$r.log
+	KEEP=1 BUILD=$([ "$r" = 1 ] && echo "${BUILD:-1}" || echo 0) "$HERE/postern-vs-openssh.sh" 2>&1 | tee "$log"
+	w=$(sed -n 's/^  kept \(.*\)$/\1/p' "$log" | tail -1)
+	[ -n "$w" ] && [ -f "$w/results.tsv" ] || { echo "FATAL: run $r left no results" >&2; exit 1; }
+	cp "$w/results.tsv" "$COLLECT/results_$r.tsv"
+	rm -rf "$w"
+done
+
+mkdir -p "$(dirname "$OUT")"
+python3 - "$COLLECT" "$REPORT_RUNS" "$OUT" \
+	"$(date -u '+%F %T UTC')" \
+	"$(nproc) cores, $(awk -F': ' '/model name/{print $2; exit}' /proc/cpuinfo), $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -sr)" \
+	"$(cd "$REPO" && git rev-parse --short HEAD)$(cd "$REPO" && git diff --quiet || echo '-dirty')" \
+	"$(ssh -V 2>&1)" <<'PY'
+import statistics, sys
+collect, runs, out, date, machine, commit, client = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
+per_run = []  # [{metric: {arm: median}}]
+for r in range(1, runs + 1):
+    vals = {}
+    for line in open(f"{collect}/results_{r}.tsv"):
+        m, arm, v = line.rstrip("\n").split("\t")
+        vals.setdefault(m, {}).setdefault(arm, []).append(float(v))
+    per_run.append({m: {a: statistics.median(v) for a, v in d.items()} for m, d in vals.items()})
+rows = [
+    ("ssh -J setup, ms (median)", "setup_ms"),
+    ("setup, ms, curve25519 forced", "setup_ms_x25519"),
+    ("upload MB/s", "tp_upload_default"),
+    ("download MB/s", "tp_download_default"),
+    ("upload MB/s, AES-GCM", "tp_upload_aesgcm"),
+    ("download MB/s, AES-GCM", "tp_download_aesgcm"),
+    ("hop CPU s/GB, upload", "cpu_upload_default"),
+    ("hop CPU s/GB, download", "cpu_download_default"),
+    ("hop CPU s/GB, upload, AES-GCM", "cpu_upload_aesgcm"),
+    ("hop CPU s/GB, download, AES-GCM", "cpu_download_aesgcm"),
+    ("PSS per idle -J session, KiB", "mem_kib_per_conn"),
+]
+def rng(xs):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "-"
+    if len(xs) == 1:
+        return f"{xs[0]:.2f}"
+    return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+def ratio(run, m, a, b):
+    d = run.get(m, {})
+    return d[a] / d[b] if d.get(a) and d.get(b) else None
+with open(out, "w") as f:
+    f.write("# Performance\n\n")
+    f.write("Written by `make bench-report` (bench/report.sh); do not edit by hand.\n\n")
+    f.write(f"- date: {date}\n- machine: {machine}\n- commit: {commit}\n- client: {client}\n")
+    f.write(f"- runs: {runs} of bench/postern-vs-openssh.sh; each figure is the median over runs (min-max)\n\n")
+    f.write("Arms: **direct** (the OpenSSH client straight to a Postern node: the limit), **postern** "
+            "(`ssh -J` through a Postern proxy), **sshd** (`ssh -J` through an OpenSSH sshd bastion). "
+            "Ratios are taken within each run, where the arms were measured interleaved.\n\n")
+    f.write("| figure | direct | postern | sshd | postern/sshd | postern/direct |\n|---|---|---|---|---|---|\n")
+    for title, m in rows:
+        if not any(m in r for r in per_run):
+            continue
+        col = lambda a: rng([r.get(m, {}).get(a) for r in per_run])
+        f.write(f"| {title} | {col('direct')} | {col('postern')} | {col('sshd')} | "
+                f"{rng([ratio(r, m, 'postern', 'sshd') for r in per_run])} | "
+                f"{rng([ratio(r, m, 'postern', 'direct') for r in per_run])} |\n")
+print(f"wrote {out}")
+PY
