@@ -242,7 +242,7 @@ func TestDirStorageAndUploader(t *testing.T) {
 	require.NoError(t, u.Flush(context.Background()))
 	require.NoError(t, u.Close())
 
-	got, err := dst.GetChunks(context.Background(), testSession)
+	got, err := GetChunks(context.Background(), dst, testSession)
 	require.NoError(t, err)
 	_, err = Verify(got, final)
 	require.NoError(t, err)
@@ -253,7 +253,7 @@ func TestDirStorageAndUploader(t *testing.T) {
 	list, err := dst.List(context.Background())
 	require.NoError(t, err)
 	require.Len(t, list, 1)
-	_, err = spool.ChunkIndexes(testSession)
+	_, err = spool.ChunkIndexes(context.Background(), testSession)
 	require.Error(t, err, "the spool is emptied once auth has the chunks")
 }
 

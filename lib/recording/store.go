@@ -36,9 +36,12 @@ type Meta struct {
 
 // Storage is where the auth server keeps recordings. DirStorage is the
 // disk one; an S3-compatible store implements the same four calls.
+// Readers stream a recording chunk by chunk (ChunkIndexes, GetChunk), so
+// a long recording is never held in memory whole.
 type Storage interface {
 	PutChunk(ctx context.Context, session string, c Chunk) error
-	GetChunks(ctx context.Context, session string) ([]Chunk, error)
+	ChunkIndexes(ctx context.Context, session string) ([]int, error)
+	GetChunk(ctx context.Context, session string, i int) (*Chunk, error)
 	GetMeta(ctx context.Context, session string) (*Meta, error)
 	List(ctx context.Context) ([]Meta, error)
 }
@@ -92,7 +95,8 @@ func (d DirStorage) PutChunk(_ context.Context, session string, c Chunk) error {
 }
 
 // ChunkIndexes lists the chunk indexes stored for session, ascending.
-func (d DirStorage) ChunkIndexes(session string) ([]int, error) {
+// A session with no directory is NotFound.
+func (d DirStorage) ChunkIndexes(_ context.Context, session string) ([]int, error) {
 	if err := CheckSessionID(session); err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -116,8 +120,11 @@ func (d DirStorage) ChunkIndexes(session string) ([]int, error) {
 	return out, nil
 }
 
-// ReadChunk reads one chunk file; its stored index must match its name.
-func (d DirStorage) ReadChunk(session string, i int) (*Chunk, error) {
+// GetChunk reads one chunk file; its stored index must match its name.
+func (d DirStorage) GetChunk(_ context.Context, session string, i int) (*Chunk, error) {
+	if err := CheckSessionID(session); err != nil {
+		return nil, trace.Wrap(err)
+	}
 	data, err := os.ReadFile(filepath.Join(d.Dir, session, chunkName(i)))
 	if err != nil {
 		return nil, trace.ConvertSystemError(err)
@@ -137,15 +144,16 @@ func (d DirStorage) RemoveChunk(session string, i int) error {
 	return trace.ConvertSystemError(os.Remove(filepath.Join(d.Dir, session, chunkName(i))))
 }
 
-// GetChunks reads every chunk of session.
-func (d DirStorage) GetChunks(_ context.Context, session string) ([]Chunk, error) {
-	idx, err := d.ChunkIndexes(session)
+// GetChunks reads every chunk of session (tests and small tools; servers
+// stream with GetChunk).
+func GetChunks(ctx context.Context, st Storage, session string) ([]Chunk, error) {
+	idx, err := st.ChunkIndexes(ctx, session)
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
 	out := make([]Chunk, 0, len(idx))
 	for _, i := range idx {
-		c, err := d.ReadChunk(session, i)
+		c, err := st.GetChunk(ctx, session, i)
 		if err != nil {
 			return nil, trace.Wrap(err)
 		}
@@ -155,15 +163,15 @@ func (d DirStorage) GetChunks(_ context.Context, session string) ([]Chunk, error
 }
 
 // GetMeta reads the header from chunk 0.
-func (d DirStorage) GetMeta(_ context.Context, session string) (*Meta, error) {
-	idx, err := d.ChunkIndexes(session)
+func (d DirStorage) GetMeta(ctx context.Context, session string) (*Meta, error) {
+	idx, err := d.ChunkIndexes(ctx, session)
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
 	if len(idx) == 0 || idx[0] != 0 {
 		return nil, trace.NotFound("recording %s has no first chunk", session)
 	}
-	c, err := d.ReadChunk(session, 0)
+	c, err := d.GetChunk(ctx, session, 0)
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -172,7 +180,7 @@ func (d DirStorage) GetMeta(_ context.Context, session string) (*Meta, error) {
 		return nil, trace.Wrap(err)
 	}
 	m := &Meta{Header: *h, Chunks: len(idx)}
-	if last, err := d.ReadChunk(session, idx[len(idx)-1]); err == nil {
+	if last, err := d.GetChunk(ctx, session, idx[len(idx)-1]); err == nil {
 		m.Complete = last.Final
 	}
 	return m, nil

@@ -127,12 +127,12 @@ func (u *Uploader) Flush(ctx context.Context) error {
 }
 
 func (u *Uploader) flushSession(ctx context.Context, session string) error {
-	idx, err := u.cfg.Spool.ChunkIndexes(session)
+	idx, err := u.cfg.Spool.ChunkIndexes(ctx, session)
 	if err != nil {
 		return trace.Wrap(err)
 	}
 	for _, i := range idx {
-		c, err := u.cfg.Spool.ReadChunk(session, i)
+		c, err := u.cfg.Spool.GetChunk(ctx, session, i)
 		if err != nil {
 			return trace.Wrap(err)
 		}
