@@ -124,4 +124,3 @@ func TestSessionRecordedEndToEnd(t *testing.T) {
 	errOut = tampered(func(dir string) { require.NoError(t, os.Remove(chunkFile(dir, len(idx)-1))) })
 	require.Contains(t, errOut, "tail is cut")
 }
-
