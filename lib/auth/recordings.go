@@ -217,3 +217,39 @@ func (c *Client) GetRecording(ctx context.Context, session string, fn func(recor
 	}
 	return nil
 }
+
+// ListRecordings lists the stored recordings (the proxy of an all-in-one
+// process reads them in-process).
+func (s *Server) ListRecordings(ctx context.Context) ([]recording.Meta, error) {
+	st, err := s.recordings()
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	list, err := st.List(ctx)
+	return list, trace.Wrap(err)
+}
+
+// GetRecording calls fn with each stored chunk of session, in order.
+func (s *Server) GetRecording(ctx context.Context, session string, fn func(recording.Chunk) error) error {
+	st, err := s.recordings()
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	if err := recording.CheckSessionID(session); err != nil {
+		return trace.Wrap(err)
+	}
+	idx, err := st.ChunkIndexes(ctx, session)
+	if err != nil {
+		return trace.NotFound("recording %s not found", session)
+	}
+	for _, i := range idx {
+		c, err := st.GetChunk(ctx, session, i)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		if err := fn(*c); err != nil {
+			return trace.Wrap(err)
+		}
+	}
+	return nil
+}

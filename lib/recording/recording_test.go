@@ -283,3 +283,16 @@ func FuzzDecodeChunk(f *testing.F) {
 		_, _, _ = Parse(out)
 	})
 }
+
+func TestRenderText(t *testing.T) {
+	sink := newMemSink()
+	w := newTestWriter(t, clockwork.NewFakeClock(), sink, nil)
+	w.Output([]byte("\x1b[1;31mred\x1b[0m line\r\n\x1b]0;title\x07\x1b[2Jcounter 1\r\n"))
+	w.Resize(100, 30)
+	_, err := w.Close("exit-status 3")
+	require.NoError(t, err)
+	var cast, out bytes.Buffer
+	require.NoError(t, Export(&cast, sink.all()))
+	require.NoError(t, RenderText(&out, cast.Bytes()))
+	require.Equal(t, "red line\ncounter 1\n\n[resize 0.000s] 100x30\n\n[marker 0.000s] exit-status 3\n", out.String())
+}

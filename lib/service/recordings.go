@@ -6,6 +6,7 @@ import (
 	"github.com/gravitational/trace"
 
 	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/proxy/sshproxy"
 	"github.com/postern-dev/postern/lib/recording"
 	"github.com/postern-dev/postern/lib/srv"
 )
@@ -61,4 +62,16 @@ func (p *Process) startRecordingUploads(nodeID *auth.Identity, ap accessPoint) (
 		Clock:    p.clock,
 	})
 	return r, trace.Wrap(err)
+}
+
+// recordingSource is where the proxy reads recordings for psh: the auth
+// server itself in an all-in-one process, else the auth API as the proxy.
+func (p *Process) recordingSource(ap accessPoint) sshproxy.RecordingSource {
+	if p.authServer != nil {
+		return p.authServer
+	}
+	if clt, ok := ap.(*auth.Client); ok {
+		return clt
+	}
+	return nil
 }
