@@ -123,4 +123,47 @@ func TestSessionRecordedEndToEnd(t *testing.T) {
 	require.Contains(t, errOut, "chunk 1 is missing")
 	errOut = tampered(func(dir string) { require.NoError(t, os.Remove(chunkFile(dir, len(idx)-1))) })
 	require.Contains(t, errOut, "tail is cut")
+
+	// psh, as the owner: the listing and the text rendering, counter in
+	// order, resize and exit status marked.
+	alice := newPshEnv(t, c)
+	alice.login(t, "alice", alicePassword+"\n")
+	require.Contains(t, alice.mustRun(t, "", "recordings", "ls"), sid)
+	played := alice.mustRun(t, "", "play", sid, "--format", "text")
+	require.Equal(t, want, regexp.MustCompile(`counter \d+`).FindAllString(played, -1), played)
+	require.Contains(t, played, "[resize")
+	require.Regexp(t, `\[marker [0-9.]+s\] exit-status 3\n$`, played)
+	require.Equal(t, string(cast), alice.mustRun(t, "", "play", sid, "--format", "asciicast"), "psh and pctl export the same file")
+
+	// Another user sees nothing of it: not listed, and playing it is
+	// refused like a recording that does not exist.
+	mustPctl(t, c.dataDir, "bob's password!\n", "users", "add", "bob", "--logins", c.login)
+	bob := newPshEnv(t, c)
+	bob.login(t, "bob", "bob's password!\n")
+	require.NotContains(t, bob.mustRun(t, "", "recordings", "ls"), sid)
+	_, stderr, code := bob.run(t, "", "play", sid, "--format", "text")
+	require.NotEqual(t, 0, code)
+	require.Contains(t, stderr, "not found")
+	_, stderrMissing, _ := bob.run(t, "", "play", "00000000-0000-4000-8000-000000000000", "--format", "text")
+	require.Equal(t, strings.ReplaceAll(stderr, sid, "X"), strings.ReplaceAll(stderrMissing, "00000000-0000-4000-8000-000000000000", "X"),
+		"refused and missing look the same")
+
+	// A reviewer sees everyone's.
+	role := filepath.Join(t.TempDir(), "reviewer.yaml")
+	require.NoError(t, os.WriteFile(role, []byte("kind: role\nmetadata: {name: reviewer}\nspec:\n  review_recordings: true\n"), 0o600))
+	mustPctl(t, c.dataDir, "", "create", "-f", role)
+	mustPctl(t, c.dataDir, "carol's password\n", "users", "add", "carol", "--logins", c.login, "--roles", "reviewer")
+	carol := newPshEnv(t, c)
+	carol.login(t, "carol", "carol's password\n")
+	require.Contains(t, carol.mustRun(t, "", "recordings", "ls"), sid)
+	require.Contains(t, carol.mustRun(t, "", "play", sid, "--format", "text"), "counter 25")
+	require.Eventually(t, func() bool {
+		n := 0
+		for _, e := range eventsLs(t, c.dataDir) {
+			if e.Type == events.RecordingPlay && e.Fields[events.FieldSessionID] == sid {
+				n++
+			}
+		}
+		return n >= 3
+	}, 10*time.Second, 100*time.Millisecond, "every playback is audited")
 }

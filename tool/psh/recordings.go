@@ -28,12 +28,31 @@ func (c *cli) addRecordings(app *kingpin.Application, add func(*kingpin.CmdClaus
 
 	var id, playFormat string
 	var speed float64
-	play := app.Command("play", "Play a session recording.")
+	var rest []string
+	play := app.Command("play", "Play a session recording: psh play ID [--speed N] [--format tty|text|asciicast].")
+	addPlayFlags := func(cc interface {
+		Flag(name, help string) *kingpin.FlagClause
+	}) {
+		cc.Flag("speed", "Replay this many times faster (tty format).").Default("1").Float64Var(&speed)
+		cc.Flag("format", "tty (replay with timing), text (output with control sequences rendered away, for grep) or asciicast (the v2 file).").
+			Default("tty").EnumVar(&playFormat, "tty", "text", "asciicast")
+	}
+	addPlayFlags(play)
 	play.Arg("id", "Session id (psh recordings ls).").Required().StringVar(&id)
-	play.Flag("speed", "Replay this many times faster (tty format).").Default("1").Float64Var(&speed)
-	play.Flag("format", "tty (replay with timing), text (output with control sequences rendered away, for grep) or asciicast (the v2 file).").
-		Default("tty").EnumVar(&playFormat, "tty", "text", "asciicast")
-	add(play, func(ctx context.Context) error { return c.doPlay(ctx, id, playFormat, speed) })
+	// psh parses without interspersed flags (what follows `psh ssh HOST`
+	// is the remote command's), so flags after the id arrive here and are
+	// parsed by a parser of their own.
+	play.Arg("flags", "--speed and --format may also follow the id.").StringsVar(&rest)
+	add(play, func(ctx context.Context) error {
+		if len(rest) > 0 {
+			sub := kingpin.New("psh play", "")
+			addPlayFlags(sub)
+			if _, err := sub.Parse(rest); err != nil {
+				return trace.BadParameter("psh play: %v", err)
+			}
+		}
+		return c.doPlay(ctx, id, playFormat, speed)
+	})
 }
 
 func (c *cli) doRecordingsLs(ctx context.Context, format string) error {
