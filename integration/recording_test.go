@@ -152,7 +152,7 @@ func TestSessionRecordedEndToEnd(t *testing.T) {
 	role := filepath.Join(t.TempDir(), "reviewer.yaml")
 	require.NoError(t, os.WriteFile(role, []byte("kind: role\nmetadata: {name: reviewer}\nspec:\n  review_recordings: true\n"), 0o600))
 	mustPctl(t, c.dataDir, "", "create", "-f", role)
-	mustPctl(t, c.dataDir, "carol's password\n", "users", "add", "carol", "--logins", c.login, "--roles", "reviewer")
+	mustPctl(t, c.dataDir, "carol's password\n", "users", "add", "carol", "--logins", c.login, "--roles", "access,reviewer")
 	carol := newPshEnv(t, c)
 	carol.login(t, "carol", "carol's password\n")
 	require.Contains(t, carol.mustRun(t, "", "recordings", "ls"), sid)
