@@ -241,9 +241,13 @@ func TestNodeAuthorization(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, services.PresetAccessRole, role.Metadata.Name)
 
-	// Everything else: denied (the routing config is the proxy's).
+	// The networking config: readable (it holds session_recording and
+	// record_input, which the node applies), not writable.
 	_, err = node.GetClusterNetworkingConfig(ctx)
+	require.NoError(t, err)
+	err = node.SetClusterNetworkingConfig(ctx, services.DefaultClusterNetworkingConfig())
 	requireKind(t, err, trace.IsAccessDenied, "may not call")
+	// Everything else: denied.
 	_, err = node.CreateUser(ctx, "eve", []byte("pw"), []string{"root"}, nil, false)
 	requireKind(t, err, trace.IsAccessDenied, "may not call")
 	_, err = node.GetNodes(ctx, "")

@@ -55,7 +55,8 @@ func (a *APIServer) registerRoutes() {
 	a.handle("PUT /v1/roles", allow(admin), a.upsertRole)
 	a.handle("DELETE /v1/roles/{name}", allow(admin), a.deleteRole)
 	// Networking (routing strategy): the proxy's router reads it.
-	a.handle("GET /v1/networking", allow(proxy, admin), a.getNetworking)
+	// Nodes read it too: session_recording and record_input live there.
+	a.handle("GET /v1/networking", allow(node, proxy, admin), a.getNetworking)
 	a.handleStream("GET /v1/watch/networking", allow(proxy), a.watchNetworking)
 	a.handle("PUT /v1/networking", allow(admin), a.setNetworking)
 	// Users and tokens: administration only.
@@ -81,6 +82,13 @@ func (a *APIServer) registerRoutes() {
 	// Audit events of the processes without a backend of their own (node-
 	// and proxy-only hosts); admins and auth write events locally.
 	a.handle("POST /v1/events", allow(node, proxy), a.shipEvents)
+	// Session recordings: nodes upload the sessions they ran (their own
+	// only: PutRecordingChunk checks the header's node against the
+	// caller); pctl reads them, and the proxy for psh play and the web
+	// player, which decide per user what may be seen (lib/web).
+	a.handle("PUT /v1/recordings/{session}/chunks/{n}", allow(node), a.audited("PUT /v1/recordings", a.putRecordingChunk))
+	a.handle("GET /v1/recordings", allow(proxy, admin), a.listRecordings)
+	a.handleStream("GET /v1/recordings/{session}", allow(proxy, admin), a.streamRecording)
 }
 
 // maxEventsPerSearch bounds one answer: enough for an operator's screen

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/backend/memory"
+	"github.com/postern-dev/postern/lib/recording"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -65,6 +66,7 @@ func newTestAuth(t *testing.T) *testEnv {
 		BcryptCost:       bcrypt.MinCost,
 		Clock:            clock,
 		Logger:           testLogger(),
+		Recordings:       recording.DirStorage{Dir: t.TempDir()},
 	})
 	require.NoError(t, err)
 	return &testEnv{clock: clock, store: store, auth: srv, adminDir: adminDir}

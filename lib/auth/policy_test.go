@@ -46,7 +46,7 @@ var wantPolicy = map[string][]string{
 	"PUT /v1/roles":           {RoleAdmin},
 	"DELETE /v1/roles/{name}": {RoleAdmin},
 
-	"GET /v1/networking":       {RoleProxy, RoleAdmin},
+	"GET /v1/networking":       {RoleNode, RoleProxy, RoleAdmin},
 	"GET /v1/watch/networking": {RoleProxy},
 	"PUT /v1/networking":       {RoleAdmin},
 
@@ -70,6 +70,10 @@ var wantPolicy = map[string][]string{
 	"GET /v1/locks":                  {RoleNode, RoleProxy, RoleAdmin},
 	"GET /v1/watch/locks":            {RoleNode, RoleProxy},
 	"GET /v1/watch/access":           {RoleNode, RoleProxy},
+
+	"PUT /v1/recordings/{session}/chunks/{n}": {RoleNode},
+	"GET /v1/recordings":                      {RoleProxy, RoleAdmin},
+	"GET /v1/recordings/{session}":            {RoleProxy, RoleAdmin},
 }
 
 var pathParamRe = regexp.MustCompile(`\{[a-z]+\}`)

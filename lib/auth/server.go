@@ -16,6 +16,7 @@ import (
 	"context"
 	"crypto"
 	"crypto/x509"
+	"sync"
 	"time"
 
 	"github.com/gravitational/trace"
@@ -25,6 +26,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/recording"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -79,6 +81,10 @@ type ServerConfig struct {
 	Clock clockwork.Clock
 	// Logger defaults to logrus with component=auth.
 	Logger logrus.FieldLogger
+	// Recordings stores session recordings uploaded by nodes (the service
+	// gives a recording.DirStorage under the data dir). Nil means the
+	// recording endpoints answer NotImplemented.
+	Recordings recording.Storage
 }
 
 // CheckAndSetDefaults validates the config and fills defaults.
@@ -138,6 +144,10 @@ type Server struct {
 	// addrs proves that announced node addresses answer with the node's
 	// own host certificate (see AnnounceNode).
 	addrs *addrVerifier
+
+	// recMu serialises recording chunk writes, so that the check of the
+	// previous chunk and the write of the next one are one step.
+	recMu sync.Mutex
 }
 
 // NewServer starts the auth server: it loads the cluster's CAs, creating

@@ -166,3 +166,63 @@ func (s *Store) OpenSSHConfig(p *Profile, pshPath string) (string, error) {
 	fmt.Fprintf(&b, "    ProxyCommand %s --home=%s proxy ssh --cluster=%s %%r@%%h:%%p\n", q(pshPath), q(s.Dir), p.Cluster)
 	return b.String(), nil
 }
+
+// ListRecordings asks the proxy's `recordings` subsystem which session
+// recordings the user may see.
+func ListRecordings(ctx context.Context, creds *Credentials) ([]proxyapi.RecordingEntry, error) {
+	data, err := readSubsystem(ctx, creds, proxyapi.SubsystemRecordings, maxNodesAnswer, nil)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	var out []proxyapi.RecordingEntry
+	if err := json.Unmarshal(data, &out); err != nil {
+		return nil, trace.BadParameter("the proxy sent an invalid recording list: %v", err)
+	}
+	return out, nil
+}
+
+// FetchRecording streams recording id (an asciicast v2 file) into w.
+func FetchRecording(ctx context.Context, creds *Credentials, id string, w io.Writer) error {
+	_, err := readSubsystem(ctx, creds, proxyapi.SubsystemRecordingPrefix+id, 0, w)
+	return trace.Wrap(err)
+}
+
+// readSubsystem opens a proxy subsystem and reads its answer: into w when
+// set, else into memory (at most limit bytes). A refusal comes back with
+// the proxy's message.
+func readSubsystem(ctx context.Context, creds *Credentials, name string, limit int64, w io.Writer) ([]byte, error) {
+	pc, err := DialProxy(ctx, creds)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	defer pc.Close()
+	ch, err := OpenSubsystem(ctx, pc, SubsystemConfig{Name: name})
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	defer ch.closeWith(pc)
+	stop := context.AfterFunc(ctx, func() { ch.Close() })
+	defer stop()
+	if w != nil {
+		n, err := io.Copy(w, ch)
+		if err != nil {
+			return nil, trace.ConnectionProblem(err, "reading %s: %v", name, err)
+		}
+		if n == 0 {
+			if msg := ch.Explain(); msg != "" {
+				return nil, trace.BadParameter("%s", msg)
+			}
+		}
+		return nil, nil
+	}
+	data, err := io.ReadAll(io.LimitReader(ch, limit))
+	if err != nil {
+		return nil, trace.ConnectionProblem(err, "reading %s: %v", name, err)
+	}
+	if len(data) == 0 {
+		if msg := ch.Explain(); msg != "" {
+			return nil, trace.BadParameter("%s", msg)
+		}
+	}
+	return data, nil
+}

@@ -347,6 +347,14 @@ func ParseRoles(s string) []string {
 // tests agree on the layout.
 func (c *Config) BackendPath() string  { return filepath.Join(c.DataDir, "backend", "postern.db") }
 func (c *Config) HostUUIDPath() string { return filepath.Join(c.DataDir, "host_uuid") }
+
+// RecordingSpoolDir is where a node writes recording chunks until auth has
+// them (DATA_DIR/recordings/SESSION/).
+func (c *Config) RecordingSpoolDir() string { return filepath.Join(c.DataDir, "recordings") }
+
+// AuthRecordingsDir is where the auth server stores uploaded recordings;
+// apart from the spool, so that an all-in-one never uploads its own store.
+func (c *Config) AuthRecordingsDir() string { return filepath.Join(c.DataDir, "auth", "recordings") }
 func (c *Config) IdentityDir(role string) string {
 	return filepath.Join(c.DataDir, "identity", role)
 }

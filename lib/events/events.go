@@ -71,6 +71,11 @@ const (
 	// not call, or a write outside what its identity may touch (a node
 	// announcing another node).
 	APIDenied = "api.denied"
+	// RecordingCapped: a session's recording reached max_recording_bytes
+	// and stopped; the session went on.
+	RecordingCapped = "recording.capped"
+	// RecordingPlay: someone read a recording (playback or export).
+	RecordingPlay = "recording.play"
 )
 
 // Field names, snake_case like the log keys (DESIGN.md rule 6). Use these
@@ -100,6 +105,9 @@ const (
 	FieldKind     = "kind"
 	FieldCommand  = "command"
 	FieldExitCode = "exit_code"
+	// FieldRecordingHash is the final hash of a session's recording
+	// (lib/recording), in session.end.
+	FieldRecordingHash = "recording_hash"
 	// FieldAddr is a forwarded address ("db:5432").
 	FieldAddr       = "addr"
 	FieldCandidates = "candidates"

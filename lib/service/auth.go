@@ -16,6 +16,7 @@ import (
 	"github.com/postern-dev/postern/lib/backend/etcdbk"
 	"github.com/postern-dev/postern/lib/backend/sqlite"
 	"github.com/postern-dev/postern/lib/config"
+	"github.com/postern-dev/postern/lib/recording"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -57,6 +58,7 @@ func (p *Process) startAuth(ctx context.Context) error {
 		AuditLog:         p.audit,
 		Clock:            p.clock,
 		Logger:           p.log.WithField("component", "auth"),
+		Recordings:       recording.DirStorage{Dir: cfg.AuthRecordingsDir()},
 	})
 	if err != nil {
 		return trace.Wrap(err)

@@ -84,10 +84,11 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	}
 	p.router = router
 	handler, err := sshproxy.New(sshproxy.Config{
-		Router: router,
-		Nodes:  nw,
-		Audit:  p.audit,
-		Logger: p.log.WithField("component", "proxy:ssh"),
+		Router:     router,
+		Nodes:      nw,
+		Recordings: p.recordingSource(ap),
+		Audit:      p.audit,
+		Logger:     p.log.WithField("component", "proxy:ssh"),
 	})
 	if err != nil {
 		return trace.Wrap(err)

@@ -152,7 +152,12 @@ func (p *Process) startNode(ctx context.Context, ln net.Listener, lim *limiter.C
 	if err := p.checkNodeRecord(rec.node); err != nil {
 		return trace.Wrap(err)
 	}
+	recorder, err := p.startRecordingUploads(id, ap)
+	if err != nil {
+		return trace.Wrap(err)
+	}
 	scfg := srv.Config{
+		Recorder:    recorder,
 		ClusterName: p.clusterName,
 		HostSigners: []ssh.Signer{id.SSHSigner},
 		AccessPoint: p.sshAccess,

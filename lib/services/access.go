@@ -230,3 +230,14 @@ func CheckLabelSelector(selector map[string]LabelValues) error {
 	}
 	return nil
 }
+
+// ReviewRecordings reports whether a role lets the holder see every
+// user's session recordings.
+func (a *AccessChecker) ReviewRecordings() bool {
+	for _, r := range a.roles {
+		if r.Spec.ReviewRecordings {
+			return true
+		}
+	}
+	return false
+}

@@ -108,6 +108,9 @@ type RoleSpec struct {
 	MaxSessionTTL Duration `json:"max_session_ttl,omitempty"`
 	// Admin lets the holder manage the cluster through pctl.
 	Admin bool `json:"admin,omitempty"`
+	// ReviewRecordings lets the holder list and play every user's session
+	// recordings; without it a user sees only their own.
+	ReviewRecordings bool `json:"review_recordings,omitempty"`
 }
 
 // DefaultMaxSessionTTL is the certificate lifetime cap when a role sets none:
@@ -177,6 +180,15 @@ type ClusterNetworkingConfigSpec struct {
 	// DefaultTunnelKeepAliveCountMax.
 	KeepAliveInterval Duration `json:"keep_alive_interval,omitempty"`
 	KeepAliveCountMax int      `json:"keep_alive_count_max,omitempty"`
+	// SessionRecording is where pty sessions are recorded: "node" (the
+	// default: the node records and uploads to auth) or "off".
+	SessionRecording string `json:"session_recording,omitempty"`
+	// RecordInput adds terminal input to recordings. Off by default:
+	// passwords typed at prompts are input.
+	RecordInput bool `json:"record_input,omitempty"`
+	// MaxRecordingBytes caps one session's recording; zero means
+	// DefaultMaxRecordingBytes.
+	MaxRecordingBytes int64 `json:"max_recording_bytes,omitempty"`
 }
 
 // Tunnel defaults (SPEC.md "Reverse tunnels"). 5s to find a tunnel covers
@@ -190,6 +202,16 @@ const (
 	// MaxTunnelFindTimeout bounds how long a user's dial may hang.
 	MaxTunnelFindTimeout = 5 * time.Minute
 )
+
+// Session recording modes.
+const (
+	RecordingNode = "node"
+	RecordingOff  = "off"
+)
+
+// DefaultMaxRecordingBytes (256 MiB) bounds a node's disk use per session
+// when someone cats a disk image; the session itself goes on.
+const DefaultMaxRecordingBytes = 256 << 20
 
 // DefaultSSHDialTimeout is long enough for a node across a WAN, short
 // enough that a dead node fails a user's connection before they give up.

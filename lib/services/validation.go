@@ -468,6 +468,20 @@ func (c *ClusterNetworkingConfig) CheckAndSetDefaults() error {
 	case c.Spec.KeepAliveCountMax == 0:
 		c.Spec.KeepAliveCountMax = DefaultTunnelKeepAliveCountMax
 	}
+	switch c.Spec.SessionRecording {
+	case "":
+		c.Spec.SessionRecording = RecordingNode
+	case RecordingNode, RecordingOff:
+	default:
+		return trace.BadParameter("cluster networking config: spec.session_recording is %q, want %q or %q",
+			c.Spec.SessionRecording, RecordingNode, RecordingOff)
+	}
+	if c.Spec.MaxRecordingBytes < 0 {
+		return trace.BadParameter("cluster networking config: spec.max_recording_bytes must not be negative, got %d", c.Spec.MaxRecordingBytes)
+	}
+	if c.Spec.MaxRecordingBytes == 0 {
+		c.Spec.MaxRecordingBytes = DefaultMaxRecordingBytes
+	}
 	return nil
 }
 

@@ -96,6 +96,9 @@ type Config struct {
 	// Locks refuses and ends what a lock covers (locks.go). Nil means no
 	// locks are enforced; the service always sets it.
 	Locks LockChecker
+	// Recorder records pty sessions (recording.go). Nil means sessions
+	// are not recorded (proxy mode, and tests that do not ask).
+	Recorder *Recorder
 }
 
 // Limiter is the part of lib/limiter the server uses. A refusal is a

@@ -89,13 +89,17 @@ func (s *session) startProcess(spec procSpec) (*process, error) {
 			return nil, trace.Wrap(err)
 		}
 		tty.Close()
+		out, in := io.Writer(s.ch), io.Writer(ptmx)
+		if s.rec != nil {
+			out, in = recorded(out, s.rec.Output), recorded(in, s.rec.Input)
+		}
 		outputs.Add(1)
 		s.goCopy(func() {
 			defer outputs.Done()
 			// Ends with EIO when the last holder of the tty closes it.
-			_, _ = io.Copy(s.ch, ptmx)
+			_, _ = io.Copy(out, ptmx)
 		})
-		s.goCopy(func() { _, _ = io.Copy(ptmx, s.ch) })
+		s.goCopy(func() { _, _ = io.Copy(in, s.ch) })
 	} else {
 		stdinR, stdinW, err := os.Pipe()
 		if err != nil {

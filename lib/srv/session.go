@@ -15,6 +15,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/recording"
 )
 
 // defaultPath is the PATH sessions start with: what Debian's login gives,
@@ -52,6 +53,9 @@ type session struct {
 	// command is what the session runs, for the audit trail: the exec
 	// command, "" for a login shell, "subsystem:NAME" for a subsystem.
 	command string
+	// rec records a pty session; nil when it is not recorded. Set before
+	// the process starts, closed by finish.
+	rec *recording.Writer
 }
 
 func (c *conn) handleSession(nch ssh.NewChannel) {
@@ -251,8 +255,15 @@ func (s *session) startCommand(req *ssh.Request, command string, isExec bool) {
 
 // run starts spec, answers req, and sends the exit status when it ends.
 func (s *session) run(req *ssh.Request, spec procSpec) {
+	rec := s.startRecording(spec)
+	s.mu.Lock()
+	s.rec = rec
+	s.mu.Unlock()
 	proc, err := s.startProcess(spec)
 	if err != nil {
+		if rec != nil {
+			_, _ = rec.Close("start failed: " + trace.UserMessage(err))
+		}
 		s.refuse(req, trace.Wrap(err, "starting %s", spec.path))
 		return
 	}
@@ -281,10 +292,14 @@ func (s *session) finish(st exitResult) {
 	}
 	_ = s.ch.Close()
 	s.log.WithFields(logrus.Fields{"exit_status": st.code, "exit_signal": st.signal}).Info("Session process ended.")
-	s.c.emit(events.SessionEnd, events.Fields{
+	fields := events.Fields{
 		events.FieldSessionID: s.id, events.FieldExitCode: st.code, "exit_signal": st.signal,
 		events.FieldBytesIn: s.ch.counts.in.Load(), events.FieldBytesOut: s.ch.counts.out.Load(),
-	})
+	}
+	if final := s.closeRecording(st); final != "" {
+		fields[events.FieldRecordingHash] = final
+	}
+	s.c.emit(events.SessionEnd, fields)
 }
 
 // buildEnv is the session's environment: the allowed client variables
@@ -353,6 +368,9 @@ func (s *session) resize(w *windowChange) error {
 		return trace.BadParameter("window-change without a pty")
 	}
 	s.pty.Columns, s.pty.Rows, s.pty.WidthPx, s.pty.HeightPx = w.Columns, w.Rows, w.WidthPx, w.HeightPx
+	if s.rec != nil {
+		s.rec.Resize(w.Columns, w.Rows)
+	}
 	if s.proc == nil || s.proc.ptmx == nil {
 		return nil // applied when the process starts
 	}

@@ -69,6 +69,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) 
 	c.registerAuth(app, add)
 	c.registerEvents(app, add)
 	c.registerLocks(app, add)
+	c.registerRecordings(app, add)
 
 	cmd, err := app.Parse(args)
 	if err != nil {

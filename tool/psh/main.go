@@ -125,6 +125,7 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 	status.Flag("format", "Output format: text or json.").Default("text").EnumVar(&c.status.format, "text", "json")
 	add(status, c.doStatus)
 	c.addBench(app, add)
+	c.addRecordings(app, add)
 	add(app.Command("logout", "Remove the stored key, certificate and profile."), c.doLogout)
 
 	cmd, err := app.Parse(args)

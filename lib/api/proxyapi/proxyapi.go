@@ -38,3 +38,25 @@ type Site struct {
 
 // SiteOnline is the status of a reachable cluster.
 const SiteOnline = "online"
+
+// SubsystemRecordings lists the session recordings the caller may see
+// (`psh recordings ls`): a JSON array of RecordingEntry. Like
+// SubsystemNodes it lives on the proxy port because psh authenticates
+// there with its certificate.
+const SubsystemRecordings = "recordings"
+
+// SubsystemRecordingPrefix + a session id streams that recording as an
+// asciicast v2 file (`psh play`). A recording the caller may not see is
+// refused exactly like one that does not exist.
+const SubsystemRecordingPrefix = "recording:"
+
+// RecordingEntry is one recording of the SubsystemRecordings answer.
+type RecordingEntry struct {
+	SessionID string    `json:"session_id"`
+	Started   time.Time `json:"started"`
+	User      string    `json:"user"`
+	Login     string    `json:"login"`
+	Node      string    `json:"node"`
+	Command   string    `json:"command,omitempty"`
+	Complete  bool      `json:"complete"`
+}

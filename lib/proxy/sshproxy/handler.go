@@ -39,6 +39,9 @@ type Config struct {
 	// Nodes serves the `nodes` subsystem (psh ls); nil means that
 	// subsystem is refused.
 	Nodes NodeLister
+	// Recordings serves the `recordings` and `recording:ID` subsystems
+	// (psh recordings ls, psh play); nil means they are refused.
+	Recordings RecordingSource
 	// Logger; nil means component=proxy:ssh.
 	Logger logrus.FieldLogger
 	// Audit receives route.ambiguous and access.denied; nil means
@@ -90,6 +93,12 @@ func (h *Handler) Subsystem(ctx context.Context, id *authz.Identity, name string
 	}
 	if name == proxyapi.SubsystemNodes {
 		return h.nodesSubsystem(id)
+	}
+	if name == proxyapi.SubsystemRecordings {
+		return h.recordingsSubsystem(ctx, id)
+	}
+	if strings.HasPrefix(name, proxyapi.SubsystemRecordingPrefix) {
+		return h.playSubsystem(ctx, id, name)
 	}
 	target, err := proxy.ParseProxySubsystem(name)
 	if err != nil {

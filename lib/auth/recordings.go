@@ -1,0 +1,255 @@
+package auth
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/api/authapi"
+	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/recording"
+)
+
+// recordings returns the storage or says there is none.
+func (s *Server) recordings() (recording.Storage, error) {
+	if s.cfg.Recordings == nil {
+		return nil, trace.NotImplemented("this auth server stores no session recordings")
+	}
+	return s.cfg.Recordings, nil
+}
+
+// PutRecordingChunk stores chunk c of session as uploaded by node nodeID.
+//
+// Only the node that recorded a session may write it: chunk 0's header
+// names the node (its UUID), and every later chunk must come from that
+// node. Chunks arrive in order and must extend the stored hash chain, so a
+// node (or anyone with its identity) cannot rewrite what it already
+// uploaded: a chunk that is already stored is accepted again only when it
+// is identical (an upload retried after a crash), never replaced.
+func (s *Server) PutRecordingChunk(ctx context.Context, nodeID, session string, c recording.Chunk) error {
+	st, err := s.recordings()
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	if err := recording.CheckSessionID(session); err != nil {
+		return trace.Wrap(err)
+	}
+	if c.Index < 0 {
+		return trace.BadParameter("chunk index %d is negative", c.Index)
+	}
+	if _, err := recording.DecodeChunk(c.Data); err != nil {
+		return trace.Wrap(err)
+	}
+	s.recMu.Lock()
+	defer s.recMu.Unlock()
+	idx, err := st.ChunkIndexes(ctx, session)
+	if err != nil && !trace.IsNotFound(err) {
+		return trace.Wrap(err)
+	}
+	if c.Index == 0 {
+		h, err := recording.HeaderOf(c.Data)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		if h.SessionID != session {
+			return trace.BadParameter("chunk 0 is for session %q, not %q", h.SessionID, session)
+		}
+		if h.Node != nodeID {
+			return trace.AccessDenied("node %q may not upload the recording of a session on node %q", nodeID, h.Node)
+		}
+	} else {
+		meta, err := st.GetMeta(ctx, session)
+		if err != nil {
+			return trace.BadParameter("chunk %d of %s: the first chunk is not stored yet", c.Index, session)
+		}
+		if meta.Node != nodeID {
+			return trace.AccessDenied("node %q may not upload the recording of a session on node %q", nodeID, meta.Node)
+		}
+	}
+	if len(idx) > c.Index {
+		have, err := st.GetChunk(ctx, session, c.Index)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		if have.Hash == c.Hash && have.Final == c.Final && string(have.Data) == string(c.Data) {
+			return nil
+		}
+		return trace.AlreadyExists("chunk %d of %s is already stored with other content", c.Index, session)
+	}
+	if len(idx) != c.Index {
+		return trace.BadParameter("chunk %d of %s: the next chunk expected is %d", c.Index, session, len(idx))
+	}
+	prev := ""
+	if c.Index > 0 {
+		p, err := st.GetChunk(ctx, session, c.Index-1)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		if p.Final {
+			return trace.BadParameter("recording %s is already complete", session)
+		}
+		prev = p.Hash
+	}
+	want, err := recording.ChainHash(prev, c.Data)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	if want != c.Hash {
+		return trace.BadParameter("chunk %d of %s does not extend the hash chain", c.Index, session)
+	}
+	return trace.Wrap(st.PutChunk(ctx, session, c))
+}
+
+// A chunk upload fits maxRequestBody: a chunk is at most
+// recording.DefaultChunkBytes plus one escaped 32 KiB pty read before
+// compression (under 450 KiB), under 600 KiB as base64 in JSON.
+
+func (a *APIServer) putRecordingChunk(ctx context.Context, p *peer, r *http.Request) (any, error) {
+	session := r.PathValue("session")
+	n, err := strconv.Atoi(r.PathValue("n"))
+	if err != nil || n < 0 {
+		return nil, trace.BadParameter("chunk number %q is not a non-negative integer", r.PathValue("n"))
+	}
+	var c recording.Chunk
+	if err := readJSON(r, &c); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if c.Index != n {
+		return nil, trace.BadParameter("chunk body says index %d, the path %d", c.Index, n)
+	}
+	return nil, trace.Wrap(a.auth.PutRecordingChunk(ctx, p.ID, session, c))
+}
+
+func (a *APIServer) listRecordings(ctx context.Context, _ *peer, _ *http.Request) (any, error) {
+	st, err := a.auth.recordings()
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	list, err := st.List(ctx)
+	return list, trace.Wrap(err)
+}
+
+// streamRecording answers GET /v1/recordings/{session}: the chunks as
+// newline-delimited JSON, read and sent one at a time. Each read is an
+// audit event (recording.play) naming the caller: for the proxy, lib/web
+// records the user it plays for.
+func (a *APIServer) streamRecording(w http.ResponseWriter, r *http.Request, p *peer) {
+	ctx := r.Context()
+	session := r.PathValue("session")
+	st, err := a.auth.recordings()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := recording.CheckSessionID(session); err != nil {
+		writeError(w, err)
+		return
+	}
+	idx, err := st.ChunkIndexes(ctx, session)
+	if err != nil {
+		writeError(w, trace.NotFound("recording %s not found", session))
+		return
+	}
+	if p.Role == RoleAdmin {
+		a.auth.cfg.Audit.Emit(ctx, events.Event{Type: events.RecordingPlay, User: p.ID, Fields: events.Fields{
+			events.FieldSessionID: session, events.FieldRole: p.Role, events.FieldMethod: "api",
+		}})
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	bw := bufio.NewWriter(w)
+	enc := json.NewEncoder(bw)
+	for _, i := range idx {
+		c, err := st.GetChunk(ctx, session, i)
+		if err != nil {
+			a.log.WithError(err).WithField("session_id", session).Warn("Reading a recording chunk failed.")
+			return
+		}
+		if err := enc.Encode(c); err != nil {
+			return
+		}
+	}
+	_ = bw.Flush()
+}
+
+// PutRecordingChunk uploads one chunk (node identity only).
+func (c *Client) PutRecordingChunk(ctx context.Context, session string, ch recording.Chunk) error {
+	return trace.Wrap(c.do(ctx, http.MethodPut, "/v1/recordings/"+url.PathEscape(session)+"/chunks/"+strconv.Itoa(ch.Index), nil, ch, nil))
+}
+
+// ListRecordings lists the stored recordings' metadata.
+func (c *Client) ListRecordings(ctx context.Context) ([]recording.Meta, error) {
+	var out []recording.Meta
+	return out, trace.Wrap(c.do(ctx, http.MethodGet, "/v1/recordings", nil, nil, &out))
+}
+
+// GetRecording reads every chunk of a recording, calling fn for each in
+// order (the answer is streamed; nothing is held but the current chunk).
+// It is bounded by ctx only: a long recording may take longer than one
+// API call's timeout.
+func (c *Client) GetRecording(ctx context.Context, session string, fn func(recording.Chunk) error) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/recordings/"+url.PathEscape(session), nil)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return trace.ConnectionProblem(err, "auth server at %s: %v", c.cfg.Addr, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return authapi.ReadErrorResponse(resp)
+	}
+	dec := json.NewDecoder(resp.Body)
+	for dec.More() {
+		var ch recording.Chunk
+		if err := dec.Decode(&ch); err != nil {
+			return trace.ConnectionProblem(err, "reading recording %s: %v", session, err)
+		}
+		if err := fn(ch); err != nil {
+			return trace.Wrap(err)
+		}
+	}
+	return nil
+}
+
+// ListRecordings lists the stored recordings (the proxy of an all-in-one
+// process reads them in-process).
+func (s *Server) ListRecordings(ctx context.Context) ([]recording.Meta, error) {
+	st, err := s.recordings()
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	list, err := st.List(ctx)
+	return list, trace.Wrap(err)
+}
+
+// GetRecording calls fn with each stored chunk of session, in order.
+func (s *Server) GetRecording(ctx context.Context, session string, fn func(recording.Chunk) error) error {
+	st, err := s.recordings()
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	if err := recording.CheckSessionID(session); err != nil {
+		return trace.Wrap(err)
+	}
+	idx, err := st.ChunkIndexes(ctx, session)
+	if err != nil {
+		return trace.NotFound("recording %s not found", session)
+	}
+	for _, i := range idx {
+		c, err := st.GetChunk(ctx, session, i)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		if err := fn(*c); err != nil {
+			return trace.Wrap(err)
+		}
+	}
+	return nil
+}

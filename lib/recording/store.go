@@ -1,0 +1,249 @@
+package recording
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/gravitational/trace"
+)
+
+// sessionIDPattern is what a session id may look like on disk: the
+// uuid.NewString form, so that an id from the network can never name a
+// path outside the store.
+var sessionIDPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+
+// CheckSessionID refuses ids that are not session uuids.
+func CheckSessionID(id string) error {
+	if !sessionIDPattern.MatchString(id) {
+		return trace.BadParameter("recording id %q is not a session id", id)
+	}
+	return nil
+}
+
+// Meta describes a stored recording for listings.
+type Meta struct {
+	Header
+	Chunks   int  `json:"chunks"`
+	Complete bool `json:"complete"`
+}
+
+// Storage is where the auth server keeps recordings. DirStorage is the
+// disk one; an S3-compatible store implements the same four calls.
+// Readers stream a recording chunk by chunk (ChunkIndexes, GetChunk), so
+// a long recording is never held in memory whole.
+type Storage interface {
+	PutChunk(ctx context.Context, session string, c Chunk) error
+	ChunkIndexes(ctx context.Context, session string) ([]int, error)
+	GetChunk(ctx context.Context, session string, i int) (*Chunk, error)
+	GetMeta(ctx context.Context, session string) (*Meta, error)
+	List(ctx context.Context) ([]Meta, error)
+}
+
+// DirStorage keeps one directory per session, one file per chunk
+// (NNNNNNNN.chunk, the Chunk as JSON). It is both the node's spool
+// (DATA_DIR/recordings) and the auth server's store.
+type DirStorage struct{ Dir string }
+
+var (
+	_ Storage = DirStorage{}
+	_ Sink    = (*DirSink)(nil)
+)
+
+func chunkName(i int) string { return fmt.Sprintf("%08d.chunk", i) }
+
+// PutChunk writes c atomically (temp file, fsync, rename): a crash leaves
+// the chunk whole or absent.
+func (d DirStorage) PutChunk(_ context.Context, session string, c Chunk) error {
+	if err := CheckSessionID(session); err != nil {
+		return trace.Wrap(err)
+	}
+	if c.Index < 0 {
+		return trace.BadParameter("chunk index %d", c.Index)
+	}
+	dir := filepath.Join(d.Dir, session)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return trace.ConvertSystemError(err)
+	}
+	data, err := json.Marshal(c)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	f, err := os.CreateTemp(dir, ".tmp-*")
+	if err != nil {
+		return trace.ConvertSystemError(err)
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return trace.ConvertSystemError(err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return trace.ConvertSystemError(err)
+	}
+	if err := f.Close(); err != nil {
+		return trace.ConvertSystemError(err)
+	}
+	return trace.ConvertSystemError(os.Rename(f.Name(), filepath.Join(dir, chunkName(c.Index))))
+}
+
+// ChunkIndexes lists the chunk indexes stored for session, ascending.
+// A session with no directory is NotFound.
+func (d DirStorage) ChunkIndexes(_ context.Context, session string) ([]int, error) {
+	if err := CheckSessionID(session); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	ents, err := os.ReadDir(filepath.Join(d.Dir, session))
+	if err != nil {
+		return nil, trace.ConvertSystemError(err)
+	}
+	var out []int
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), ".chunk")
+		if !ok {
+			continue
+		}
+		n, err := strconv.Atoi(name)
+		if err != nil {
+			continue
+		}
+		out = append(out, n)
+	}
+	sort.Ints(out)
+	return out, nil
+}
+
+// GetChunk reads one chunk file; its stored index must match its name.
+func (d DirStorage) GetChunk(_ context.Context, session string, i int) (*Chunk, error) {
+	if err := CheckSessionID(session); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	data, err := os.ReadFile(filepath.Join(d.Dir, session, chunkName(i)))
+	if err != nil {
+		return nil, trace.ConvertSystemError(err)
+	}
+	var c Chunk
+	if err := json.Unmarshal(data, &c); err != nil {
+		return nil, trace.BadParameter("chunk %d of %s is unreadable: %v", i, session, err)
+	}
+	if c.Index != i {
+		return nil, trace.BadParameter("chunk file %d of %s says it is chunk %d", i, session, c.Index)
+	}
+	return &c, nil
+}
+
+// RemoveChunk deletes a chunk file (the node's spool, after upload).
+func (d DirStorage) RemoveChunk(session string, i int) error {
+	return trace.ConvertSystemError(os.Remove(filepath.Join(d.Dir, session, chunkName(i))))
+}
+
+// GetChunks reads every chunk of session (tests and small tools; servers
+// stream with GetChunk).
+func GetChunks(ctx context.Context, st Storage, session string) ([]Chunk, error) {
+	idx, err := st.ChunkIndexes(ctx, session)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	out := make([]Chunk, 0, len(idx))
+	for _, i := range idx {
+		c, err := st.GetChunk(ctx, session, i)
+		if err != nil {
+			return nil, trace.Wrap(err)
+		}
+		out = append(out, *c)
+	}
+	return out, nil
+}
+
+// GetMeta reads the header from chunk 0.
+func (d DirStorage) GetMeta(ctx context.Context, session string) (*Meta, error) {
+	idx, err := d.ChunkIndexes(ctx, session)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if len(idx) == 0 || idx[0] != 0 {
+		return nil, trace.NotFound("recording %s has no first chunk", session)
+	}
+	c, err := d.GetChunk(ctx, session, 0)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	h, err := HeaderOf(c.Data)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	m := &Meta{Header: *h, Chunks: len(idx)}
+	if last, err := d.GetChunk(ctx, session, idx[len(idx)-1]); err == nil {
+		m.Complete = last.Final
+	}
+	return m, nil
+}
+
+// List returns the metadata of every stored recording, oldest first;
+// recordings whose first chunk is unreadable are skipped.
+func (d DirStorage) List(ctx context.Context) ([]Meta, error) {
+	ents, err := os.ReadDir(d.Dir)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return []Meta{}, nil
+		}
+		return nil, trace.ConvertSystemError(err)
+	}
+	out := []Meta{}
+	for _, e := range ents {
+		if !e.IsDir() || CheckSessionID(e.Name()) != nil {
+			continue
+		}
+		m, err := d.GetMeta(ctx, e.Name())
+		if err != nil {
+			continue
+		}
+		out = append(out, *m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Timestamp < out[j].Timestamp })
+	return out, nil
+}
+
+// HeaderOf decodes a first chunk's header line.
+func HeaderOf(gz []byte) (*Header, error) {
+	b, err := DecodeChunk(gz)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	var h Header
+	if err := json.Unmarshal([]byte(line), &h); err != nil {
+		return nil, trace.BadParameter("recording header: %v", err)
+	}
+	if h.Version != 2 || h.SessionID == "" {
+		return nil, trace.BadParameter("recording header is not a Postern asciicast v2 header")
+	}
+	return &h, nil
+}
+
+// DirSink writes one session's chunks to a DirStorage and tells Notify
+// (the uploader) that a chunk is ready.
+type DirSink struct {
+	Storage DirStorage
+	Session string
+	// Notify is called after each chunk is on disk; nil means nobody.
+	Notify func()
+}
+
+// WriteChunk stores c.
+func (s *DirSink) WriteChunk(c Chunk) error {
+	if err := s.Storage.PutChunk(context.Background(), s.Session, c); err != nil {
+		return trace.Wrap(err)
+	}
+	if s.Notify != nil {
+		s.Notify()
+	}
+	return nil
+}

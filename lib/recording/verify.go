@@ -1,0 +1,114 @@
+package recording
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+
+	"github.com/gravitational/trace"
+)
+
+// Result is what Verify found in a recording that checks out.
+type Result struct {
+	Chunks    int
+	FinalHash string
+	// Complete is false when the recording has no final chunk (the node
+	// died mid-session) and no final hash was given to check against.
+	Complete bool
+}
+
+// Verify checks the hash chain of chunks (any order; sorted by index
+// here). wantFinal, when not empty, is the final hash from the session.end
+// audit event. The error names the first chunk that is wrong.
+func Verify(chunks []Chunk, wantFinal string) (*Result, error) {
+	sorted := append([]Chunk(nil), chunks...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Index < sorted[j].Index })
+	if len(sorted) == 0 {
+		return nil, trace.BadParameter("recording has no chunks")
+	}
+	prev := ""
+	for i, c := range sorted {
+		if c.Index != i {
+			return nil, trace.BadParameter("chunk %d is missing (next stored chunk is %d)", i, c.Index)
+		}
+		got, err := ChainHash(prev, c.Data)
+		if err != nil {
+			return nil, trace.Wrap(err)
+		}
+		if got != c.Hash {
+			return nil, trace.BadParameter("chunk %d is wrong: its hash is %s, the chain says %s", i, c.Hash, got)
+		}
+		if _, err := DecodeChunk(c.Data); err != nil {
+			return nil, trace.BadParameter("chunk %d is wrong: %v", i, err)
+		}
+		if c.Final && i != len(sorted)-1 {
+			return nil, trace.BadParameter("chunk %d is marked final but chunks follow it", i)
+		}
+		prev = got
+	}
+	last := sorted[len(sorted)-1]
+	res := &Result{Chunks: len(sorted), FinalHash: prev, Complete: last.Final}
+	if wantFinal != "" && wantFinal != prev {
+		return nil, trace.BadParameter("the tail is cut or altered after chunk %d: the chain ends in %s, the session.end event says %s", last.Index, prev, wantFinal)
+	}
+	if wantFinal != "" {
+		res.Complete = true
+	}
+	return res, nil
+}
+
+// Export writes the recording as one asciicast v2 file.
+func Export(w io.Writer, chunks []Chunk) error {
+	sorted := append([]Chunk(nil), chunks...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Index < sorted[j].Index })
+	for _, c := range sorted {
+		b, err := DecodeChunk(c.Data)
+		if err != nil {
+			return trace.BadParameter("chunk %d: %v", c.Index, err)
+		}
+		if _, err := w.Write(b); err != nil {
+			return trace.Wrap(err)
+		}
+	}
+	return nil
+}
+
+// Event is one decoded asciicast event.
+type Event struct {
+	Time float64
+	Code string // "o", "i", "r", "m"
+	Data string
+}
+
+// Parse reads an asciicast v2 file: the header and its events.
+func Parse(cast []byte) (*Header, []Event, error) {
+	lines := bytes.Split(bytes.TrimRight(cast, "\n"), []byte("\n"))
+	if len(lines) == 0 || len(lines[0]) == 0 {
+		return nil, nil, trace.BadParameter("empty recording")
+	}
+	var h Header
+	if err := json.Unmarshal(lines[0], &h); err != nil {
+		return nil, nil, trace.BadParameter("recording header: %v", err)
+	}
+	if h.Version != 2 {
+		return nil, nil, trace.BadParameter("recording header: version %d, want 2", h.Version)
+	}
+	evs := make([]Event, 0, len(lines)-1)
+	for i, l := range lines[1:] {
+		var raw []json.RawMessage
+		if err := json.Unmarshal(l, &raw); err != nil || len(raw) != 3 {
+			return nil, nil, trace.BadParameter("recording line %d: want [time, code, data]", i+2)
+		}
+		var e Event
+		if json.Unmarshal(raw[0], &e.Time) != nil || json.Unmarshal(raw[1], &e.Code) != nil || json.Unmarshal(raw[2], &e.Data) != nil {
+			return nil, nil, trace.BadParameter("recording line %d: want [number, string, string]", i+2)
+		}
+		evs = append(evs, e)
+	}
+	return &h, evs, nil
+}
+
+// String renders an event for logs and tests.
+func (e Event) String() string { return fmt.Sprintf("%.3f %s %q", e.Time, e.Code, e.Data) }

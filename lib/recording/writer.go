@@ -1,0 +1,289 @@
+package recording
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
+	"github.com/sirupsen/logrus"
+)
+
+// Defaults; see Config for what zero means.
+const (
+	// DefaultChunkBytes closes a chunk at 256 KiB of events: small enough
+	// to upload in one call and to seek by, large enough to compress well.
+	DefaultChunkBytes = 256 << 10
+	// DefaultFlushInterval closes a chunk one second after its first
+	// event: what a node killed with SIGKILL may lose at most.
+	DefaultFlushInterval = time.Second
+	// DefaultMaxBytes caps a session's recorded events (uncompressed) at
+	// 256 MiB: a `cat` of a disk image must not fill the node's disk.
+	DefaultMaxBytes = 256 << 20
+)
+
+// Header is the asciicast v2 header with Postern's fields (asciicast
+// readers ignore fields they do not know).
+type Header struct {
+	Version   int               `json:"version"`
+	Width     uint32            `json:"width"`
+	Height    uint32            `json:"height"`
+	Timestamp int64             `json:"timestamp"`
+	Command   string            `json:"command,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	SessionID string            `json:"postern_session_id"`
+	User      string            `json:"user"`
+	Login     string            `json:"login"`
+	// Node is the node's UUID (the auth server checks that the uploading
+	// node is this one); NodeHostname is for people.
+	Node         string `json:"node"`
+	NodeHostname string `json:"node_hostname,omitempty"`
+	Cluster      string `json:"cluster"`
+}
+
+// Sink stores closed chunks; DirSink writes them to disk.
+type Sink interface {
+	WriteChunk(c Chunk) error
+}
+
+// Config configures a Writer.
+type Config struct {
+	// Header is written first; Version and Timestamp are set here.
+	// SessionID is required.
+	Header Header
+	// Sink receives each chunk as it closes. Required.
+	Sink Sink
+	// Clock times events and the flush interval. Nil means the real clock.
+	Clock clockwork.Clock
+	// ChunkBytes: zero means DefaultChunkBytes.
+	ChunkBytes int
+	// FlushInterval: zero means DefaultFlushInterval.
+	FlushInterval time.Duration
+	// MaxBytes caps the recorded events; zero means DefaultMaxBytes.
+	MaxBytes int64
+	// RecordInput records "i" events; off by default because passwords
+	// typed at prompts are input.
+	RecordInput bool
+	// OnCap is called once when MaxBytes is reached (the session emits an
+	// audit event), from the goroutine whose event hit the cap, without the
+	// writer's lock held. Nil means nothing is called.
+	OnCap func()
+	// Logger: nil means component=recording.
+	Logger logrus.FieldLogger
+}
+
+// CheckAndSetDefaults validates c.
+func (c *Config) CheckAndSetDefaults() error {
+	if c.Header.SessionID == "" {
+		return trace.BadParameter("recording: missing Header.SessionID")
+	}
+	if c.Sink == nil {
+		return trace.BadParameter("recording: missing Sink")
+	}
+	if c.Clock == nil {
+		c.Clock = clockwork.NewRealClock()
+	}
+	if c.ChunkBytes <= 0 {
+		c.ChunkBytes = DefaultChunkBytes
+	}
+	if c.FlushInterval <= 0 {
+		c.FlushInterval = DefaultFlushInterval
+	}
+	if c.MaxBytes <= 0 {
+		c.MaxBytes = DefaultMaxBytes
+	}
+	if c.Logger == nil {
+		c.Logger = logrus.WithField("component", "recording")
+	}
+	return nil
+}
+
+// Writer records one session. Its methods are safe for concurrent use
+// (the pty copy, the request loop and the flush timer call them).
+type Writer struct {
+	cfg   Config
+	start time.Time
+
+	// mu guards everything below; held while a chunk is compressed and
+	// handed to the sink (a disk write), never while waiting on the network.
+	mu       sync.Mutex
+	buf      []byte
+	last     float64 // last event time, so times never go back
+	index    int
+	prev     string // hash of the last closed chunk
+	written  int64  // event bytes recorded so far
+	capped   bool
+	closed   bool
+	timer    clockwork.Timer // flush timer, armed while buf holds events
+	sinkErr  error
+	finalHex string
+}
+
+// New starts a recording: the header goes into the first chunk.
+func New(cfg Config) (*Writer, error) {
+	if err := cfg.CheckAndSetDefaults(); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	w := &Writer{cfg: cfg, start: cfg.Clock.Now()}
+	h := cfg.Header
+	h.Version = 2
+	h.Timestamp = w.start.Unix()
+	line, err := json.Marshal(h)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(append(w.buf, line...), '\n')
+	w.armLocked()
+	return w, nil
+}
+
+// Output records terminal output.
+func (w *Writer) Output(p []byte) { w.event("o", p) }
+
+// Input records terminal input when RecordInput is on.
+func (w *Writer) Input(p []byte) {
+	if w.cfg.RecordInput {
+		w.event("i", p)
+	}
+}
+
+// Resize records a terminal size change.
+func (w *Writer) Resize(cols, rows uint32) {
+	w.event("r", []byte(fmt.Sprintf("%dx%d", cols, rows)))
+}
+
+// Marker records a named point (exec command, sftp, agent, exit status).
+func (w *Writer) Marker(label string) { w.event("m", []byte(label)) }
+
+func (w *Writer) event(code string, data []byte) {
+	if w.eventLocking(code, data) && w.cfg.OnCap != nil {
+		w.cfg.OnCap()
+	}
+}
+
+// eventLocking records one event and reports whether it hit the cap.
+func (w *Writer) eventLocking(code string, data []byte) (capped bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed || w.capped {
+		return false
+	}
+	line := w.lineLocked(code, data)
+	if w.written+int64(len(line)) > w.cfg.MaxBytes {
+		w.capped = true
+		w.buf = append(w.buf, w.lineLocked("m", []byte("recording stopped: max_recording_bytes ("+strconv.FormatInt(w.cfg.MaxBytes, 10)+") reached"))...)
+		w.flushLocked(false)
+		return true
+	}
+	w.written += int64(len(line))
+	w.buf = append(w.buf, line...)
+	if len(w.buf) >= w.cfg.ChunkBytes {
+		w.flushLocked(false)
+		return false
+	}
+	w.armLocked()
+	return false
+}
+
+// lineLocked encodes one event. Output is bytes; asciicast wants a
+// string, so invalid UTF-8 (a split multi-byte rune, binary) becomes
+// U+FFFD as asciinema itself does.
+func (w *Writer) lineLocked(code string, data []byte) []byte {
+	t := w.cfg.Clock.Since(w.start).Seconds()
+	if t < w.last {
+		t = w.last
+	}
+	w.last = t
+	s := string(data)
+	if !utf8.ValidString(s) {
+		s = toValidUTF8(s)
+	}
+	enc, _ := json.Marshal([]any{json.Number(strconv.FormatFloat(t, 'f', 6, 64)), code, s})
+	return append(enc, '\n')
+}
+
+func toValidUTF8(s string) string {
+	out := make([]rune, 0, len(s))
+	for _, r := range s {
+		out = append(out, r)
+	}
+	return string(out)
+}
+
+func (w *Writer) armLocked() {
+	if w.timer == nil && len(w.buf) > 0 {
+		w.timer = w.cfg.Clock.AfterFunc(w.cfg.FlushInterval, w.onTimer)
+	}
+}
+
+func (w *Writer) onTimer() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.timer = nil
+	if !w.closed {
+		w.flushLocked(false)
+	}
+}
+
+// flushLocked closes the buffered events into a chunk and hands it to the
+// sink. A final flush writes a chunk even when nothing is buffered, so the
+// final mark always exists.
+func (w *Writer) flushLocked(final bool) {
+	if w.timer != nil {
+		w.timer.Stop()
+		w.timer = nil
+	}
+	if len(w.buf) == 0 && !final {
+		return
+	}
+	if len(w.buf) == 0 {
+		// A chunk must decode to whole lines: the final mark rides on a
+		// marker of its own.
+		w.buf = w.lineLocked("m", []byte("end"))
+	}
+	gz, err := compress(w.buf)
+	if err == nil {
+		var h string
+		h, err = ChainHash(w.prev, gz)
+		if err == nil {
+			err = w.cfg.Sink.WriteChunk(Chunk{Index: w.index, Hash: h, Final: final, Data: gz})
+			w.prev = h
+			w.index++
+		}
+	}
+	if err != nil && w.sinkErr == nil {
+		w.sinkErr = err
+		w.cfg.Logger.WithError(err).WithField("session_id", w.cfg.Header.SessionID).Warn("Storing a recording chunk failed.")
+	}
+	w.buf = w.buf[:0]
+}
+
+// Close ends the recording with exitLabel as a last marker (empty: none)
+// and returns the final hash.
+func (w *Writer) Close(exitLabel string) (string, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return w.finalHex, trace.Wrap(w.sinkErr)
+	}
+	if exitLabel != "" {
+		w.buf = append(w.buf, w.lineLocked("m", []byte(exitLabel))...)
+	}
+	w.flushLocked(true)
+	w.closed = true
+	w.finalHex = w.prev
+	return w.finalHex, trace.Wrap(w.sinkErr)
+}
+
+// Capped reports whether MaxBytes stopped the recording.
+func (w *Writer) Capped() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.capped
+}

@@ -1,0 +1,77 @@
+package service
+
+import (
+	"context"
+
+	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/proxy/sshproxy"
+	"github.com/postern-dev/postern/lib/recording"
+	"github.com/postern-dev/postern/lib/srv"
+)
+
+// localChunkUploader hands chunks straight to the auth server of this
+// process (all-in-one), as the node nodeID.
+type localChunkUploader struct {
+	auth   *auth.Server
+	nodeID string
+}
+
+func (l localChunkUploader) PutRecordingChunk(ctx context.Context, session string, c recording.Chunk) error {
+	return trace.Wrap(l.auth.PutRecordingChunk(ctx, l.nodeID, session, c))
+}
+
+// startRecordingUploads starts the uploader of the node's recording spool
+// (which first ships whatever an earlier run left there) and returns the
+// session recorder. Uploads go as the node identity: auth accepts a
+// session's chunks only from the node that ran it, so the proxy identity
+// an all-in-one host otherwise talks with would not do.
+func (p *Process) startRecordingUploads(nodeID *auth.Identity, ap accessPoint) (*srv.Recorder, error) {
+	var up recording.ChunkUploader
+	if p.authServer != nil {
+		up = localChunkUploader{auth: p.authServer, nodeID: p.hostUUID}
+	} else {
+		clt, err := auth.NewClient(auth.ClientConfig{Addr: p.cfg.AuthServer, Identity: nodeID, Clock: p.clock})
+		if err != nil {
+			return nil, trace.Wrap(err)
+		}
+		p.onShutdown(func(context.Context) error { return clt.Close() })
+		up = clt
+	}
+	spool := recording.DirStorage{Dir: p.cfg.RecordingSpoolDir()}
+	u, err := recording.NewUploader(recording.UploaderConfig{
+		Spool:  spool,
+		Upload: up,
+		Clock:  p.clock,
+		Logger: p.log.WithField("component", "recording:upload"),
+	})
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	p.onShutdown(func(ctx context.Context) error {
+		// One last pass so that a clean shutdown leaves nothing behind,
+		// bounded by the shutdown's context.
+		_ = u.Flush(ctx)
+		return u.Close()
+	})
+	r, err := srv.NewRecorder(srv.RecorderConfig{
+		Spool:    spool,
+		Settings: ap.GetClusterNetworkingConfig,
+		Notify:   u.Notify,
+		Clock:    p.clock,
+	})
+	return r, trace.Wrap(err)
+}
+
+// recordingSource is where the proxy reads recordings for psh: the auth
+// server itself in an all-in-one process, else the auth API as the proxy.
+func (p *Process) recordingSource(ap accessPoint) sshproxy.RecordingSource {
+	if p.authServer != nil {
+		return p.authServer
+	}
+	if clt, ok := ap.(*auth.Client); ok {
+		return clt
+	}
+	return nil
+}

@@ -1,0 +1,117 @@
+package srv
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/recording"
+	"github.com/postern-dev/postern/lib/services"
+)
+
+func recordingEnv(t *testing.T, spec services.ClusterNetworkingConfigSpec) (*testEnv, recording.DirStorage, *events.Recorder) {
+	spool := recording.DirStorage{Dir: t.TempDir()}
+	audit := events.NewRecorder()
+	e := newTestEnv(t, func(c *Config) {
+		r, err := NewRecorder(RecorderConfig{Spool: spool, Settings: func(context.Context) (*services.ClusterNetworkingConfig, error) {
+			cfg := &services.ClusterNetworkingConfig{Spec: spec}
+			return cfg, cfg.CheckAndSetDefaults()
+		}})
+		require.NoError(t, err)
+		c.Recorder = r
+		c.Audit = audit
+	})
+	return e, spool, audit
+}
+
+// A pty session is recorded: header, output in order, the resize, and
+// the exit status as the last marker; session.end carries the final hash,
+// which the stored chunks verify against.
+func TestPTYSessionIsRecorded(t *testing.T) {
+	e, spool, audit := recordingEnv(t, services.ClusterNetworkingConfigSpec{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c := e.dial()
+	s, err := c.NewSession()
+	require.NoError(t, err)
+	defer s.Close()
+	require.NoError(t, s.RequestPty("xterm", 24, 80, ssh.TerminalModes{}))
+	stdout, err := s.StdoutPipe()
+	require.NoError(t, err)
+	stdin, err := s.StdinPipe()
+	require.NoError(t, err)
+	w := watchOutput(stdout)
+	require.NoError(t, s.Start(`for i in 1 2 3; do echo "count $i"; done; read x; echo after-resize; exit 3`))
+	w.waitFor(t, "count 3")
+	require.NoError(t, s.WindowChange(30, 100))
+	_, err = stdin.Write([]byte("secret-input\n"))
+	require.NoError(t, err)
+	w.waitFor(t, "after-resize")
+	var exitErr *ssh.ExitError
+	require.ErrorAs(t, s.Wait(), &exitErr)
+	require.Equal(t, 3, exitErr.ExitStatus())
+
+	end, err := audit.Wait(ctx, events.SessionEnd, nil)
+	require.NoError(t, err)
+	final, _ := end.Fields[events.FieldRecordingHash].(string)
+	require.NotEmpty(t, final, "session.end carries the recording's final hash")
+	sid := end.Fields[events.FieldSessionID].(string)
+
+	chunks, err := recording.GetChunks(ctx, spool, sid)
+	require.NoError(t, err)
+	res, err := recording.Verify(chunks, final)
+	require.NoError(t, err)
+	require.True(t, res.Complete)
+	var cast bytes.Buffer
+	require.NoError(t, recording.Export(&cast, chunks))
+	h, evs, err := recording.Parse(cast.Bytes())
+	require.NoError(t, err)
+	require.Equal(t, "alice", h.User)
+	require.Equal(t, e.me, h.Login)
+	require.Equal(t, "5f1c-node-uuid", h.Node)
+	require.Equal(t, uint32(80), h.Width)
+	require.Equal(t, "xterm", h.Env["TERM"])
+
+	var out strings.Builder
+	var kinds []string
+	for _, ev := range evs {
+		switch ev.Code {
+		case "o":
+			out.WriteString(ev.Data)
+		case "i":
+			t.Fatal("input is not recorded unless record_input is on")
+		default:
+			kinds = append(kinds, ev.Code+":"+ev.Data)
+		}
+	}
+	require.Regexp(t, `(?s)count 1.*count 2.*count 3.*after-resize`, out.String())
+	require.Equal(t, "m:exec: "+`for i in 1 2 3; do echo "count $i"; done; read x; echo after-resize; exit 3`, kinds[0])
+	require.Contains(t, kinds, "r:100x30")
+	require.Equal(t, "m:exit-status 3", kinds[len(kinds)-1])
+}
+
+// session_recording: off records nothing; sessions without a pty are not
+// recorded.
+func TestRecordingOffAndNoPTY(t *testing.T) {
+	e, spool, audit := recordingEnv(t, services.ClusterNetworkingConfigSpec{SessionRecording: services.RecordingOff})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c := e.dial()
+	s, err := c.NewSession()
+	require.NoError(t, err)
+	require.NoError(t, s.RequestPty("xterm", 24, 80, ssh.TerminalModes{}))
+	_, err = s.Output("echo hi")
+	require.NoError(t, err)
+	end, err := audit.Wait(ctx, events.SessionEnd, nil)
+	require.NoError(t, err)
+	require.Nil(t, end.Fields[events.FieldRecordingHash])
+	list, err := spool.List(ctx)
+	require.NoError(t, err)
+	require.Empty(t, list)
+}

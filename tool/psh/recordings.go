@@ -1,0 +1,104 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
+
+	"github.com/postern-dev/postern/lib/client"
+	"github.com/postern-dev/postern/lib/recording"
+)
+
+// playTimeout bounds fetching one recording: generous, a recording may be
+// hundreds of MiB.
+const playTimeout = 10 * time.Minute
+
+func (c *cli) addRecordings(app *kingpin.Application, add func(*kingpin.CmdClause, func(context.Context) error)) {
+	rec := app.Command("recordings", "Session recordings you may see (your own; all with review_recordings).")
+	var format string
+	ls := rec.Command("ls", "List recordings, oldest first.")
+	ls.Flag("format", "Output format: text or json.").Default("text").EnumVar(&format, "text", "json")
+	add(ls, func(ctx context.Context) error { return c.doRecordingsLs(ctx, format) })
+
+	var id, playFormat string
+	var speed float64
+	var rest []string
+	play := app.Command("play", "Play a session recording: psh play ID [--speed N] [--format tty|text|asciicast].")
+	addPlayFlags := func(cc interface {
+		Flag(name, help string) *kingpin.FlagClause
+	}) {
+		cc.Flag("speed", "Replay this many times faster (tty format).").Default("1").Float64Var(&speed)
+		cc.Flag("format", "tty (replay with timing), text (output with control sequences rendered away, for grep) or asciicast (the v2 file).").
+			Default("tty").EnumVar(&playFormat, "tty", "text", "asciicast")
+	}
+	addPlayFlags(play)
+	play.Arg("id", "Session id (psh recordings ls).").Required().StringVar(&id)
+	// psh parses without interspersed flags (what follows `psh ssh HOST`
+	// is the remote command's), so flags after the id arrive here and are
+	// parsed by a parser of their own.
+	play.Arg("flags", "--speed and --format may also follow the id.").StringsVar(&rest)
+	add(play, func(ctx context.Context) error {
+		if len(rest) > 0 {
+			sub := kingpin.New("psh play", "")
+			addPlayFlags(sub)
+			if _, err := sub.Parse(rest); err != nil {
+				return trace.BadParameter("psh play: %v", err)
+			}
+		}
+		return c.doPlay(ctx, id, playFormat, speed)
+	})
+}
+
+func (c *cli) doRecordingsLs(ctx context.Context, format string) error {
+	_, creds, err := c.credentials()
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, client.DialTimeout*2)
+	defer cancel()
+	list, err := client.ListRecordings(ctx, creds)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	if format == "json" {
+		return trace.Wrap(writeJSON(c, list))
+	}
+	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTARTED\tUSER\tLOGIN\tNODE\tCOMPLETE\tCOMMAND")
+	for _, r := range list {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%v\t%s\n", r.SessionID, r.Started.Format(time.RFC3339), r.User, r.Login, r.Node, r.Complete, r.Command)
+	}
+	return trace.Wrap(tw.Flush())
+}
+
+func (c *cli) doPlay(ctx context.Context, id, format string, speed float64) error {
+	if err := recording.CheckSessionID(id); err != nil {
+		return trace.Wrap(err)
+	}
+	if speed <= 0 {
+		return trace.BadParameter("--speed %v: want a positive number", speed)
+	}
+	_, creds, err := c.credentials()
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	fetchCtx, cancel := context.WithTimeout(ctx, playTimeout)
+	defer cancel()
+	if format == "asciicast" {
+		return trace.Wrap(client.FetchRecording(fetchCtx, creds, id, c.stdout))
+	}
+	var cast bytes.Buffer
+	if err := client.FetchRecording(fetchCtx, creds, id, &cast); err != nil {
+		return trace.Wrap(err)
+	}
+	if format == "text" {
+		return trace.Wrap(recording.RenderText(c.stdout, cast.Bytes()))
+	}
+	return trace.Wrap(recording.Replay(ctx, c.stdout, cast.Bytes(), speed, clockwork.NewRealClock()))
+}
