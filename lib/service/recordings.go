@@ -31,6 +31,11 @@ func (p *Process) startRecordingUploads(nodeID *auth.Identity, ap accessPoint) (
 	var up recording.ChunkUploader
 	if p.authServer != nil {
 		up = localChunkUploader{auth: p.authServer, nodeID: p.hostUUID}
+	} else if p.authClient != nil {
+		// The process's own auth client: the host's identity (node and
+		// proxy roles of one host share its UUID), and for a node behind
+		// NAT the one that dials auth through its tunnel.
+		up = p.authClient
 	} else {
 		clt, err := auth.NewClient(auth.ClientConfig{Addr: p.cfg.AuthServer, Identity: nodeID, Clock: p.clock})
 		if err != nil {
