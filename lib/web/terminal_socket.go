@@ -1,0 +1,305 @@
+package web
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+
+	"github.com/coder/websocket"
+	"github.com/gravitational/trace"
+	"github.com/sirupsen/logrus"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/api/webterm"
+	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/proxy"
+	"github.com/postern-dev/postern/lib/services"
+)
+
+// termSocket is one websocket attached to a terminal: it owns the
+// goroutines that read the browser's frames and ping it, and returns
+// only when both have ended.
+type termSocket struct {
+	srv  *Server
+	c    *websocket.Conn
+	live *liveSession
+	log  logrus.FieldLogger
+	// remoteAddr is the browser's address, for the audit trail.
+	remoteAddr string
+	// sequenced: the client speaks the resumable dialect.
+	sequenced bool
+	// term is set once the terminal exists (for the audit of a refused
+	// route, before it does, it carries the params).
+	term *term
+}
+
+// serve attaches the socket and carries frames until the socket or the
+// terminal ends.
+func (s *termSocket) serve(t *term, ack uint64) {
+	// Drop the previous socket first: a write stuck on it holds outMu,
+	// which attach needs.
+	t.mu.Lock()
+	old := t.att
+	t.mu.Unlock()
+	if old != nil {
+		old.c.CloseNow()
+	}
+	if err := t.attach(s, ack); err != nil {
+		if trace.IsNotFound(err) {
+			s.fail(err)
+			return
+		}
+		s.log.WithError(err).Info("Attaching the terminal failed.")
+		t.detach(s)
+		return
+	}
+	ctx, cancel := context.WithCancelCause(t.ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	// Browser -> node. Reads use the server's context, not ctx: canceling
+	// a read context makes the websocket library drop the connection,
+	// and the server still has to send the closing frames. Closing the
+	// socket unblocks this read.
+	go func() {
+		defer wg.Done()
+		cancel(s.readLoop(ctx, t))
+	}()
+	go func() {
+		defer wg.Done()
+		s.keepAlive(ctx, cancel)
+	}()
+	<-ctx.Done()
+	cause := context.Cause(ctx)
+	var se *sessionEnd
+	switch {
+	case t.ctx.Err() != nil:
+		// The terminal ended: say why.
+		<-t.done
+		t.mu.Lock()
+		end := t.end
+		t.mu.Unlock()
+		s.finish(end)
+	case errors.As(cause, &se):
+		// The browser asked to end the terminal.
+		t.cancel(se)
+		<-t.done
+		s.finish(se)
+	default:
+		s.c.CloseNow()
+		t.detach(s)
+	}
+	wg.Wait()
+}
+
+// connect routes, checks RBAC for the exact login, dials in-process and
+// starts a shell with a pty.
+func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) (*ssh.Client, *ssh.Session, io.WriteCloser, error) {
+	cfg := t.srv.cfg.WebSessions
+	id, err := t.srv.identity(ctx, t.live)
+	if err != nil {
+		return nil, nil, nil, trace.Wrap(err)
+	}
+	target, err := proxy.ParseTarget(p.Host)
+	if err != nil {
+		return nil, nil, nil, trace.Wrap(err)
+	}
+	target.Cluster = p.Cluster
+	conn, route, err := cfg.Router.DialHost(ctx, proxy.RouteRequest{
+		Target: target,
+		// The same candidates as on the SSH port and in the node list:
+		// nodes the user may reach with any of their logins. The exact
+		// login is then checked on the chosen node, and a refusal looks
+		// like "not found" too (the log says why).
+		Access: id.CanReach,
+		Authorize: func(node services.Node) error {
+			return id.CheckLogin(&node, p.Login)
+		},
+	})
+	if err != nil {
+		t.auditRoute(ctx, p, route, err)
+		// As on the SSH port: a denied node looks like a missing one.
+		visible, denied := proxy.HideDenied(target, route, err)
+		if denied {
+			t.log.WithError(err).WithField("hidden", route.Hidden).Warn("Access denied.")
+		}
+		return nil, nil, nil, trace.Wrap(visible)
+	}
+	node := route.Node
+	out.nodeHostname, out.nodeUUID, out.cluster = node.Hostname, node.UUID, route.Cluster
+	hctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	handshakeTimer := t.srv.cfg.Clock.AfterFunc(sshHandshakeTimeout, func() {
+		cancel(fmt.Errorf("no SSH handshake within %v", sshHandshakeTimeout))
+	})
+	defer handshakeTimer.Stop()
+	stop := context.AfterFunc(hctx, func() { conn.Close() })
+	// The address given to the handshake is the node's UUID, always one
+	// of its host certificate's principals.
+	_, port, _ := net.SplitHostPort(node.Addr)
+	sconn, chans, reqs, err := ssh.NewClientConn(conn, net.JoinHostPort(node.UUID, port), &ssh.ClientConfig{
+		User:            p.Login,
+		Auth:            []ssh.AuthMethod{ssh.PublicKeys(t.live.signer)},
+		HostKeyCallback: authz.HostKeyCallback(t.live.hostCAs, t.srv.cfg.Clock),
+		// AES-GCM first: x/crypto has assembly for it, not for chacha20.
+		Config: ssh.Config{Ciphers: []string{"aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com", "aes128-ctr"}},
+	})
+	if !stop() {
+		if err == nil {
+			sconn.Close()
+		}
+		return nil, nil, nil, trace.ConnectionProblem(context.Cause(hctx), "SSH connection to node %q failed: %v", node.Hostname, context.Cause(hctx))
+	}
+	if err != nil {
+		conn.Close()
+		return nil, nil, nil, trace.ConnectionProblem(err, "SSH connection to node %q as %q failed: %v", node.Hostname, p.Login, err)
+	}
+	client := ssh.NewClient(sconn, chans, reqs)
+	sess, err := client.NewSession()
+	if err != nil {
+		client.Close()
+		return nil, nil, nil, trace.ConnectionProblem(err, "opening a session on node %q: %v", node.Hostname, err)
+	}
+	stdin, err := sess.StdinPipe()
+	if err != nil {
+		client.Close()
+		return nil, nil, nil, trace.Wrap(err)
+	}
+	sess.Stdout = out
+	sess.Stderr = out
+	modes := ssh.TerminalModes{ssh.ECHO: 1, ssh.TTY_OP_ISPEED: 14400, ssh.TTY_OP_OSPEED: 14400}
+	if err := sess.RequestPty("xterm-256color", p.Rows, p.Cols, modes); err != nil {
+		client.Close()
+		return nil, nil, nil, trace.ConnectionProblem(err, "pty request on node %q refused: %v", node.Hostname, err)
+	}
+	if err := sess.Shell(); err != nil {
+		client.Close()
+		return nil, nil, nil, trace.ConnectionProblem(err, "shell on node %q refused: %v", node.Hostname, err)
+	}
+	return client, sess, stdin, nil
+}
+
+// readLoop carries browser frames to the session until the browser ends
+// it or goes away; it returns the cause.
+func (t *termSocket) readLoop(ctx context.Context, term *term) error {
+	clock := t.srv.cfg.Clock
+	lastTouch := clock.Now()
+	for {
+		typ, msg, err := t.c.Read(t.srv.web.ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
+			if websocket.CloseStatus(err) == websocket.StatusMessageTooBig {
+				t.log.Info("Browser sent an oversized frame.")
+			}
+			return errBrowserGone
+		}
+		if typ != websocket.MessageBinary {
+			continue
+		}
+		f, err := DecodeFrame(msg)
+		if err != nil {
+			continue
+		}
+		switch f.Type {
+		case FrameData:
+			if err := term.writeInput(t, f.Payload); err != nil {
+				return &sessionEnd{code: -1, reason: "connection to the node lost"}
+			}
+			if now := clock.Now(); now.Sub(lastTouch) >= touchInterval {
+				lastTouch = now
+				t.srv.touchSession(ctx, t.live.key)
+			}
+		case FrameResize:
+			size, err := DecodeResize(f.Payload)
+			if err != nil {
+				t.log.WithError(err).Debug("Ignoring a malformed resize.")
+				continue
+			}
+			if err := term.resize(t, size); err != nil {
+				t.log.WithError(err).Debug("Window change failed.")
+			}
+		case webterm.FrameAck:
+			// Acks only tell the server what the client rendered; the
+			// buffer keeps the last replayBufferSize bytes either way,
+			// so they need no bookkeeping beyond validation.
+			if _, _, err := webterm.DecodeSeq(f.Payload); err != nil {
+				t.log.WithError(err).Debug("Ignoring a malformed ack.")
+			}
+		case FramePing:
+			t.write(FramePong, f.Payload)
+		case FrameClose:
+			return &sessionEnd{code: -1, reason: "closed by the browser"}
+		default:
+			// Unknown or server-only types (a newer page): ignored.
+		}
+	}
+}
+
+// keepAlive pings the browser; a missed pong ends the terminal.
+func (t *termSocket) keepAlive(ctx context.Context, cancel context.CancelCauseFunc) {
+	interval := t.srv.cfg.WebSessions.KeepAliveInterval
+	ticker := t.srv.cfg.Clock.NewTicker(interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.Chan():
+			// A ping unanswered for a whole interval drops the socket,
+			// which also unblocks a write stuck on a browser that stopped
+			// reading.
+			timer := t.srv.cfg.Clock.AfterFunc(interval, func() { t.c.CloseNow() })
+			// The server's context, not ctx: canceling a ping drops the
+			// socket, and a session that just ended still says why.
+			err := t.c.Ping(t.srv.web.ctx)
+			timer.Stop()
+			if err != nil && ctx.Err() == nil {
+				t.log.WithError(err).Info("Browser stopped answering pings.")
+				cancel(errBrowserGone)
+				return
+			}
+		}
+	}
+}
+
+// write sends one frame. It is not bounded by a timer of its own: the
+// keep-alive drops a socket whose browser stopped answering, which ends a
+// stuck write.
+func (t *termSocket) write(typ byte, payload []byte) error {
+	return t.c.Write(t.srv.web.ctx, websocket.MessageBinary, EncodeFrame(typ, payload))
+}
+
+// fail reports an error that prevented the session from starting.
+func (t *termSocket) fail(err error) {
+	msg := trace.UserMessage(err)
+	t.log.WithError(err).Info("Web terminal failed.")
+	t.finish(&sessionEnd{code: -1, err: errors.New(msg), reason: msg})
+}
+
+// finish tells the browser how the session ended and closes the socket.
+func (t *termSocket) finish(end *sessionEnd) {
+	if end.err != nil {
+		_ = t.write(FrameError, []byte(end.err.Error()))
+	}
+	data, _ := json.Marshal(CloseMessage{Code: end.code, Reason: end.reason})
+	_ = t.write(FrameClose, data)
+	code := websocket.StatusNormalClosure
+	if end.err != nil {
+		code = closeError
+	}
+	t.c.Close(code, truncateReason(end.reason))
+}
+
+// writeData sends terminal output in the socket's dialect.
+func (t *termSocket) writeData(seq uint64, p []byte) error {
+	if !t.sequenced {
+		return t.write(FrameData, p)
+	}
+	return t.c.Write(t.srv.web.ctx, websocket.MessageBinary, webterm.EncodeSeqFrame(FrameData, seq, p))
+}
