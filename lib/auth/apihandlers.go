@@ -41,6 +41,13 @@ func (a *APIServer) registerRoutes() {
 	a.handle("GET /v1/nodes", allow(proxy, admin), a.getNodes)
 	a.handle("DELETE /v1/nodes/{cluster}/{uuid}", allow(admin), a.deleteNode)
 	a.handleStream("GET /v1/watch/nodes", allow(proxy, admin), a.watchNodes)
+	// Where tunnels live: a proxy writes leases for the tunnels it holds
+	// (for itself only: the proxy is the caller's certificate ID) and
+	// every proxy watches them to dial a peer that holds one.
+	a.handle("POST /v1/tunnel_connections", allow(proxy), a.audited("POST /v1/tunnel_connections", a.upsertTunnelConnections))
+	a.handle("POST /v1/tunnel_connections/delete", allow(proxy), a.audited("POST /v1/tunnel_connections/delete", a.deleteTunnelConnections))
+	a.handle("GET /v1/tunnel_connections", allow(proxy), a.getTunnelConnections)
+	a.handleStream("GET /v1/watch/tunnel_connections", allow(proxy), a.watchTunnelConnections)
 	// Public CA keys: nodes and proxies check user certificates with them,
 	// pctl auth sign writes the host CA into the identity file.
 	a.handle("GET /v1/authorities/{type}", allow(node, proxy, admin), a.getCAs)

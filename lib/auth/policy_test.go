@@ -38,6 +38,11 @@ var wantPolicy = map[string][]string{
 	"DELETE /v1/nodes/{cluster}/{uuid}": {RoleAdmin},
 	"GET /v1/watch/nodes":               {RoleProxy, RoleAdmin},
 
+	"POST /v1/tunnel_connections":        {RoleProxy},
+	"POST /v1/tunnel_connections/delete": {RoleProxy},
+	"GET /v1/tunnel_connections":         {RoleProxy},
+	"GET /v1/watch/tunnel_connections":   {RoleProxy},
+
 	"GET /v1/authorities/{type}":           {RoleNode, RoleProxy, RoleAdmin},
 	"GET /v1/authorities/{type}/{cluster}": {RoleNode, RoleProxy, RoleAdmin},
 
