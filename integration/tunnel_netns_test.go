@@ -260,3 +260,19 @@ func TestNodeInNetworkNamespace(t *testing.T) {
 		require.Eventually(t, func() bool { return echoRoundTrip(addr, "through -L") == nil }, 20*time.Second, 100*time.Millisecond, "ssh -L: %s", &errOut)
 	})
 }
+
+// startPlain runs name with args (outside any namespace).
+func (n *nsNode) startPlain(t *testing.T, name string, args []string) {
+	t.Helper()
+	n.cmd = exec.Command(name, args...)
+	n.cmd.Stderr = n.stderr
+	n.done = make(chan error, 1)
+	require.NoError(t, n.cmd.Start())
+	cmd, done := n.cmd, n.done
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		err := <-done
+		done <- err
+	})
+}
