@@ -48,6 +48,13 @@ func (a *APIServer) registerRoutes() {
 	a.handle("POST /v1/tunnel_connections/delete", allow(proxy), a.audited("POST /v1/tunnel_connections/delete", a.deleteTunnelConnections))
 	a.handle("GET /v1/tunnel_connections", allow(proxy), a.getTunnelConnections)
 	a.handleStream("GET /v1/watch/tunnel_connections", allow(proxy), a.watchTunnelConnections)
+	// Proxies: each proxy heartbeats its own record (and removes it on a
+	// clean shutdown); proxies read the list to announce it to tunnel
+	// agents and to find their peers; pctl proxies ls lists them. Nodes
+	// get the list from the tunnel server, never from auth.
+	a.handle("PUT /v1/proxies", allow(proxy), a.audited("PUT /v1/proxies", a.upsertProxy))
+	a.handle("DELETE /v1/proxies/self", allow(proxy), a.deleteProxy)
+	a.handle("GET /v1/proxies", allow(proxy, admin), a.getProxies)
 	// Public CA keys: nodes and proxies check user certificates with them,
 	// pctl auth sign writes the host CA into the identity file.
 	a.handle("GET /v1/authorities/{type}", allow(node, proxy, admin), a.getCAs)
@@ -187,6 +194,29 @@ func (a *APIServer) getNodes(ctx context.Context, _ *peer, r *http.Request) (any
 		nodes = []services.Node{}
 	}
 	return nodes, nil
+}
+
+func (a *APIServer) upsertProxy(ctx context.Context, p *peer, r *http.Request) (any, error) {
+	var rec services.Proxy
+	if err := readJSON(r, &rec); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return nil, trace.Wrap(a.auth.AnnounceProxy(ctx, p.ID, rec))
+}
+
+func (a *APIServer) deleteProxy(ctx context.Context, p *peer, _ *http.Request) (any, error) {
+	return nil, trace.Wrap(a.auth.RemoveProxy(ctx, p.ID))
+}
+
+func (a *APIServer) getProxies(ctx context.Context, _ *peer, _ *http.Request) (any, error) {
+	out, err := a.auth.store.GetProxies(ctx, a.auth.cfg.ClusterName)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if out == nil {
+		out = []services.Proxy{}
+	}
+	return out, nil
 }
 
 func (a *APIServer) deleteNode(ctx context.Context, _ *peer, r *http.Request) (any, error) {

@@ -113,7 +113,10 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	p.onShutdown(server.Shutdown)
 	p.log.WithField("addr", ln.Addr().String()).Info("Proxy SSH server is serving.")
 
-	return trace.Wrap(p.startWeb(ln.Addr(), tunnelAddr))
+	if err := p.startWeb(ln.Addr(), tunnelAddr); err != nil {
+		return trace.Wrap(err)
+	}
+	return trace.Wrap(p.startProxyHeartbeat(tunnelAddr))
 }
 
 // startWeb serves the proxy's HTTPS port.
