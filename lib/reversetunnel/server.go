@@ -137,6 +137,9 @@ type Server struct {
 	// waiters[uuid] is closed (and removed) when a tunnel for uuid
 	// registers: a dial waiting for a node blocks on it.
 	waiters map[string]chan struct{}
+	// changed is closed (and reset) when any tunnel registers or goes;
+	// see Changed in observe.go.
+	changed chan struct{}
 	closing bool
 	wg      sync.WaitGroup
 }
@@ -335,6 +338,7 @@ func (s *Server) register(t *tunnel) bool {
 		delete(s.waiters, t.uuid)
 	}
 	s.tunnels.Inc()
+	s.changedLocked()
 	return true
 }
 
@@ -354,6 +358,7 @@ func (s *Server) unregister(t *tunnel) {
 	} else {
 		s.byUUID[t.uuid] = ts
 	}
+	s.changedLocked()
 }
 
 // HasTunnel reports whether a tunnel from uuid is connected here.

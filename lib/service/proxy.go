@@ -69,8 +69,14 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		return trace.Wrap(err)
 	}
 	p.tunnelServer = ts
+	peers, peerAddr, err := p.startPeering(id, ts)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	p.peerAddr = peerAddr
 	router, err := proxy.NewRouter(proxy.RouterConfig{
 		Tunnels:     ts,
+		Peers:       peers,
 		ClusterName: p.clusterName,
 		NodeWatcher: nw,
 		Networking:  networking,

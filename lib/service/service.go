@@ -88,6 +88,9 @@ type Process struct {
 	heartbeat  *auth.Heartbeat
 	// proxyHeartbeat announces this proxy's `proxy` resource.
 	proxyHeartbeat *auth.Heartbeat
+	// peerAddr is the peer address this proxy advertises ("" when not a
+	// proxy).
+	peerAddr string
 	// tunnelAgent is a node behind NAT's agent; tunnelServer the proxy's
 	// tunnel port. Nil when not running.
 	tunnelAgent  *reversetunnel.Agent
