@@ -40,7 +40,7 @@ var wantPolicy = map[string][]string{
 
 	"POST /v1/tunnel_connections":        {RoleProxy},
 	"POST /v1/tunnel_connections/delete": {RoleProxy},
-	"GET /v1/tunnel_connections":         {RoleProxy},
+	"GET /v1/tunnel_connections":         {RoleProxy, RoleAdmin},
 	"GET /v1/watch/tunnel_connections":   {RoleProxy},
 	"PUT /v1/proxies":                    {RoleProxy},
 	"DELETE /v1/proxies/self":            {RoleProxy},

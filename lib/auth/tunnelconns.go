@@ -116,8 +116,13 @@ func (e tunnelConnectionEvents) NewWatcher(ctx context.Context, watch backend.Wa
 }
 
 func (e tunnelConnectionEvents) GetTunnelConnections(ctx context.Context) ([]services.TunnelConnection, error) {
+	return e.c.GetTunnelConnections(ctx)
+}
+
+// GetTunnelConnections lists the live tunnel leases (proxies and admins).
+func (c *Client) GetTunnelConnections(ctx context.Context) ([]services.TunnelConnection, error) {
 	var out []services.TunnelConnection
-	if err := e.c.do(ctx, http.MethodGet, "/v1/tunnel_connections", nil, nil, &out); err != nil {
+	if err := c.do(ctx, http.MethodGet, "/v1/tunnel_connections", nil, nil, &out); err != nil {
 		return nil, trace.Wrap(err)
 	}
 	return out, nil
