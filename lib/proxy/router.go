@@ -749,6 +749,9 @@ func (r *Router) Via(node services.Node) string {
 	switch {
 	case r.hasLocalTunnel(node.UUID):
 		return "tunnel on this proxy"
+	case len(holders) > 0 && node.Tunnel && r.cfg.Tunnels == nil:
+		// pctl route: no tunnels of its own, every holder is a peer.
+		return "its reverse tunnel (a tunnel-only node: never dialed directly), via peer " + strings.Join(holders, ", ")
 	case len(holders) > 0:
 		return "via peer " + strings.Join(holders, ", ") + " (its tunnel is on that proxy)"
 	case node.Tunnel && r.cfg.Peers != nil:
