@@ -116,10 +116,14 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	}
 	p.proxySSH = server
 	p.goServe("proxy SSH", func() error { return ignoreClosed(server.Serve(ln)) })
-	p.onShutdown(server.Shutdown)
+	p.drainers = append(p.drainers, server.Shutdown)
 	p.log.WithField("addr", ln.Addr().String()).Info("Proxy SSH server is serving.")
 
-	if err := p.startWeb(ln.Addr(), tunnelAddr); err != nil {
+	err = p.startWeb(ln.Addr(), tunnelAddr)
+	// Registered whether or not the web port came up, so the SSH server
+	// is shut down either way.
+	p.onShutdown(p.drainFrontends)
+	if err != nil {
 		return trace.Wrap(err)
 	}
 	return trace.Wrap(p.startProxyHeartbeat(tunnelAddr))
@@ -189,7 +193,7 @@ func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string) error {
 		return trace.Wrap(err)
 	}
 	p.goServe("web", func() error { return ws.Serve(ln) })
-	p.onShutdown(ws.Shutdown)
+	p.drainers = append(p.drainers, ws.Shutdown)
 	p.log.WithField("addr", ln.Addr().String()).Info("Web server is serving.")
 	return nil
 }

@@ -91,6 +91,9 @@ type Process struct {
 	// peerAddr is the peer address this proxy advertises ("" when not a
 	// proxy).
 	peerAddr string
+	// drainers are the proxy's client-facing servers' Shutdowns (SSH
+	// and web), run together by drainFrontends.
+	drainers []func(context.Context) error
 	// tunnelAgent is a node behind NAT's agent; tunnelServer the proxy's
 	// tunnel port. Nil when not running.
 	tunnelAgent  *reversetunnel.Agent
