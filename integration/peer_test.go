@@ -48,7 +48,7 @@ Host *
 }
 
 // waitLease waits until auth holds a tunnel lease for node from proxy.
-func waitLease(t *testing.T, clt *auth.Client, node, proxy string) services.TunnelConnection {
+func waitLease(t testing.TB, clt *auth.Client, node, proxy string) services.TunnelConnection {
 	t.Helper()
 	var found services.TunnelConnection
 	require.Eventually(t, func() bool {

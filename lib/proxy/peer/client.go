@@ -258,7 +258,7 @@ func (c *Client) dialSession(ctx context.Context, uuid, addr string) (*yamux.Ses
 		}
 		return nil, trace.ConnectionProblem(err, "TLS with peer proxy %q at %s: %v", uuid, addr, err)
 	}
-	sess, err := yamux.Client(tc, yamuxConfig())
+	sess, err := yamux.Client(&coalescingConn{Conn: tc}, yamuxConfig())
 	if err != nil {
 		_ = tc.Close()
 		return nil, trace.Wrap(err)

@@ -1,6 +1,7 @@
 package peer
 
 import (
+	"encoding/binary"
 	"net"
 	"sync"
 	"time"
@@ -38,4 +39,48 @@ func (c *streamConn) Close() error {
 		}
 	})
 	return err
+}
+
+// yamux frame header (its spec.md): version, type, flags (2), stream ID
+// (4), length (4). A data frame (type 0) with a non-zero length is
+// followed by that many bytes of body.
+const (
+	yamuxHeaderSize = 12
+	yamuxTypeData   = 0
+)
+
+// coalescingConn is the TLS connection as yamux sees it. yamux's send
+// loop writes a data frame's 12-byte header and its body in two calls;
+// over TLS that is two records and two syscalls per frame, the header's
+// record costing as much as the body's framing. A data header announcing
+// a body is held back and sent together with that body, in one write;
+// every other frame (window updates, pings, FIN/RST, go-away) goes out at
+// once, so nothing is ever delayed waiting for a write that won't come.
+// Only yamux's send loop writes (one goroutine), so no lock is needed.
+type coalescingConn struct {
+	net.Conn
+	hdr [yamuxHeaderSize]byte
+	// held says hdr holds a data header whose body is the next Write.
+	held bool
+	buf  []byte
+}
+
+func (c *coalescingConn) Write(p []byte) (int, error) {
+	if c.held {
+		c.held = false
+		c.buf = append(append(c.buf[:0], c.hdr[:]...), p...)
+		n, err := c.Conn.Write(c.buf)
+		if n >= yamuxHeaderSize {
+			n -= yamuxHeaderSize
+		} else {
+			n = 0
+		}
+		return n, err
+	}
+	if len(p) == yamuxHeaderSize && p[1] == yamuxTypeData && binary.BigEndian.Uint32(p[8:12]) > 0 {
+		copy(c.hdr[:], p)
+		c.held = true
+		return len(p), nil
+	}
+	return c.Conn.Write(p)
 }

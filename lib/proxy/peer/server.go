@@ -206,7 +206,7 @@ func (s *Server) handleConn(nc net.Conn) {
 	}
 	_ = nc.SetDeadline(time.Time{})
 	peerID := peerCN(tc.ConnectionState())
-	sess, err := yamux.Server(tc, yamuxConfig())
+	sess, err := yamux.Server(&coalescingConn{Conn: tc}, yamuxConfig())
 	if err != nil {
 		_ = tc.Close()
 		return
