@@ -29,6 +29,12 @@ func (a *APIServer) registerRoutes() {
 	a.joinMux.HandleFunc("POST /v1/join", func(w http.ResponseWriter, r *http.Request) {
 		a.respond(w, r, nil, a.join)
 	})
+	// A leaf cluster's auth server spending a trusted_cluster token (see
+	// trustedclusters.go): the token is the credential, like a join's.
+	a.routes = append(a.routes, apiRoute{pattern: "POST " + trustedClusterRegisterPath})
+	a.joinMux.HandleFunc("POST "+trustedClusterRegisterPath, func(w http.ResponseWriter, r *http.Request) {
+		a.respond(w, r, nil, a.trustedClusterRegister)
+	})
 
 	// Who am I: any identity may check that it is accepted.
 	a.handle("GET /v1/ping", allow(node, proxy, admin), a.ping)
@@ -82,6 +88,13 @@ func (a *APIServer) registerRoutes() {
 	a.handle("GET /v1/tokens", allow(admin), a.getTokens)
 	a.handle("POST /v1/tokens", allow(admin), a.createToken)
 	a.handle("DELETE /v1/tokens/{name}", allow(admin), a.deleteToken)
+	// Trust between clusters: on a leaf, pctl create/get/rm of
+	// trusted_cluster; on a root, pctl clusters ls/rm.
+	a.handle("PUT /v1/trustedclusters", allow(admin), a.upsertTrustedCluster)
+	a.handle("GET /v1/trustedclusters", allow(admin), a.getTrustedClusters)
+	a.handle("DELETE /v1/trustedclusters/{name}", allow(admin), a.deleteTrustedCluster)
+	a.handle("GET /v1/remoteclusters", allow(admin), a.getRemoteClusters)
+	a.handle("DELETE /v1/remoteclusters/{name}", allow(admin), a.deleteRemoteCluster)
 	// A certificate for a name, without a password: pctl auth sign only.
 	a.handle("POST /v1/certs/user", allow(admin), a.generateUserCert)
 	// Logins with the user's own credentials: the proxy's web API.

@@ -314,6 +314,34 @@ func (c *Client) DeleteToken(ctx context.Context, name string) error {
 	return trace.Wrap(c.do(ctx, http.MethodDelete, "/v1/tokens/"+url.PathEscape(name), nil, nil, nil))
 }
 
+// UpsertTrustedCluster makes this (leaf) cluster trust a root, or updates
+// an established trusted_cluster's spec.
+func (c *Client) UpsertTrustedCluster(ctx context.Context, tc *services.TrustedCluster) (*services.TrustedCluster, error) {
+	return call[services.TrustedCluster](ctx, c, http.MethodPut, "/v1/trustedclusters", nil, tc)
+}
+
+// GetTrustedClusters lists the roots this cluster trusts.
+func (c *Client) GetTrustedClusters(ctx context.Context) ([]services.TrustedCluster, error) {
+	var out []services.TrustedCluster
+	return out, trace.Wrap(c.do(ctx, http.MethodGet, "/v1/trustedclusters", nil, nil, &out))
+}
+
+// DeleteTrustedCluster withdraws trust in a root.
+func (c *Client) DeleteTrustedCluster(ctx context.Context, name string) error {
+	return trace.Wrap(c.do(ctx, http.MethodDelete, "/v1/trustedclusters/"+url.PathEscape(name), nil, nil, nil))
+}
+
+// GetRemoteClusters lists this (root) cluster's leaves.
+func (c *Client) GetRemoteClusters(ctx context.Context) ([]services.RemoteCluster, error) {
+	var out []services.RemoteCluster
+	return out, trace.Wrap(c.do(ctx, http.MethodGet, "/v1/remoteclusters", nil, nil, &out))
+}
+
+// DeleteRemoteCluster removes a leaf and its CAs.
+func (c *Client) DeleteRemoteCluster(ctx context.Context, name string) error {
+	return trace.Wrap(c.do(ctx, http.MethodDelete, "/v1/remoteclusters/"+url.PathEscape(name), nil, nil, nil))
+}
+
 // GenerateUserCert signs a user certificate without a password: admin only
 // (pctl auth sign); a proxy logs users in with AuthenticateSSHUser.
 func (c *Client) GenerateUserCert(ctx context.Context, req authapi.UserCertRequest) ([]byte, error) {

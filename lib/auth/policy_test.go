@@ -29,7 +29,14 @@ const roleNone = "none"
 // have a row (a new endpoint without one fails TestAPIRolePolicy), and
 // each row says exactly which callers may reach the handler.
 var wantPolicy = map[string][]string{
-	"POST /v1/join": {roleNone},
+	"POST /v1/join":                 {roleNone},
+	"POST /v1/join/trusted_cluster": {roleNone},
+
+	"PUT /v1/trustedclusters":           {RoleAdmin},
+	"GET /v1/trustedclusters":           {RoleAdmin},
+	"DELETE /v1/trustedclusters/{name}": {RoleAdmin},
+	"GET /v1/remoteclusters":            {RoleAdmin},
+	"DELETE /v1/remoteclusters/{name}":  {RoleAdmin},
 
 	"GET /v1/ping": {RoleNode, RoleProxy, RoleAdmin},
 
@@ -184,7 +191,8 @@ func TestAPIRolePolicy(t *testing.T) {
 
 	for _, pattern := range registered {
 		allowed := wantPolicy[pattern]
-		isJoin := pattern == "POST /v1/join"
+		// The join listener's endpoints take no client certificate.
+		isJoin := slices.Contains(allowed, roleNone)
 		for _, c := range callers {
 			mayCall := slices.Contains(allowed, c.role)
 			t.Run(pattern+" as "+c.role, func(t *testing.T) {

@@ -85,6 +85,11 @@ type ServerConfig struct {
 	// gives a recording.DirStorage under the data dir). Nil means the
 	// recording endpoints answer NotImplemented.
 	Recordings recording.Storage
+	// DialProxy reaches another cluster's auth API through that cluster's
+	// proxy (lib/web.DialJoinRelay): a leaf's trust exchange with its
+	// root. Nil means this cluster cannot become a leaf (creating a
+	// trusted_cluster answers NotImplemented).
+	DialProxy DialProxyFunc
 }
 
 // CheckAndSetDefaults validates the config and fills defaults.

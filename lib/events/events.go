@@ -67,6 +67,18 @@ const (
 	// HostJoinFailed: a join was refused (bad or spent token, wrong
 	// role, rate limited, invalid request).
 	HostJoinFailed = "host.join.failed"
+	// LeafAdd: a leaf cluster spent a trusted_cluster token on this
+	// (root) cluster and its CAs were stored; LeafAddFailed: such an
+	// attempt was refused (the reason says why: spent token, a name
+	// taken by the root or by another leaf, malformed CA keys).
+	LeafAdd       = "remote_cluster.add"
+	LeafAddFailed = "remote_cluster.add.failed"
+	// LeafRemove: an admin removed a leaf (pctl clusters rm) and its CAs.
+	LeafRemove = "remote_cluster.remove"
+	// TrustAdd and TrustRemove: on a leaf, trust in a root established
+	// (pctl create -f trusted_cluster.yaml) or withdrawn (pctl rm).
+	TrustAdd    = "trusted_cluster.add"
+	TrustRemove = "trusted_cluster.remove"
 	// APIDenied: a host's auth API call refused: an endpoint its role may
 	// not call, or a write outside what its identity may touch (a node
 	// announcing another node).
@@ -118,6 +130,8 @@ const (
 	FieldHostname = "hostname"
 	// FieldEndpoint is an auth API endpoint ("PUT /v1/nodes").
 	FieldEndpoint = "endpoint"
+	// FieldRemoteCluster names the other cluster of a trust relation.
+	FieldRemoteCluster = "remote_cluster"
 	// FieldListener names the listener that refused a connection
 	// ("proxy_ssh", "web", "node"), FieldCap the cap that did
 	// (lib/limiter's cap names) and FieldCount how many were refused.

@@ -19,6 +19,7 @@ import (
 	"github.com/postern-dev/postern/lib/recording"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
+	"github.com/postern-dev/postern/lib/web"
 )
 
 // startAuth opens the backend, loads or creates the CAs and serves the auth
@@ -59,6 +60,9 @@ func (p *Process) startAuth(ctx context.Context) error {
 		Clock:            p.clock,
 		Logger:           p.log.WithField("component", "auth"),
 		Recordings:       recording.DirStorage{Dir: cfg.AuthRecordingsDir()},
+		// A leaf reaches its root's auth API through the root proxy's
+		// join relay: the same pinned path a node behind NAT joins by.
+		DialProxy: web.DialJoinRelay,
 	})
 	if err != nil {
 		return trace.Wrap(err)

@@ -324,6 +324,17 @@ func (s *Store) CreateCertAuthority(ctx context.Context, ca CertAuthority) error
 	return trace.Wrap(err)
 }
 
+// DeleteCertAuthority removes a CA. Only another cluster's CAs are ever
+// deleted (trust in a root or a leaf withdrawn): the auth server never
+// calls it for its own.
+func (s *Store) DeleteCertAuthority(ctx context.Context, clusterName string, t CertAuthType) error {
+	msg := string(t) + " certificate authority of cluster " + quote(clusterName) + " not found"
+	if CheckClusterName(clusterName) != nil || (t != UserCA && t != HostCA) {
+		return trace.NotFound("%s", msg)
+	}
+	return s.delete(ctx, caKey(t, clusterName), msg)
+}
+
 // GetCertAuthority returns a CA; private keys only when withSecrets.
 func (s *Store) GetCertAuthority(ctx context.Context, clusterName string, t CertAuthType, withSecrets bool) (*CertAuthority, error) {
 	if CheckClusterName(clusterName) != nil || (t != UserCA && t != HostCA) {

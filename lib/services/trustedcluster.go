@@ -1,12 +1,18 @@
 package services
 
 import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"net"
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/backend"
 )
 
 // KindTrustedCluster is the leaf side of a trust relation: the leaf names the
@@ -32,7 +38,11 @@ type TrustedClusterSpec struct {
 	// ProxyAddr is the root's proxy web address (host:port) the leaf's
 	// proxy exchanges CAs with and opens its tunnels to.
 	ProxyAddr string `json:"proxy_addr"`
-	// Token is the root's single-use trusted_cluster join token.
+	// Token is what the root's `pctl tokens add --type trusted_cluster`
+	// printed: the single-use secret and the pin of the root's TLS CA,
+	// SECRET@sha256:HEX (see ParseTrustedClusterToken). The pin is what
+	// authenticates the root to the leaf: without it, whoever answered at
+	// proxy_addr could hand the leaf CAs of its own choosing.
 	Token string `json:"token"`
 	// RoleMap maps the roles a root user holds to roles of this cluster.
 	RoleMap RoleMap `json:"role_map"`
@@ -76,6 +86,9 @@ func (tc *TrustedCluster) CheckAndSetDefaults() error {
 	}
 	if tc.Spec.Token == "" {
 		return trace.BadParameter("trusted_cluster %q: spec.token is empty", tc.Metadata.Name)
+	}
+	if _, _, err := ParseTrustedClusterToken(tc.Spec.Token); err != nil {
+		return trace.BadParameter("trusted_cluster %q: spec.token: %v", tc.Metadata.Name, err)
 	}
 	if err := tc.Spec.RoleMap.Check(); err != nil {
 		return trace.BadParameter("trusted_cluster %q: %v", tc.Metadata.Name, err)
@@ -145,4 +158,138 @@ func globMatch(pattern, s string) bool {
 		parts[i] = regexp.QuoteMeta(p)
 	}
 	return regexp.MustCompile("^" + strings.Join(parts, ".*") + "$").MatchString(s)
+}
+
+// caPinPrefix starts a CA pin ("sha256:" and the hex SHA-256 of the TLS
+// CA's SubjectPublicKeyInfo, as `--ca-pin` takes it).
+const caPinPrefix = "sha256:"
+
+// TrustedClusterToken is the token a root prints for a leaf: the secret
+// and the root's CA pin, in one string so that an operator copies one
+// value and cannot forget the pin (a leaf without it would have to trust
+// whatever answers at proxy_addr, which is how a man in the middle
+// substitutes CAs).
+func TrustedClusterToken(secret, caPin string) string { return secret + "@" + caPin }
+
+// ParseTrustedClusterToken splits SECRET@sha256:HEX.
+func ParseTrustedClusterToken(tok string) (secret, caPin string, err error) {
+	secret, caPin, ok := strings.Cut(tok, "@")
+	if !ok || secret == "" {
+		return "", "", trace.BadParameter("want the whole token printed by `pctl tokens add --type trusted_cluster` on the root (SECRET@sha256:HEX): the CA pin after the @ is what authenticates the root")
+	}
+	if err := checkKeyComponent("token", secret); err != nil {
+		return "", "", trace.BadParameter("the secret before the @ is malformed: %v", err)
+	}
+	hexPart, ok := strings.CutPrefix(caPin, caPinPrefix)
+	if b, err := hex.DecodeString(hexPart); !ok || err != nil || len(b) != sha256.Size {
+		return "", "", trace.BadParameter("the CA pin %q after the @ is malformed: want %s followed by 64 hex digits", caPin, caPinPrefix)
+	}
+	return secret, strings.ToLower(caPin), nil
+}
+
+// KindRemoteCluster is the root side of a trust relation: a leaf that
+// spent a trusted_cluster token here.
+const KindRemoteCluster = "remote_cluster"
+
+// RemoteCluster is a leaf cluster as its root records it. The root writes
+// it (never the leaf): it comes into being when the leaf spends a token,
+// together with the leaf's CAs, and `pctl clusters rm` removes both.
+type RemoteCluster struct {
+	// Name is the leaf's cluster name (the OU of its certificates, the
+	// CLUSTER of HOST.CLUSTER).
+	Name string `json:"name"`
+	// Created is when the leaf established trust (the root's clock).
+	Created time.Time `json:"created"`
+}
+
+// CheckAndSetDefaults validates a remote cluster record.
+func (rc *RemoteCluster) CheckAndSetDefaults() error {
+	if err := CheckClusterName(rc.Name); err != nil {
+		return trace.BadParameter("remote_cluster name: %v", err)
+	}
+	return nil
+}
+
+const (
+	trustedClustersPrefix = "trusted_clusters"
+	remoteClustersPrefix  = "remote_clusters"
+)
+
+// UpsertTrustedCluster writes a leaf's trust in a root.
+func (s *Store) UpsertTrustedCluster(ctx context.Context, tc *TrustedCluster) error {
+	if tc == nil {
+		return trace.BadParameter("missing trusted_cluster")
+	}
+	if err := tc.CheckAndSetDefaults(); err != nil {
+		return trace.Wrap(err)
+	}
+	return s.put(ctx, backend.Key(trustedClustersPrefix, tc.Metadata.Name), tc, time.Time{})
+}
+
+// GetTrustedCluster returns one trusted_cluster by the root's name.
+func (s *Store) GetTrustedCluster(ctx context.Context, name string) (*TrustedCluster, error) {
+	msg := "trusted_cluster " + quote(name) + " not found"
+	if CheckClusterName(name) != nil {
+		return nil, trace.NotFound("%s", msg)
+	}
+	var tc TrustedCluster
+	if err := s.get(ctx, backend.Key(trustedClustersPrefix, name), &tc, msg); err != nil {
+		return nil, err
+	}
+	return &tc, nil
+}
+
+// GetTrustedClusters returns every trusted_cluster, by name.
+func (s *Store) GetTrustedClusters(ctx context.Context) ([]TrustedCluster, error) {
+	return getAll[TrustedCluster](ctx, s, backend.Prefix(trustedClustersPrefix))
+}
+
+// DeleteTrustedCluster removes a trusted_cluster record (not the CAs: the
+// auth server removes those, see auth.Server.DeleteTrustedCluster).
+func (s *Store) DeleteTrustedCluster(ctx context.Context, name string) error {
+	msg := "trusted_cluster " + quote(name) + " not found"
+	if CheckClusterName(name) != nil {
+		return trace.NotFound("%s", msg)
+	}
+	return s.delete(ctx, backend.Key(trustedClustersPrefix, name), msg)
+}
+
+// CreateRemoteCluster records a new leaf; AlreadyExists when one of that
+// name is there (a second leaf may not take a first one's name).
+func (s *Store) CreateRemoteCluster(ctx context.Context, rc RemoteCluster) error {
+	if err := rc.CheckAndSetDefaults(); err != nil {
+		return trace.Wrap(err)
+	}
+	err := s.create(ctx, backend.Key(remoteClustersPrefix, rc.Name), rc, time.Time{})
+	if trace.IsAlreadyExists(err) {
+		return trace.AlreadyExists("cluster %q is already a leaf of this cluster", rc.Name)
+	}
+	return trace.Wrap(err)
+}
+
+// GetRemoteCluster returns one leaf.
+func (s *Store) GetRemoteCluster(ctx context.Context, name string) (*RemoteCluster, error) {
+	msg := "remote cluster " + quote(name) + " not found"
+	if CheckClusterName(name) != nil {
+		return nil, trace.NotFound("%s", msg)
+	}
+	var rc RemoteCluster
+	if err := s.get(ctx, backend.Key(remoteClustersPrefix, name), &rc, msg); err != nil {
+		return nil, err
+	}
+	return &rc, nil
+}
+
+// GetRemoteClusters returns every leaf, by name.
+func (s *Store) GetRemoteClusters(ctx context.Context) ([]RemoteCluster, error) {
+	return getAll[RemoteCluster](ctx, s, backend.Prefix(remoteClustersPrefix))
+}
+
+// DeleteRemoteCluster removes a leaf's record.
+func (s *Store) DeleteRemoteCluster(ctx context.Context, name string) error {
+	msg := "remote cluster " + quote(name) + " not found"
+	if CheckClusterName(name) != nil {
+		return trace.NotFound("%s", msg)
+	}
+	return s.delete(ctx, backend.Key(remoteClustersPrefix, name), msg)
 }

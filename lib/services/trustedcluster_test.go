@@ -1,10 +1,67 @@
 package services
 
 import (
+	"context"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 )
+
+var testPin = "sha256:" + strings.Repeat("ab", 32)
+
+func TestParseTrustedClusterToken(t *testing.T) {
+	secret, pin, err := ParseTrustedClusterToken(TrustedClusterToken("0123abcd", "sha256:"+strings.Repeat("AB", 32)))
+	require.NoError(t, err)
+	require.Equal(t, "0123abcd", secret)
+	require.Equal(t, testPin, pin, "pins compare lower-case")
+	for _, bad := range []string{"", "abc", "abc@", "@" + testPin, "a/b@" + testPin, "abc@" + testPin + "00"} {
+		_, _, err := ParseTrustedClusterToken(bad)
+		require.Error(t, err, bad)
+		require.True(t, trace.IsBadParameter(err), bad)
+	}
+}
+
+func TestStoreTrustedAndRemoteClusters(t *testing.T) {
+	ctx := context.Background()
+	s := newTestStore(t, clockwork.NewFakeClock())
+
+	tc := &TrustedCluster{Metadata: Metadata{Name: "root"}, Spec: TrustedClusterSpec{
+		Enabled: true, ProxyAddr: "root:3080", Token: "abc@" + testPin,
+		RoleMap: RoleMap{{Remote: "access", Local: []string{"dev"}}},
+	}}
+	require.NoError(t, s.UpsertTrustedCluster(ctx, tc))
+	got, err := s.GetTrustedCluster(ctx, "root")
+	require.NoError(t, err)
+	require.Equal(t, tc, got)
+	all, err := s.GetTrustedClusters(ctx)
+	require.NoError(t, err)
+	require.Len(t, all, 1)
+	require.Error(t, s.UpsertTrustedCluster(ctx, &TrustedCluster{Metadata: Metadata{Name: "bad"}}))
+	require.NoError(t, s.DeleteTrustedCluster(ctx, "root"))
+	_, err = s.GetTrustedCluster(ctx, "root")
+	require.True(t, trace.IsNotFound(err))
+	require.True(t, trace.IsNotFound(s.DeleteTrustedCluster(ctx, "root")))
+	require.True(t, trace.IsNotFound(s.DeleteTrustedCluster(ctx, "../x")))
+
+	rc := RemoteCluster{Name: "leaf", Created: time.Unix(100, 0).UTC()}
+	require.NoError(t, s.CreateRemoteCluster(ctx, rc))
+	err = s.CreateRemoteCluster(ctx, rc)
+	require.True(t, trace.IsAlreadyExists(err))
+	require.ErrorContains(t, err, `cluster "leaf" is already a leaf`)
+	gotRC, err := s.GetRemoteCluster(ctx, "leaf")
+	require.NoError(t, err)
+	require.Equal(t, rc, *gotRC)
+	rcs, err := s.GetRemoteClusters(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []RemoteCluster{rc}, rcs)
+	require.NoError(t, s.DeleteRemoteCluster(ctx, "leaf"))
+	require.True(t, trace.IsNotFound(s.DeleteRemoteCluster(ctx, "leaf")))
+	require.Error(t, s.CreateRemoteCluster(ctx, RemoteCluster{Name: "a/b"}))
+}
 
 func TestRoleMapMap(t *testing.T) {
 	for _, tc := range []struct {
@@ -81,7 +138,7 @@ func TestTrustedClusterCheck(t *testing.T) {
 			Spec: TrustedClusterSpec{
 				Enabled:   true,
 				ProxyAddr: "root.example.com:3080",
-				Token:     "abc",
+				Token:     "abc@" + testPin,
 				RoleMap:   RoleMap{{Remote: "access", Local: []string{"dev"}}},
 			},
 		}
@@ -100,6 +157,10 @@ func TestTrustedClusterCheck(t *testing.T) {
 		{"bad name", func(tc *TrustedCluster) { tc.Metadata.Name = "a/b" }, "metadata.name"},
 		{"no port", func(tc *TrustedCluster) { tc.Spec.ProxyAddr = "root.example.com" }, "spec.proxy_addr"},
 		{"no token", func(tc *TrustedCluster) { tc.Spec.Token = "" }, "spec.token is empty"},
+		{"token without its pin", func(tc *TrustedCluster) { tc.Spec.Token = "abc" }, "SECRET@sha256:HEX"},
+		{"token with a short pin", func(tc *TrustedCluster) { tc.Spec.Token = "abc@sha256:00" }, "64 hex digits"},
+		{"token with a pin of another hash", func(tc *TrustedCluster) { tc.Spec.Token = "abc@md5:" + testPin[7:] }, "64 hex digits"},
+		{"token with an empty secret", func(tc *TrustedCluster) { tc.Spec.Token = "@" + testPin }, "SECRET@sha256:HEX"},
 		{"empty role map", func(tc *TrustedCluster) { tc.Spec.RoleMap = nil }, "role_map is empty"},
 		{"empty remote", func(tc *TrustedCluster) { tc.Spec.RoleMap[0].Remote = "" }, "role_map[0]: remote is empty"},
 		{"bad remote", func(tc *TrustedCluster) { tc.Spec.RoleMap[0].Remote = "a b*" }, "role_map[0]: remote"},

@@ -254,13 +254,17 @@ const DefaultSSHDialTimeout = 30 * time.Second
 const (
 	TokenTypeNode  = "node"
 	TokenTypeProxy = "proxy"
+	// TokenTypeTrustedCluster tokens are spent by a leaf cluster's auth
+	// server establishing trust with this (root) cluster; no host can
+	// join with one.
+	TokenTypeTrustedCluster = "trusted_cluster"
 )
 
 // Token is a join token.
 type Token struct {
 	// Name is the secret itself.
 	Name string `json:"name"`
-	// Type is TokenTypeNode or TokenTypeProxy.
+	// Type is TokenTypeNode, TokenTypeProxy or TokenTypeTrustedCluster.
 	Type string `json:"type"`
 	// Expires is when the token stops working.
 	Expires time.Time `json:"expires"`

@@ -535,10 +535,11 @@ func (t *Token) CheckAndSetDefaults() error {
 	return nil
 }
 
-// CheckTokenType accepts TokenTypeNode and TokenTypeProxy.
+// CheckTokenType accepts TokenTypeNode, TokenTypeProxy and
+// TokenTypeTrustedCluster.
 func CheckTokenType(t string) error {
-	if !slices.Contains([]string{TokenTypeNode, TokenTypeProxy}, t) {
-		return trace.BadParameter("token type is %q, want %q or %q", t, TokenTypeNode, TokenTypeProxy)
+	if !slices.Contains([]string{TokenTypeNode, TokenTypeProxy, TokenTypeTrustedCluster}, t) {
+		return trace.BadParameter("token type is %q, want %q, %q or %q", t, TokenTypeNode, TokenTypeProxy, TokenTypeTrustedCluster)
 	}
 	return nil
 }

@@ -19,15 +19,20 @@ func (c *cli) registerResources(app *kingpin.Application, add adder) {
 	add(roles.Command("ls", "List roles."), c.rolesLs)
 
 	var file string
-	cr := app.Command("create", "Create or update resources from a YAML or JSON file (role, cluster_networking_config).")
+	cr := app.Command("create", "Create or update resources from a YAML or JSON file (role, cluster_networking_config, trusted_cluster).")
 	cr.Flag("file", "Resource file.").Short('f').Required().StringVar(&file)
 	add(cr, func(ctx context.Context) error { return c.create(ctx, file) })
 
 	var kind, name string
-	get := app.Command("get", "Print resources as YAML: role, user, node, lock, cluster_networking_config.")
+	get := app.Command("get", "Print resources as YAML: role, user, node, lock, cluster_networking_config, trusted_cluster.")
 	get.Arg("kind", "Resource kind.").Required().StringVar(&kind)
 	get.Arg("name", "Resource name (all when omitted).").StringVar(&name)
 	add(get, func(ctx context.Context) error { return c.get(ctx, kind, name) })
+
+	var ref string
+	rm := app.Command("rm", "Remove a resource: trusted_cluster/NAME (this cluster stops trusting the root NAME).")
+	rm.Arg("resource", "KIND/NAME.").Required().StringVar(&ref)
+	add(rm, func(ctx context.Context) error { return c.rm(ctx, ref) })
 
 	var strategy, caseInsensitive, dialTimeout string
 	set := app.Command("set", "Change cluster settings.")
@@ -100,6 +105,11 @@ func (c *cli) create(ctx context.Context, file string) error {
 			return trace.Wrap(err)
 		}
 		fmt.Fprintln(c.stdout, "cluster_networking_config saved")
+	case *services.TrustedCluster:
+		if _, err := clt.UpsertTrustedCluster(ctx, r); err != nil {
+			return trace.Wrap(err)
+		}
+		fmt.Fprintf(c.stdout, "trusted_cluster %q saved: this cluster trusts the root %q\n", r.Metadata.Name, r.Metadata.Name)
 	default:
 		return trace.BadParameter("%s: pctl create does not handle kind %q", file, kind)
 	}
@@ -177,8 +187,21 @@ func (c *cli) get(ctx context.Context, kind, name string) error {
 		if name != "" && len(out) == 0 {
 			return trace.NotFound("no lock on %q", name)
 		}
+	case services.KindTrustedCluster, "trusted_clusters":
+		tcs, err := clt.GetTrustedClusters(ctx)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		for _, tc := range tcs {
+			if name == "" || tc.Metadata.Name == name {
+				out = append(out, tc)
+			}
+		}
+		if name != "" && len(out) == 0 {
+			return trace.NotFound("trusted_cluster %q not found", name)
+		}
 	default:
-		return trace.BadParameter("unknown kind %q: want role, user, node, lock or cluster_networking_config", kind)
+		return trace.BadParameter("unknown kind %q: want role, user, node, lock, cluster_networking_config or trusted_cluster", kind)
 	}
 	for i, v := range out {
 		data, err := services.MarshalResourceYAML(v)
@@ -232,4 +255,26 @@ func orDefault(v, def string) string {
 		return def
 	}
 	return v
+}
+
+// rm removes KIND/NAME. Only kinds without a command of their own are
+// here (users, nodes, tokens and locks have theirs).
+func (c *cli) rm(ctx context.Context, ref string) error {
+	kind, name, ok := strings.Cut(ref, "/")
+	if !ok || kind == "" || name == "" {
+		return trace.BadParameter("invalid resource %q: want KIND/NAME, e.g. trusted_cluster/root", ref)
+	}
+	if kind != services.KindTrustedCluster {
+		return trace.BadParameter("pctl rm does not remove kind %q: it removes trusted_cluster/NAME (users, nodes and tokens have commands of their own)", kind)
+	}
+	clt, _, err := c.connect(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer clt.Close()
+	if err := clt.DeleteTrustedCluster(ctx, name); err != nil {
+		return trace.Wrap(err)
+	}
+	fmt.Fprintf(c.stdout, "trusted_cluster %q removed: the root's users and CAs are no longer trusted here\n", name)
+	return nil
 }

@@ -22,7 +22,7 @@ func (c *cli) registerTokens(app *kingpin.Application, add adder) {
 	var typ string
 	var ttl time.Duration
 	ta := tokens.Command("add", "Create a single-use join token and print the join command.")
-	ta.Flag("type", "node or proxy.").Default(services.TokenTypeNode).EnumVar(&typ, services.TokenTypeNode, services.TokenTypeProxy)
+	ta.Flag("type", "node, proxy or trusted_cluster (a leaf cluster's trust in this one).").Default(services.TokenTypeNode).EnumVar(&typ, services.TokenTypeNode, services.TokenTypeProxy, services.TokenTypeTrustedCluster)
 	ta.Flag("ttl", "How long the token is valid.").Default(defaultTokenTTL.String()).DurationVar(&ttl)
 	add(ta, func(ctx context.Context) error { return c.tokensAdd(ctx, typ, ttl) })
 }
@@ -44,6 +44,10 @@ func (c *cli) tokensAdd(ctx context.Context, typ string, ttl time.Duration) erro
 	if err != nil {
 		return trace.Wrap(err)
 	}
+	if typ == services.TokenTypeTrustedCluster {
+		c.printTrustedClusterToken(tok, pin, id.ClusterName)
+		return nil
+	}
 	fmt.Fprintf(c.stdout, "The %s join token %s expires at %s.\n\n", typ, tok.Name, tok.Expires.UTC().Format(time.RFC3339))
 	fmt.Fprintf(c.stdout, "Run this on the new %s (replace the auth address if it is not reachable as shown):\n\n", typ)
 	fmt.Fprintf(c.stdout, "postern start --roles %s --auth-server %s --token %s --ca-pin %s\n",
@@ -63,4 +67,15 @@ func hostOf(hostport string) string {
 		return h
 	}
 	return hostport
+}
+
+// printTrustedClusterToken prints the token with the root's CA pin in it
+// (services.TrustedClusterToken) and the resource the leaf's admin
+// creates with it.
+func (c *cli) printTrustedClusterToken(tok *services.Token, pin, clusterName string) {
+	full := services.TrustedClusterToken(tok.Name, pin)
+	fmt.Fprintf(c.stdout, "The trusted_cluster token %s expires at %s.\n\n", full, tok.Expires.UTC().Format(time.RFC3339))
+	fmt.Fprintf(c.stdout, "On the leaf cluster, save this as trusted_cluster.yaml (replace the proxy address if it is\nnot reachable as shown, and map this cluster's roles to the leaf's) and run\n`pctl create -f trusted_cluster.yaml` there:\n\n")
+	web := net.JoinHostPort(hostOf(c.addr), "3080")
+	fmt.Fprintf(c.stdout, "kind: trusted_cluster\nmetadata: {name: %s}\nspec:\n  enabled: true\n  proxy_addr: %s\n  token: %s\n  role_map: [{remote: access, local: [access]}]\n", clusterName, web, full)
 }

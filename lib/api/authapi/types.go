@@ -199,3 +199,32 @@ type TunnelConnectionsRequest struct {
 // MaxTunnelConnectionsPerRequest bounds one lease request, so that a
 // proxy with many tunnels renews in batches and one request stays small.
 const MaxTunnelConnectionsPerRequest = 1000
+
+// TrustedClusterRequest is a leaf cluster's auth server establishing
+// trust with a root (POST /v1/trustedclusters/register on the root's join
+// listener, relayed by the root's proxy). The token is the credential;
+// the TLS under it is pinned to the root's CA by the leaf.
+type TrustedClusterRequest struct {
+	// Token is the secret part of the root's trusted_cluster token.
+	Token string `json:"token"`
+	// RootName is the cluster name the leaf's operator wrote in the
+	// trusted_cluster (metadata.name): the root refuses before spending
+	// the token when it is not its own, so a typo costs nothing.
+	RootName string `json:"root_name"`
+	// LeafName is the leaf's cluster name.
+	LeafName string `json:"leaf_name"`
+	// HostCAKeys and UserCAKeys are the leaf's CA public keys,
+	// authorized_keys lines.
+	HostCAKeys []string `json:"host_ca_keys"`
+	UserCAKeys []string `json:"user_ca_keys"`
+	// RemoteAddr is set by the API server for the log; never read from
+	// the wire.
+	RemoteAddr string `json:"-"`
+}
+
+// TrustedClusterResponse carries the root's CA public keys.
+type TrustedClusterResponse struct {
+	ClusterName string   `json:"cluster_name"`
+	HostCAKeys  []string `json:"host_ca_keys"`
+	UserCAKeys  []string `json:"user_ca_keys"`
+}

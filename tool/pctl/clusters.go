@@ -1,0 +1,53 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/gravitational/trace"
+)
+
+// registerClusters adds the root side of trust: the leaves that spent a
+// trusted_cluster token here.
+func (c *cli) registerClusters(app *kingpin.Application, add adder) {
+	cl := app.Command("clusters", "Leaf clusters of this (root) cluster.")
+	add(cl.Command("ls", "List leaf clusters."), c.clustersLs)
+	var name string
+	rm := cl.Command("rm", "Remove a leaf cluster: its CAs are no longer trusted here.")
+	rm.Arg("name", "Leaf cluster name.").Required().StringVar(&name)
+	add(rm, func(ctx context.Context) error { return c.clustersRm(ctx, name) })
+}
+
+func (c *cli) clustersLs(ctx context.Context) error {
+	clt, _, err := c.connect(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer clt.Close()
+	rcs, err := clt.GetRemoteClusters(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tTRUSTED SINCE")
+	for _, rc := range rcs {
+		fmt.Fprintf(tw, "%s\t%s\n", rc.Name, rc.Created.UTC().Format(time.RFC3339))
+	}
+	return trace.Wrap(tw.Flush())
+}
+
+func (c *cli) clustersRm(ctx context.Context, name string) error {
+	clt, _, err := c.connect(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer clt.Close()
+	if err := clt.DeleteRemoteCluster(ctx, name); err != nil {
+		return trace.Wrap(err)
+	}
+	fmt.Fprintf(c.stdout, "leaf cluster %q removed\n", name)
+	return nil
+}
