@@ -6,10 +6,14 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/config"
+	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/service"
 )
 
@@ -121,4 +125,144 @@ func TestTrustedClusterLifecycle(t *testing.T) {
 	_, errOut, err = pctl(t, leaf.dataDir, "", "rm", "role/access")
 	require.Error(t, err)
 	require.Contains(t, errOut, `pctl rm does not remove kind "role"`)
+}
+
+// establishTrust makes leaf a leaf of root with roleMap (YAML flow list).
+func establishTrust(t *testing.T, root, leaf *allInOne, roleMap string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "trusted_cluster.yaml")
+	body := "kind: trusted_cluster\nmetadata: {name: " + clusterNameOf(t, root) + "}\nspec:\n  enabled: true\n  proxy_addr: " +
+		root.p.Addr(service.ListenerWeb).String() + "\n  token: " + trustToken(t, root) + "\n  role_map: " + roleMap + "\n"
+	require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
+	mustPctl(t, leaf.dataDir, "", "create", "-f", path)
+}
+
+func clusterNameOf(t *testing.T, c *allInOne) string {
+	t.Helper()
+	id, err := auth.ReadIdentity(config.AdminIdentityDir(c.dataDir))
+	require.NoError(t, err)
+	return id.ClusterName
+}
+
+// signedUser adds a user on c with roles and signs a certificate for it
+// (`pctl auth sign`); it returns the key path.
+func signedUser(t *testing.T, c *allInOne, name, roles string) string {
+	t.Helper()
+	args := []string{"users", "add", name, "--logins", c.login}
+	if roles != "" {
+		args = append(args, "--roles", roles)
+	}
+	mustPctl(t, c.dataDir, "correct horse battery\n", args...)
+	keyPath := filepath.Join(t.TempDir(), name)
+	mustPctl(t, c.dataDir, "", "auth", "sign", "--user", name, "--ttl", "10m", "--out", keyPath)
+	return keyPath
+}
+
+// foreignClientConfig is a client config with the certificate at keyPath
+// (from one cluster) that checks host certificates against another
+// cluster's host CA (hostsFrom's known_hosts).
+func foreignClientConfig(t *testing.T, login, keyPath, knownHosts string) *ssh.ClientConfig {
+	t.Helper()
+	keyPEM, err := os.ReadFile(keyPath)
+	require.NoError(t, err)
+	signer, err := ssh.ParsePrivateKey(keyPEM)
+	require.NoError(t, err)
+	certBytes, err := os.ReadFile(keyPath + "-cert.pub")
+	require.NoError(t, err)
+	pub, _, _, _, err := ssh.ParseAuthorizedKey(certBytes)
+	require.NoError(t, err)
+	certSigner, err := ssh.NewCertSigner(pub.(*ssh.Certificate), signer)
+	require.NoError(t, err)
+	return &ssh.ClientConfig{
+		User:            login,
+		Auth:            []ssh.AuthMethod{ssh.PublicKeys(certSigner)},
+		HostKeyCallback: hostCAChecker(t, knownHosts),
+		Timeout:         10 * time.Second,
+	}
+}
+
+// jumpWith dials target through c's proxy as ssh -J does, with cfg on
+// both hops.
+func jumpWith(c *allInOne, cfg *ssh.ClientConfig, target string) (*ssh.Client, error) {
+	proxy, err := ssh.Dial("tcp", c.p.Addr(service.ListenerProxySSH).String(), cfg)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := proxy.Dial("tcp", target)
+	if err != nil {
+		proxy.Close()
+		return nil, err
+	}
+	sconn, chans, reqs, err := ssh.NewClientConn(conn, target, cfg)
+	if err != nil {
+		proxy.Close()
+		return nil, err
+	}
+	clt := ssh.NewClient(sconn, chans, reqs)
+	go func() { clt.Wait(); proxy.Close() }()
+	return clt, nil
+}
+
+// TestRootUserInLeafCluster: with real processes, a root user's
+// certificate (from the root's `pctl auth sign`) is accepted by the
+// leaf's proxy and node, with its roles mapped by the leaf's role_map; a
+// root user whose roles map to nothing is refused, and the leaf's audit
+// log names the unmapped roles and the user's cluster; removing the
+// trusted_cluster on the leaf refuses new connections within 5s.
+func TestRootUserInLeafCluster(t *testing.T) {
+	root := newNamedCluster(t, "root")
+	leaf := newNamedCluster(t, "leaf")
+	mustPctl(t, root.dataDir, "", "create", "-f", writeRole(t, "auditor"))
+	establishTrust(t, root, leaf, "[{remote: access, local: [access]}]")
+
+	alice := foreignClientConfig(t, root.login, root.keyPath, leaf.keyPath+".known_hosts")
+	clt, err := jumpWith(leaf, alice, "node-1:0")
+	require.NoError(t, err)
+	out, err := run(t, clt, "echo $SSH_POSTERN_USER $SSH_POSTERN_CLUSTER_NAME")
+	require.NoError(t, err)
+	require.Equal(t, "alice leaf\n", out)
+	clt.Close()
+
+	carol := foreignClientConfig(t, root.login, signedUser(t, root, "carol", "auditor"), leaf.keyPath+".known_hosts")
+	_, err = jumpWith(leaf, carol, "node-1:0")
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "unable to authenticate")
+	require.NotContains(t, err.Error(), "auditor", "the user is not told the leaf's policy")
+	var denied events.Event
+	require.Eventually(t, func() bool {
+		for _, e := range eventsLs(t, leaf.dataDir) {
+			if e.Type == events.AccessDenied && e.User == "carol" {
+				denied = e
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 100*time.Millisecond)
+	require.Contains(t, denied.Fields[events.FieldReason], `roles [auditor] of user "carol" of cluster "root" map to no role here`)
+	require.Equal(t, "root", denied.Fields[events.FieldUserCluster])
+
+	// Leaf users are not root users: the leaf's own alice certificate is
+	// refused by the root's proxy (trust is one way).
+	leafAlice := foreignClientConfig(t, leaf.login, leaf.keyPath, root.keyPath+".known_hosts")
+	_, err = jumpWith(root, leafAlice, "node-1:0")
+	require.Error(t, err)
+
+	mustPctl(t, leaf.dataDir, "", "rm", "trusted_cluster/root")
+	start := time.Now()
+	require.Eventually(t, func() bool {
+		c, err := jumpWith(leaf, alice, "node-1:0")
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	}, 5*time.Second, 50*time.Millisecond, "removing trust must cut access within 5s")
+	t.Logf("access cut %v after pctl rm", time.Since(start))
+}
+
+// writeRole writes a role resource file granting nothing but its name.
+func writeRole(t *testing.T, name string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name+".yaml")
+	require.NoError(t, os.WriteFile(path, []byte("kind: role\nmetadata: {name: "+name+"}\nspec: {logins: ['{{internal.logins}}']}\n"), 0o600))
+	return path
 }

@@ -18,15 +18,27 @@ import (
 // CA change within the stream's latency. CA records are sent without
 // their private keys: the stream never carries a secret.
 
-// watchAccess streams role and certificate authority events.
+// watchAccess streams role, certificate authority and trusted_cluster
+// events (a leaf's SSH servers decide from the trusted_cluster whether a
+// root's user is accepted and with which roles).
 func (a *APIServer) watchAccess(w http.ResponseWriter, r *http.Request, p *peer) {
-	a.watchRoots(w, r, p, stripCASecrets, services.RolesPrefix(), services.AuthoritiesPrefix())
+	a.watchRoots(w, r, p, stripCASecrets, services.RolesPrefix(), services.AuthoritiesPrefix(), services.TrustedClustersPrefix())
 }
 
-// stripCASecrets re-encodes a CA record without its private keys; other
-// records pass unchanged. A CA record that does not decode is refused
-// rather than passed on with its keys.
+// stripCASecrets re-encodes a CA record without its private keys and a
+// trusted_cluster without its token; other records pass unchanged. A
+// record that does not decode is refused rather than passed on with its
+// secrets.
 func stripCASecrets(key string, value []byte) ([]byte, error) {
+	if services.IsTrustedClusterKey(key) {
+		var tc services.TrustedCluster
+		if err := json.Unmarshal(value, &tc); err != nil {
+			return nil, trace.BadParameter("trusted_cluster at %q: %v", key, err)
+		}
+		tc.Spec.Token = ""
+		out, err := json.Marshal(tc)
+		return out, trace.Wrap(err)
+	}
 	if !services.IsAuthorityKey(key) {
 		return value, nil
 	}
@@ -51,6 +63,10 @@ func (e accessEvents) NewWatcher(ctx context.Context, watch backend.Watch) (back
 
 func (e accessEvents) GetRoles(ctx context.Context) ([]*services.Role, error) {
 	return e.c.GetRoles(ctx)
+}
+
+func (e accessEvents) GetTrustedClusters(ctx context.Context) ([]services.TrustedCluster, error) {
+	return e.c.GetTrustedClusters(ctx)
 }
 
 func (e accessEvents) GetCertAuthorities(ctx context.Context, t services.CertAuthType, withSecrets bool) ([]services.CertAuthority, error) {

@@ -89,9 +89,10 @@ func (a *APIServer) registerRoutes() {
 	a.handle("POST /v1/tokens", allow(admin), a.createToken)
 	a.handle("DELETE /v1/tokens/{name}", allow(admin), a.deleteToken)
 	// Trust between clusters: on a leaf, pctl create/get/rm of
-	// trusted_cluster; on a root, pctl clusters ls/rm.
+	// trusted_cluster, and its nodes and proxies read them (without
+	// tokens) to accept the root's users; on a root, pctl clusters ls/rm.
 	a.handle("PUT /v1/trustedclusters", allow(admin), a.upsertTrustedCluster)
-	a.handle("GET /v1/trustedclusters", allow(admin), a.getTrustedClusters)
+	a.handle("GET /v1/trustedclusters", allow(node, proxy, admin), a.getTrustedClusters)
 	a.handle("DELETE /v1/trustedclusters/{name}", allow(admin), a.deleteTrustedCluster)
 	a.handle("GET /v1/remoteclusters", allow(admin), a.getRemoteClusters)
 	a.handle("DELETE /v1/remoteclusters/{name}", allow(admin), a.deleteRemoteCluster)

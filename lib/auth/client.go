@@ -326,6 +326,21 @@ func (c *Client) GetTrustedClusters(ctx context.Context) ([]services.TrustedClus
 	return out, trace.Wrap(c.do(ctx, http.MethodGet, "/v1/trustedclusters", nil, nil, &out))
 }
 
+// GetTrustedCluster returns one root this cluster trusts (NotFound when
+// none of that name). Nodes and proxies get it without its token.
+func (c *Client) GetTrustedCluster(ctx context.Context, name string) (*services.TrustedCluster, error) {
+	tcs, err := c.GetTrustedClusters(ctx)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	for i := range tcs {
+		if tcs[i].Metadata.Name == name {
+			return &tcs[i], nil
+		}
+	}
+	return nil, trace.NotFound("trusted_cluster %q not found", name)
+}
+
 // DeleteTrustedCluster withdraws trust in a root.
 func (c *Client) DeleteTrustedCluster(ctx context.Context, name string) error {
 	return trace.Wrap(c.do(ctx, http.MethodDelete, "/v1/trustedclusters/"+url.PathEscape(name), nil, nil, nil))

@@ -33,7 +33,7 @@ var wantPolicy = map[string][]string{
 	"POST /v1/join/trusted_cluster": {roleNone},
 
 	"PUT /v1/trustedclusters":           {RoleAdmin},
-	"GET /v1/trustedclusters":           {RoleAdmin},
+	"GET /v1/trustedclusters":           {RoleNode, RoleProxy, RoleAdmin},
 	"DELETE /v1/trustedclusters/{name}": {RoleAdmin},
 	"GET /v1/remoteclusters":            {RoleAdmin},
 	"DELETE /v1/remoteclusters/{name}":  {RoleAdmin},

@@ -378,10 +378,17 @@ func (a *APIServer) upsertTrustedCluster(ctx context.Context, _ *peer, r *http.R
 	return out, trace.Wrap(err)
 }
 
-func (a *APIServer) getTrustedClusters(ctx context.Context, _ *peer, _ *http.Request) (any, error) {
+// getTrustedClusters lists trusted clusters; only an admin sees the
+// (spent) tokens, so that pctl get round-trips into pctl create.
+func (a *APIServer) getTrustedClusters(ctx context.Context, p *peer, _ *http.Request) (any, error) {
 	tcs, err := a.auth.GetTrustedClusters(ctx)
 	if err != nil {
 		return nil, trace.Wrap(err)
+	}
+	if p.Role != RoleAdmin {
+		for i := range tcs {
+			tcs[i].Spec.Token = ""
+		}
 	}
 	return nonNil(tcs), nil
 }

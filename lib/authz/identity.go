@@ -36,6 +36,10 @@ type Identity struct {
 	Traits map[string][]string
 	// Cluster is the issuing cluster ("" when the certificate names none).
 	Cluster string
+	// RemoteRoles are, for a user of a root cluster this (leaf) cluster
+	// trusts, the roles the root's certificate names; Roles are then the
+	// leaf roles they map to (MapTrusted). Nil for local users.
+	RemoteRoles []string
 	// Cert is the certificate itself.
 	Cert *ssh.Certificate
 	// Checker answers RBAC questions with the roles as they were when the
@@ -96,6 +100,34 @@ func (id *Identity) CheckCluster(clusterName string) error {
 	if id.Cluster != "" && id.Cluster != clusterName {
 		return trace.AccessDenied("certificate of user %q was issued by cluster %q, not %q", id.User, id.Cluster, clusterName)
 	}
+	return nil
+}
+
+// MapTrusted makes a root cluster's user an identity of this (leaf)
+// cluster: its roles become the local roles tc's role_map maps them to.
+// The root's roles themselves grant nothing here (a leaf's "admin" is not
+// the root's), so a certificate whose roles map to nothing is refused;
+// the error names the unmapped roles for the audit log and the process
+// log only (the user is told "access denied": the leaf's policy is not
+// theirs to read). Calling it again (a re-check) maps the original
+// remote roles afresh.
+func (id *Identity) MapTrusted(tc *services.TrustedCluster) error {
+	if id.RemoteRoles == nil {
+		id.RemoteRoles = slices.Clone(id.Roles)
+		if id.RemoteRoles == nil {
+			id.RemoteRoles = []string{}
+		}
+	}
+	id.Roles = nil
+	if tc == nil || tc.Metadata.Name != id.Cluster || !tc.Spec.Enabled {
+		return trace.AccessDenied("certificate of user %q was issued by cluster %q, which this cluster does not trust", id.User, id.Cluster)
+	}
+	local, unmapped := tc.Spec.RoleMap.Map(id.RemoteRoles)
+	if len(local) == 0 {
+		return trace.AccessDenied("roles %v of user %q of cluster %q map to no role here: no role_map entry of trusted_cluster %q matches %v",
+			id.RemoteRoles, id.User, id.Cluster, tc.Metadata.Name, unmapped)
+	}
+	id.Roles = local
 	return nil
 }
 

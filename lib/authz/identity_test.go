@@ -2,6 +2,7 @@ package authz
 
 import (
 	"context"
+	"slices"
 	"testing"
 
 	"github.com/gravitational/trace"
@@ -131,4 +132,50 @@ func FuzzFromCertificate(f *testing.F) {
 			require.NotEmpty(t, id.User)
 		}
 	})
+}
+
+// TestMapTrusted is the table of a root user's identity in a leaf: roles
+// go through the role_map, the root's role names themselves grant
+// nothing, and the refusals name what did not map.
+func TestMapTrusted(t *testing.T) {
+	tc := func(enabled bool, m services.RoleMap) *services.TrustedCluster {
+		return &services.TrustedCluster{Metadata: services.Metadata{Name: "root"}, Spec: services.TrustedClusterSpec{Enabled: enabled, RoleMap: m}}
+	}
+	for _, c := range []struct {
+		name      string
+		cluster   string
+		roles     []string
+		tc        *services.TrustedCluster
+		wantRoles []string
+		wantErr   string
+	}{
+		{"exact", "root", []string{"access"}, tc(true, services.RoleMap{{Remote: "access", Local: []string{"dev"}}}), []string{"dev"}, ""},
+		{"glob and exact together", "root", []string{"access", "ops-eu"}, tc(true, services.RoleMap{
+			{Remote: "ops-*", Local: []string{"ops"}}, {Remote: "access", Local: []string{"dev"}},
+		}), []string{"dev", "ops"}, ""},
+		{"partly mapped keeps what maps", "root", []string{"access", "auditor"}, tc(true, services.RoleMap{{Remote: "access", Local: []string{"dev"}}}), []string{"dev"}, ""},
+		{"a root admin is not a leaf admin", "root", []string{"admin"}, tc(true, services.RoleMap{{Remote: "access", Local: []string{"dev"}}}), nil,
+			`roles [admin] of user "alice" of cluster "root" map to no role here: no role_map entry of trusted_cluster "root" matches [admin]`},
+		{"no roles at all", "root", []string{}, tc(true, services.RoleMap{{Remote: "*", Local: []string{"dev"}}}), nil, "map to no role here"},
+		{"disabled trust", "root", []string{"access"}, tc(false, services.RoleMap{{Remote: "*", Local: []string{"dev"}}}), nil, `issued by cluster "root", which this cluster does not trust`},
+		{"no trust", "root", []string{"access"}, nil, nil, "does not trust"},
+		{"trust in another cluster", "other", []string{"access"}, tc(true, services.RoleMap{{Remote: "*", Local: []string{"dev"}}}), nil, `issued by cluster "other"`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			id := &Identity{User: "alice", Cluster: c.cluster, Roles: slices.Clone(c.roles)}
+			err := id.MapTrusted(c.tc)
+			if c.wantErr != "" {
+				require.ErrorContains(t, err, c.wantErr)
+				require.True(t, trace.IsAccessDenied(err))
+				require.Empty(t, id.Roles, "a refused identity keeps no roles")
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, c.wantRoles, id.Roles)
+			require.Equal(t, c.roles, id.RemoteRoles)
+			// A re-check maps the remote roles again, not the local ones.
+			require.NoError(t, id.MapTrusted(c.tc))
+			require.Equal(t, c.wantRoles, id.Roles)
+		})
+	}
 }

@@ -132,6 +132,11 @@ const (
 	FieldEndpoint = "endpoint"
 	// FieldRemoteCluster names the other cluster of a trust relation.
 	FieldRemoteCluster = "remote_cluster"
+	// FieldUserCluster is, in a leaf cluster's events, the root cluster
+	// whose certificate the user came with, and FieldRemoteRoles the
+	// root roles it named (FieldRoles: the leaf roles they mapped to).
+	FieldUserCluster = "user_cluster"
+	FieldRemoteRoles = "remote_roles"
 	// FieldListener names the listener that refused a connection
 	// ("proxy_ssh", "web", "node"), FieldCap the cap that did
 	// (lib/limiter's cap names) and FieldCount how many were refused.

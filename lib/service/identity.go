@@ -109,6 +109,7 @@ func (p *Process) adoptHostUUID(id string) error {
 type accessPoint interface {
 	GetCertAuthority(ctx context.Context, clusterName string, t services.CertAuthType, withSecrets bool) (*services.CertAuthority, error)
 	GetRole(ctx context.Context, name string) (*services.Role, error)
+	GetTrustedCluster(ctx context.Context, name string) (*services.TrustedCluster, error)
 	GetClusterNetworkingConfig(ctx context.Context) (*services.ClusterNetworkingConfig, error)
 	UpsertNode(ctx context.Context, n services.Node) error
 	GetNodes(ctx context.Context, cluster string) ([]services.Node, error)

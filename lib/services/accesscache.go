@@ -25,11 +25,12 @@ import (
 // as a backend read would.
 
 // AccessEvents is what an AccessCache consumes: a watch and the full
-// reads of roles and CAs. *Store provides it.
+// reads of roles, CAs and trusted clusters. *Store provides it.
 type AccessEvents interface {
 	NewWatcher(ctx context.Context, watch backend.Watch) (backend.Watcher, error)
 	GetRoles(ctx context.Context) ([]*Role, error)
 	GetCertAuthorities(ctx context.Context, t CertAuthType, withSecrets bool) ([]CertAuthority, error)
+	GetTrustedClusters(ctx context.Context) ([]TrustedCluster, error)
 }
 
 var _ AccessEvents = (*Store)(nil)
@@ -52,8 +53,13 @@ type AccessCacheConfig struct {
 type AccessCache struct {
 	roles *ResourceWatcher[*Role]
 	cas   *ResourceWatcher[CertAuthority]
-	rc    *mapCollector[*Role]
-	cc    *mapCollector[CertAuthority]
+	// trusted are the roots this (leaf) cluster trusts: whether a
+	// certificate of another cluster is accepted at all, and how its
+	// roles map (lib/srv).
+	trusted *ResourceWatcher[TrustedCluster]
+	rc      *mapCollector[*Role]
+	cc      *mapCollector[CertAuthority]
+	tc      *mapCollector[TrustedCluster]
 }
 
 // NewAccessCache starts the watchers; stop them with Close.
@@ -67,6 +73,7 @@ func NewAccessCache(cfg AccessCacheConfig) (*AccessCache, error) {
 	a := &AccessCache{
 		rc: newMapCollector(func(r *Role) string { return backend.Key(rolesPrefix, r.Metadata.Name) }),
 		cc: newMapCollector(func(ca CertAuthority) string { return caKey(ca.Type, ca.ClusterName) }),
+		tc: newMapCollector(func(tc TrustedCluster) string { return backend.Key(trustedClustersPrefix, tc.Metadata.Name) }),
 	}
 	var err error
 	a.roles, err = NewResourceWatcher(ResourceWatcherConfig[*Role]{
@@ -127,6 +134,37 @@ func NewAccessCache(cfg AccessCacheConfig) (*AccessCache, error) {
 		a.roles.Close()
 		return nil, trace.Wrap(err)
 	}
+	a.trusted, err = NewResourceWatcher(ResourceWatcherConfig[TrustedCluster]{
+		Name:     "trusted_clusters",
+		Source:   cfg.Events,
+		Prefixes: []string{TrustedClustersPrefix()},
+		Load: func(ctx context.Context) ([]TrustedCluster, error) {
+			tcs, err := cfg.Events.GetTrustedClusters(ctx)
+			for i := range tcs {
+				tcs[i].Spec.Token = ""
+			}
+			return tcs, trace.Wrap(err)
+		},
+		Unmarshal: func(item backend.Item) (TrustedCluster, error) {
+			var tc TrustedCluster
+			if err := json.Unmarshal(item.Value, &tc); err != nil {
+				return tc, trace.BadParameter("trusted_cluster at %q: %v", item.Key, err)
+			}
+			tc.Spec.Token = ""
+			if backend.Key(trustedClustersPrefix, tc.Metadata.Name) != item.Key {
+				return tc, trace.BadParameter("trusted_cluster at %q is named %q", item.Key, tc.Metadata.Name)
+			}
+			return tc, nil
+		},
+		Collector: a.tc,
+		Clock:     cfg.Clock,
+		Logger:    cfg.Logger.WithField("kind", KindTrustedCluster),
+	})
+	if err != nil {
+		a.roles.Close()
+		a.cas.Close()
+		return nil, trace.Wrap(err)
+	}
 	return a, nil
 }
 
@@ -169,26 +207,46 @@ func (a *AccessCache) GetCertAuthority(ctx context.Context, clusterName string, 
 	return &ca, nil
 }
 
-// WaitSynced blocks until both watchers have loaded, ctx's end or Close.
+// GetTrustedCluster returns a root this cluster trusts, from memory,
+// without its token.
+func (a *AccessCache) GetTrustedCluster(ctx context.Context, name string) (*TrustedCluster, error) {
+	if err := ready(ctx, a.trusted); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	tc, ok := a.tc.get(backend.Key(trustedClustersPrefix, name))
+	if !ok || CheckClusterName(name) != nil {
+		return nil, trace.NotFound("trusted_cluster %q not found", name)
+	}
+	return &tc, nil
+}
+
+// WaitSynced blocks until every watcher has loaded, ctx's end or Close.
 func (a *AccessCache) WaitSynced(ctx context.Context) error {
 	if err := a.roles.WaitSynced(ctx); err != nil {
 		return trace.Wrap(err)
 	}
-	return trace.Wrap(a.cas.WaitSynced(ctx))
+	if err := a.cas.WaitSynced(ctx); err != nil {
+		return trace.Wrap(err)
+	}
+	return trace.Wrap(a.trusted.WaitSynced(ctx))
 }
 
-// Healthy is nil while both watches are live.
+// Healthy is nil while every watch is live.
 func (a *AccessCache) Healthy() error {
 	if err := a.roles.Healthy(); err != nil {
 		return err
 	}
-	return a.cas.Healthy()
+	if err := a.cas.Healthy(); err != nil {
+		return err
+	}
+	return a.trusted.Healthy()
 }
 
-// Close stops both watchers.
+// Close stops the watchers.
 func (a *AccessCache) Close() error {
 	a.roles.Close()
 	a.cas.Close()
+	a.trusted.Close()
 	return nil
 }
 

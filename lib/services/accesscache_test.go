@@ -78,3 +78,42 @@ func TestAccessCacheNotLoaded(t *testing.T) {
 	_, err = c.GetRole(context.Background(), "dev")
 	require.True(t, trace.IsConnectionProblem(err), "%v", err)
 }
+
+// TestAccessCacheTrustedClusters: the roots a leaf trusts are served from
+// memory without their tokens, and a deletion reaches the cache by its
+// event (what cuts a root's users off within seconds).
+func TestAccessCacheTrustedClusters(t *testing.T) {
+	ctx := context.Background()
+	clock := clockwork.NewFakeClock()
+	s := newTestStore(t, clock)
+	tc := &TrustedCluster{Metadata: Metadata{Name: "root"}, Spec: TrustedClusterSpec{
+		Enabled: true, ProxyAddr: "root:3080", Token: "abc@" + testPin,
+		RoleMap: RoleMap{{Remote: "access", Local: []string{"dev"}}},
+	}}
+	require.NoError(t, s.UpsertTrustedCluster(ctx, tc))
+	c, err := NewAccessCache(AccessCacheConfig{Events: s, Clock: clock})
+	require.NoError(t, err)
+	defer c.Close()
+	waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, c.WaitSynced(waitCtx))
+
+	got, err := c.GetTrustedCluster(ctx, "root")
+	require.NoError(t, err)
+	require.Empty(t, got.Spec.Token, "the cache holds no token")
+	require.Equal(t, tc.Spec.RoleMap, got.Spec.RoleMap)
+	_, err = c.GetTrustedCluster(ctx, "other")
+	require.True(t, trace.IsNotFound(err), "%v", err)
+
+	tc.Spec.Enabled = false
+	require.NoError(t, s.UpsertTrustedCluster(ctx, tc))
+	require.Eventually(t, func() bool {
+		got, err := c.GetTrustedCluster(ctx, "root")
+		return err == nil && !got.Spec.Enabled && got.Spec.Token == ""
+	}, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, s.DeleteTrustedCluster(ctx, "root"))
+	require.Eventually(t, func() bool {
+		_, err := c.GetTrustedCluster(ctx, "root")
+		return trace.IsNotFound(err)
+	}, 10*time.Second, 5*time.Millisecond)
+}

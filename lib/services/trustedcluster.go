@@ -215,6 +215,12 @@ const (
 	remoteClustersPrefix  = "remote_clusters"
 )
 
+// TrustedClustersPrefix is the prefix of every trusted_cluster key.
+func TrustedClustersPrefix() string { return backend.Prefix(trustedClustersPrefix) }
+
+// IsTrustedClusterKey reports whether key is a trusted_cluster's.
+func IsTrustedClusterKey(key string) bool { return strings.HasPrefix(key, TrustedClustersPrefix()) }
+
 // UpsertTrustedCluster writes a leaf's trust in a root.
 func (s *Store) UpsertTrustedCluster(ctx context.Context, tc *TrustedCluster) error {
 	if tc == nil {

@@ -17,6 +17,13 @@ func (c *conn) emit(typ string, fields events.Fields) {
 	fields[events.FieldConnID] = c.id
 	fields[events.FieldLogin] = c.auth.id.Login
 	fields[events.FieldRemoteAddr] = c.nc.RemoteAddr().String()
+	if c.auth.id.RemoteRoles != nil {
+		// A root cluster's user: which cluster vouched for them, and the
+		// roles they came with (the event's cluster is this one's).
+		fields[events.FieldUserCluster] = c.auth.id.Cluster
+		fields[events.FieldRemoteRoles] = c.auth.id.RemoteRoles
+		fields[events.FieldRoles] = c.auth.id.Roles
+	}
 	if c.auth.node.UUID != "" {
 		fields[events.FieldServerID] = c.auth.node.UUID
 		fields[events.FieldServerHostname] = c.auth.node.Hostname
@@ -35,6 +42,10 @@ func (s *Server) emitDenied(meta ssh.ConnMetadata, cert *ssh.Certificate, reason
 		events.FieldLogin:      meta.User(),
 		events.FieldRemoteAddr: meta.RemoteAddr().String(),
 		events.FieldReason:     reason,
+	}
+	if c := cert.Permissions.Extensions[services.CertExtensionCluster]; c != "" && c != s.cfg.ClusterName {
+		// Claimed, like the user: the certificate may not have checked out.
+		fields[events.FieldUserCluster] = c
 	}
 	if s.policy.checkNode {
 		node := s.cfg.GetNode()

@@ -14,11 +14,14 @@ import (
 )
 
 // AccessPoint is what the SSH server needs from auth: the cluster's CAs to
-// check certificates and the roles named in them. The services Store and
-// the auth API client both satisfy it; calls must be bounded by ctx.
+// check certificates, the roles named in them, and the root clusters this
+// cluster trusts (whose users it accepts, their roles mapped). The
+// services Store, the AccessCache and the auth API client all satisfy it;
+// calls must be bounded by ctx.
 type AccessPoint interface {
 	GetCertAuthority(ctx context.Context, clusterName string, t services.CertAuthType, withSecrets bool) (*services.CertAuthority, error)
 	GetRole(ctx context.Context, name string) (*services.Role, error)
+	GetTrustedCluster(ctx context.Context, name string) (*services.TrustedCluster, error)
 }
 
 // Defaults. See each Config field for what zero means.

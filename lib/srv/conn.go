@@ -85,7 +85,31 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 
 	apCtx, cancel := context.WithTimeout(s.ctx, accessPointTimeout)
 	defer cancel()
-	ca, err := s.cfg.AccessPoint.GetCertAuthority(apCtx, s.cfg.ClusterName, services.UserCA, false)
+	// Which user CA to check the certificate against: this cluster's, or
+	// for a certificate that says it was issued by another cluster, that
+	// cluster's, and only while an enabled trusted_cluster names it (only
+	// a leaf has one: a root stores its leaves' CAs but never accepts
+	// their users). The cluster extension is read before the signature
+	// is checked, but it only picks the CA: a forged one leads to a CA
+	// that did not sign the certificate.
+	caCluster := s.cfg.ClusterName
+	var trusted *services.TrustedCluster
+	if c := cert.Permissions.Extensions[services.CertExtensionCluster]; c != "" && c != s.cfg.ClusterName {
+		tc, err := s.cfg.AccessPoint.GetTrustedCluster(apCtx, c)
+		switch {
+		case trace.IsNotFound(err) || (err == nil && !tc.Spec.Enabled):
+			return deny(fmt.Sprintf("certificate was issued by cluster %q, which this cluster does not trust", c))
+		case err != nil:
+			log.WithError(err).Error("Cannot fetch trusted clusters: the auth server or its backend is unavailable.")
+			s.emitDenied(meta, cert, unavailableReason(err))
+			return nil, errUnavailable()
+		}
+		caCluster, trusted = c, tc
+	}
+	ca, err := s.cfg.AccessPoint.GetCertAuthority(apCtx, caCluster, services.UserCA, false)
+	if trusted != nil && trace.IsNotFound(err) {
+		return deny(fmt.Sprintf("certificate was issued by cluster %q, whose user CA this cluster does not hold", caCluster))
+	}
 	if err != nil {
 		log.WithError(err).Error("Cannot fetch the user CA: the auth server or its backend is unavailable.")
 		s.emitDenied(meta, cert, unavailableReason(err))
@@ -98,7 +122,7 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 	perms, err := checker.Authenticate(meta, key)
 	if err != nil {
 		if !isUserAuthority(ca, cert.SignatureKey) {
-			return deny(fmt.Sprintf("certificate is not signed by the user CA of cluster %q", s.cfg.ClusterName))
+			return deny(fmt.Sprintf("certificate is not signed by the user CA of cluster %q", caCluster))
 		}
 		return deny(certValidityReason(err, cert, s.cfg.Clock.Now()))
 	}
@@ -107,7 +131,12 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 		return deny(err.Error())
 	}
 	log = log.WithField("user", id.User)
-	if err := id.CheckCluster(s.cfg.ClusterName); err != nil {
+	if trusted != nil {
+		if err := id.MapTrusted(trusted); err != nil {
+			return deny(err.Error())
+		}
+		log = log.WithFields(logrus.Fields{"user_cluster": id.Cluster, "remote_roles": id.RemoteRoles, "roles": id.Roles})
+	} else if err := id.CheckCluster(s.cfg.ClusterName); err != nil {
 		return deny(err.Error())
 	}
 	if err := s.checkLocks(id.User); err != nil {
@@ -429,6 +458,18 @@ func (c *conn) recheckAccess() error {
 		return nil
 	}
 	fresh := *c.auth.id
+	if fresh.RemoteRoles != nil {
+		// A root's user: the trust itself is re-checked (a trusted_cluster
+		// removed or disabled cuts the next session), and the role_map
+		// as it is now applies.
+		tc, err := c.cfg.AccessPoint.GetTrustedCluster(c.ctx, fresh.Cluster)
+		if err != nil && !trace.IsNotFound(err) {
+			return trace.Wrap(err)
+		}
+		if err := fresh.MapTrusted(tc); err != nil {
+			return trace.Wrap(err)
+		}
+	}
 	if err := fresh.Load(c.ctx, c.cfg.AccessPoint); err != nil {
 		return trace.Wrap(err)
 	}

@@ -176,14 +176,42 @@ func (c *CA) HostKeyCallback() ssh.HostKeyCallback {
 // AccessPoint is an in-memory lib/srv.AccessPoint: roles and CAs in maps.
 // Safe for concurrent use; tests change roles while connections are live.
 type AccessPoint struct {
-	mu    sync.Mutex // guards roles and cas
-	roles map[string]*services.Role
-	cas   map[string]*services.CertAuthority // key: type/cluster
+	mu      sync.Mutex // guards roles, cas and trusted
+	roles   map[string]*services.Role
+	cas     map[string]*services.CertAuthority // key: type/cluster
+	trusted map[string]*services.TrustedCluster
 }
 
 // NewAccessPoint returns an empty AccessPoint.
 func NewAccessPoint() *AccessPoint {
-	return &AccessPoint{roles: map[string]*services.Role{}, cas: map[string]*services.CertAuthority{}}
+	return &AccessPoint{roles: map[string]*services.Role{}, cas: map[string]*services.CertAuthority{}, trusted: map[string]*services.TrustedCluster{}}
+}
+
+// UpsertTrustedCluster stores tc.
+func (a *AccessPoint) UpsertTrustedCluster(tc *services.TrustedCluster) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	cp := *tc
+	a.trusted[tc.Metadata.Name] = &cp
+}
+
+// DeleteTrustedCluster removes a trusted cluster.
+func (a *AccessPoint) DeleteTrustedCluster(name string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.trusted, name)
+}
+
+// GetTrustedCluster implements lib/srv.AccessPoint.
+func (a *AccessPoint) GetTrustedCluster(_ context.Context, name string) (*services.TrustedCluster, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	tc, ok := a.trusted[name]
+	if !ok {
+		return nil, trace.NotFound("trusted_cluster %q not found", name)
+	}
+	cp := *tc
+	return &cp, nil
 }
 
 // UpsertRole stores r.

@@ -1,0 +1,183 @@
+package srv
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/srv/srvtest"
+)
+
+// rootCluster is the name of the root cluster in these tests; the node is
+// in testCluster, a leaf of it.
+const rootCluster = "root"
+
+// trustRoot makes e's cluster a leaf of a root whose user CA is returned:
+// the root's user CA is stored as the leaf's auth server stores it, and a
+// trusted_cluster maps the root's "access" to the leaf's "dev", which
+// reaches only env=test nodes.
+func trustRoot(t *testing.T, e *testEnv) *srvtest.CA {
+	rootCA := srvtest.NewCA(t)
+	e.ap.SetCA(rootCA.CertAuthority(rootCluster, services.UserCA))
+	e.ap.UpsertTrustedCluster(&services.TrustedCluster{
+		Metadata: services.Metadata{Name: rootCluster},
+		Spec: services.TrustedClusterSpec{Enabled: true, RoleMap: services.RoleMap{
+			{Remote: "access", Local: []string{"dev"}},
+		}},
+	})
+	dev := srvtest.AccessRole()
+	dev.Metadata.Name = "dev"
+	dev.Spec.NodeLabels = map[string]services.LabelValues{"env": {"test"}}
+	e.ap.UpsertRole(dev)
+	return rootCA
+}
+
+// TestRootUserInLeaf: a certificate from a trusted root's user CA is
+// accepted, with its roles mapped through the role_map, and its sessions
+// are audited with the root user, their cluster and both role lists.
+func TestRootUserInLeaf(t *testing.T) {
+	rec := events.NewRecorder()
+	e := newTestEnv(t, func(c *Config) { c.Audit = rec })
+	rootCA := trustRoot(t, e)
+	// The leaf's own "access" role is deleted: a root user could reach
+	// this node only through the mapped "dev".
+	e.ap.DeleteRole("access")
+
+	signer := rootCA.UserSigner(t, srvtest.UserCert{User: "alice", Logins: []string{e.me}, Cluster: rootCluster, Roles: []string{"access"}})
+	c, err := e.dialAs(e.me, signer)
+	require.NoError(t, err)
+	defer c.Close()
+	out, _, err := run(t, c, "echo -n hi")
+	require.NoError(t, err)
+	require.Equal(t, "hi", out)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start, err := rec.Wait(ctx, events.SessionStart, nil)
+	require.NoError(t, err)
+	require.Equal(t, "alice", start.User)
+	require.Equal(t, rootCluster, start.Fields[events.FieldUserCluster])
+	require.Equal(t, []string{"access"}, start.Fields[events.FieldRemoteRoles])
+	require.Equal(t, []string{"dev"}, start.Fields[events.FieldRoles])
+
+	// The mapped role's node_labels decide: dev reaches env=test only.
+	e.nodeMu.Lock()
+	e.node.Labels = map[string]string{"env": "prod"}
+	e.nodeMu.Unlock()
+	_, err = e.dialAs(e.me, signer)
+	require.Error(t, err)
+	e.requireLog("Access denied.", `access to node \"node1\" denied: no role matches its labels`)
+}
+
+// TestRootUserRefusals are the ways a certificate from another cluster
+// must not get in, each as the attack it is, with the reason the audit
+// event gives (the user only ever sees "unable to authenticate").
+func TestRootUserRefusals(t *testing.T) {
+	rec := events.NewRecorder()
+	e := newTestEnv(t, func(c *Config) { c.Audit = rec })
+	rootCA := trustRoot(t, e)
+	trust, err := e.ap.GetTrustedCluster(context.Background(), rootCluster)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	for i, c := range []struct {
+		name   string
+		ca     *srvtest.CA
+		cert   srvtest.UserCert
+		setup  func()
+		reason string
+	}{
+		{
+			name: "roles that map to nothing",
+			ca:   rootCA, cert: srvtest.UserCert{Cluster: rootCluster, Roles: []string{"auditor", "ops"}},
+			reason: `roles [auditor ops] of user "bob-0" of cluster "root" map to no role here: no role_map entry of trusted_cluster "root" matches [auditor ops]`,
+		},
+		{
+			// A root's "admin" or "dev" is not this cluster's: the name
+			// of a local role in a root certificate grants nothing.
+			name: "a local role name in a root certificate",
+			ca:   rootCA, cert: srvtest.UserCert{Cluster: rootCluster, Roles: []string{"dev"}},
+			reason: "map to no role here",
+		},
+		{
+			// This cluster's users must not pose as the root's: a
+			// certificate claiming cluster root, signed by the leaf's CA.
+			name: "this cluster's CA signing for the root",
+			ca:   e.userCA, cert: srvtest.UserCert{Cluster: rootCluster},
+			reason: `certificate is not signed by the user CA of cluster "root"`,
+		},
+		{
+			// And the root's CA cannot sign for this cluster's users.
+			name: "the root's CA signing a local user",
+			ca:   rootCA, cert: srvtest.UserCert{Cluster: testCluster},
+			reason: `certificate is not signed by the user CA of cluster "example"`,
+		},
+		{
+			name: "a cluster not trusted",
+			ca:   srvtest.NewCA(t), cert: srvtest.UserCert{Cluster: "elsewhere"},
+			reason: `certificate was issued by cluster "elsewhere", which this cluster does not trust`,
+		},
+		{
+			name: "trust disabled",
+			ca:   rootCA, cert: srvtest.UserCert{Cluster: rootCluster},
+			setup: func() {
+				off := *trust
+				off.Spec.Enabled = false
+				e.ap.UpsertTrustedCluster(&off)
+			},
+			reason: `certificate was issued by cluster "root", which this cluster does not trust`,
+		},
+		{
+			name: "trust removed",
+			ca:   rootCA, cert: srvtest.UserCert{Cluster: rootCluster},
+			setup:  func() { e.ap.DeleteTrustedCluster(rootCluster) },
+			reason: `certificate was issued by cluster "root", which this cluster does not trust`,
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e.ap.UpsertTrustedCluster(trust)
+			if c.setup != nil {
+				c.setup()
+			}
+			user := fmt.Sprintf("bob-%d", i)
+			c.cert.User, c.cert.Logins = user, []string{e.me}
+			_, err := e.dialAs(e.me, c.ca.UserSigner(t, c.cert))
+			require.Error(t, err)
+			require.Contains(t, err.Error(), "unable to authenticate")
+			ev, err := rec.Wait(ctx, events.AccessDenied, func(ev events.Event) bool { return ev.User == user })
+			require.NoError(t, err)
+			require.Contains(t, ev.Fields[events.FieldReason], c.reason)
+			if c.cert.Cluster == testCluster {
+				require.NotContains(t, ev.Fields, events.FieldUserCluster)
+			} else {
+				require.Equal(t, c.cert.Cluster, ev.Fields[events.FieldUserCluster])
+			}
+		})
+	}
+}
+
+// TestRootUserNextSessionAfterTrustRemoved: removing the trusted_cluster
+// refuses the next session of a connection that is already open (what
+// `pctl rm trusted_cluster/ROOT` promises for sessions, not only for new
+// connections).
+func TestRootUserNextSessionAfterTrustRemoved(t *testing.T) {
+	e := newTestEnv(t)
+	rootCA := trustRoot(t, e)
+	signer := rootCA.UserSigner(t, srvtest.UserCert{User: "alice", Logins: []string{e.me}, Cluster: rootCluster, Roles: []string{"access"}})
+	c, err := e.dialAs(e.me, signer)
+	require.NoError(t, err)
+	defer c.Close()
+	_, _, err = run(t, c, "true")
+	require.NoError(t, err)
+
+	e.ap.DeleteTrustedCluster(rootCluster)
+	_, err = c.NewSession()
+	require.Error(t, err)
+	e.requireLog(`which this cluster does not trust`)
+}
