@@ -63,7 +63,7 @@ func TestTrustedClusterLifecycle(t *testing.T) {
 	require.Contains(t, out, `trusted_cluster "root" saved`)
 
 	out = mustPctl(t, root.dataDir, "", "clusters", "ls")
-	require.Regexp(t, `(?m)^leaf\s+\d{4}-`, out)
+	require.Regexp(t, `(?m)^leaf\s+(online|offline)\s+\S+\s+\d{4}-`, out)
 	out = mustPctl(t, leaf.dataDir, "", "get", "trusted_cluster", "root")
 	require.Contains(t, out, "proxy_addr: "+root.p.Addr(service.ListenerWeb).String())
 	// Each side holds the other's CAs.
@@ -265,4 +265,50 @@ func writeRole(t *testing.T, name string) string {
 	path := filepath.Join(t.TempDir(), name+".yaml")
 	require.NoError(t, os.WriteFile(path, []byte("kind: role\nmetadata: {name: "+name+"}\nspec: {logins: ['{{internal.logins}}']}\n"), 0o600))
 	return path
+}
+
+// clusterStatus is the STATUS column of name in the root's
+// `pctl clusters ls` ("" when not listed).
+func clusterStatus(t *testing.T, root *allInOne, name string) string {
+	t.Helper()
+	out := mustPctl(t, root.dataDir, "", "clusters", "ls")
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == name {
+			return f[1]
+		}
+	}
+	return ""
+}
+
+// TestLeafTunnelToRoot: once trust is established, the leaf's proxy
+// opens a tunnel to the root's tunnel port with a certificate of role
+// leaf and the root shows the leaf online with its last connection;
+// `pctl clusters rm` on the root cuts the tunnel (the leaf's reconnects
+// are refused and audited); re-established trust brings it back, and
+// removing the trusted_cluster on the leaf takes it offline.
+func TestLeafTunnelToRoot(t *testing.T) {
+	root := newNamedCluster(t, "root")
+	leaf := newNamedCluster(t, "leaf")
+	establishTrust(t, root, leaf, "[{remote: access, local: [access]}]")
+	require.Eventually(t, func() bool { return clusterStatus(t, root, "leaf") == "online" }, 20*time.Second, 200*time.Millisecond)
+	out := mustPctl(t, root.dataDir, "", "clusters", "ls")
+	require.Regexp(t, `(?m)^leaf\s+online\s+\d{4}-\d\d-\d\dT`, out)
+
+	mustPctl(t, root.dataDir, "", "clusters", "rm", "leaf")
+	require.Eventually(t, func() bool {
+		for _, e := range eventsLs(t, root.dataDir) {
+			if e.Type == events.AccessDenied && e.Fields[events.FieldKind] == "tunnel" &&
+				strings.Contains(e.Fields[events.FieldReason].(string), `cluster "leaf" is not a leaf of this cluster`) {
+				return true
+			}
+		}
+		return false
+	}, 20*time.Second, 200*time.Millisecond, "the removed leaf's tunnel is cut and its reconnects refused")
+
+	// Trust again (both sides removed first), then the leaf withdraws it.
+	mustPctl(t, leaf.dataDir, "", "rm", "trusted_cluster/root")
+	establishTrust(t, root, leaf, "[{remote: access, local: [access]}]")
+	require.Eventually(t, func() bool { return clusterStatus(t, root, "leaf") == "online" }, 30*time.Second, 200*time.Millisecond)
+	mustPctl(t, leaf.dataDir, "", "rm", "trusted_cluster/root")
+	require.Eventually(t, func() bool { return clusterStatus(t, root, "leaf") == "offline" }, 40*time.Second, 500*time.Millisecond)
 }

@@ -94,8 +94,13 @@ func (a *APIServer) registerRoutes() {
 	a.handle("PUT /v1/trustedclusters", allow(admin), a.upsertTrustedCluster)
 	a.handle("GET /v1/trustedclusters", allow(node, proxy, admin), a.getTrustedClusters)
 	a.handle("DELETE /v1/trustedclusters/{name}", allow(admin), a.deleteTrustedCluster)
-	a.handle("GET /v1/remoteclusters", allow(admin), a.getRemoteClusters)
+	a.handle("GET /v1/remoteclusters", allow(proxy, admin), a.getRemoteClusters)
 	a.handle("DELETE /v1/remoteclusters/{name}", allow(admin), a.deleteRemoteCluster)
+	// Leaf tunnels: a leaf's proxy gets a certificate of role leaf for
+	// its tunnels to roots; a root's proxy reports the leaves whose
+	// tunnels it holds (status and last_connected).
+	a.handle("POST /v1/certs/leaf", allow(proxy), a.generateLeafTunnelCert)
+	a.handle("PUT /v1/remoteclusters/{name}/heartbeat", allow(proxy), a.touchRemoteCluster)
 	// A certificate for a name, without a password: pctl auth sign only.
 	a.handle("POST /v1/certs/user", allow(admin), a.generateUserCert)
 	// Logins with the user's own credentials: the proxy's web API.

@@ -32,11 +32,13 @@ var wantPolicy = map[string][]string{
 	"POST /v1/join":                 {roleNone},
 	"POST /v1/join/trusted_cluster": {roleNone},
 
-	"PUT /v1/trustedclusters":           {RoleAdmin},
-	"GET /v1/trustedclusters":           {RoleNode, RoleProxy, RoleAdmin},
-	"DELETE /v1/trustedclusters/{name}": {RoleAdmin},
-	"GET /v1/remoteclusters":            {RoleAdmin},
-	"DELETE /v1/remoteclusters/{name}":  {RoleAdmin},
+	"PUT /v1/trustedclusters":                 {RoleAdmin},
+	"GET /v1/trustedclusters":                 {RoleNode, RoleProxy, RoleAdmin},
+	"DELETE /v1/trustedclusters/{name}":       {RoleAdmin},
+	"GET /v1/remoteclusters":                  {RoleProxy, RoleAdmin},
+	"POST /v1/certs/leaf":                     {RoleProxy},
+	"PUT /v1/remoteclusters/{name}/heartbeat": {RoleProxy},
+	"DELETE /v1/remoteclusters/{name}":        {RoleAdmin},
 
 	"GET /v1/ping": {RoleNode, RoleProxy, RoleAdmin},
 

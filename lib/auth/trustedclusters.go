@@ -174,9 +174,13 @@ func (s *Server) deleteForeignCAs(ctx context.Context, cluster string) {
 	}
 }
 
-// GetRemoteClusters lists this cluster's leaves.
+// GetRemoteClusters lists this cluster's leaves with their status now.
 func (s *Server) GetRemoteClusters(ctx context.Context) ([]services.RemoteCluster, error) {
 	rcs, err := s.store.GetRemoteClusters(ctx)
+	now := s.clock.Now()
+	for i := range rcs {
+		rcs[i].StatusNow = rcs[i].Status(now)
+	}
 	return rcs, trace.Wrap(err)
 }
 

@@ -82,6 +82,10 @@ type ServerConfig struct {
 	// DialAuth connects to the auth API for a node's ChannelAuth; nil
 	// refuses such channels (the node must reach auth by itself).
 	DialAuth func(ctx context.Context) (net.Conn, error)
+	// Leaves, when set, admits leaf clusters' proxies (host role leaf,
+	// see leaves.go) on this port too; nil refuses them like any
+	// certificate that is not a node's.
+	Leaves *Leaves
 }
 
 // CheckAndSetDefaults validates the config and fills in defaults.
@@ -225,11 +229,17 @@ func (s *Server) Close() error {
 	for _, t := range all {
 		_ = t.sconn.Close()
 	}
+	s.cfg.Leaves.closeAll()
 	s.wg.Wait()
 	return nil
 }
 
-const permUUID = "postern-tunnel-uuid"
+const (
+	permUUID = "postern-tunnel-uuid"
+	// permLeaf carries an admitted leaf's cluster name (Extensions) and
+	// its certificate (ExtraData).
+	permLeaf = "postern-tunnel-leaf"
+)
 
 // checkNodeCert is the tunnel port's admission rule: a host certificate
 // of this cluster's host CA, valid now, with role node. The UUID is the
@@ -268,6 +278,15 @@ func (s *Server) handleConn(nc net.Conn) {
 	cfg := *s.sshCfg
 	var refused bool
 	cfg.PublicKeyCallback = func(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permissions, error) {
+		if s.cfg.Leaves != nil && isLeafCert(key) {
+			cluster, err := s.cfg.Leaves.checkLeafCert(context.Background(), key)
+			if err != nil {
+				refused = true
+				s.deny(meta.RemoteAddr(), trace.UserMessage(err))
+				return nil, err
+			}
+			return &ssh.Permissions{Extensions: map[string]string{permLeaf: cluster}, ExtraData: map[any]any{permLeaf: key}}, nil
+		}
 		uuid, err := s.checkNodeCert(key)
 		if err != nil {
 			refused = true
@@ -287,6 +306,11 @@ func (s *Server) handleConn(nc net.Conn) {
 		return
 	}
 	_ = nc.SetDeadline(time.Time{})
+	if cluster := sconn.Permissions.Extensions[permLeaf]; cluster != "" {
+		cert, _ := sconn.Permissions.ExtraData[permLeaf].(*ssh.Certificate)
+		s.cfg.Leaves.serveLeaf(sconn, chans, reqs, cluster, cert)
+		return
+	}
 	t := &tunnel{uuid: sconn.Permissions.Extensions[permUUID], sconn: sconn}
 	log := s.cfg.Logger.WithFields(logrus.Fields{"uuid": t.uuid, "remote_addr": nc.RemoteAddr().String()})
 	// The only channel a node may open is one to the auth API.

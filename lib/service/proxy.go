@@ -69,6 +69,8 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		return trace.Wrap(err)
 	}
 	p.tunnelServer = ts
+	// A leaf keeps tunnels to the roots it trusts (leaf.go).
+	p.startLeafAgents(id)
 	peers, peerAddr, err := p.startPeering(id, ts)
 	if err != nil {
 		return trace.Wrap(err)

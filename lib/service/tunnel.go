@@ -56,6 +56,11 @@ func (p *Process) startTunnelServer(id *auth.Identity) (*reversetunnel.Server, s
 	if err != nil {
 		return nil, "", trace.Wrap(err)
 	}
+	leaves, err := p.newLeaves(id)
+	if err != nil {
+		ln.Close()
+		return nil, "", trace.Wrap(err)
+	}
 	ts, err := reversetunnel.NewServer(reversetunnel.ServerConfig{
 		HostSigner: id.SSHSigner,
 		HostCAs:    signerCA(id),
@@ -64,6 +69,7 @@ func (p *Process) startTunnelServer(id *auth.Identity) (*reversetunnel.Server, s
 		Logger:     p.log.WithField("component", "reversetunnel:server"),
 		Metrics:    p.registry,
 		DialAuth:   p.dialAuthAPI,
+		Leaves:     leaves,
 	})
 	if err != nil {
 		ln.Close()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"net"
 	"regexp"
 	"slices"
@@ -200,6 +201,34 @@ type RemoteCluster struct {
 	Name string `json:"name"`
 	// Created is when the leaf established trust (the root's clock).
 	Created time.Time `json:"created"`
+	// LastConnected is when a proxy of this (root) cluster last reported
+	// a live tunnel from the leaf (the root auth server's clock); zero
+	// when none ever came.
+	LastConnected time.Time `json:"last_connected,omitempty"`
+	// StatusNow is Status at the auth server's clock, in the views the
+	// auth API returns (pctl clusters ls); derived, never stored.
+	StatusNow string `json:"status,omitempty"`
+}
+
+// Remote cluster statuses (SPEC "Leaf clusters": proxysites, pctl
+// clusters ls).
+const (
+	RemoteClusterOnline  = "online"
+	RemoteClusterOffline = "offline"
+)
+
+// RemoteClusterOfflineAfter is how long after the last report of a live
+// tunnel a leaf counts as offline: three of the proxies' 5s reports, so
+// that one late report does not flap the status.
+const RemoteClusterOfflineAfter = 15 * time.Second
+
+// Status is online while a tunnel was reported within
+// RemoteClusterOfflineAfter of now.
+func (rc *RemoteCluster) Status(now time.Time) string {
+	if !rc.LastConnected.IsZero() && now.Sub(rc.LastConnected) < RemoteClusterOfflineAfter {
+		return RemoteClusterOnline
+	}
+	return RemoteClusterOffline
 }
 
 // CheckAndSetDefaults validates a remote cluster record.
@@ -289,6 +318,39 @@ func (s *Store) GetRemoteCluster(ctx context.Context, name string) (*RemoteClust
 // GetRemoteClusters returns every leaf, by name.
 func (s *Store) GetRemoteClusters(ctx context.Context) ([]RemoteCluster, error) {
 	return getAll[RemoteCluster](ctx, s, backend.Prefix(remoteClustersPrefix))
+}
+
+// TouchRemoteCluster sets a leaf's LastConnected to now. It never
+// creates the record: a report racing `pctl clusters rm` must not bring a
+// removed leaf back (the write is a compare-and-swap on the record read).
+func (s *Store) TouchRemoteCluster(ctx context.Context, name string, now time.Time) error {
+	msg := "remote cluster " + quote(name) + " not found"
+	if CheckClusterName(name) != nil {
+		return trace.NotFound("%s", msg)
+	}
+	key := backend.Key(remoteClustersPrefix, name)
+	item, err := s.b.Get(ctx, key)
+	if trace.IsNotFound(err) {
+		return trace.NotFound("%s", msg)
+	}
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	var rc RemoteCluster
+	if err := json.Unmarshal(item.Value, &rc); err != nil {
+		return trace.BadParameter("corrupt record at %q: %v", key, err)
+	}
+	rc.LastConnected = now.UTC()
+	data, err := json.Marshal(rc)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	_, err = s.b.CompareAndSwap(ctx, *item, backend.Item{Key: key, Value: data})
+	if trace.IsCompareFailed(err) {
+		// Another report or a removal won: either is fine to keep.
+		return nil
+	}
+	return trace.Wrap(err)
 }
 
 // DeleteRemoteCluster removes a leaf's record.

@@ -176,3 +176,27 @@ func TestTrustedClusterCheck(t *testing.T) {
 		})
 	}
 }
+
+func TestRemoteClusterStatus(t *testing.T) {
+	ctx := context.Background()
+	clock := clockwork.NewFakeClock()
+	s := newTestStore(t, clock)
+	require.NoError(t, s.CreateRemoteCluster(ctx, RemoteCluster{Name: "leaf", Created: clock.Now()}))
+	rc, err := s.GetRemoteCluster(ctx, "leaf")
+	require.NoError(t, err)
+	require.Equal(t, RemoteClusterOffline, rc.Status(clock.Now()), "never connected")
+
+	require.NoError(t, s.TouchRemoteCluster(ctx, "leaf", clock.Now()))
+	rc, err = s.GetRemoteCluster(ctx, "leaf")
+	require.NoError(t, err)
+	require.Equal(t, clock.Now().UTC(), rc.LastConnected)
+	require.Equal(t, RemoteClusterOnline, rc.Status(clock.Now()))
+	require.Equal(t, RemoteClusterOnline, rc.Status(clock.Now().Add(RemoteClusterOfflineAfter-time.Second)))
+	require.Equal(t, RemoteClusterOffline, rc.Status(clock.Now().Add(RemoteClusterOfflineAfter)))
+
+	// A report never creates a record: a removed leaf stays removed.
+	require.NoError(t, s.DeleteRemoteCluster(ctx, "leaf"))
+	require.True(t, trace.IsNotFound(s.TouchRemoteCluster(ctx, "leaf", clock.Now())))
+	_, err = s.GetRemoteCluster(ctx, "leaf")
+	require.True(t, trace.IsNotFound(err))
+}

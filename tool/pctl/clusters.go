@@ -32,9 +32,13 @@ func (c *cli) clustersLs(ctx context.Context) error {
 		return trace.Wrap(err)
 	}
 	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tTRUSTED SINCE")
+	fmt.Fprintln(tw, "NAME\tSTATUS\tLAST CONNECTED\tTRUSTED SINCE")
 	for _, rc := range rcs {
-		fmt.Fprintf(tw, "%s\t%s\n", rc.Name, rc.Created.UTC().Format(time.RFC3339))
+		last := "never"
+		if !rc.LastConnected.IsZero() {
+			last = rc.LastConnected.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", rc.Name, rc.StatusNow, last, rc.Created.UTC().Format(time.RFC3339))
 	}
 	return trace.Wrap(tw.Flush())
 }

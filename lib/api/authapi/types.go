@@ -228,3 +228,10 @@ type TrustedClusterResponse struct {
 	HostCAKeys  []string `json:"host_ca_keys"`
 	UserCAKeys  []string `json:"user_ca_keys"`
 }
+
+// LeafTunnelCertRequest asks for a leaf tunnel certificate (POST
+// /v1/certs/leaf, proxies only): the key to certify, authorized_keys
+// format. The certificate names the calling proxy.
+type LeafTunnelCertRequest struct {
+	PublicKey []byte `json:"public_key"`
+}

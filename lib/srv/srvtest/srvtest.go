@@ -285,6 +285,9 @@ type HostCert struct {
 	Principals []string
 	// ValidBefore; zero means forever.
 	ValidBefore time.Time
+	// Cluster, when set, goes in services.CertExtensionCluster (what a
+	// leaf cluster's tunnel certificate carries).
+	Cluster string
 }
 
 // RoleHostSigner makes a host key certified as h describes, with the role
@@ -306,6 +309,12 @@ func (c *CA) RoleHostSigner(t testing.TB, h HostCert) ssh.Signer {
 	}
 	if h.Role != "" {
 		cert.Permissions.Extensions = map[string]string{services.CertExtensionHostRole: h.Role}
+	}
+	if h.Cluster != "" {
+		if cert.Permissions.Extensions == nil {
+			cert.Permissions.Extensions = map[string]string{}
+		}
+		cert.Permissions.Extensions[services.CertExtensionCluster] = h.Cluster
 	}
 	require.NoError(t, cert.SignCert(rand.Reader, c.Signer))
 	s, err := ssh.NewCertSigner(cert, key)

@@ -1,0 +1,285 @@
+package reversetunnel
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
+	"github.com/sirupsen/logrus"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
+)
+
+// Leaf clusters' tunnels (SPEC "Leaf clusters"): a leaf's proxy dials a
+// root proxy's tunnel port, the same port nodes use, with a host
+// certificate of role leaf that the leaf's auth server signed with the
+// leaf's host CA and whose cluster extension names the leaf. The root
+// checks it against the host CA it stored for that leaf when trust was
+// established; nothing else admits it: a leaf's node certificate (role
+// node, leaf CA), a leaf certificate signed by any other CA (a leaf
+// presenting a CA different from the one exchanged), and a leaf
+// certificate naming a cluster that is not a leaf here are all refused
+// and audited. While a tunnel is up the root proxy re-checks it every
+// ReportInterval (so `pctl clusters rm` cuts it within that) and reports
+// it to auth (the leaf's status and last_connected).
+
+// RoleLeaf is the host role a leaf cluster's proxy presents.
+const RoleLeaf = "leaf"
+
+// LeafTrust is what the root's tunnel port asks about leaves.
+type LeafTrust interface {
+	// LeafHostCAs returns the host CA keys of leaf cluster name; NotFound
+	// when name is not a leaf of this cluster.
+	LeafHostCAs(ctx context.Context, name string) ([]ssh.PublicKey, error)
+	// Touch reports a live tunnel from leaf cluster name.
+	Touch(ctx context.Context, name string) error
+}
+
+// LeavesConfig configures Leaves.
+type LeavesConfig struct {
+	// Trust answers which leaves exist and their CAs. Required.
+	Trust LeafTrust
+	// ClusterName is this (root) cluster's name, never a leaf's.
+	// Required.
+	ClusterName string
+	// ReportInterval is how often a live leaf tunnel is re-checked and
+	// reported; zero means DefaultLeafReportInterval.
+	ReportInterval time.Duration
+	// KeepAliveInterval and KeepAliveCountMax time the tunnels'
+	// keep-alives; zero means the defaults.
+	KeepAliveInterval time.Duration
+	KeepAliveCountMax int
+	// Clock checks certificates and times reports; nil: real.
+	Clock clockwork.Clock
+	// Logger; nil means component "reversetunnel:leaves".
+	Logger logrus.FieldLogger
+}
+
+// DefaultLeafReportInterval: a removed leaf's tunnel is cut, and a live
+// one reported, within 5s (SPEC: removing trust cuts access within 5s).
+const DefaultLeafReportInterval = 5 * time.Second
+
+// leafCheckTimeout bounds one trust lookup (an auth API call).
+const leafCheckTimeout = 10 * time.Second
+
+// CheckAndSetDefaults validates the config.
+func (c *LeavesConfig) CheckAndSetDefaults() error {
+	if c.Trust == nil {
+		return trace.BadParameter("leaves: missing Trust")
+	}
+	if c.ClusterName == "" {
+		return trace.BadParameter("leaves: missing ClusterName")
+	}
+	if c.ReportInterval <= 0 {
+		c.ReportInterval = DefaultLeafReportInterval
+	}
+	if c.KeepAliveInterval == 0 {
+		c.KeepAliveInterval = DefaultKeepAliveInterval
+	}
+	if c.KeepAliveCountMax == 0 {
+		c.KeepAliveCountMax = DefaultKeepAliveCountMax
+	}
+	if c.Clock == nil {
+		c.Clock = clockwork.NewRealClock()
+	}
+	if c.Logger == nil {
+		c.Logger = logrus.WithField("component", "reversetunnel:leaves")
+	}
+	return nil
+}
+
+// leafTunnel is one leaf proxy's live tunnel.
+type leafTunnel struct {
+	cluster string
+	proxy   string // the leaf proxy's UUID (certificate KeyId)
+	cert    *ssh.Certificate
+	sconn   *ssh.ServerConn
+}
+
+// Leaves holds the leaf tunnels of one root proxy. The tunnel Server
+// hands it the connections whose certificate has role leaf; each is
+// served by serveLeaf on the Server's connection goroutine.
+type Leaves struct {
+	cfg LeavesConfig
+	// mu guards byCluster and closed.
+	mu        sync.Mutex
+	byCluster map[string][]*leafTunnel // newest first
+	closed    bool
+}
+
+// NewLeaves returns an empty registry.
+func NewLeaves(cfg LeavesConfig) (*Leaves, error) {
+	if err := cfg.CheckAndSetDefaults(); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return &Leaves{cfg: cfg, byCluster: map[string][]*leafTunnel{}}, nil
+}
+
+// isLeafCert reports whether key claims to be a leaf proxy's certificate
+// (before any check: it only routes the key to checkLeafCert).
+func isLeafCert(key ssh.PublicKey) bool {
+	cert, ok := key.(*ssh.Certificate)
+	return ok && cert.Extensions[services.CertExtensionHostRole] == RoleLeaf
+}
+
+// checkLeafCert is the admission rule for leaves. It returns the leaf's
+// cluster name.
+func (l *Leaves) checkLeafCert(ctx context.Context, key ssh.PublicKey) (string, error) {
+	cert, ok := key.(*ssh.Certificate)
+	if !ok || cert.CertType != ssh.HostCert {
+		return "", trace.AccessDenied("not a host certificate")
+	}
+	cluster := cert.Extensions[services.CertExtensionCluster]
+	if cluster == "" || services.CheckClusterName(cluster) != nil {
+		return "", trace.AccessDenied("leaf certificate %q names no valid cluster", cert.KeyId)
+	}
+	if cluster == l.cfg.ClusterName {
+		return "", trace.AccessDenied("leaf certificate %q names this cluster %q", cert.KeyId, cluster)
+	}
+	ctx, cancel := context.WithTimeout(ctx, leafCheckTimeout)
+	defer cancel()
+	cas, err := l.cfg.Trust.LeafHostCAs(ctx, cluster)
+	if trace.IsNotFound(err) {
+		return "", trace.AccessDenied("cluster %q is not a leaf of this cluster", cluster)
+	}
+	if err != nil {
+		return "", trace.Wrap(err)
+	}
+	if err := authz.CheckHostCert(cas, cert.KeyId, cert, l.cfg.Clock); err != nil {
+		return "", trace.AccessDenied("leaf %q: %v", cluster, trace.UserMessage(err))
+	}
+	return cluster, nil
+}
+
+// serveLeaf runs one admitted leaf tunnel until it ends: it refuses every
+// channel and request from the leaf (a leaf asks nothing of its root),
+// answers keep-alives, and every ReportInterval re-checks the leaf's
+// trust (closing the tunnel when it is gone) and reports it live.
+func (l *Leaves) serveLeaf(sconn *ssh.ServerConn, chans <-chan ssh.NewChannel, reqs <-chan *ssh.Request, cluster string, cert *ssh.Certificate) {
+	t := &leafTunnel{cluster: cluster, proxy: cert.KeyId, cert: cert, sconn: sconn}
+	log := l.cfg.Logger.WithFields(logrus.Fields{"leaf": cluster, "leaf_proxy": t.proxy, "remote_addr": sconn.RemoteAddr().String()})
+	ka := utils.StartSSHKeepAlive(sconn, "tunnel from leaf "+cluster, utils.SSHKeepAliveConfig{
+		Interval: l.cfg.KeepAliveInterval, CountMax: l.cfg.KeepAliveCountMax, Clock: l.cfg.Clock,
+	})
+	defer func() {
+		if ka != nil {
+			ka.Close()
+		}
+	}()
+	if !l.register(t) {
+		_ = sconn.Close()
+		return
+	}
+	defer l.unregister(t)
+	log.Info("Leaf cluster tunnel connected.")
+	l.report(t, log)
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	stop := make(chan struct{})
+	defer close(stop)
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for nch := range chans {
+			_ = nch.Reject(ssh.Prohibited, "a leaf's tunnel carries only transport channels from the root")
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-l.cfg.Clock.After(l.cfg.ReportInterval):
+				if !l.report(t, log) {
+					_ = sconn.Close()
+					return
+				}
+			}
+		}
+	}()
+	ssh.DiscardRequests(reqs)
+	_ = sconn.Close()
+	log.Info("Leaf cluster tunnel disconnected.")
+}
+
+// report re-checks t's certificate against the leaf's CA as it is now
+// and, if it still passes, reports the tunnel live. It returns false
+// when the leaf is no longer trusted (removed, or its CA changed).
+func (l *Leaves) report(t *leafTunnel, log logrus.FieldLogger) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), leafCheckTimeout)
+	defer cancel()
+	if _, err := l.checkLeafCert(ctx, t.cert); err != nil {
+		if trace.IsAccessDenied(err) {
+			log.WithError(err).Warn("Leaf cluster no longer trusted: closing its tunnel.")
+			return false
+		}
+		// Auth unreachable: keep the tunnel (it was admitted) and try
+		// again next time.
+		log.WithError(err).Warn("Cannot re-check a leaf cluster's tunnel.")
+		return true
+	}
+	if err := l.cfg.Trust.Touch(ctx, t.cluster); err != nil {
+		log.WithError(err).Warn("Cannot report a leaf cluster's tunnel.")
+	}
+	return true
+}
+
+func (l *Leaves) register(t *leafTunnel) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.byCluster[t.cluster] = append([]*leafTunnel{t}, l.byCluster[t.cluster]...)
+	return true
+}
+
+func (l *Leaves) unregister(t *leafTunnel) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ts := l.byCluster[t.cluster]
+	for i, x := range ts {
+		if x == t {
+			ts = append(ts[:i:i], ts[i+1:]...)
+			break
+		}
+	}
+	if len(ts) == 0 {
+		delete(l.byCluster, t.cluster)
+	} else {
+		l.byCluster[t.cluster] = ts
+	}
+}
+
+// HasLeaf reports whether a tunnel from leaf cluster name is here.
+func (l *Leaves) HasLeaf(name string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.byCluster[name]) > 0
+}
+
+// closeAll closes every leaf tunnel and refuses new ones (Server.Close;
+// each serveLeaf then returns on its connection goroutine, which the
+// Server waits for). Safe on a nil *Leaves.
+func (l *Leaves) closeAll() {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	l.closed = true
+	var all []*leafTunnel
+	for _, ts := range l.byCluster {
+		all = append(all, ts...)
+	}
+	l.mu.Unlock()
+	for _, t := range all {
+		_ = t.sconn.Close()
+	}
+}

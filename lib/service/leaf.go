@@ -1,0 +1,332 @@
+package service
+
+import (
+	"context"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/gravitational/trace"
+	"github.com/sirupsen/logrus"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/reversetunnel"
+	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
+	"github.com/postern-dev/postern/lib/web"
+)
+
+// Leaf clusters, the proxy's part (SPEC "Leaf clusters"). On a root, the
+// tunnel port admits its leaves' proxies (reversetunnel.Leaves, fed by
+// this cluster's remote_cluster records and the leaves' host CAs). On a
+// leaf, the proxy keeps a tunnel to the proxy of every root it trusts
+// (leafAgents), with a certificate of role leaf from its own auth server.
+
+// clusterTrustAPI is what the proxy's leaf code asks of its auth server:
+// the auth client, or localClusterTrust in an all-in-one process.
+type clusterTrustAPI interface {
+	GetRemoteClusters(ctx context.Context) ([]services.RemoteCluster, error)
+	GetCertAuthority(ctx context.Context, clusterName string, t services.CertAuthType, withSecrets bool) (*services.CertAuthority, error)
+	TouchRemoteCluster(ctx context.Context, name string) error
+	GetTrustedClusters(ctx context.Context) ([]services.TrustedCluster, error)
+	GenerateLeafTunnelCert(ctx context.Context, publicKey []byte) ([]byte, error)
+}
+
+var (
+	_ clusterTrustAPI = (*auth.Client)(nil)
+	_ clusterTrustAPI = localClusterTrust{}
+)
+
+// localClusterTrust is clusterTrustAPI on the auth server in this
+// process, for the proxy whose identity is proxyID.
+type localClusterTrust struct {
+	srv     *auth.Server
+	store   *services.Store
+	proxyID string
+}
+
+func (l localClusterTrust) GetRemoteClusters(ctx context.Context) ([]services.RemoteCluster, error) {
+	return l.srv.GetRemoteClusters(ctx)
+}
+
+func (l localClusterTrust) GetCertAuthority(ctx context.Context, name string, t services.CertAuthType, _ bool) (*services.CertAuthority, error) {
+	return l.store.GetCertAuthority(ctx, name, t, false)
+}
+
+func (l localClusterTrust) TouchRemoteCluster(ctx context.Context, name string) error {
+	return l.srv.TouchRemoteCluster(ctx, name)
+}
+
+func (l localClusterTrust) GetTrustedClusters(ctx context.Context) ([]services.TrustedCluster, error) {
+	return l.srv.GetTrustedClusters(ctx)
+}
+
+func (l localClusterTrust) GenerateLeafTunnelCert(ctx context.Context, pub []byte) ([]byte, error) {
+	return l.srv.GenerateLeafTunnelCert(ctx, l.proxyID, pub)
+}
+
+// clusterTrust returns the proxy's clusterTrustAPI; nil when it has no
+// auth server to ask (then it neither takes nor keeps leaf tunnels).
+func (p *Process) clusterTrust(id *auth.Identity) clusterTrustAPI {
+	switch {
+	case p.store != nil && p.authServer != nil:
+		return localClusterTrust{srv: p.authServer, store: p.store, proxyID: id.ID}
+	case p.authClient != nil:
+		return p.authClient
+	}
+	return nil
+}
+
+// leafTrust is reversetunnel.LeafTrust over the auth server: a cluster is
+// a leaf while its remote_cluster record exists (a CA alone is not
+// enough: this cluster also holds the CAs of the roots it trusts).
+type leafTrust struct{ api clusterTrustAPI }
+
+func (l leafTrust) LeafHostCAs(ctx context.Context, name string) ([]ssh.PublicKey, error) {
+	rcs, err := l.api.GetRemoteClusters(ctx)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	found := false
+	for _, rc := range rcs {
+		found = found || rc.Name == name
+	}
+	if !found {
+		return nil, trace.NotFound("remote cluster %q not found", name)
+	}
+	ca, err := l.api.GetCertAuthority(ctx, name, services.HostCA, false)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return parseCAKeys(ca)
+}
+
+func (l leafTrust) Touch(ctx context.Context, name string) error {
+	return trace.Wrap(l.api.TouchRemoteCluster(ctx, name))
+}
+
+func parseCAKeys(ca *services.CertAuthority) ([]ssh.PublicKey, error) {
+	out := make([]ssh.PublicKey, 0, len(ca.SSHPublicKeys))
+	for _, k := range ca.SSHPublicKeys {
+		pub, _, _, _, err := ssh.ParseAuthorizedKey([]byte(k))
+		if err != nil {
+			return nil, trace.BadParameter("%s CA of cluster %q: %v", ca.Type, ca.ClusterName, err)
+		}
+		out = append(out, pub)
+	}
+	return out, nil
+}
+
+// newLeaves is the root side: nil when the proxy has no auth server.
+func (p *Process) newLeaves(id *auth.Identity) (*reversetunnel.Leaves, error) {
+	api := p.clusterTrust(id)
+	if api == nil {
+		return nil, nil
+	}
+	l, err := reversetunnel.NewLeaves(reversetunnel.LeavesConfig{
+		Trust:       leafTrust{api: api},
+		ClusterName: p.clusterName,
+		Clock:       p.clock,
+		Logger:      p.log.WithField("component", "reversetunnel:leaves"),
+	})
+	return l, trace.Wrap(err)
+}
+
+// leafReconcileInterval is how often a leaf's proxy compares the tunnels
+// it keeps with the trusted_clusters: a new trust gets its tunnel, and a
+// removed one loses it, within this.
+const leafReconcileInterval = 5 * time.Second
+
+// leafAgents keeps one tunnel per trusted root (to the proxy its
+// trusted_cluster names). It owns its loop and its agents; Close stops
+// both.
+type leafAgents struct {
+	p      *Process
+	api    clusterTrustAPI
+	log    logrus.FieldLogger
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	// signer is the leaf tunnel certificate's, made on first use (only
+	// the loop goroutine touches it).
+	signer ssh.Signer
+	// mu guards agents: by root cluster name.
+	mu     sync.Mutex
+	agents map[string]*leafAgent
+}
+
+type leafAgent struct {
+	proxyAddr string
+	agent     *reversetunnel.Agent
+}
+
+// startLeafAgents runs the leaf side on this proxy.
+func (p *Process) startLeafAgents(id *auth.Identity) {
+	api := p.clusterTrust(id)
+	if api == nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &leafAgents{
+		p: p, api: api, log: p.log.WithField("component", "leaf"),
+		ctx: ctx, cancel: cancel, done: make(chan struct{}), agents: map[string]*leafAgent{},
+	}
+	go l.run()
+	p.onShutdown(func(context.Context) error { return l.Close() })
+}
+
+func (l *leafAgents) run() {
+	defer close(l.done)
+	for {
+		l.reconcile()
+		select {
+		case <-l.ctx.Done():
+			return
+		case <-l.p.clock.After(leafReconcileInterval):
+		}
+	}
+}
+
+// Close stops the loop and every agent.
+func (l *leafAgents) Close() error {
+	l.cancel()
+	<-l.done
+	l.mu.Lock()
+	agents := l.agents
+	l.agents = map[string]*leafAgent{}
+	l.mu.Unlock()
+	for _, a := range agents {
+		_ = a.agent.Close()
+	}
+	return nil
+}
+
+func (l *leafAgents) reconcile() {
+	ctx, cancel := context.WithTimeout(l.ctx, 30*time.Second)
+	defer cancel()
+	tcs, err := l.api.GetTrustedClusters(ctx)
+	if err != nil {
+		l.log.WithError(err).Warn("Cannot read trusted clusters.")
+		return
+	}
+	want := map[string]services.TrustedCluster{}
+	for _, tc := range tcs {
+		if tc.Spec.Enabled {
+			want[tc.Metadata.Name] = tc
+		}
+	}
+	l.mu.Lock()
+	var stale []*leafAgent
+	for name, a := range l.agents {
+		if tc, ok := want[name]; !ok || tc.Spec.ProxyAddr != a.proxyAddr {
+			stale = append(stale, a)
+			delete(l.agents, name)
+			l.log.WithField("root", name).Info("Trust in a root cluster ended: closing its tunnel.")
+		}
+	}
+	var missing []services.TrustedCluster
+	for name, tc := range want {
+		if _, ok := l.agents[name]; !ok {
+			missing = append(missing, tc)
+		}
+	}
+	l.mu.Unlock()
+	for _, a := range stale {
+		_ = a.agent.Close()
+	}
+	for _, tc := range missing {
+		a, err := l.startAgent(ctx, tc)
+		if err != nil {
+			l.log.WithError(err).WithField("root", tc.Metadata.Name).Warn("Cannot open a tunnel to a root cluster (retrying).")
+			continue
+		}
+		l.mu.Lock()
+		if l.ctx.Err() != nil {
+			l.mu.Unlock()
+			_ = a.agent.Close()
+			return
+		}
+		l.agents[tc.Metadata.Name] = a
+		l.mu.Unlock()
+	}
+}
+
+// startAgent opens the tunnel to root tc: its proxy's tunnel address from
+// its ping (which must answer as that cluster), checked against the
+// root's host CA this cluster stored when trust was established.
+func (l *leafAgents) startAgent(ctx context.Context, tc services.TrustedCluster) (*leafAgent, error) {
+	name := tc.Metadata.Name
+	ca, err := l.api.GetCertAuthority(ctx, name, services.HostCA, false)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	rootCAs, err := parseCAKeys(ca)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	ping, err := web.PingProxy(ctx, tc.Spec.ProxyAddr)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if ping.ClusterName != name {
+		return nil, trace.BadParameter("the proxy at %s answers as cluster %q, not %q", tc.Spec.ProxyAddr, ping.ClusterName, name)
+	}
+	addr, err := tunnelAddrFor(tc.Spec.ProxyAddr, ping.TunnelAddr)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if l.signer == nil {
+		if l.signer, err = l.newSigner(ctx); err != nil {
+			return nil, trace.Wrap(err)
+		}
+	}
+	agent, err := reversetunnel.NewAgent(reversetunnel.AgentConfig{
+		ProxyAddr: addr,
+		Signer:    l.signer,
+		HostCAs:   func() []ssh.PublicKey { return rootCAs },
+		Handler:   l.handle,
+		Clock:     l.p.clock,
+		Logger:    l.log.WithFields(logrus.Fields{"component": "reversetunnel:agent", "root": name}),
+		Metrics:   l.p.registry,
+	})
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	agent.Start()
+	l.log.WithFields(logrus.Fields{"root": name, "tunnel_addr": addr}).Info("Keeping a tunnel to a root cluster.")
+	return &leafAgent{proxyAddr: tc.Spec.ProxyAddr, agent: agent}, nil
+}
+
+// newSigner makes a key and has this cluster's auth server certify it
+// for leaf tunnels.
+func (l *leafAgents) newSigner(ctx context.Context) (ssh.Signer, error) {
+	priv, pub, err := utils.GenerateKeyPair()
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	certBytes, err := l.api.GenerateLeafTunnelCert(ctx, pub)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	key, err := ssh.ParsePrivateKey(priv)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	pk, _, _, _, err := ssh.ParseAuthorizedKey(certBytes)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	cert, ok := pk.(*ssh.Certificate)
+	if !ok {
+		return nil, trace.BadParameter("auth returned no certificate for the leaf tunnel")
+	}
+	s, err := ssh.NewCertSigner(cert, key)
+	return s, trace.Wrap(err)
+}
+
+// handle serves a transport channel the root opened on a leaf tunnel.
+// Routing through leaves is not built yet: the root never opens one, and
+// one that arrives is closed.
+func (l *leafAgents) handle(nc net.Conn) { _ = nc.Close() }
