@@ -66,6 +66,12 @@ func TestTrustedClusterLifecycle(t *testing.T) {
 	require.Regexp(t, `(?m)^leaf\s+(online|offline)\s+\S+\s+\d{4}-`, out)
 	out = mustPctl(t, leaf.dataDir, "", "get", "trusted_cluster", "root")
 	require.Contains(t, out, "proxy_addr: "+root.p.Addr(service.ListenerWeb).String())
+	// What pctl get prints goes back into pctl create: an edited role map
+	// of an established trust is saved without a new token.
+	edited := filepath.Join(t.TempDir(), "edited.yaml")
+	require.NoError(t, os.WriteFile(edited, []byte(strings.Replace(out, "remote: access", "remote: '*'", 1)), 0o600))
+	require.Contains(t, mustPctl(t, leaf.dataDir, "", "create", "-f", edited), `trusted_cluster "root" saved`)
+	require.Contains(t, mustPctl(t, leaf.dataDir, "", "get", "trusted_cluster", "root"), "remote: '*'")
 	// Each side holds the other's CAs.
 	rootCAs, err := adminClient(t, root.dataDir, root.p).GetCertAuthorities(t.Context(), "host", false)
 	require.NoError(t, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,11 +13,13 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/bcrypt"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/recording"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // recordingEmitter keeps every audit event; mu guards all.
@@ -331,4 +334,53 @@ func requireTokenUnspent(t *testing.T, root *clusterEnv, tok string) {
 	t.Helper()
 	_, err := root.store.CheckToken(context.Background(), secretOf(t, tok), services.TokenTypeTrustedCluster)
 	require.NoError(t, err, "the token must not have been spent")
+}
+
+// TestLeafTunnelCert: a proxy gets a certificate of role leaf naming
+// itself and this cluster, whatever it sends; other roles cannot; a root
+// proxy's report of a leaf tunnel sets last_connected (auth's clock) and
+// the status, and never creates a leaf.
+func TestLeafTunnelCert(t *testing.T) {
+	ctx := context.Background()
+	root := newClusterEnv(t, "root")
+	leaf := newClusterEnv(t, "leaf")
+	_, err := leaf.adminClient(t).UpsertTrustedCluster(ctx, trustedCluster(root, root.trustToken(t, services.TokenTypeTrustedCluster)))
+	require.NoError(t, err)
+
+	proxy := leaf.client(t, leaf.identity(t, "proxy-7", RoleProxy))
+	_, pub, err := utils.GenerateKeyPair()
+	require.NoError(t, err)
+	certBytes, err := proxy.GenerateLeafTunnelCert(ctx, pub)
+	require.NoError(t, err)
+	k, _, _, _, err := ssh.ParseAuthorizedKey(certBytes)
+	require.NoError(t, err)
+	cert := k.(*ssh.Certificate)
+	require.Equal(t, ssh.HostCert, int(cert.CertType))
+	require.Equal(t, "proxy-7", cert.KeyId)
+	require.Equal(t, RoleLeaf, cert.Extensions[services.CertExtensionHostRole])
+	require.Equal(t, "leaf", cert.Extensions[services.CertExtensionCluster])
+	// Signed by the leaf's host CA, which the root stored at the exchange.
+	require.Equal(t, caKeys(t, root.store, "leaf", services.HostCA)[0], strings.TrimSpace(string(ssh.MarshalAuthorizedKey(cert.SignatureKey))))
+
+	node := leaf.client(t, leaf.identity(t, "node-7", RoleNode))
+	_, err = node.GenerateLeafTunnelCert(ctx, pub)
+	requireKind(t, err, trace.IsAccessDenied, "may not call")
+
+	rootProxy := root.client(t, root.identity(t, "proxy-1", RoleProxy))
+	rcs, err := rootProxy.GetRemoteClusters(ctx)
+	require.NoError(t, err)
+	require.Equal(t, services.RemoteClusterOffline, rcs[0].StatusNow)
+	require.NoError(t, rootProxy.TouchRemoteCluster(ctx, "leaf"))
+	rcs, err = root.adminClient(t).GetRemoteClusters(ctx)
+	require.NoError(t, err)
+	require.Equal(t, services.RemoteClusterOnline, rcs[0].StatusNow)
+	require.Equal(t, root.clock.Now().UTC(), rcs[0].LastConnected)
+	root.clock.Advance(services.RemoteClusterOfflineAfter)
+	rcs, err = root.adminClient(t).GetRemoteClusters(ctx)
+	require.NoError(t, err)
+	require.Equal(t, services.RemoteClusterOffline, rcs[0].StatusNow)
+	requireKind(t, rootProxy.TouchRemoteCluster(ctx, "stranger"), trace.IsNotFound, `remote cluster "stranger" not found`)
+	rcs, err = root.adminClient(t).GetRemoteClusters(ctx)
+	require.NoError(t, err)
+	require.Len(t, rcs, 1)
 }
