@@ -111,7 +111,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		ForceAttemptHTTP2:   false,
 	}
 	return &Client{
-		cfg:       cfg,
+		cfg: cfg,
 		// The host only keys the connection pool: the dialer picks the
 		// server (failover.go).
 		base:      "https://" + addrs[0],

@@ -136,7 +136,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		DialKeepAliveTime:    10 * time.Second,
 		DialKeepAliveTimeout: 5 * time.Second,
 		TLS:                  cfg.TLS,
-		Context:     context.Background(),
+		Context:              context.Background(),
 		// The client's own zap logs would bypass logrus; errors it returns
 		// are logged by us with context instead.
 		Logger: zap.NewNop(),
