@@ -1,0 +1,193 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/backend/etcdbk/etcdtest"
+	"github.com/postern-dev/postern/lib/config"
+	"github.com/postern-dev/postern/lib/services"
+)
+
+// launchDaemon starts `postern start` on loopback ports without waiting
+// for it; waitDaemon waits until its auth API answers pctl. Split so that
+// several daemons can be started at the same instant.
+func launchDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
+	t.Helper()
+	args := append([]string{"start", "--data-dir", dataDir, "--cluster-name", clusterName,
+		"--auth-addr", "127.0.0.1:0", "--node-addr", "127.0.0.1:0", "--ssh-addr", "127.0.0.1:0",
+		"--web-addr", "127.0.0.1:0", "--tunnel-addr", "127.0.0.1:0", "--diag-addr", "127.0.0.1:0"}, extra...)
+	d := &daemon{cmd: exec.Command(bin("postern"), args...), dataDir: dataDir, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
+	d.cmd.Stderr = &lockedWriter{w: d.stderr}
+	require.NoError(t, d.cmd.Start())
+	go func() { d.done <- d.cmd.Wait() }()
+	t.Cleanup(func() {
+		d.cmd.Process.Kill()
+		<-d.done
+	})
+	return d
+}
+
+func (d *daemon) wait(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		select {
+		case err := <-d.done:
+			d.done <- err
+			t.Fatalf("postern exited during start-up: %v\n%s", err, d.stderr.String())
+		default:
+		}
+		_, _, err := pctl(t, d.dataDir, "", "users", "ls")
+		return err == nil
+	}, 60*time.Second, 100*time.Millisecond)
+}
+
+// authAddr is the auth API address the daemon wrote for pctl.
+func (d *daemon) authAddr(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(config.AdminIdentityDir(d.dataDir), config.AuthAddrFile))
+	require.NoError(t, err)
+	return strings.TrimSpace(string(data))
+}
+
+// kill9 kills the daemon as a crash would.
+func (d *daemon) kill9(t *testing.T) {
+	t.Helper()
+	require.NoError(t, d.cmd.Process.Signal(syscall.SIGKILL))
+	err := <-d.done
+	d.done <- err
+}
+
+// lockedWriter lets the test read a daemon's stderr while it writes.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// haAuth is two auth daemons on one three-member etcd, started at the
+// same instant on an empty keyspace.
+type haAuth struct {
+	etcd *etcdtest.Cluster
+	a, b *daemon
+}
+
+func startHAAuth(t *testing.T) *haAuth {
+	t.Helper()
+	etcd := etcdtest.StartCluster(t, 3)
+	args := []string{"--roles", "auth", "--backend", "etcd", "--etcd-endpoints", strings.Join(etcd.Endpoints, ",")}
+	a := launchDaemon(t, t.TempDir(), args...)
+	b := launchDaemon(t, t.TempDir(), args...)
+	a.wait(t)
+	b.wait(t)
+	return &haAuth{etcd: etcd, a: a, b: b}
+}
+
+// addrs is the --auth-server list of both.
+func (h *haAuth) addrs(t *testing.T) string { return h.a.authAddr(t) + "," + h.b.authAddr(t) }
+
+// clientOf is an admin client of d's identity, pointed at addr.
+func clientOf(t *testing.T, d *daemon, addr string) *auth.Client {
+	t.Helper()
+	id, err := auth.ReadIdentity(config.AdminIdentityDir(d.dataDir))
+	require.NoError(t, err)
+	clt, err := auth.NewClient(auth.ClientConfig{Addr: addr, Identity: id})
+	require.NoError(t, err)
+	t.Cleanup(func() { clt.Close() })
+	return clt
+}
+
+// TestHATwoAuthServersOneCA starts two auth processes at the same instant
+// on an empty three-member etcd: there is one set of CAs (both serve the
+// same user and host CA, each one's admin identity is accepted by the
+// other, pctl prints the same CA pin through either), and what one
+// writes the other serves.
+func TestHATwoAuthServersOneCA(t *testing.T) {
+	h := startHAAuth(t)
+	ctx := context.Background()
+	ca := func(clt *auth.Client, typ services.CertAuthType) []string {
+		got, err := clt.GetCertAuthority(ctx, clusterName, typ, false)
+		require.NoError(t, err)
+		return got.SSHPublicKeys
+	}
+	// a's identity against b's server and the reverse: both TLS certs
+	// chain to the one cluster CA.
+	ab := clientOf(t, h.a, h.b.authAddr(t))
+	ba := clientOf(t, h.b, h.a.authAddr(t))
+	for _, typ := range []services.CertAuthType{services.UserCA, services.HostCA} {
+		require.Equal(t, ca(ab, typ), ca(ba, typ), "%s CA", typ)
+		require.Len(t, ca(ab, typ), 1, "%s CA: one key, not two", typ)
+	}
+	pinOf := func(d *daemon) string {
+		m := joinRe.FindStringSubmatch(mustPctl(t, d.dataDir, "", "tokens", "add", "--type", "node"))
+		require.NotNil(t, m)
+		return m[2]
+	}
+	require.Equal(t, pinOf(h.a), pinOf(h.b))
+
+	mustPctl(t, h.a.dataDir, "correct horse battery\n", "users", "add", "alice", "--logins", "alice")
+	require.Contains(t, mustPctl(t, h.b.dataDir, "", "users", "ls"), "alice")
+}
+
+// TestHAAuthFailover: with --auth-server listing both auth processes,
+// a node joins and heartbeats and pctl works; after kill -9 of the auth
+// process in use, pctl, a new join and the node's heartbeats carry on
+// through the other one.
+func TestHAAuthFailover(t *testing.T) {
+	h := startHAAuth(t)
+	list := h.addrs(t)
+	admin := config.AdminIdentityDir(h.a.dataDir)
+	pctlList := func(args ...string) (string, string, error) {
+		return pctl(t, h.a.dataDir, "", append([]string{"--auth-server", list, "--identity", admin}, args...)...)
+	}
+	join := func(name string) {
+		m := joinRe.FindStringSubmatch(mustPctl(t, h.b.dataDir, "", "tokens", "add", "--type", "node"))
+		require.NotNil(t, m)
+		cfg := procConfig(t.TempDir(), config.RoleNode)
+		cfg.AuthServer, cfg.Token, cfg.CAPin, cfg.NodeName = list, m[1], m[2], name
+		startProcess(t, cfg)
+	}
+	join("first")
+	require.Eventually(t, func() bool {
+		out, _, err := pctlList("nodes", "ls")
+		return err == nil && strings.Contains(out, "first")
+	}, 20*time.Second, 100*time.Millisecond)
+
+	h.a.kill9(t)
+	killed := time.Now()
+	out, errOut, err := pctlList("nodes", "ls")
+	require.NoError(t, err, "pctl fails over: %s", errOut)
+	require.Contains(t, out, "first")
+	join("second")
+	clt := clientOf(t, h.b, h.b.authAddr(t))
+	require.Eventually(t, func() bool {
+		nodes, err := clt.GetNodes(context.Background(), "")
+		if err != nil || len(nodes) != 2 {
+			return false
+		}
+		// Both nodes heartbeat after the kill: their records were
+		// renewed through the surviving auth server.
+		for _, n := range nodes {
+			if !n.LastHeartbeat.After(killed) {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 200*time.Millisecond)
+}
