@@ -3,6 +3,9 @@ package integration
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,10 +16,12 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/backend/etcdbk/etcdtest"
 	"github.com/postern-dev/postern/lib/config"
+	"github.com/postern-dev/postern/lib/service"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -190,4 +195,86 @@ func TestHAAuthFailover(t *testing.T) {
 		}
 		return true
 	}, 30*time.Second, 200*time.Millisecond)
+}
+
+// readyz fetches the diagnostics /readyz of p.
+func readyz(t *testing.T, p *service.Process) (int, map[string]string) {
+	t.Helper()
+	resp, err := http.Get("http://" + p.Addr(service.ListenerDiag).String() + "/readyz")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var out map[string]string
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+	return resp.StatusCode, out
+}
+
+// TestHAEtcdQuorum runs a cluster on a three-member etcd. With one member
+// down, logins, routing and new sessions carry on and /readyz is 200.
+// With two down (no quorum) the process keeps running: /readyz is 503 and
+// says it is etcd, naming the endpoints; logins answer 503; a session
+// already open stays up. When the members return it recovers by itself:
+// /readyz 200 (the NodeWatcher re-synced), logins and new sessions work.
+func TestHAEtcdQuorum(t *testing.T) {
+	etcd := etcdtest.StartCluster(t, 3)
+	c := newAllInOneWith(t, func(cfg *config.Config) {
+		cfg.Backend = config.BackendConfig{Type: config.BackendEtcd, EtcdEndpoints: etcd.Endpoints, EtcdPrefix: "/quorum"}
+	})
+	hc := c.webClient(t)
+	webAddr := c.p.Addr(service.ListenerWeb).String()
+	login := func() int {
+		status, body, err := postCerts(t, hc, webAddr, "alice", "correct horse battery")
+		require.NoError(t, err)
+		t.Logf("login: %d %.120s", status, body)
+		return status
+	}
+	require.Equal(t, http.StatusOK, login())
+	clt, err := c.viaJump(t, net.JoinHostPort(c.hostname, "0"))
+	require.NoError(t, err)
+	ls := startLineSession(t, clt, "sh")
+
+	etcd.Members[0].Stop()
+	require.Eventually(t, func() bool { return login() == http.StatusOK }, 20*time.Second, 200*time.Millisecond,
+		"logins carry on with one etcd member down")
+	clt2, err := c.viaJump(t, net.JoinHostPort(c.hostname, "0"))
+	require.NoError(t, err, "new sessions route with one member down")
+	got, err := run(t, clt2, "echo one-down")
+	require.NoError(t, err)
+	require.Equal(t, "one-down\n", got)
+	mustPctl(t, c.dataDir, "password-bob\n", "users", "add", "bob", "--logins", c.login)
+	code, ready := readyz(t, c.p)
+	require.Equal(t, http.StatusOK, code, "%v", ready)
+
+	etcd.Members[1].Stop()
+	var reason string
+	require.Eventually(t, func() bool {
+		code, ready := readyz(t, c.p)
+		reason = ready["backend"]
+		return code == http.StatusServiceUnavailable && reason != "ok"
+	}, 20*time.Second, 200*time.Millisecond)
+	t.Logf("readyz without quorum: backend: %s", reason)
+	require.Contains(t, reason, "etcd at ")
+	require.Contains(t, reason, etcd.Endpoints[2])
+	require.Equal(t, http.StatusServiceUnavailable, login())
+	got, err = ls.roundTrip("echo no-quorum")
+	require.NoError(t, err, "an open session does not need etcd")
+	require.Equal(t, "no-quorum\n", got)
+
+	etcd.Members[0].Restart(t)
+	etcd.Members[1].Restart(t)
+	require.Eventually(t, func() bool {
+		code, _ := readyz(t, c.p)
+		return code == http.StatusOK
+	}, 60*time.Second, 200*time.Millisecond, "readyz recovers (backend and NodeWatcher)")
+	require.Eventually(t, func() bool { return login() == http.StatusOK }, 30*time.Second, 200*time.Millisecond)
+	var clt3 *ssh.Client
+	require.Eventually(t, func() bool {
+		clt3, err = c.viaJump(t, net.JoinHostPort(c.hostname, "0"))
+		return err == nil
+	}, 30*time.Second, 200*time.Millisecond, "the node routes again")
+	got, err = run(t, clt3, "echo after")
+	require.NoError(t, err)
+	require.Equal(t, "after\n", got)
+	got, err = ls.roundTrip("echo still")
+	require.NoError(t, err)
+	require.Equal(t, "still\n", got)
 }
