@@ -28,8 +28,8 @@ import (
 // The backend keeps only hashes of both (a leaked backend dump does not
 // log anybody in) and the expiries. The private key and the user
 // certificate live in this proxy's memory only: they never reach the
-// backend or the browser, and a proxy restart ends its web sessions (the
-// user logs in again).
+// backend or the browser. Another proxy, or this one after a restart,
+// serves the same session with a key of its own (sessionshared.go).
 
 // SessionCookieName is the cookie of a web session. The __Host- prefix
 // makes the browser refuse it unless it is Secure, Path=/ and without a
@@ -96,8 +96,18 @@ func (s *Server) authenticate(ctx context.Context, r *http.Request, token string
 	live := s.web.sessions.get(key)
 	if live == nil {
 		// Created by another proxy (or before a restart): its key is not
-		// here, so it cannot be used here.
-		return nil, errNoSession
+		// here. With Certs this proxy gets a key of its own
+		// (sessionshared.go); without, the session cannot be used here.
+		if cfg.Certs == nil {
+			return nil, errNoSession
+		}
+		live, err = s.adoptSession(ctx, key, cookie.Value, token, rec)
+		if err != nil {
+			if !trace.IsAccessDenied(err) {
+				s.cfg.Logger.WithError(err).Warn("Could not serve a web session created on another proxy.")
+			}
+			return nil, errNoSession
+		}
 	}
 	if err := s.checkLocks(live.user); err != nil {
 		if services.IsLocked(err) {
