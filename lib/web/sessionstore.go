@@ -31,7 +31,6 @@ type SessionStore interface {
 	DeleteSession(ctx context.Context, key string) error
 }
 
-
 // BackendSessionStore keeps records under /web/sessions/KEY with the
 // backend item expiring at the absolute expiry, so the backend sweeps
 // abandoned sessions.
