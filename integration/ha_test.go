@@ -278,3 +278,53 @@ func TestHAEtcdQuorum(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "still\n", got)
 }
+
+// TestHAEtcdTLS runs auth on an etcd that only speaks mutual TLS, set up
+// with backend.etcd_tls in postern.yaml: it starts and serves logins. With
+// the CA of another PKI, `postern start` fails in one line that names the
+// etcd endpoint; a client certificate without its key is refused before
+// anything is dialed, naming the setting.
+func TestHAEtcdTLS(t *testing.T) {
+	srv := etcdtest.StartTLS(t)
+	f := srv.TLS
+	yamlFor := func(ca, cert, key string) string {
+		path := filepath.Join(t.TempDir(), "postern.yaml")
+		body := "backend:\n  type: etcd\n  etcd_endpoints: [" + srv.Endpoints[0] + "]\n  etcd_prefix: /tls\n" +
+			"  etcd_tls:\n    ca_file: " + ca + "\n"
+		if cert != "" {
+			body += "    cert_file: " + cert + "\n"
+		}
+		if key != "" {
+			body += "    key_file: " + key + "\n"
+		}
+		require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
+		return path
+	}
+
+	d := launchDaemon(t, t.TempDir(), "--roles", "auth", "--config", yamlFor(f.CAFile, f.CertFile, f.KeyFile))
+	d.wait(t)
+	mustPctl(t, d.dataDir, "correct horse battery\n", "users", "add", "alice", "--logins", "alice")
+	require.Contains(t, mustPctl(t, d.dataDir, "", "users", "ls"), "alice")
+
+	for name, tc := range map[string]struct{ cfg, want string }{
+		"another CA":          {yamlFor(f.OtherCAFile, f.CertFile, f.KeyFile), srv.Endpoints[0]},
+		"certificate, no key": {yamlFor(f.CAFile, f.CertFile, ""), "cert_file and key_file go together"},
+		"missing CA file":     {yamlFor("/nonexistent/ca.pem", f.CertFile, f.KeyFile), "/nonexistent/ca.pem"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cmd := exec.Command(bin("postern"), "start", "--roles", "auth", "--config", tc.cfg, "--data-dir", t.TempDir(),
+				"--auth-addr", "127.0.0.1:0", "--diag-addr", "127.0.0.1:0", "--cluster-name", clusterName)
+			out, err := cmd.CombinedOutput()
+			require.Error(t, err)
+			var errLines []string
+			for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+				if strings.HasPrefix(l, "ERROR") {
+					errLines = append(errLines, l)
+				}
+			}
+			require.Len(t, errLines, 1, "one error line: %s", out)
+			require.Contains(t, errLines[0], tc.want)
+			t.Logf("%s", errLines[0])
+		})
+	}
+}

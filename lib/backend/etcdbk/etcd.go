@@ -148,7 +148,11 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	defer cancel()
 	if _, err := client.Get(pingCtx, cfg.Prefix+"/", clientv3.WithCountOnly(), clientv3.WithLimit(1)); err != nil {
 		client.Close()
-		return nil, trace.ConnectionProblem(err, "etcd backend: no answer from %v within %v: %v", cfg.Endpoints, cfg.DialTimeout, err)
+		msg := err.Error()
+		if why := probe(ctx, cfg); why != "" {
+			msg = why
+		}
+		return nil, trace.ConnectionProblem(err, "etcd backend: no answer from %v within %v: %v", cfg.Endpoints, cfg.DialTimeout, msg)
 	}
 	return &Backend{
 		cfg:      cfg,

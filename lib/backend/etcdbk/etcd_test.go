@@ -88,6 +88,7 @@ func TestUnreachable(t *testing.T) {
 	})
 	require.True(t, trace.IsConnectionProblem(err), "%v", err)
 	require.Contains(t, err.Error(), "127.0.0.1:1")
+	require.Contains(t, err.Error(), "connection refused")
 
 	_, err = New(context.Background(), Config{})
 	require.True(t, trace.IsBadParameter(err), "%v", err)
