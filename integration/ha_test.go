@@ -307,7 +307,7 @@ func TestHAEtcdTLS(t *testing.T) {
 	require.Contains(t, mustPctl(t, d.dataDir, "", "users", "ls"), "alice")
 
 	for name, tc := range map[string]struct{ cfg, want string }{
-		"another CA":          {yamlFor(f.OtherCAFile, f.CertFile, f.KeyFile), srv.Endpoints[0]},
+		"another CA":          {yamlFor(f.OtherCAFile, f.CertFile, f.KeyFile), srv.Endpoints[0] + ": TLS: tls: failed to verify certificate"},
 		"certificate, no key": {yamlFor(f.CAFile, f.CertFile, ""), "cert_file and key_file go together"},
 		"missing CA file":     {yamlFor("/nonexistent/ca.pem", f.CertFile, f.KeyFile), "/nonexistent/ca.pem"},
 	} {
