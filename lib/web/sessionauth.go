@@ -59,6 +59,10 @@ func hashSecret(s string) []byte {
 // caller learns nothing about which part was wrong.
 var errNoSession = trace.AccessDenied("missing or invalid web session; log in again")
 
+// errAuthUnavailable is a session call that could not be checked because
+// auth (or its backend) cannot be reached: 503, not 401.
+var errAuthUnavailable = trace.ConnectionProblem(nil, msgAuthUnavailable)
+
 // bearerToken reads "Authorization: Bearer TOKEN".
 func bearerToken(r *http.Request) string {
 	h := r.Header.Get("Authorization")
@@ -80,8 +84,14 @@ func (s *Server) authenticate(ctx context.Context, r *http.Request, token string
 	cfg := s.cfg.WebSessions
 	rec, err := cfg.Store.GetSession(ctx, key)
 	if err != nil {
-		if !trace.IsNotFound(err) {
-			s.cfg.Logger.WithError(err).Warn("Could not read a web session.")
+		if trace.IsNotFound(err) {
+			return nil, errNoSession
+		}
+		s.cfg.Logger.WithError(err).Warn("Could not read a web session.")
+		if trace.IsConnectionProblem(err) {
+			// The session may well be valid: say the trouble is ours
+			// (503), so the browser keeps it and tries again.
+			return nil, errAuthUnavailable
 		}
 		return nil, errNoSession
 	}
@@ -103,8 +113,12 @@ func (s *Server) authenticate(ctx context.Context, r *http.Request, token string
 		}
 		live, err = s.adoptSession(ctx, key, cookie.Value, token, rec)
 		if err != nil {
-			if !trace.IsAccessDenied(err) {
-				s.cfg.Logger.WithError(err).Warn("Could not serve a web session created on another proxy.")
+			if trace.IsAccessDenied(err) {
+				return nil, errNoSession
+			}
+			s.cfg.Logger.WithError(err).Warn("Could not serve a web session created on another proxy.")
+			if trace.IsConnectionProblem(err) {
+				return nil, errAuthUnavailable
 			}
 			return nil, errNoSession
 		}
@@ -155,7 +169,11 @@ func (s *Server) requireSession(next func(http.ResponseWriter, *http.Request, *l
 		}
 		live, err := s.authenticate(r.Context(), r, bearerToken(r))
 		if err != nil {
-			writeError(w, http.StatusUnauthorized, trace.UserMessage(err))
+			code := http.StatusUnauthorized
+			if trace.IsConnectionProblem(err) {
+				code = http.StatusServiceUnavailable
+			}
+			writeError(w, code, trace.UserMessage(err))
 			return
 		}
 		next(w, r, live)
