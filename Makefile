@@ -1,6 +1,7 @@
 # Postern — build, run and test.
 #
 #   make run    build and start an all-in-one cluster in ./.postern-data
+#   make run-ha build and start etcd x3, auth x2, proxy x2, node x2 in ./.postern-ha
 #   make test   every test (race detector on), as CI runs it
 #
 GO        ?= go
@@ -13,7 +14,7 @@ FUZZTIME  ?= 10s
 
 BINARIES := postern psh pctl
 
-.PHONY: all build run test test-go test-integration bench bench-report fuzz lint clean web e2e
+.PHONY: all build run run-ha test test-go test-integration bench bench-report fuzz lint clean web e2e
 
 all: build
 
@@ -23,6 +24,12 @@ build: web
 
 run: build
 	@DATA_DIR="$(DATA_DIR)" BUILD_DIR="$(BUILD_DIR)" ./scripts/run.sh
+
+# run-ha: several auth and proxy processes on one machine (scripts/run-ha.sh):
+# a three-member etcd built from etcd's Go module, two auth, two proxies,
+# two nodes (one in a network namespace with only a tunnel, when root).
+run-ha: build
+	@HA_DIR="$(CURDIR)/.postern-ha" BUILD_DIR="$(BUILD_DIR)" GO="$(GO)" ./scripts/run-ha.sh
 
 # test runs the whole suite with the race detector. Integration tests drive
 # real OpenSSH clients; .ci/run installs them.

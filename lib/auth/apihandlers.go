@@ -106,6 +106,13 @@ func (a *APIServer) registerRoutes() {
 	// Logins with the user's own credentials: the proxy's web API.
 	a.handle("POST /v1/login", allow(proxy), a.authenticateUser)
 	a.handle("POST /v1/login/ssh", allow(proxy), a.authenticateSSHUser)
+	// Web sessions: any proxy serves any browser (websessions.go says
+	// why a proxy cannot mint a session or a certificate from these).
+	a.handle("GET /v1/websessions/{key}", allow(proxy), a.getWebSession)
+	a.handle("POST /v1/websessions/{key}/touch", allow(proxy), a.touchWebSession)
+	a.handle("DELETE /v1/websessions/{key}", allow(proxy), a.deleteWebSession)
+	a.handle("POST /v1/websessions/certs", allow(proxy), a.webSessionCerts)
+	a.handleStream("GET /v1/watch/websessions", allow(proxy), a.watchWebSessions)
 	a.handle("GET /v1/events", allow(admin), a.searchEvents)
 	// Locks: admins write them (pctl lock/unlock); every host enforces
 	// them, so nodes and proxies load and watch them; pctl lists them.

@@ -27,7 +27,8 @@ const DefaultClientTimeout = 30 * time.Second
 
 // ClientConfig configures a Client.
 type ClientConfig struct {
-	// Addr is the auth API's host:port; required.
+	// Addr is the auth API's host:port, or several separated by commas
+	// (failover.go); required.
 	Addr string
 	// Identity is the caller's identity; either it or TLS is required.
 	Identity *Identity
@@ -93,10 +94,13 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	if tlsCfg.Time == nil {
 		tlsCfg.Time = cfg.Clock.Now
 	}
-	dialer := &net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}
+	addrs := SplitAuthAddrs(cfg.Addr)
+	if len(addrs) == 0 {
+		return nil, trace.BadParameter("auth client: missing Addr")
+	}
 	dial := cfg.Dial
 	if dial == nil {
-		dial = dialer.DialContext
+		dial = newFailoverDialer(addrs, cfg.Timeout).DialContext
 	}
 	transport := &http.Transport{
 		DialContext:         dial,
@@ -107,8 +111,10 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		ForceAttemptHTTP2:   false,
 	}
 	return &Client{
-		cfg:       cfg,
-		base:      "https://" + cfg.Addr,
+		cfg: cfg,
+		// The host only keys the connection pool: the dialer picks the
+		// server (failover.go).
+		base:      "https://" + addrs[0],
 		transport: transport,
 		http:      &http.Client{Transport: transport},
 	}, nil

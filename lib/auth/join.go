@@ -113,9 +113,14 @@ func Join(ctx context.Context, p JoinParams) (*Identity, error) {
 		return nil, trace.Wrap(err)
 	}
 
+	addrs := SplitAuthAddrs(p.AuthAddr)
+	if len(addrs) == 0 {
+		return nil, trace.BadParameter("join: missing AuthAddr")
+	}
 	dial := p.Dial
 	if dial == nil {
-		dial = (&net.Dialer{Timeout: p.Timeout}).DialContext
+		// Any of several auth servers will do (failover.go).
+		dial = newFailoverDialer(addrs, p.Timeout).DialContext
 	}
 	transport := &http.Transport{
 		DialContext:       dial,
@@ -123,7 +128,7 @@ func Join(ctx context.Context, p JoinParams) (*Identity, error) {
 		DisableKeepAlives: true,
 	}
 	defer transport.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+p.AuthAddr+"/v1/join", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+addrs[0]+"/v1/join", bytes.NewReader(body))
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}

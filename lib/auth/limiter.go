@@ -38,7 +38,14 @@ import (
 // account must not reset an attacker's budget). An admin clears every lock
 // of a user, and optionally of one address, with `pctl users clear-lockout`
 // (DELETE /v1/users/{name}/lockout). The counts live in the memory of each auth
-// server: they reset when it restarts.
+// server: they reset when it restarts. With several auth processes on one
+// etcd, each counts on its own, so the bound is per process: an attacker
+// spreading guesses over N auth servers gets at most N times each limit per
+// window (with the defaults and two servers, 10 guesses per (user, address)
+// per 10 minutes), which still stops an online dictionary. Keeping the
+// counts in memory is deliberate: a failed login costs no backend write, so
+// a password spray cannot load etcd, and a backend outage does not turn
+// into "every login locked" or "no login limited".
 type LoginLimits struct {
 	// MaxFailures per (user, address) within Window; zero means
 	// DefaultMaxLoginFailures.

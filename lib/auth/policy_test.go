@@ -79,6 +79,12 @@ var wantPolicy = map[string][]string{
 	"POST /v1/login":      {RoleProxy},
 	"POST /v1/login/ssh":  {RoleProxy},
 
+	"GET /v1/websessions/{key}":        {RoleProxy},
+	"POST /v1/websessions/{key}/touch": {RoleProxy},
+	"DELETE /v1/websessions/{key}":     {RoleProxy},
+	"POST /v1/websessions/certs":       {RoleProxy},
+	"GET /v1/watch/websessions":        {RoleProxy},
+
 	"GET /v1/events":  {RoleAdmin},
 	"POST /v1/events": {RoleNode, RoleProxy},
 

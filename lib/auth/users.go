@@ -275,6 +275,11 @@ func (s *Server) AuthenticateSSHUser(ctx context.Context, req authapi.SSHLoginRe
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
+	if req.WebSession != nil {
+		if err := s.createWebSession(ctx, user.Name, req.WebSession, cert); err != nil {
+			return nil, trace.Wrap(err)
+		}
+	}
 	return &authapi.SSHLoginResponse{
 		Username:    user.Name,
 		Cert:        cert,

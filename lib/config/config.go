@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -101,7 +102,9 @@ type FileConfig struct {
 	ClusterName string            `yaml:"cluster_name,omitempty"`
 	NodeName    string            `yaml:"nodename,omitempty"`
 	Labels      map[string]string `yaml:"labels,omitempty"`
-	AuthServer  string            `yaml:"auth_server,omitempty"`
+	// AuthServer is the auth API's HOST:PORT, or several separated by
+	// commas (several auth processes on one etcd): clients fail over.
+	AuthServer string `yaml:"auth_server,omitempty"`
 	// ProxyServer, for a node behind NAT, is the proxy's web address
 	// (HOST:3080): the node joins through it, opens no listening port and
 	// reaches auth only over its reverse tunnel. Excludes AuthServer.
@@ -150,6 +153,18 @@ type BackendConfig struct {
 	EtcdEndpoints []string `yaml:"etcd_endpoints,omitempty"`
 	// EtcdPrefix namespaces Postern's keys in a shared etcd.
 	EtcdPrefix string `yaml:"etcd_prefix,omitempty"`
+	// EtcdTLS, when set, makes the connections to etcd TLS (https://
+	// endpoints), with a client certificate when cert_file is set.
+	EtcdTLS *EtcdTLS `yaml:"etcd_tls,omitempty"`
+}
+
+// EtcdTLS are the PEM files of TLS to etcd: the CA of the etcd servers'
+// certificates, and the client certificate and key etcd's
+// --client-cert-auth checks.
+type EtcdTLS struct {
+	CAFile   string `yaml:"ca_file"`
+	CertFile string `yaml:"cert_file,omitempty"`
+	KeyFile  string `yaml:"key_file,omitempty"`
 }
 
 // Config is the validated configuration of one postern process.
@@ -287,8 +302,10 @@ func (c *Config) CheckAndSetDefaults() error {
 		if c.AuthServer == "" {
 			return trace.BadParameter("roles %v need --auth-server or, for a node behind NAT, --proxy-server (no local auth role)", c.Roles)
 		}
-		if _, _, err := net.SplitHostPort(c.AuthServer); err != nil {
-			return trace.BadParameter("auth_server: invalid address %q: want HOST:PORT", c.AuthServer)
+		for _, a := range c.AuthServers() {
+			if _, _, err := net.SplitHostPort(a); err != nil {
+				return trace.BadParameter("auth_server: invalid address %q: want HOST:PORT, or several separated by commas", a)
+			}
 		}
 	}
 	if c.CAPin != "" && !strings.HasPrefix(c.CAPin, "sha256:") {
@@ -305,6 +322,9 @@ func (c *Config) CheckAndSetDefaults() error {
 		if len(c.Backend.EtcdEndpoints) == 0 {
 			return trace.BadParameter("backend etcd needs etcd_endpoints (--etcd-endpoints)")
 		}
+		if err := c.Backend.checkEtcd(); err != nil {
+			return trace.Wrap(err)
+		}
 	default:
 		return trace.BadParameter("unknown backend %q: want sqlite or etcd", c.Backend.Type)
 	}
@@ -319,6 +339,50 @@ func (c *Config) CheckAndSetDefaults() error {
 		c.ShutdownGrace = DefaultShutdownGrace
 	}
 	return nil
+}
+
+// checkEtcd validates the etcd endpoints against the TLS setting: with
+// etcd_tls every endpoint must be https (a plain http endpoint would send
+// the backend's secrets, the CA keys among them, in clear), and without it
+// none may be (the client would have nothing to verify the server with).
+func (b *BackendConfig) checkEtcd() error {
+	for _, ep := range b.EtcdEndpoints {
+		u, err := url.Parse(ep)
+		if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+			return trace.BadParameter("etcd endpoint %q: want http://HOST:PORT or https://HOST:PORT", ep)
+		}
+		switch {
+		case b.EtcdTLS != nil && u.Scheme != "https":
+			return trace.BadParameter("etcd endpoint %q: backend.etcd_tls is set, so endpoints must be https://", ep)
+		case b.EtcdTLS == nil && u.Scheme == "https":
+			return trace.BadParameter("etcd endpoint %q is https: set backend.etcd_tls (ca_file, cert_file, key_file)", ep)
+		}
+	}
+	if t := b.EtcdTLS; t != nil {
+		if t.CAFile == "" {
+			return trace.BadParameter("backend.etcd_tls: missing ca_file (the CA of the etcd servers' certificates)")
+		}
+		if (t.CertFile == "") != (t.KeyFile == "") {
+			return trace.BadParameter("backend.etcd_tls: cert_file and key_file go together: set both or neither")
+		}
+	}
+	return nil
+}
+
+// AuthServers splits auth_server ("a:3025,b:3025") into its addresses,
+// in the order given: the auth client tries them in that order and fails
+// over to the next when one cannot be reached.
+func (c *Config) AuthServers() []string { return SplitAddrs(c.AuthServer) }
+
+// SplitAddrs splits a comma-separated address list, dropping blanks.
+func SplitAddrs(s string) []string {
+	var out []string
+	for _, a := range strings.Split(s, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // HasRole reports whether the process runs role.

@@ -145,3 +145,40 @@ func TestGCPercentRange(t *testing.T) {
 		require.Contains(t, err.Error(), "gc_percent")
 	}
 }
+
+func TestEtcdTLS(t *testing.T) {
+	fc, err := Parse([]byte("backend:\n  type: etcd\n  etcd_endpoints: [https://e1:2379, https://e2:2379]\n  etcd_tls: {ca_file: /ca.pem, cert_file: /c.pem, key_file: /k.pem}\n"))
+	require.NoError(t, err)
+	cfg := Config{FileConfig: *fc}
+	require.NoError(t, cfg.CheckAndSetDefaults())
+	require.Equal(t, &EtcdTLS{CAFile: "/ca.pem", CertFile: "/c.pem", KeyFile: "/k.pem"}, cfg.Backend.EtcdTLS)
+
+	_, err = Parse([]byte("backend:\n  etcd_tls: {ca_file: /ca.pem, cert: /c.pem}\n"))
+	require.True(t, trace.IsBadParameter(err), "%v", err)
+	require.Contains(t, err.Error(), "field cert not found")
+
+	for _, tc := range []struct{ yaml, want string }{
+		{"etcd_endpoints: [http://e1:2379]\n  etcd_tls: {ca_file: /ca.pem}", "must be https://"},
+		{"etcd_endpoints: [https://e1:2379]", "set backend.etcd_tls"},
+		{"etcd_endpoints: [https://e1:2379]\n  etcd_tls: {cert_file: /c.pem, key_file: /k.pem}", "missing ca_file"},
+		{"etcd_endpoints: [https://e1:2379]\n  etcd_tls: {ca_file: /ca.pem, cert_file: /c.pem}", "cert_file and key_file go together"},
+		{"etcd_endpoints: [e1:2379]", "want http://HOST:PORT"},
+	} {
+		fc, err := Parse([]byte("backend:\n  type: etcd\n  " + tc.yaml + "\n"))
+		require.NoError(t, err, tc.yaml)
+		cfg := Config{FileConfig: *fc}
+		err = cfg.CheckAndSetDefaults()
+		require.True(t, trace.IsBadParameter(err), "%s: %v", tc.yaml, err)
+		require.Contains(t, err.Error(), tc.want)
+	}
+}
+
+func TestAuthServerList(t *testing.T) {
+	cfg := Config{FileConfig: FileConfig{Roles: []string{RoleNode}, AuthServer: "a:3025, b:3025,"}}
+	require.NoError(t, cfg.CheckAndSetDefaults())
+	require.Equal(t, []string{"a:3025", "b:3025"}, cfg.AuthServers())
+	cfg = Config{FileConfig: FileConfig{Roles: []string{RoleNode}, AuthServer: "a:3025,b"}}
+	err := cfg.CheckAndSetDefaults()
+	require.True(t, trace.IsBadParameter(err), "%v", err)
+	require.Contains(t, err.Error(), `"b"`)
+}

@@ -188,11 +188,19 @@ func listenIPs(a net.Addr) []string {
 
 // openEtcd opens the etcd backend for clusters that outgrow one machine.
 func openEtcd(ctx context.Context, p *Process) (backend.Backend, error) {
-	b, err := etcdbk.New(ctx, etcdbk.Config{
+	cfg := etcdbk.Config{
 		Endpoints: p.cfg.Backend.EtcdEndpoints,
 		Prefix:    p.cfg.Backend.EtcdPrefix,
 		Clock:     p.clock,
 		Logger:    p.log.WithField("component", "backend"),
-	})
+	}
+	if t := p.cfg.Backend.EtcdTLS; t != nil {
+		tlsCfg, err := etcdbk.LoadTLS(t.CAFile, t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, trace.Wrap(err)
+		}
+		cfg.TLS = tlsCfg
+	}
+	b, err := etcdbk.New(ctx, cfg)
 	return b, trace.Wrap(err)
 }

@@ -173,8 +173,10 @@ func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string) error {
 		wcfg.SecondFactor = web.OTPEnrolled(p.store, p.clock)
 	}
 	// Browser sessions and the terminal use this process's Router and
-	// NodeWatcher in-process. Session records go to the backend when auth
-	// (and so the backend) is here; otherwise web keeps them in memory.
+	// NodeWatcher in-process. Session records live in the backend, read
+	// directly when auth is in this process and through the auth API
+	// otherwise, so that any proxy serves any browser and a logout on one
+	// ends the session on all (lib/web/sessionshared.go).
 	wcfg.WebSessions = web.WebSessionsConfig{Router: p.router, Nodes: p.nodeWatcher, Locks: p.locks, Audit: p.audit}
 	if g := p.cfg.WebTerminalGrace; g != nil {
 		// web: zero means the default, negative none.
@@ -186,8 +188,13 @@ func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string) error {
 	if p.store != nil {
 		wcfg.WebSessions.Roles = p.store
 		wcfg.WebSessions.Store = &web.BackendSessionStore{Backend: p.store.Backend()}
+		wcfg.WebSessions.Certs = p.authServer
+		wcfg.WebSessions.Watch = p.authServer.WebSessionEvents
 	} else {
 		wcfg.WebSessions.Roles = p.authClient
+		wcfg.WebSessions.Store = &web.AuthSessionStore{Auth: p.authClient}
+		wcfg.WebSessions.Certs = p.authClient
+		wcfg.WebSessions.Watch = p.authClient.WebSessionEvents
 	}
 	ws, err := web.NewServer(wcfg)
 	if err != nil {

@@ -44,8 +44,7 @@ func (p *Process) dialAuthAPI(ctx context.Context) (net.Conn, error) {
 	if addr == "" {
 		return nil, trace.NotFound("this proxy knows no auth server")
 	}
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "tcp", addr)
+	nc, err := auth.DialAny(ctx, addr)
 	return nc, trace.Wrap(err)
 }
 

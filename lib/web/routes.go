@@ -62,6 +62,12 @@ type WebSessionsConfig struct {
 	// DefaultTerminalGrace, negative means none (the terminal ends with
 	// its socket, the behaviour before resume existed).
 	TerminalGrace time.Duration
+	// Certs, when set, lets this proxy serve sessions created on another
+	// proxy (sessionshared.go); nil means only its own.
+	Certs WebSessionCertifier
+	// Watch, when set, streams changes of the session records, so that a
+	// logout on any proxy ends the session's terminals on this one.
+	Watch SessionWatch
 }
 
 func (c *WebSessionsConfig) enabled() bool { return c.Router != nil }
@@ -112,6 +118,8 @@ type webState struct {
 	terminals sync.WaitGroup
 	// locksDone is closed when enforceLocks returns (nil without Locks).
 	locksDone chan struct{}
+	// watchDone is closed when watchSessions returns (nil without Watch).
+	watchDone chan struct{}
 }
 
 // track registers a running terminal; false after shutdown began.
@@ -137,6 +145,9 @@ func (w *webState) shutdown(ctx context.Context) error {
 	if w.locksDone != nil {
 		<-w.locksDone
 	}
+	if w.watchDone != nil {
+		<-w.watchDone
+	}
 	done := make(chan struct{})
 	go func() {
 		w.terminals.Wait()
@@ -161,6 +172,10 @@ func (s *Server) registerWebRoutes(mux *http.ServeMux) error {
 	if locks := s.cfg.WebSessions.Locks; locks != nil {
 		s.web.locksDone = make(chan struct{})
 		go s.web.enforceLocks(s, locks)
+	}
+	if watch := s.cfg.WebSessions.Watch; watch != nil {
+		s.web.watchDone = make(chan struct{})
+		go s.web.watchSessions(s, watch)
 	}
 	mux.HandleFunc("POST /webapi/sessions", s.createSession)
 	mux.HandleFunc("DELETE /webapi/sessions", s.requireSession(s.deleteSession))

@@ -28,8 +28,8 @@ import (
 // The backend keeps only hashes of both (a leaked backend dump does not
 // log anybody in) and the expiries. The private key and the user
 // certificate live in this proxy's memory only: they never reach the
-// backend or the browser, and a proxy restart ends its web sessions (the
-// user logs in again).
+// backend or the browser. Another proxy, or this one after a restart,
+// serves the same session with a key of its own (sessionshared.go).
 
 // SessionCookieName is the cookie of a web session. The __Host- prefix
 // makes the browser refuse it unless it is Secure, Path=/ and without a
@@ -59,6 +59,10 @@ func hashSecret(s string) []byte {
 // caller learns nothing about which part was wrong.
 var errNoSession = trace.AccessDenied("missing or invalid web session; log in again")
 
+// errAuthUnavailable is a session call that could not be checked because
+// auth (or its backend) cannot be reached: 503, not 401.
+var errAuthUnavailable = trace.ConnectionProblem(nil, msgAuthUnavailable)
+
 // bearerToken reads "Authorization: Bearer TOKEN".
 func bearerToken(r *http.Request) string {
 	h := r.Header.Get("Authorization")
@@ -80,8 +84,14 @@ func (s *Server) authenticate(ctx context.Context, r *http.Request, token string
 	cfg := s.cfg.WebSessions
 	rec, err := cfg.Store.GetSession(ctx, key)
 	if err != nil {
-		if !trace.IsNotFound(err) {
-			s.cfg.Logger.WithError(err).Warn("Could not read a web session.")
+		if trace.IsNotFound(err) {
+			return nil, errNoSession
+		}
+		s.cfg.Logger.WithError(err).Warn("Could not read a web session.")
+		if trace.IsConnectionProblem(err) {
+			// The session may well be valid: say the trouble is ours
+			// (503), so the browser keeps it and tries again.
+			return nil, errAuthUnavailable
 		}
 		return nil, errNoSession
 	}
@@ -96,8 +106,22 @@ func (s *Server) authenticate(ctx context.Context, r *http.Request, token string
 	live := s.web.sessions.get(key)
 	if live == nil {
 		// Created by another proxy (or before a restart): its key is not
-		// here, so it cannot be used here.
-		return nil, errNoSession
+		// here. With Certs this proxy gets a key of its own
+		// (sessionshared.go); without, the session cannot be used here.
+		if cfg.Certs == nil {
+			return nil, errNoSession
+		}
+		live, err = s.adoptSession(ctx, key, cookie.Value, token, rec)
+		if err != nil {
+			if trace.IsAccessDenied(err) {
+				return nil, errNoSession
+			}
+			s.cfg.Logger.WithError(err).Warn("Could not serve a web session created on another proxy.")
+			if trace.IsConnectionProblem(err) {
+				return nil, errAuthUnavailable
+			}
+			return nil, errNoSession
+		}
 	}
 	if err := s.checkLocks(live.user); err != nil {
 		if services.IsLocked(err) {
@@ -145,7 +169,11 @@ func (s *Server) requireSession(next func(http.ResponseWriter, *http.Request, *l
 		}
 		live, err := s.authenticate(r.Context(), r, bearerToken(r))
 		if err != nil {
-			writeError(w, http.StatusUnauthorized, trace.UserMessage(err))
+			code := http.StatusUnauthorized
+			if trace.IsConnectionProblem(err) {
+				code = http.StatusServiceUnavailable
+			}
+			writeError(w, code, trace.UserMessage(err))
 			return
 		}
 		next(w, r, live)

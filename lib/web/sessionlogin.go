@@ -82,22 +82,6 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cfg := s.cfg.WebSessions
-	// One auth call checks the password and OTP (under auth's per-user and
-	// per-address failure limits, shared with psh's login) and certifies
-	// the session's key: the key never leaves this process.
-	resp, ok := s.authenticateSSHUser(w, r, log, authapi.SSHLoginRequest{
-		AuthRequest: authapi.AuthRequest{User: req.User, Password: req.Password, OTP: req.OTPToken, RemoteAddr: remote},
-		PublicKey:   ssh.MarshalAuthorizedKey(sshPub),
-		TTL:         cfg.TTL,
-	})
-	if !ok {
-		return
-	}
-	live, err := newLiveSession(priv, resp)
-	if err != nil {
-		internalError(w, log, "Web login: unusable certificate from auth.", err)
-		return
-	}
 	sid, err := randomHex()
 	if err != nil {
 		internalError(w, log, "Web login: could not make a session id.", err)
@@ -108,17 +92,43 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		internalError(w, log, "Web login: could not make a bearer token.", err)
 		return
 	}
+	key := hex.EncodeToString(hashSecret(sid))
+	// One auth call checks the password and OTP (under auth's per-user and
+	// per-address failure limits, shared with psh's login) and certifies
+	// the session's key: the key never leaves this process. With sessions
+	// kept by auth, the same call stores the session's record (hashes
+	// only), bound to the user the password proved.
+	loginReq := authapi.SSHLoginRequest{
+		AuthRequest: authapi.AuthRequest{User: req.User, Password: req.Password, OTP: req.OTPToken, RemoteAddr: remote},
+		PublicKey:   ssh.MarshalAuthorizedKey(sshPub),
+		TTL:         cfg.TTL,
+	}
+	atLogin := sessionsCreatedAtLogin(cfg.Store)
+	if atLogin {
+		loginReq.WebSession = &authapi.WebSessionInit{Key: key, TokenHash: hashSecret(token)}
+	}
+	resp, ok := s.authenticateSSHUser(w, r, log, loginReq)
+	if !ok {
+		return
+	}
+	live, err := newLiveSession(priv, resp)
+	if err != nil {
+		internalError(w, log, "Web login: unusable certificate from auth.", err)
+		return
+	}
 	now := s.cfg.Clock.Now()
 	expires := now.Add(cfg.TTL)
 	if certEnd := time.Unix(int64(live.cert.ValidBefore), 0); certEnd.Before(expires) {
 		expires = certEnd
 	}
-	live.key = hex.EncodeToString(hashSecret(sid))
+	live.key = key
 	live.expires = expires
-	rec := SessionRecord{User: resp.Username, TokenHash: hashSecret(token), Created: now, Expires: expires, LastActive: now}
-	if err := cfg.Store.CreateSession(r.Context(), live.key, rec); err != nil {
-		internalError(w, log, "Could not store a web session.", err)
-		return
+	if !atLogin {
+		rec := SessionRecord{User: resp.Username, TokenHash: hashSecret(token), Created: now, Expires: expires, LastActive: now}
+		if err := cfg.Store.CreateSession(r.Context(), live.key, rec); err != nil {
+			internalError(w, log, "Could not store a web session.", err)
+			return
+		}
 	}
 	live.ctx, live.cancel = context.WithCancelCause(s.web.ctx)
 	s.web.sessions.add(live)

@@ -9,26 +9,16 @@ import (
 	"github.com/gravitational/trace"
 
 	"github.com/postern-dev/postern/lib/backend"
+	"github.com/postern-dev/postern/lib/services"
 )
 
 // The store of web sessions: the records (hashes and expiries) that a
 // backend, or this process, keeps. What a record cannot hold, the key
 // that acts for the user, is in sessionregistry.go.
 
-// SessionRecord is what the store keeps about a web session.
-type SessionRecord struct {
-	// User is the Postern user.
-	User string `json:"user"`
-	// TokenHash is SHA-256 of the bearer token.
-	TokenHash []byte `json:"token_hash"`
-	// Created is the login time.
-	Created time.Time `json:"created"`
-	// Expires is the absolute expiry.
-	Expires time.Time `json:"expires"`
-	// LastActive is the last recorded use; the session is idle-expired
-	// when LastActive + idle TTL has passed.
-	LastActive time.Time `json:"last_active"`
-}
+// SessionRecord is what the store keeps about a web session: the one
+// record layout of the backend (services.WebSession), whoever writes it.
+type SessionRecord = services.WebSession
 
 // SessionStore keeps web session records, keyed by the hash of the
 // session id. It is the narrow interface the web server needs: a
@@ -40,9 +30,6 @@ type SessionStore interface {
 	UpdateSession(ctx context.Context, key string, rec SessionRecord) error
 	DeleteSession(ctx context.Context, key string) error
 }
-
-// sessionsPrefix is where BackendSessionStore keeps records.
-var sessionsPrefix = []string{"web", "sessions"}
 
 // BackendSessionStore keeps records under /web/sessions/KEY with the
 // backend item expiring at the absolute expiry, so the backend sweeps
@@ -58,7 +45,7 @@ func (b *BackendSessionStore) put(ctx context.Context, key string, rec SessionRe
 	if err != nil {
 		return trace.Wrap(err)
 	}
-	item := backend.Item{Key: backend.Key(append(sessionsPrefix, key)...), Value: data, Expires: rec.Expires}
+	item := backend.Item{Key: services.WebSessionKey(key), Value: data, Expires: rec.Expires}
 	if create {
 		_, err = b.Backend.Create(ctx, item)
 	} else {
@@ -79,7 +66,7 @@ func (b *BackendSessionStore) UpdateSession(ctx context.Context, key string, rec
 
 // GetSession returns a record or NotFound.
 func (b *BackendSessionStore) GetSession(ctx context.Context, key string) (*SessionRecord, error) {
-	item, err := b.Backend.Get(ctx, backend.Key(append(sessionsPrefix, key)...))
+	item, err := b.Backend.Get(ctx, services.WebSessionKey(key))
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -92,14 +79,13 @@ func (b *BackendSessionStore) GetSession(ctx context.Context, key string) (*Sess
 
 // DeleteSession removes a record.
 func (b *BackendSessionStore) DeleteSession(ctx context.Context, key string) error {
-	return trace.Wrap(b.Backend.Delete(ctx, backend.Key(append(sessionsPrefix, key)...)))
+	return trace.Wrap(b.Backend.Delete(ctx, services.WebSessionKey(key)))
 }
 
-// MemorySessionStore keeps records in this process. It is what a proxy
-// whose auth server runs elsewhere uses: the auth API offers no
-// web-session calls, and since the session's key material lives in this
-// proxy's memory anyway, a session cannot be used on another proxy. Expired
-// records are dropped when touched and on every create (no goroutine).
+// MemorySessionStore keeps records in this process: sessions that only
+// this proxy can serve, for a web server built without a shared store
+// (tests; the service gives every proxy a shared one). Expired records are
+// dropped when touched and on every create (no goroutine).
 type MemorySessionStore struct {
 	// mu guards records.
 	mu      sync.Mutex

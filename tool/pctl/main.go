@@ -54,7 +54,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) 
 	app.HelpFlag.Short('h')
 	app.UsageWriter(stdout)
 	app.Flag("data-dir", "Data dir of a local auth server (its admin identity is used).").Default(config.DefaultDataDir).StringVar(&c.dataDir)
-	app.Flag("auth-server", "Auth API address HOST:PORT (with --identity).").StringVar(&c.authServer)
+	app.Flag("auth-server", "Auth API address HOST:PORT, or several separated by commas (failover), with --identity.").StringVar(&c.authServer)
 	app.Flag("identity", "Directory of an admin identity.").StringVar(&c.identity)
 	app.Flag("debug", "Full error reports.").BoolVar(&c.debug)
 

@@ -60,7 +60,7 @@ func run(args []string) error {
 	start.Flag("cluster-name", "Cluster name (auth role; default "+config.DefaultClusterName+").").StringVar(&f.clusterName)
 	start.Flag("nodename", "This node's hostname in the inventory (default: the OS hostname).").StringVar(&f.nodeName)
 	start.Flag("labels", "Node labels: k=v,k2=v2.").StringVar(&f.labels)
-	start.Flag("auth-server", "Auth server HOST:PORT to join (roles without auth).").StringVar(&f.authServer)
+	start.Flag("auth-server", "Auth server HOST:PORT to join (roles without auth); several separated by commas fail over.").StringVar(&f.authServer)
 	start.Flag("proxy-server", "Proxy web HOST:PORT to join and tunnel through (a node behind NAT: no listening port).").StringVar(&f.proxyServer)
 	start.Flag("token", "Join token from `pctl tokens add`.").StringVar(&f.token)
 	start.Flag("ca-pin", "Pin of the cluster's TLS CA: sha256:HEX.").StringVar(&f.caPin)

@@ -95,6 +95,37 @@ type SSHLoginRequest struct {
 	PublicKey []byte `json:"public_key"`
 	// TTL is the wanted certificate lifetime (capped by the roles).
 	TTL time.Duration `json:"ttl"`
+	// WebSession, when set, asks auth to store a browser session for the
+	// user this login authenticates, expiring with the certificate. The
+	// proxy made both secrets up and sends only their hashes; a session
+	// record exists only as the outcome of a login.
+	WebSession *WebSessionInit `json:"web_session,omitempty"`
+}
+
+// WebSessionInit is the part of a web login that the backend keeps.
+type WebSessionInit struct {
+	// Key is the hex SHA-256 of the session id (the cookie).
+	Key string `json:"key"`
+	// TokenHash is SHA-256 of the bearer token.
+	TokenHash []byte `json:"token_hash"`
+}
+
+// WebSessionCertRequest asks for a certificate for the user of a web
+// session that another proxy created (POST /v1/websessions/certs). Both
+// secrets of the session are required, as the browser sent them: a proxy
+// cannot act for a user whose session it was not shown.
+type WebSessionCertRequest struct {
+	SessionID string `json:"session_id"`
+	Token     string `json:"token"`
+	// PublicKey is the key to certify, authorized_keys format; it never
+	// leaves the proxy that asks.
+	PublicKey []byte `json:"public_key"`
+}
+
+// WebSessionTouchRequest records use of a session (POST
+// /v1/websessions/{key}/touch).
+type WebSessionTouchRequest struct {
+	LastActive time.Time `json:"last_active"`
 }
 
 // SSHLoginResponse is what psh receives: the certificate and the keys to

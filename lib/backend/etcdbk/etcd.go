@@ -44,6 +44,13 @@ const DefaultPrefix = "/postern"
 // that a wrong endpoint fails start-up quickly with a clear error.
 const DefaultDialTimeout = 5 * time.Second
 
+// DefaultRequestTimeout bounds one backend call whose caller set no
+// deadline of its own. etcd without a quorum does not fail a request, it
+// holds it; without a bound a login would hang instead of answering 503.
+// A few seconds covers a leader election (1 s with etcd's default timings)
+// and a loaded disk.
+const DefaultRequestTimeout = 5 * time.Second
+
 // Config configures the etcd backend.
 type Config struct {
 	// Endpoints are etcd client URLs; required.
@@ -53,7 +60,11 @@ type Config struct {
 	Prefix string
 	// DialTimeout; zero means DefaultDialTimeout.
 	DialTimeout time.Duration
-	// TLS, when set, is used for the client connections (mTLS to etcd).
+	// RequestTimeout bounds each call made without a deadline; zero
+	// means DefaultRequestTimeout.
+	RequestTimeout time.Duration
+	// TLS, when set, is used for the client connections (mTLS to etcd);
+	// see LoadTLS.
 	TLS *tls.Config
 	// Clock decides when an item is expired on read and how long its lease
 	// is; nil means the real clock.
@@ -76,6 +87,9 @@ func (c *Config) CheckAndSetDefaults() error {
 	}
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.RequestTimeout <= 0 {
+		c.RequestTimeout = DefaultRequestTimeout
 	}
 	if c.Clock == nil {
 		c.Clock = clockwork.NewRealClock()
@@ -116,8 +130,13 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	client, err := clientv3.New(clientv3.Config{
 		Endpoints:   cfg.Endpoints,
 		DialTimeout: cfg.DialTimeout,
-		TLS:         cfg.TLS,
-		Context:     context.Background(),
+		// Keepalives notice a member that vanished without closing the
+		// connection (power loss, partition), so the client moves to
+		// another endpoint instead of waiting on a dead socket.
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: 5 * time.Second,
+		TLS:                  cfg.TLS,
+		Context:              context.Background(),
 		// The client's own zap logs would bypass logrus; errors it returns
 		// are logged by us with context instead.
 		Logger: zap.NewNop(),
@@ -129,7 +148,11 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	defer cancel()
 	if _, err := client.Get(pingCtx, cfg.Prefix+"/", clientv3.WithCountOnly(), clientv3.WithLimit(1)); err != nil {
 		client.Close()
-		return nil, trace.ConnectionProblem(err, "etcd backend: no answer from %v within %v: %v", cfg.Endpoints, cfg.DialTimeout, err)
+		msg := err.Error()
+		if why := probe(ctx, cfg); why != "" {
+			msg = why
+		}
+		return nil, trace.ConnectionProblem(err, "etcd backend: no answer from %v within %v: %v", cfg.Endpoints, cfg.DialTimeout, msg)
 	}
 	return &Backend{
 		cfg:      cfg,
@@ -209,8 +232,10 @@ func decode(key string, data []byte) (backend.Item, error) {
 
 // convertError classifies etcd client errors: anything that is not already
 // classified is a ConnectionProblem (timeouts, no leader, unavailable), which
-// is what callers need to decide whether to retry.
-func convertError(err error) error {
+// is what callers need to decide whether to retry. The message names the
+// endpoints: "context deadline exceeded" alone sends an operator looking in
+// the wrong place.
+func (b *Backend) convertError(err error) error {
 	if err == nil {
 		return nil
 	}
@@ -220,5 +245,17 @@ func convertError(err error) error {
 	if errors.Is(err, context.Canceled) {
 		return trace.Wrap(err)
 	}
-	return trace.ConnectionProblem(err, "etcd: %v", err)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return trace.ConnectionProblem(err, "etcd at %s: no answer in time (is a quorum of members up?)", strings.Join(b.cfg.Endpoints, ","))
+	}
+	return trace.ConnectionProblem(err, "etcd at %s: %v", strings.Join(b.cfg.Endpoints, ","), err)
+}
+
+// withTimeout bounds a call by RequestTimeout unless the caller set an
+// earlier deadline.
+func (b *Backend) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= b.cfg.RequestTimeout {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, b.cfg.RequestTimeout)
 }

@@ -25,7 +25,7 @@ const rangePageSize = 1000
 func (b *Backend) current(ctx context.Context, key string) (*backend.Item, int64, error) {
 	resp, err := b.client.Get(ctx, b.etcdKey(key))
 	if err != nil {
-		return nil, 0, convertError(err)
+		return nil, 0, b.convertError(err)
 	}
 	if len(resp.Kvs) == 0 {
 		return nil, 0, nil
@@ -50,6 +50,8 @@ func (b *Backend) Get(ctx context.Context, key string) (*backend.Item, error) {
 	if err := b.checkOpen(); err != nil {
 		return nil, err
 	}
+	ctx, cancel := b.withTimeout(ctx)
+	defer cancel()
 	it, _, err := b.current(ctx, key)
 	if err != nil {
 		return nil, trace.Wrap(err)
@@ -69,6 +71,8 @@ func (b *Backend) GetRange(ctx context.Context, prefix string, limit int) ([]bac
 	if err := b.checkOpen(); err != nil {
 		return nil, err
 	}
+	ctx, cancel := b.withTimeout(ctx)
+	defer cancel()
 	start := b.etcdKey(prefix)
 	end := clientv3.GetPrefixRangeEnd(start)
 	page := int64(rangePageSize)
@@ -89,7 +93,7 @@ func (b *Backend) GetRange(ctx context.Context, prefix string, limit int) ([]bac
 		}
 		resp, err := b.client.Get(ctx, start, opts...)
 		if err != nil {
-			return nil, convertError(err)
+			return nil, b.convertError(err)
 		}
 		rev = resp.Header.Revision
 		for _, kv := range resp.Kvs {
@@ -141,7 +145,7 @@ func (b *Backend) leaseFor(ctx context.Context, item backend.Item) (clientv3.Lea
 	}
 	lease, err := b.client.Grant(ctx, ttl)
 	if err != nil {
-		return clientv3.NoLease, convertError(err)
+		return clientv3.NoLease, b.convertError(err)
 	}
 	b.leases[sec] = lease.ID
 	return lease.ID, nil
@@ -197,6 +201,8 @@ func (b *Backend) Put(ctx context.Context, item backend.Item) (*backend.Item, er
 	if err := b.checkOpen(); err != nil {
 		return nil, err
 	}
+	ctx, cancel := b.withTimeout(ctx)
+	defer cancel()
 	var rev int64
 	err := b.withLease(ctx, item, func(opts ...clientv3.OpOption) error {
 		resp, err := b.client.Put(ctx, b.etcdKey(item.Key), encode(item), opts...)
@@ -207,7 +213,7 @@ func (b *Backend) Put(ctx context.Context, item backend.Item) (*backend.Item, er
 		return nil
 	})
 	if err != nil {
-		return nil, convertError(err)
+		return nil, b.convertError(err)
 	}
 	return stored(item, rev), nil
 }
@@ -221,6 +227,8 @@ func (b *Backend) swap(ctx context.Context, item backend.Item, check func(cur *b
 	if err := b.checkOpen(); err != nil {
 		return nil, err
 	}
+	ctx, cancel := b.withTimeout(ctx)
+	defer cancel()
 	key := b.etcdKey(item.Key)
 	value := encode(item)
 	for {
@@ -241,7 +249,7 @@ func (b *Backend) swap(ctx context.Context, item backend.Item, check func(cur *b
 			return err
 		})
 		if err != nil {
-			return nil, convertError(err)
+			return nil, b.convertError(err)
 		}
 		if resp.Succeeded {
 			return stored(item, resp.Header.Revision), nil
@@ -296,6 +304,8 @@ func (b *Backend) Delete(ctx context.Context, key string) error {
 	if err := b.checkOpen(); err != nil {
 		return err
 	}
+	ctx, cancel := b.withTimeout(ctx)
+	defer cancel()
 	ekey := b.etcdKey(key)
 	for {
 		cur, modRev, err := b.current(ctx, key)
@@ -310,7 +320,7 @@ func (b *Backend) Delete(ctx context.Context, key string) error {
 			Then(clientv3.OpDelete(ekey)).
 			Commit()
 		if err != nil {
-			return convertError(err)
+			return b.convertError(err)
 		}
 		if resp.Succeeded {
 			return nil
@@ -329,7 +339,9 @@ func (b *Backend) DeleteRange(ctx context.Context, prefix string) error {
 	if err := b.checkOpen(); err != nil {
 		return err
 	}
+	ctx, cancel := b.withTimeout(ctx)
+	defer cancel()
 	start := b.etcdKey(prefix)
 	_, err := b.client.Delete(ctx, start, clientv3.WithRange(clientv3.GetPrefixRangeEnd(start)))
-	return convertError(err)
+	return b.convertError(err)
 }

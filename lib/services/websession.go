@@ -1,0 +1,128 @@
+package services
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"time"
+
+	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/backend"
+)
+
+// WebSession is what the backend keeps about a browser session, so that
+// any proxy can serve any browser: hashes of its two secrets, never the
+// secrets (a backend dump logs nobody in), the user it is bound to, and
+// its expiries. The key that acts for the user stays in the memory of each
+// proxy that serves the session; a proxy that has none asks auth for a
+// certificate of its own by presenting both secrets (see
+// auth.Server.WebSessionCerts).
+type WebSession struct {
+	// User is the Postern user.
+	User string `json:"user"`
+	// TokenHash is SHA-256 of the bearer token.
+	TokenHash []byte `json:"token_hash"`
+	// Created is the login time.
+	Created time.Time `json:"created"`
+	// Expires is the absolute expiry.
+	Expires time.Time `json:"expires"`
+	// LastActive is the last recorded use; the session is idle-expired
+	// when LastActive + idle TTL has passed.
+	LastActive time.Time `json:"last_active"`
+}
+
+var webSessionsPrefix = []string{"web", "sessions"}
+
+// WebSessionsPrefix is where web sessions live: /web/sessions/KEY, KEY
+// being the hex SHA-256 of the session id.
+func WebSessionsPrefix() string { return backend.Prefix(webSessionsPrefix...) }
+
+// WebSessionKey is the backend key of a session.
+func WebSessionKey(key string) string { return backend.Key(append(webSessionsPrefix, key)...) }
+
+// CheckWebSessionKey accepts only what a session key is, the hex SHA-256
+// of a session id, so that a key from the API cannot name anything else.
+func CheckWebSessionKey(key string) error {
+	if len(key) != 64 {
+		return trace.BadParameter("web session key must be 64 hex digits")
+	}
+	if _, err := hex.DecodeString(key); err != nil {
+		return trace.BadParameter("web session key must be 64 hex digits")
+	}
+	return nil
+}
+
+// CreateWebSession stores a new session; AlreadyExists if the key is
+// taken.
+func (s *Store) CreateWebSession(ctx context.Context, key string, ws WebSession) error {
+	if err := CheckWebSessionKey(key); err != nil {
+		return trace.Wrap(err)
+	}
+	if ws.User == "" || len(ws.TokenHash) == 0 || ws.Expires.IsZero() {
+		return trace.BadParameter("web session needs a user, a token hash and an expiry")
+	}
+	return trace.Wrap(s.create(ctx, WebSessionKey(key), ws, ws.Expires))
+}
+
+// GetWebSession returns a session or NotFound.
+func (s *Store) GetWebSession(ctx context.Context, key string) (*WebSession, error) {
+	if err := CheckWebSessionKey(key); err != nil {
+		return nil, trace.NotFound("web session not found")
+	}
+	var ws WebSession
+	if err := s.get(ctx, WebSessionKey(key), &ws, "web session not found"); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return &ws, nil
+}
+
+// TouchWebSession moves a session's LastActive forward to at, and never
+// anything else: a caller that may record use cannot rebind a session to
+// another user or token. NotFound when it is gone (a logout on another
+// proxy wins over a touch).
+func (s *Store) TouchWebSession(ctx context.Context, key string, at time.Time) error {
+	if err := CheckWebSessionKey(key); err != nil {
+		return trace.NotFound("web session not found")
+	}
+	bkey := WebSessionKey(key)
+	for attempt := 0; attempt < 10; attempt++ {
+		item, err := s.b.Get(ctx, bkey)
+		if err != nil {
+			if trace.IsNotFound(err) {
+				return trace.NotFound("web session not found")
+			}
+			return trace.Wrap(err)
+		}
+		var ws WebSession
+		if err := json.Unmarshal(item.Value, &ws); err != nil {
+			return trace.BadParameter("corrupt record at %q: %v", bkey, err)
+		}
+		if !at.After(ws.LastActive) {
+			return nil
+		}
+		ws.LastActive = at
+		data, err := json.Marshal(ws)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		_, err = s.b.CompareAndSwap(ctx, *item, backend.Item{Key: bkey, Value: data, Expires: ws.Expires})
+		if trace.IsCompareFailed(err) {
+			continue
+		}
+		return trace.Wrap(err)
+	}
+	return trace.CompareFailed("web session %s is being touched concurrently", key[:8])
+}
+
+// DeleteWebSession removes a session; NotFound if it is not there.
+func (s *Store) DeleteWebSession(ctx context.Context, key string) error {
+	if err := CheckWebSessionKey(key); err != nil {
+		return trace.NotFound("web session not found")
+	}
+	err := s.b.Delete(ctx, WebSessionKey(key))
+	if trace.IsNotFound(err) {
+		return trace.NotFound("web session not found")
+	}
+	return trace.Wrap(err)
+}
