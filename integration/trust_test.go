@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,6 +16,7 @@ import (
 	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/service"
+	"github.com/postern-dev/postern/lib/services"
 )
 
 // newNamedCluster is an all-in-one cluster (auth, proxy, node) named name.
@@ -299,6 +301,12 @@ func TestLeafTunnelToRoot(t *testing.T) {
 	require.Eventually(t, func() bool { return clusterStatus(t, root, "leaf") == "online" }, 20*time.Second, 200*time.Millisecond)
 	out := mustPctl(t, root.dataDir, "", "clusters", "ls")
 	require.Regexp(t, `(?m)^leaf\s+online\s+\d{4}-\d\d-\d\dT`, out)
+	var listed []services.RemoteCluster
+	require.NoError(t, json.Unmarshal([]byte(mustPctl(t, root.dataDir, "", "clusters", "ls", "--format", "json")), &listed))
+	require.Len(t, listed, 1)
+	require.Equal(t, "leaf", listed[0].Name)
+	require.Equal(t, "online", listed[0].StatusNow)
+	require.False(t, listed[0].LastConnected.IsZero())
 
 	mustPctl(t, root.dataDir, "", "clusters", "rm", "leaf")
 	require.Eventually(t, func() bool {

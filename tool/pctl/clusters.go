@@ -2,26 +2,32 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"text/tabwriter"
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/services"
 )
 
 // registerClusters adds the root side of trust: the leaves that spent a
 // trusted_cluster token here.
 func (c *cli) registerClusters(app *kingpin.Application, add adder) {
 	cl := app.Command("clusters", "Leaf clusters of this (root) cluster.")
-	add(cl.Command("ls", "List leaf clusters."), c.clustersLs)
+	var format string
+	ls := cl.Command("ls", "List leaf clusters with their status (online while a proxy of this cluster holds a tunnel from the leaf) and last connection.")
+	ls.Flag("format", "text or json.").Default("text").EnumVar(&format, "text", "json")
+	add(ls, func(ctx context.Context) error { return c.clustersLs(ctx, format) })
 	var name string
 	rm := cl.Command("rm", "Remove a leaf cluster: its CAs are no longer trusted here.")
 	rm.Arg("name", "Leaf cluster name.").Required().StringVar(&name)
 	add(rm, func(ctx context.Context) error { return c.clustersRm(ctx, name) })
 }
 
-func (c *cli) clustersLs(ctx context.Context) error {
+func (c *cli) clustersLs(ctx context.Context, format string) error {
 	clt, _, err := c.connect(ctx)
 	if err != nil {
 		return trace.Wrap(err)
@@ -30,6 +36,14 @@ func (c *cli) clustersLs(ctx context.Context) error {
 	rcs, err := clt.GetRemoteClusters(ctx)
 	if err != nil {
 		return trace.Wrap(err)
+	}
+	if format == "json" {
+		if rcs == nil {
+			rcs = []services.RemoteCluster{}
+		}
+		enc := json.NewEncoder(c.stdout)
+		enc.SetIndent("", "  ")
+		return trace.Wrap(enc.Encode(rcs))
 	}
 	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tSTATUS\tLAST CONNECTED\tTRUSTED SINCE")
