@@ -7,7 +7,8 @@
 // server in-process.
 //
 // Trust: the tunnel port admits only host certificates of this cluster's
-// host CA whose role is node; the UUID is the certificate's KeyId and
+// host CA whose role is node (and, given Leaves, leaf clusters' proxies
+// checked against their own host CAs: leaves.go); the UUID is the certificate's KeyId and
 // nothing the node sends later can change it. The agent admits only a
 // proxy's host certificate of the same CA. Keep-alives run on both ends
 // (keepalive@openssh.com every KeepAliveInterval, KeepAliveCountMax

@@ -85,36 +85,16 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 
 	apCtx, cancel := context.WithTimeout(s.ctx, accessPointTimeout)
 	defer cancel()
-	// Which user CA to check the certificate against: this cluster's, or
-	// for a certificate that says it was issued by another cluster, that
-	// cluster's, and only while an enabled trusted_cluster names it (only
-	// a leaf has one: a root stores its leaves' CAs but never accepts
-	// their users). The cluster extension is read before the signature
-	// is checked, but it only picks the CA: a forged one leads to a CA
-	// that did not sign the certificate.
-	caCluster := s.cfg.ClusterName
-	var trusted *services.TrustedCluster
-	if c := cert.Permissions.Extensions[services.CertExtensionCluster]; c != "" && c != s.cfg.ClusterName {
-		tc, err := s.cfg.AccessPoint.GetTrustedCluster(apCtx, c)
-		switch {
-		case trace.IsNotFound(err) || (err == nil && !tc.Spec.Enabled):
-			return deny(fmt.Sprintf("certificate was issued by cluster %q, which this cluster does not trust", c))
-		case err != nil:
-			log.WithError(err).Error("Cannot fetch trusted clusters: the auth server or its backend is unavailable.")
-			s.emitDenied(meta, cert, unavailableReason(err))
-			return nil, errUnavailable()
-		}
-		caCluster, trusted = c, tc
-	}
-	ca, err := s.cfg.AccessPoint.GetCertAuthority(apCtx, caCluster, services.UserCA, false)
-	if trusted != nil && trace.IsNotFound(err) {
-		return deny(fmt.Sprintf("certificate was issued by cluster %q, whose user CA this cluster does not hold", caCluster))
-	}
-	if err != nil {
+	ca, trusted, reason, err := s.userCAFor(apCtx, cert)
+	switch {
+	case reason != "":
+		return deny(reason)
+	case err != nil:
 		log.WithError(err).Error("Cannot fetch the user CA: the auth server or its backend is unavailable.")
 		s.emitDenied(meta, cert, unavailableReason(err))
 		return nil, errUnavailable()
 	}
+	caCluster := ca.ClusterName
 	checker := &ssh.CertChecker{
 		IsUserAuthority: func(auth ssh.PublicKey) bool { return isUserAuthority(ca, auth) },
 		Clock:           s.cfg.Clock.Now,
@@ -165,6 +145,37 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 		Extensions:      perms.Extensions,
 		ExtraData:       map[any]any{authKey{}: res},
 	}, nil
+}
+
+// userCAFor picks the user CA to check cert against: this cluster's, or
+// for a certificate that says it was issued by another cluster, that
+// cluster's, and only while an enabled trusted_cluster names it (only a
+// leaf has one: a root stores its leaves' CAs but never accepts their
+// users); trusted is then that trusted_cluster. The cluster extension is
+// read before the signature is checked, but it only picks the CA: a
+// forged one leads to a CA that did not sign the certificate. A refusal
+// comes back as reason (for the audit event), a failure to ask the
+// access point as err.
+func (s *Server) userCAFor(ctx context.Context, cert *ssh.Certificate) (ca *services.CertAuthority, trusted *services.TrustedCluster, reason string, err error) {
+	caCluster := s.cfg.ClusterName
+	if c := cert.Permissions.Extensions[services.CertExtensionCluster]; c != "" && c != s.cfg.ClusterName {
+		tc, err := s.cfg.AccessPoint.GetTrustedCluster(ctx, c)
+		switch {
+		case trace.IsNotFound(err) || (err == nil && !tc.Spec.Enabled):
+			return nil, nil, fmt.Sprintf("certificate was issued by cluster %q, which this cluster does not trust", c), nil
+		case err != nil:
+			return nil, nil, "", trace.Wrap(err)
+		}
+		caCluster, trusted = c, tc
+	}
+	ca, err = s.cfg.AccessPoint.GetCertAuthority(ctx, caCluster, services.UserCA, false)
+	if trusted != nil && trace.IsNotFound(err) {
+		return nil, nil, fmt.Sprintf("certificate was issued by cluster %q, whose user CA this cluster does not hold", caCluster), nil
+	}
+	if err != nil {
+		return nil, nil, "", trace.Wrap(err)
+	}
+	return ca, trusted, "", nil
 }
 
 // conn is one authenticated SSH connection.
