@@ -90,7 +90,7 @@ type Process struct {
 	proxyHeartbeat *auth.Heartbeat
 	// tunnelAgent is a node behind NAT's agent; tunnelServer the proxy's
 	// tunnel port. Nil when not running.
-	tunnelAgent  *reversetunnel.Agent
+	tunnelAgent  *reversetunnel.Pool
 	tunnelServer *reversetunnel.Server
 	proxySSH     *srv.Server
 	nodeWatcher  *services.NodeWatcher
