@@ -40,6 +40,9 @@ func NewPool(cfg AgentConfig, resolve func(string) (string, error)) (*Pool, erro
 	if resolve == nil {
 		resolve = func(a string) (string, error) { return a, nil }
 	}
+	if err := cfg.CheckAndSetDefaults(); err != nil {
+		return nil, trace.Wrap(err)
+	}
 	p := &Pool{template: cfg, resolve: resolve, agents: map[string]*Agent{}}
 	boot := cfg
 	boot.OnAnnounce = p.onAnnounce
