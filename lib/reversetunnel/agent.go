@@ -334,7 +334,7 @@ func (a *Agent) connectAndServe() (connected bool, err error) {
 	a.cfg.Logger.WithField("proxy", a.cfg.ProxyAddr).Info("Tunnel to the proxy is up.")
 	ka := utils.StartSSHKeepAlive(sconn, "proxy "+a.cfg.ProxyAddr, utils.SSHKeepAliveConfig{
 		Interval: a.cfg.KeepAliveInterval, CountMax: a.cfg.KeepAliveCountMax, Clock: a.cfg.Clock,
-		Params: a.keepAlive,
+		Params: a.keepAlive, FromLastAnswer: true,
 	})
 	var wg sync.WaitGroup
 	d := &drainer{conn: sconn}

@@ -169,7 +169,7 @@ type Server struct {
 	drained chan struct{}
 	// asked is set once AskToMove ran through Shutdown's caller.
 	asked bool
-	wg           sync.WaitGroup
+	wg    sync.WaitGroup
 	// stop ends the announce loop.
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -477,7 +477,7 @@ func (s *Server) handleConn(nc net.Conn) {
 			}()
 		}
 	}()
-	ka := utils.SSHKeepAliveConfig{Interval: s.cfg.KeepAliveInterval, CountMax: s.cfg.KeepAliveCountMax, Clock: s.cfg.Clock}
+	ka := utils.SSHKeepAliveConfig{Interval: s.cfg.KeepAliveInterval, CountMax: s.cfg.KeepAliveCountMax, Clock: s.cfg.Clock, FromLastAnswer: true}
 	if s.cfg.KeepAlive != nil {
 		ka.Params = s.keepAlive
 	}
