@@ -123,6 +123,9 @@ type Agent struct {
 	mu   sync.Mutex
 	conn ssh.Conn
 	up   chan struct{}
+	// moving is the current tunnel once its proxy asked it to move:
+	// nothing new (an auth connection) should start on it.
+	moving ssh.Conn
 	// proxyUUID is the KeyId of the proxy certificate of the current (or
 	// last) tunnel.
 	proxyUUID string
@@ -248,6 +251,13 @@ func (a *Agent) Connected() bool {
 	return a.conn != nil
 }
 
+// usable reports whether a tunnel is up and not moving away.
+func (a *Agent) usable() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.conn != nil && a.conn != a.moving
+}
+
 // keepAlive is the keep-alive setting in force: the proxy's last
 // announcement, else the config's.
 func (a *Agent) keepAlive() (time.Duration, int) {
@@ -277,6 +287,9 @@ func (a *Agent) handleRequests(sconn ssh.Conn, reqs <-chan *ssh.Request, wg *syn
 			if req.WantReply {
 				_ = req.Reply(true, nil)
 			}
+			a.mu.Lock()
+			a.moving = sconn
+			a.mu.Unlock()
 			a.cfg.Logger.WithField("proxy", a.cfg.ProxyAddr).Info("The proxy asks this agent to move; opening a tunnel elsewhere first.")
 			wg.Add(1)
 			go func() {

@@ -25,7 +25,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -93,6 +95,10 @@ type ServerConfig struct {
 	// Proxies, when set, lists the cluster's live proxies; agents are
 	// told (RequestAnnounce) so that each keeps a tunnel to every proxy.
 	Proxies func(ctx context.Context) ([]AnnouncedProxy, error)
+	// Self is this proxy as announced: always in the list this server
+	// sends (a proxy that announces is live, whether or not its own
+	// heartbeat has landed yet). Used only with Proxies.
+	Self AnnouncedProxy
 	// AnnounceInterval is how often KeepAlive and Proxies are re-read
 	// and a changed announcement sent; zero means
 	// DefaultAnnounceInterval.
@@ -246,6 +252,10 @@ func (s *Server) refreshAnnouncement() {
 			s.cfg.Logger.WithError(err).Warn("Could not list the cluster's proxies for the tunnel agents.")
 		default:
 			a.Proxies = append([]AnnouncedProxy{}, list...)
+		}
+		if s.cfg.Self.UUID != "" && !slices.ContainsFunc(a.Proxies, func(x AnnouncedProxy) bool { return x.UUID == s.cfg.Self.UUID }) {
+			a.Proxies = append(a.Proxies, s.cfg.Self)
+			slices.SortFunc(a.Proxies, func(x, y AnnouncedProxy) int { return strings.Compare(x.UUID, y.UUID) })
 		}
 	}
 	b, err := json.Marshal(a)

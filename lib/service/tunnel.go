@@ -68,6 +68,7 @@ func (p *Process) startTunnelServer(id *auth.Identity, networking proxy.Networki
 		DialAuth:   p.dialAuthAPI,
 		KeepAlive:  tunnelKeepAlive(networking),
 		Proxies:    p.announcedProxies,
+		Self:       reversetunnel.AnnouncedProxy{UUID: p.hostUUID, TunnelAddr: advertisedAddr(ln.Addr())},
 	})
 	if err != nil {
 		ln.Close()
