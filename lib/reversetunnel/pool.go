@@ -33,7 +33,7 @@ type Pool struct {
 	// union of the latest lists of the agents that are connected.
 	listed map[string]bool
 	// lists is each agent's latest announced list.
-	lists map[*Agent][]AnnouncedProxy
+	lists  map[*Agent][]AnnouncedProxy
 	closed bool
 }
 
