@@ -16,6 +16,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -58,6 +59,9 @@ type AgentConfig struct {
 	// Metrics: where postern_tunnel_reconnects_total is registered; nil:
 	// a private registry.
 	Metrics prometheus.Registerer
+	// Audit receives the agent's refusals of a tunnel server (events.
+	// AccessDenied, kind "tunnel"); nil discards them.
+	Audit events.Emitter
 	// ExpectUUID, when set, is the UUID of the proxy this agent was
 	// started for (from an announcement): a tunnel server whose host
 	// certificate names another proxy is refused.
@@ -104,6 +108,9 @@ func (c *AgentConfig) CheckAndSetDefaults() error {
 	}
 	if c.Metrics == nil {
 		c.Metrics = prometheus.NewRegistry()
+	}
+	if c.Audit == nil {
+		c.Audit = events.Discard
 	}
 	return nil
 }
@@ -212,7 +219,22 @@ func (a *Agent) run() {
 // checkProxy accepts only a proxy's host certificate of this cluster
 // naming the address dialed: a node's certificate (another node
 // pretending to be the proxy) is refused.
-func (a *Agent) checkProxy(addr string, _ net.Addr, key ssh.PublicKey) error {
+func (a *Agent) checkProxy(addr string, remote net.Addr, key ssh.PublicKey) error {
+	err := a.verifyProxy(addr, key)
+	if err != nil {
+		reason := "the tunnel server at " + addr + " is not a proxy of this cluster: " + trace.UserMessage(err)
+		a.cfg.Logger.WithField("proxy", addr).Warn(reason)
+		a.cfg.Audit.Emit(context.Background(), events.Event{
+			Type: events.AccessDenied,
+			Fields: events.Fields{
+				events.FieldKind: "tunnel", events.FieldRemoteAddr: remote.String(), events.FieldReason: reason,
+			},
+		})
+	}
+	return err
+}
+
+func (a *Agent) verifyProxy(addr string, key ssh.PublicKey) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		host = addr
