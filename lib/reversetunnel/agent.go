@@ -3,7 +3,6 @@ package reversetunnel
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -192,7 +191,7 @@ func (a *Agent) DropTunnel() {
 
 func (a *Agent) run() {
 	defer close(a.done)
-	backoff := initialBackoff
+	backoff := utils.Backoff{Min: initialBackoff, Max: maxBackoff, Jitter: true}
 	for first := true; ; first = false {
 		if !first {
 			a.reconnects.Inc()
@@ -203,16 +202,15 @@ func (a *Agent) run() {
 		}
 		if connected {
 			// A tunnel that lived starts the backoff afresh.
-			backoff = initialBackoff
+			backoff.Reset()
 		}
-		wait := backoff/2 + rand.N(backoff/2+1)
+		wait := backoff.Next()
 		a.cfg.Logger.WithError(err).WithField("retry_in", wait.String()).Warn("Tunnel to the proxy lost; reconnecting.")
 		select {
 		case <-a.cfg.Clock.After(wait):
 		case <-a.ctx.Done():
 			return
 		}
-		backoff = min(backoff*2, maxBackoff)
 	}
 }
 

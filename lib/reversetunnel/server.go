@@ -305,30 +305,34 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.wg.Add(1)
 	s.mu.Unlock()
 	defer s.wg.Done()
-	for {
-		nc, err := ln.Accept()
-		if err != nil {
-			s.mu.Lock()
-			closing := s.closing
-			s.mu.Unlock()
-			if closing {
-				return ErrServerClosed
-			}
-			return trace.ConnectionProblem(err, "accepting tunnels on %v", ln.Addr())
-		}
-		s.mu.Lock()
-		if s.closing {
-			s.mu.Unlock()
-			_ = nc.Close()
-			return ErrServerClosed
-		}
-		s.wg.Add(1)
-		s.mu.Unlock()
-		go func() {
-			defer s.wg.Done()
-			s.handleConn(nc)
-		}()
+	return utils.AcceptLoop{
+		Listener:  ln,
+		What:      "tunnels",
+		Begin:     s.beginConn,
+		Handle:    s.handleConn,
+		End:       s.wg.Done,
+		Closing:   s.isClosing,
+		ErrClosed: ErrServerClosed,
+	}.Run()
+}
+
+// beginConn counts a new connection in Close's wait; false once closing.
+func (s *Server) beginConn() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return false
 	}
+	s.wg.Add(1)
+	return true
+}
+
+// isClosing: closing, or moving its agents away (AskToMove closed the
+// listeners on purpose).
+func (s *Server) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing || s.asked
 }
 
 // AskToMove is the first half of make before break: it stops taking new
