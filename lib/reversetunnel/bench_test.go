@@ -69,17 +69,19 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-func heapAlloc() uint64 {
+// memInUse is the live heap and the goroutine stacks, after a GC.
+func memInUse() (heap, stacks uint64) {
 	runtime.GC()
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
+	return ms.HeapAlloc, ms.StackInuse
 }
 
 // BenchmarkIdleTunnels holds 1,000 tunnels (100 with -short) on one
 // tunnel server, with real SSH over loopback from agents in a helper
-// process, and reports the server's heap and goroutines per tunnel and
+// process, and reports the server's heap, goroutine stacks and goroutines
+// per tunnel and
 // its CPU per idle tunnel over one keep-alive interval (keep-alives are
 // all an idle tunnel costs). Run with -benchtime=1x: each iteration sets
 // up every tunnel from scratch.
@@ -112,7 +114,8 @@ func benchIdleTunnels(b *testing.B, n int, idle time.Duration) {
 	require.NoError(b, err)
 	go func() { _ = s.Serve(ln) }()
 	defer s.Close()
-	goBefore, heapBefore := runtime.NumGoroutine(), heapAlloc()
+	heapBefore, stackBefore := memInUse()
+	goBefore := runtime.NumGoroutine()
 
 	cmd := exec.Command(os.Args[0], "-test.run=^TestBenchAgentsHelper$")
 	cmd.Env = append(os.Environ(), envBenchAgents+"="+strconv.Itoa(n), envBenchAddr+"="+ln.Addr().String(),
@@ -146,12 +149,14 @@ func benchIdleTunnels(b *testing.B, n int, idle time.Duration) {
 	}
 	setup := time.Since(start)
 	b.StopTimer()
-	heapAfter, goAfter := heapAlloc(), runtime.NumGoroutine()
+	heapAfter, stackAfter := memInUse()
+	goAfter := runtime.NumGoroutine()
 	cpu0 := cpuTime()
 	time.Sleep(idle) // the measured window itself: nothing to wait for
 	cpu := cpuTime() - cpu0
 	b.ReportMetric(float64(n), "tunnels")
 	b.ReportMetric(float64(heapAfter-heapBefore)/float64(n)/1024, "heap-KiB/tunnel")
+	b.ReportMetric(float64(stackAfter-stackBefore)/float64(n)/1024, "stack-KiB/tunnel")
 	b.ReportMetric(float64(goAfter-goBefore)/float64(n), "goroutines/tunnel")
 	b.ReportMetric(float64(cpu.Microseconds())/float64(n)/idle.Seconds(), "cpu-µs/idle-tunnel/s")
 	b.ReportMetric(setup.Seconds()*1000/float64(n), "setup-ms/tunnel")
