@@ -276,3 +276,40 @@ func (v *addrVerifier) checkHostKey(uuid string, key ssh.PublicKey) error {
 	}
 	return trace.Wrap(authz.CheckHostCert(cas, uuid, key, v.clock))
 }
+
+// AnnounceProxy stores a heartbeat sent over the API by a proxy whose
+// certificate says it is callerID. As for nodes, what the proxy says is
+// checked, not believed: it announces only itself in this cluster, and
+// the dates are the auth server's (Expires at most MaxHeartbeatTTL
+// ahead). Its addresses are not dialed: everything that dials them (a
+// tunnel agent, a peer proxy) authenticates the proxy's host certificate
+// at the other end, so a false address buys a refused handshake, not a
+// captured connection.
+func (s *Server) AnnounceProxy(ctx context.Context, callerID string, p services.Proxy) error {
+	if p.Cluster == "" {
+		p.Cluster = s.cfg.ClusterName
+	}
+	if p.UUID != callerID {
+		return trace.AccessDenied("proxy %q may not announce proxy %q", callerID, p.UUID)
+	}
+	if p.Cluster != s.cfg.ClusterName {
+		return trace.AccessDenied("proxy %q may not announce a proxy in cluster %q", callerID, p.Cluster)
+	}
+	now := s.clock.Now().UTC()
+	ttl := p.Expires.Sub(p.LastHeartbeat)
+	if p.Expires.IsZero() || p.LastHeartbeat.IsZero() || ttl <= 0 || ttl > MaxHeartbeatTTL {
+		ttl = MaxHeartbeatTTL
+	}
+	p.LastHeartbeat = now
+	p.Expires = now.Add(ttl)
+	return trace.Wrap(s.store.UpsertProxy(ctx, p))
+}
+
+// RemoveProxy deletes the caller's own proxy record (a clean shutdown).
+func (s *Server) RemoveProxy(ctx context.Context, callerID string) error {
+	err := s.store.DeleteProxy(ctx, s.cfg.ClusterName, callerID)
+	if trace.IsNotFound(err) {
+		return nil
+	}
+	return trace.Wrap(err)
+}

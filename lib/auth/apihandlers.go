@@ -30,6 +30,10 @@ func (a *APIServer) registerRoutes() {
 		a.respond(w, r, nil, a.join)
 	})
 
+	// Joins relayed by a proxy for hosts that reach only the proxy: the
+	// client's address in the request is believed from a proxy only
+	// (joinrelay.go).
+	a.handleStream("GET /v1/join-relay", allow(proxy), a.joinRelay)
 	// Who am I: any identity may check that it is accepted.
 	a.handle("GET /v1/ping", allow(node, proxy, admin), a.ping)
 	// Nodes: hosts (node and proxy processes) announce themselves (their
@@ -41,6 +45,13 @@ func (a *APIServer) registerRoutes() {
 	a.handle("GET /v1/nodes", allow(proxy, admin), a.getNodes)
 	a.handle("DELETE /v1/nodes/{cluster}/{uuid}", allow(admin), a.deleteNode)
 	a.handleStream("GET /v1/watch/nodes", allow(proxy, admin), a.watchNodes)
+	// Proxies: each proxy heartbeats its own record (and removes it on a
+	// clean shutdown); proxies read the list to announce it to tunnel
+	// agents and to find their peers; pctl proxies ls lists them. Nodes
+	// get the list from the tunnel server, never from auth.
+	a.handle("PUT /v1/proxies", allow(proxy), a.audited("PUT /v1/proxies", a.upsertProxy))
+	a.handle("DELETE /v1/proxies/self", allow(proxy), a.deleteProxy)
+	a.handle("GET /v1/proxies", allow(proxy, admin), a.getProxies)
 	// Public CA keys: nodes and proxies check user certificates with them,
 	// pctl auth sign writes the host CA into the identity file.
 	a.handle("GET /v1/authorities/{type}", allow(node, proxy, admin), a.getCAs)
@@ -187,6 +198,29 @@ func (a *APIServer) getNodes(ctx context.Context, _ *peer, r *http.Request) (any
 		nodes = []services.Node{}
 	}
 	return nodes, nil
+}
+
+func (a *APIServer) upsertProxy(ctx context.Context, p *peer, r *http.Request) (any, error) {
+	var rec services.Proxy
+	if err := readJSON(r, &rec); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return nil, trace.Wrap(a.auth.AnnounceProxy(ctx, p.ID, rec))
+}
+
+func (a *APIServer) deleteProxy(ctx context.Context, p *peer, _ *http.Request) (any, error) {
+	return nil, trace.Wrap(a.auth.RemoveProxy(ctx, p.ID))
+}
+
+func (a *APIServer) getProxies(ctx context.Context, _ *peer, _ *http.Request) (any, error) {
+	out, err := a.auth.store.GetProxies(ctx, a.auth.cfg.ClusterName)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if out == nil {
+		out = []services.Proxy{}
+	}
+	return out, nil
 }
 
 func (a *APIServer) deleteNode(ctx context.Context, _ *peer, r *http.Request) (any, error) {

@@ -199,6 +199,22 @@ func (c *Client) GetNodes(ctx context.Context, cluster string) ([]services.Node,
 	return nodes, trace.Wrap(c.do(ctx, http.MethodGet, "/v1/nodes", q, nil, &nodes))
 }
 
+// UpsertProxy announces this proxy (a heartbeat); auth dates it.
+func (c *Client) UpsertProxy(ctx context.Context, p services.Proxy) error {
+	return trace.Wrap(c.do(ctx, http.MethodPut, "/v1/proxies", nil, p, nil))
+}
+
+// DeleteProxy removes this proxy's own record (a clean shutdown).
+func (c *Client) DeleteProxy(ctx context.Context) error {
+	return trace.Wrap(c.do(ctx, http.MethodDelete, "/v1/proxies/self", nil, nil, nil))
+}
+
+// GetProxies lists the cluster's live proxies, sorted by UUID.
+func (c *Client) GetProxies(ctx context.Context) ([]services.Proxy, error) {
+	var out []services.Proxy
+	return out, trace.Wrap(c.do(ctx, http.MethodGet, "/v1/proxies", nil, nil, &out))
+}
+
 // DeleteNode removes a node record.
 func (c *Client) DeleteNode(ctx context.Context, cluster, uuid string) error {
 	return trace.Wrap(c.do(ctx, http.MethodDelete, "/v1/nodes/"+url.PathEscape(cluster)+"/"+url.PathEscape(uuid), nil, nil, nil))

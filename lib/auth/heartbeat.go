@@ -35,12 +35,16 @@ const (
 
 // HeartbeatConfig configures a Heartbeat.
 type HeartbeatConfig struct {
-	// Announcer receives the heartbeats; required.
+	// Announcer receives the heartbeats; required unless Announce is set.
 	Announcer Announcer
 	// GetNode returns the node's current record (labels and address may
-	// change between beats); required. Expires and LastHeartbeat are set
-	// by the heartbeat.
+	// change between beats); required with Announcer. Expires and
+	// LastHeartbeat are set by the heartbeat.
 	GetNode func() services.Node
+	// Announce, instead of Announcer and GetNode, announces something
+	// other than a node (a proxy's record) with the given dates: the
+	// ticker, the TTL rules and the retry are the same for every kind.
+	Announce func(ctx context.Context, lastHeartbeat, expires time.Time) error
 	// Interval between heartbeats; zero means DefaultHeartbeatInterval.
 	Interval time.Duration
 	// TTL of each record; zero means 3 x Interval. Must exceed Interval.
@@ -55,11 +59,19 @@ type HeartbeatConfig struct {
 
 // CheckAndSetDefaults validates the config.
 func (c *HeartbeatConfig) CheckAndSetDefaults() error {
-	if c.Announcer == nil {
-		return trace.BadParameter("heartbeat: missing Announcer")
-	}
-	if c.GetNode == nil {
-		return trace.BadParameter("heartbeat: missing GetNode")
+	if c.Announce == nil {
+		if c.Announcer == nil {
+			return trace.BadParameter("heartbeat: missing Announcer")
+		}
+		if c.GetNode == nil {
+			return trace.BadParameter("heartbeat: missing GetNode")
+		}
+		announcer, getNode := c.Announcer, c.GetNode
+		c.Announce = func(ctx context.Context, last, expires time.Time) error {
+			node := getNode()
+			node.LastHeartbeat, node.Expires = last, expires
+			return trace.Wrap(announcer.UpsertNode(ctx, node), "node %q", node.UUID)
+		}
 	}
 	if c.Interval <= 0 {
 		c.Interval = DefaultHeartbeatInterval
@@ -128,15 +140,12 @@ func (h *Heartbeat) Run() error {
 }
 
 func (h *Heartbeat) announce() {
-	node := h.cfg.GetNode()
 	now := h.cfg.Clock.Now().UTC()
-	node.LastHeartbeat = now
-	node.Expires = now.Add(h.cfg.TTL)
 	ctx, cancel := context.WithTimeout(h.ctx, h.cfg.Interval)
-	err := h.cfg.Announcer.UpsertNode(ctx, node)
+	err := h.cfg.Announce(ctx, now, now.Add(h.cfg.TTL))
 	cancel()
 	if err != nil && h.ctx.Err() == nil {
-		h.cfg.Logger.WithError(err).WithField("uuid", node.UUID).Warn("Heartbeat failed.")
+		h.cfg.Logger.WithError(err).Warn("Heartbeat failed.")
 	}
 	select {
 	case <-h.announced: // keep only the latest result

@@ -29,7 +29,8 @@ const roleNone = "none"
 // have a row (a new endpoint without one fails TestAPIRolePolicy), and
 // each row says exactly which callers may reach the handler.
 var wantPolicy = map[string][]string{
-	"POST /v1/join": {roleNone},
+	"POST /v1/join":      {roleNone},
+	"GET /v1/join-relay": {RoleProxy},
 
 	"GET /v1/ping": {RoleNode, RoleProxy, RoleAdmin},
 
@@ -37,6 +38,10 @@ var wantPolicy = map[string][]string{
 	"GET /v1/nodes":                     {RoleProxy, RoleAdmin},
 	"DELETE /v1/nodes/{cluster}/{uuid}": {RoleAdmin},
 	"GET /v1/watch/nodes":               {RoleProxy, RoleAdmin},
+
+	"PUT /v1/proxies":         {RoleProxy},
+	"DELETE /v1/proxies/self": {RoleProxy},
+	"GET /v1/proxies":         {RoleProxy, RoleAdmin},
 
 	"GET /v1/authorities/{type}":           {RoleNode, RoleProxy, RoleAdmin},
 	"GET /v1/authorities/{type}/{cluster}": {RoleNode, RoleProxy, RoleAdmin},

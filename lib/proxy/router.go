@@ -27,6 +27,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // NodeFinder answers which nodes a host may mean; *services.NodeWatcher is
@@ -598,7 +599,11 @@ func (r *Router) dialTunnel(ctx context.Context, req RouteRequest, node services
 	for {
 		registered := r.cfg.Tunnels.TunnelRegistered(node.UUID)
 		if r.cfg.Tunnels.HasTunnel(node.UUID) {
-			conn, err := r.cfg.Tunnels.DialTunnel(ctx, node.UUID, req.Source, dst)
+			src := req.Source
+			if src == "" {
+				src = utils.ClientAddr(ctx)
+			}
+			conn, err := r.cfg.Tunnels.DialTunnel(ctx, node.UUID, src, dst)
 			if err == nil {
 				observe(resultFound)
 				return conn, nil

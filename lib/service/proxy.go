@@ -64,7 +64,7 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		p.onShutdown(func(context.Context) error { return netw.Close() })
 		networking = netw
 	}
-	ts, tunnelAddr, err := p.startTunnelServer(id)
+	ts, tunnelAddr, err := p.startTunnelServer(id, networking)
 	if err != nil {
 		return trace.Wrap(err)
 	}
@@ -113,11 +113,14 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	p.onShutdown(server.Shutdown)
 	p.log.WithField("addr", ln.Addr().String()).Info("Proxy SSH server is serving.")
 
-	return trace.Wrap(p.startWeb(ln.Addr(), tunnelAddr))
+	if err := p.startWeb(ln.Addr(), tunnelAddr, id); err != nil {
+		return trace.Wrap(err)
+	}
+	return trace.Wrap(p.startProxyHeartbeat(tunnelAddr))
 }
 
 // startWeb serves the proxy's HTTPS port.
-func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string) error {
+func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string, id *auth.Identity) error {
 	raw, err := p.listen(ListenerWeb, p.cfg.WebAddr)
 	if err != nil {
 		return trace.Wrap(err)
@@ -143,8 +146,15 @@ func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string) error {
 		ClusterName:  p.clusterName,
 		ProxySSHAddr: advertisedAddr(sshAddr),
 		TunnelAddr:   tunnelAddr,
-		// Hosts that reach only this proxy join through it.
-		JoinRelay:   p.dialAuthAPI,
+		// Hosts that reach only this proxy join through it; the proxy
+		// opens the auth side as itself and names the client.
+		JoinRelay: func(ctx context.Context, client string) (net.Conn, error) {
+			raw, err := p.dialAuthAPI(ctx)
+			if err != nil {
+				return nil, trace.Wrap(err)
+			}
+			return auth.DialJoinRelay(ctx, raw, id, client)
+		},
 		Certificate: pair,
 		Clock:       p.clock,
 		Logger:      p.log.WithField("component", "web"),

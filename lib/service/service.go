@@ -86,9 +86,11 @@ type Process struct {
 
 	nodeServer *srv.Server
 	heartbeat  *auth.Heartbeat
+	// proxyHeartbeat announces this proxy's `proxy` resource.
+	proxyHeartbeat *auth.Heartbeat
 	// tunnelAgent is a node behind NAT's agent; tunnelServer the proxy's
 	// tunnel port. Nil when not running.
-	tunnelAgent  *reversetunnel.Agent
+	tunnelAgent  *reversetunnel.Pool
 	tunnelServer *reversetunnel.Server
 	proxySSH     *srv.Server
 	nodeWatcher  *services.NodeWatcher

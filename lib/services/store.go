@@ -3,6 +3,7 @@ package services
 import (
 	"context"
 	"encoding/json"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -22,6 +23,7 @@ const (
 	authoritiesPrefix = "authorities"
 	networkingPrefix  = "networking"
 	tokensPrefix      = "tokens"
+	proxiesPrefix     = "proxies"
 )
 
 // tokenGCGrace is how long an expired token stays in the backend before the
@@ -172,6 +174,46 @@ func (s *Store) DeleteNode(ctx context.Context, cluster, uuid string) error {
 		return trace.NotFound("node %q not found in cluster %q", uuid, cluster)
 	}
 	return s.delete(ctx, NodeKey(cluster, uuid), "node "+quote(uuid)+" not found in cluster "+quote(cluster))
+}
+
+// ProxyKey is the backend key of a proxy: /proxies/CLUSTER/UUID.
+func ProxyKey(cluster, uuid string) string { return backend.Key(proxiesPrefix, cluster, uuid) }
+
+// UpsertProxy writes a proxy's heartbeat; the backend item expires with
+// the record, so a proxy that stops heartbeating leaves the list by itself.
+func (s *Store) UpsertProxy(ctx context.Context, p Proxy) error {
+	if err := p.CheckAndSetDefaults(); err != nil {
+		return trace.Wrap(err)
+	}
+	return s.put(ctx, ProxyKey(p.Cluster, p.UUID), p, p.Expires)
+}
+
+// GetProxies returns the live proxies of cluster ("" = every cluster),
+// sorted by UUID. Unreadable records are logged and skipped, as for
+// nodes: one bad heartbeat must not hide every proxy from the agents.
+func (s *Store) GetProxies(ctx context.Context, cluster string) ([]Proxy, error) {
+	prefix := backend.Prefix(proxiesPrefix)
+	if cluster != "" {
+		if strings.Contains(cluster, backend.Separator) {
+			return nil, trace.BadParameter("cluster %q contains %q", cluster, backend.Separator)
+		}
+		prefix = backend.Prefix(proxiesPrefix, cluster)
+	}
+	out, err := getAllSkipping[Proxy](ctx, s, prefix, true)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].UUID < out[j].UUID })
+	return out, nil
+}
+
+// DeleteProxy removes a proxy's record: a proxy that shuts down cleanly
+// leaves the list at once instead of at its TTL.
+func (s *Store) DeleteProxy(ctx context.Context, cluster, uuid string) error {
+	if cluster == "" || uuid == "" || strings.Contains(cluster+uuid, backend.Separator) {
+		return trace.NotFound("proxy %q not found in cluster %q", uuid, cluster)
+	}
+	return s.delete(ctx, ProxyKey(cluster, uuid), "proxy "+quote(uuid)+" not found in cluster "+quote(cluster))
 }
 
 // CreateUser adds a user; AlreadyExists if the name is taken.

@@ -252,3 +252,39 @@ func TestParseNodeKey(t *testing.T) {
 		require.False(t, ok, k)
 	}
 }
+
+// TestStoreProxies: proxy records expire with their heartbeat, list per
+// cluster sorted by UUID, and bad records are refused naming the field.
+func TestStoreProxies(t *testing.T) {
+	ctx := context.Background()
+	clock := clockwork.NewFakeClock()
+	s := newTestStore(t, clock)
+	p1 := Proxy{UUID: "p2", Hostname: "edge-2", Cluster: "c1", TunnelAddr: "10.0.0.2:3024", Expires: clock.Now().Add(time.Minute)}
+	p2 := Proxy{UUID: "p1", Hostname: "edge-1", Cluster: "c1", TunnelAddr: "10.0.0.1:3024", SSHAddr: "10.0.0.1:3023", Expires: clock.Now().Add(time.Hour)}
+	p3 := Proxy{UUID: "p3", Cluster: "c10", Expires: clock.Now().Add(time.Hour)}
+	for _, p := range []Proxy{p1, p2, p3} {
+		require.NoError(t, s.UpsertProxy(ctx, p))
+	}
+	got, err := s.GetProxies(ctx, "c1")
+	require.NoError(t, err)
+	require.Len(t, got, 2, "prefix of c1 must not include c10")
+	require.Equal(t, "p1", got[0].UUID)
+	require.Equal(t, "10.0.0.1:3023", got[0].SSHAddr)
+
+	clock.Advance(2 * time.Minute)
+	got, err = s.GetProxies(ctx, "c1")
+	require.NoError(t, err)
+	require.Len(t, got, 1, "the expired proxy left the list")
+	require.NoError(t, s.DeleteProxy(ctx, "c1", "p1"))
+	got, err = s.GetProxies(ctx, "")
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.Equal(t, "p3", got[0].UUID)
+	require.Equal(t, "p3", got[0].Hostname, "hostname defaults to the UUID")
+
+	err = s.UpsertProxy(ctx, Proxy{UUID: "x", Cluster: "c1", TunnelAddr: "nohostport"})
+	require.True(t, trace.IsBadParameter(err), "%v", err)
+	require.Contains(t, err.Error(), "tunnel_addr")
+	err = s.UpsertProxy(ctx, Proxy{UUID: "x/y", Cluster: "c1"})
+	require.True(t, trace.IsBadParameter(err), "%v", err)
+}

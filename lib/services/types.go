@@ -20,7 +20,40 @@ const (
 	KindCertAuthority     = "cert_authority"
 	KindClusterNetworking = "cluster_networking_config"
 	KindToken             = "token"
+	KindProxy             = "proxy"
 )
+
+// Proxy is one proxy process of the cluster, heartbeated like a node
+// (a TTL'd record, refreshed by the proxy through its auth client). It is
+// how every other party finds every proxy: a tunnel agent keeps one tunnel
+// to each (dialing each one's TunnelAddr, not a load balancer that lands
+// on whichever proxy it likes), and peer proxies dial each other's
+// PeerAddr. Expires and LastHeartbeat are the auth server's, never the
+// proxy's own.
+type Proxy struct {
+	// UUID is the proxy's host UUID (the CN and KeyId of its
+	// certificates): the record's name.
+	UUID string `json:"uuid"`
+	// Hostname is the proxy's --nodename (or OS hostname).
+	Hostname string `json:"hostname"`
+	// Cluster is the cluster the proxy serves.
+	Cluster string `json:"cluster"`
+	// SSHAddr, WebAddr, TunnelAddr and PeerAddr are where this proxy
+	// serves its SSH port (3023), HTTPS port (3080), reverse tunnel port
+	// (3024) and peering port (3021), as others should dial them; empty
+	// when the proxy does not serve that port.
+	SSHAddr    string `json:"ssh_addr,omitempty"`
+	WebAddr    string `json:"web_addr,omitempty"`
+	TunnelAddr string `json:"tunnel_addr,omitempty"`
+	PeerAddr   string `json:"peer_addr,omitempty"`
+	// Version is the postern version the proxy runs.
+	Version string `json:"version,omitempty"`
+	// Expires is when this record dies unless refreshed.
+	Expires time.Time `json:"expires"`
+	// LastHeartbeat is when the proxy last announced itself (auth's
+	// clock).
+	LastHeartbeat time.Time `json:"last_heartbeat"`
+}
 
 // Node is one SSH server in the inventory. Nodes write themselves with a TTL
 // on every heartbeat; a node that stops heartbeating disappears when Expires

@@ -129,6 +129,41 @@ func (n *Node) CheckAndSetDefaults() error {
 	return nil
 }
 
+// CheckAndSetDefaults validates a proxy record as written by a heartbeat:
+// a UUID and hostname that are safe key components and printable, a
+// cluster name, and every address present a host:port.
+func (p *Proxy) CheckAndSetDefaults() error {
+	if err := checkKeyComponent("proxy uuid", p.UUID); err != nil {
+		return trace.Wrap(err)
+	}
+	if err := CheckClusterName(p.Cluster); err != nil {
+		return trace.BadParameter("proxy %q: %v", p.UUID, err)
+	}
+	if p.Hostname == "" {
+		p.Hostname = p.UUID
+	}
+	if err := checkKeyComponent("proxy hostname", p.Hostname); err != nil {
+		return trace.BadParameter("proxy %q: %v", p.UUID, err)
+	}
+	if err := checkText("proxy hostname", p.Hostname, maxNameLen); err != nil {
+		return trace.BadParameter("proxy %q: %v", p.UUID, err)
+	}
+	for _, a := range []struct{ name, v string }{
+		{"ssh_addr", p.SSHAddr}, {"web_addr", p.WebAddr}, {"tunnel_addr", p.TunnelAddr}, {"peer_addr", p.PeerAddr},
+	} {
+		if a.v == "" {
+			continue
+		}
+		if _, _, err := SplitAddr(a.v); err != nil {
+			return trace.BadParameter("proxy %q: %s: %v", p.UUID, a.name, err)
+		}
+	}
+	if err := checkText("proxy version", p.Version, maxNameLen); err != nil {
+		return trace.BadParameter("proxy %q: %v", p.UUID, err)
+	}
+	return nil
+}
+
 // Label bounds. Labels are printed in `pctl nodes ls`, `psh ls`, route
 // explanations and ambiguity errors, and matched by every role check: a
 // node must not be able to fill a terminal or the inventory with them.
