@@ -620,15 +620,13 @@ func (r *Router) peerHolders(uuid string) []string {
 // its address is the next choice.
 func (r *Router) dialTunnel(ctx context.Context, req RouteRequest, node services.Node, netCfg *services.ClusterNetworkingConfig) (net.Conn, error) {
 	timeout := netCfg.Spec.TunnelFindTimeout.Value()
-	where := "this proxy"
-	if r.cfg.Peers != nil {
-		where = "this proxy or a peer"
-	}
+	// SPEC.md's sentence, whether or not peers were asked ("this proxy"
+	// is where the user's connection is); what a peer answered follows.
 	offline := func(last error) error {
 		if last != nil {
-			return trace.ConnectionProblem(last, "node %q is offline: no tunnel reached %s within %v (last error: %v)", req.Target.Host, where, timeout, trace.UserMessage(last))
+			return trace.ConnectionProblem(last, "node %q is offline: no tunnel reached this proxy within %v (peers: %v)", req.Target.Host, timeout, trace.UserMessage(last))
 		}
-		return trace.ConnectionProblem(nil, "node %q is offline: no tunnel reached %s within %v", req.Target.Host, where, timeout)
+		return trace.ConnectionProblem(nil, "node %q is offline: no tunnel reached this proxy within %v", req.Target.Host, timeout)
 	}
 	if r.cfg.Tunnels == nil && r.cfg.Peers == nil {
 		return nil, offline(nil)
