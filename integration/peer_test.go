@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/config"
@@ -158,3 +159,77 @@ func (l staticLeases) Holders(node, exclude string) []services.TunnelConnection 
 }
 
 func (staticLeases) Located(string) <-chan struct{} { return nil }
+
+// leaseHolders lists the proxies auth holds a live lease from for node.
+func leaseHolders(t testing.TB, clt *auth.Client, node string) []string {
+	t.Helper()
+	tcs, err := clt.GetTunnelConnections(context.Background())
+	require.NoError(t, err)
+	var out []string
+	for _, tc := range tcs {
+		if tc.NodeUUID == node {
+			out = append(out, tc.ProxyUUID)
+		}
+	}
+	return out
+}
+
+// TestPeerHolderKilled: kill -9 of the proxy holding a node's only tunnel.
+// Its lease lapses by itself within the TTL (it deleted nothing), so the
+// other proxy stops offering it; a session through the other proxy during
+// the outage fails with the offline error instead of hanging on the dead
+// peer; once the node's tunnel is back (the agent re-homes to the proxy
+// it knows, restarted at the same addresses), new sessions through the
+// other proxy work again within 10s of the restart.
+func TestPeerHolderKilled(t *testing.T) {
+	c := newAllInOne(t)
+	d := startProxyDaemon(t, c.dataDir, c.p, "edge-a")
+	n := startNATNodeVia(t, c.dataDir, d.webAddr, "natted")
+	clt := adminClient(t, c.dataDir, c.p)
+	cfg := c.clientConfig(t)
+	via := c.p.Addr(service.ListenerProxySSH).String()
+	var holder string
+	require.Eventually(t, func() bool {
+		h := leaseHolders(t, clt, n.HostUUID())
+		if len(h) == 1 && h[0] != c.p.HostUUID() {
+			holder = h[0]
+			return true
+		}
+		return false
+	}, 20*time.Second, 50*time.Millisecond, "the node's tunnel is on the daemon only")
+	sc, err := jumpVia(t, cfg, via, "natted:0")
+	require.NoError(t, err)
+	out, err := run(t, sc, "echo before")
+	require.NoError(t, err)
+	require.Equal(t, "before\n", out)
+
+	d.kill9(t)
+	killed := time.Now()
+	require.Eventually(t, func() bool { return len(leaseHolders(t, clt, n.HostUUID())) == 0 },
+		services.DefaultTunnelConnectionTTL+3*time.Second, 100*time.Millisecond, "the dead proxy's lease lapses at its TTL")
+	t.Logf("lease gone %v after kill -9", time.Since(killed))
+
+	t.Run("during the outage: offline, not a hang", func(t *testing.T) {
+		proxy, err := ssh.Dial("tcp", via, cfg)
+		require.NoError(t, err)
+		defer proxy.Close()
+		start := time.Now()
+		_, err = proxy.Dial("tcp", "natted:0")
+		require.Error(t, err)
+		require.Contains(t, unquote(err.Error()), `node "natted" is offline`)
+		require.Less(t, time.Since(start), 10*time.Second)
+	})
+
+	d.start(t)
+	restarted := time.Now()
+	require.Eventually(t, func() bool {
+		sc, err := jumpVia(t, cfg, via, "natted:0")
+		if err != nil {
+			return false
+		}
+		out, err := run(t, sc, "echo after")
+		return err == nil && out == "after\n"
+	}, 10*time.Second, 200*time.Millisecond, "new sessions through the other proxy within 10s of the restart")
+	t.Logf("a session through the peer %v after the restart", time.Since(restarted))
+	require.Equal(t, []string{holder}, leaseHolders(t, clt, n.HostUUID()))
+}
