@@ -64,7 +64,7 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		p.onShutdown(func(context.Context) error { return netw.Close() })
 		networking = netw
 	}
-	ts, tunnelAddr, err := p.startTunnelServer(id)
+	ts, tunnelAddr, err := p.startTunnelServer(id, networking)
 	if err != nil {
 		return trace.Wrap(err)
 	}

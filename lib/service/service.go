@@ -96,7 +96,7 @@ type Process struct {
 	drainers []func(context.Context) error
 	// tunnelAgent is a node behind NAT's agent; tunnelServer the proxy's
 	// tunnel port. Nil when not running.
-	tunnelAgent  *reversetunnel.Agent
+	tunnelAgent  *reversetunnel.Pool
 	tunnelServer *reversetunnel.Server
 	proxySSH     *srv.Server
 	nodeWatcher  *services.NodeWatcher
