@@ -123,6 +123,9 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	// Registered whether or not the web port came up, so the SSH server
 	// is shut down either way.
 	p.onShutdown(p.drainFrontends)
+	if p.stopPeering != nil {
+		p.onShutdown(p.stopPeering)
+	}
 	if err != nil {
 		return trace.Wrap(err)
 	}
