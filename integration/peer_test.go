@@ -230,7 +230,6 @@ func startNSNodeVia(t *testing.T, ns *netNS, authDir, webAddr string, clt *auth.
 	return rec
 }
 
-
 // TestPeerHolderKilled: a node in a network namespace has tunnels to the
 // two proxies whose ports face it, A and B (the agent pool), and none to
 // C, the all-in-one on loopback; C reaches it only through a peer. kill -9
