@@ -22,6 +22,7 @@ import (
 	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/proxy/peer"
+	"github.com/postern-dev/postern/lib/reversetunnel"
 	"github.com/postern-dev/postern/lib/service"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -168,6 +169,17 @@ func (l staticLeases) Holders(node, exclude string) []services.TunnelConnection 
 
 func (staticLeases) Located(string) <-chan struct{} { return nil }
 
+// waitAnnouncements waits out one refresh of every proxy's cached proxy
+// list (reversetunnel.DefaultAnnounceInterval): the agent pool reconciles
+// with whichever proxy announced last, so a node that connects while a
+// proxy still announces a list from before the others registered may drop
+// its tunnels to them until a later announcement changes (a pool race
+// reported to the tunnel owner). Nothing outside the proxies shows their
+// cached list, so this is a bounded wait, not a condition.
+func waitAnnouncements() {
+	time.Sleep(reversetunnel.DefaultAnnounceInterval + time.Second)
+}
+
 // leaseHolders lists the proxies auth holds a live lease from for node.
 func leaseHolders(t testing.TB, clt *auth.Client, node string) []string {
 	t.Helper()
@@ -206,7 +218,7 @@ func startNSProxyDaemon(t *testing.T, authDir string, a *service.Process, name, 
 
 // startNSNodeVia starts a node in ns joined through the proxy web address
 // webAddr, and waits for its record.
-func startNSNodeVia(t *testing.T, ns *netNS, authDir, webAddr string, clt *auth.Client, name string) services.Node {
+func startNSNodeVia(t *testing.T, ns *netNS, authDir, webAddr string, clt *auth.Client, name string) (services.Node, *nsNode) {
 	t.Helper()
 	token, pin := nodeToken(t, authDir)
 	args := []string{"start", "--roles", "node", "--data-dir", t.TempDir(), "--nodename", name,
@@ -227,7 +239,7 @@ func startNSNodeVia(t *testing.T, ns *netNS, authDir, webAddr string, clt *auth.
 		}
 		return false
 	}, 30*time.Second, 100*time.Millisecond, "node %s never heartbeat; its log:\n%s", name, n.stderr)
-	return rec
+	return rec, n
 }
 
 // TestPeerHolderKilled: a node in a network namespace has tunnels to the
@@ -244,7 +256,8 @@ func TestPeerHolderKilled(t *testing.T) {
 	da := startNSProxyDaemon(t, c.dataDir, c.p, "edge-a", ns.hostIP)
 	db := startNSProxyDaemon(t, c.dataDir, c.p, "edge-b", ns.hostIP)
 	waitProxies(t, clt, 3)
-	rec := startNSNodeVia(t, ns, c.dataDir, da.webAddr, clt, "natted")
+	waitAnnouncements()
+	rec, _ := startNSNodeVia(t, ns, c.dataDir, da.webAddr, clt, "natted")
 	cfg := c.clientConfig(t)
 	via := c.p.Addr(service.ListenerProxySSH).String()
 	var holders []string
