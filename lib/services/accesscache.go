@@ -78,8 +78,8 @@ func NewAccessCache(cfg AccessCacheConfig) (*AccessCache, error) {
 	}
 	a := &AccessCache{
 		grace: cfg.StaleGrace,
-		rc: newMapCollector(func(r *Role) string { return backend.Key(rolesPrefix, r.Metadata.Name) }),
-		cc: newMapCollector(func(ca CertAuthority) string { return caKey(ca.Type, ca.ClusterName) }),
+		rc:    newMapCollector(func(r *Role) string { return backend.Key(rolesPrefix, r.Metadata.Name) }),
+		cc:    newMapCollector(func(ca CertAuthority) string { return caKey(ca.Type, ca.ClusterName) }),
 	}
 	var err error
 	a.roles, err = NewResourceWatcher(ResourceWatcherConfig[*Role]{
