@@ -29,7 +29,8 @@ const roleNone = "none"
 // have a row (a new endpoint without one fails TestAPIRolePolicy), and
 // each row says exactly which callers may reach the handler.
 var wantPolicy = map[string][]string{
-	"POST /v1/join": {roleNone},
+	"POST /v1/join":      {roleNone},
+	"GET /v1/join-relay": {RoleProxy},
 
 	"GET /v1/ping": {RoleNode, RoleProxy, RoleAdmin},
 

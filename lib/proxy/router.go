@@ -27,6 +27,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // NodeFinder answers which nodes a host may mean; *services.NodeWatcher is
@@ -641,6 +642,10 @@ func (r *Router) dialTunnel(ctx context.Context, req RouteRequest, node services
 	if req.Target.Port != "" {
 		dst = net.JoinHostPort(req.Target.Host, req.Target.Port)
 	}
+	src := req.Source
+	if src == "" {
+		src = utils.ClientAddr(ctx)
+	}
 	var last error
 	for {
 		var registered, located <-chan struct{}
@@ -651,7 +656,7 @@ func (r *Router) dialTunnel(ctx context.Context, req RouteRequest, node services
 			located = r.cfg.Peers.PeerLocated(node.UUID)
 		}
 		if r.hasLocalTunnel(node.UUID) {
-			conn, err := r.cfg.Tunnels.DialTunnel(ctx, node.UUID, req.Source, dst)
+			conn, err := r.cfg.Tunnels.DialTunnel(ctx, node.UUID, src, dst)
 			if err == nil {
 				observe(resultFound)
 				return conn, nil
@@ -664,7 +669,7 @@ func (r *Router) dialTunnel(ctx context.Context, req RouteRequest, node services
 			// The tunnel went away in between: look at peers, then wait.
 		}
 		if holders := r.peerHolders(node.UUID); len(holders) > 0 {
-			conn, peer, err := r.dialPeers(ctx, holders, node.UUID, req.Source, dst)
+			conn, peer, err := r.dialPeers(ctx, holders, node.UUID, src, dst)
 			if err == nil {
 				observe(resultFound)
 				r.cfg.Logger.WithFields(logrus.Fields{"node": node.UUID, "peer": peer}).Debug("Dialed through a peer proxy.")

@@ -3,7 +3,6 @@ package reversetunnel
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -16,6 +15,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -58,6 +58,9 @@ type AgentConfig struct {
 	// Metrics: where postern_tunnel_reconnects_total is registered; nil:
 	// a private registry.
 	Metrics prometheus.Registerer
+	// Audit receives the agent's refusals of a tunnel server (events.
+	// AccessDenied, kind "tunnel"); nil discards them.
+	Audit events.Emitter
 	// ExpectUUID, when set, is the UUID of the proxy this agent was
 	// started for (from an announcement): a tunnel server whose host
 	// certificate names another proxy is refused.
@@ -105,6 +108,9 @@ func (c *AgentConfig) CheckAndSetDefaults() error {
 	if c.Metrics == nil {
 		c.Metrics = prometheus.NewRegistry()
 	}
+	if c.Audit == nil {
+		c.Audit = events.Discard
+	}
 	return nil
 }
 
@@ -123,6 +129,9 @@ type Agent struct {
 	mu   sync.Mutex
 	conn ssh.Conn
 	up   chan struct{}
+	// moving is the current tunnel once its proxy asked it to move:
+	// nothing new (an auth connection) should start on it.
+	moving ssh.Conn
 	// proxyUUID is the KeyId of the proxy certificate of the current (or
 	// last) tunnel.
 	proxyUUID string
@@ -182,7 +191,7 @@ func (a *Agent) DropTunnel() {
 
 func (a *Agent) run() {
 	defer close(a.done)
-	backoff := initialBackoff
+	backoff := utils.Backoff{Min: initialBackoff, Max: maxBackoff, Jitter: true}
 	for first := true; ; first = false {
 		if !first {
 			a.reconnects.Inc()
@@ -193,23 +202,37 @@ func (a *Agent) run() {
 		}
 		if connected {
 			// A tunnel that lived starts the backoff afresh.
-			backoff = initialBackoff
+			backoff.Reset()
 		}
-		wait := backoff/2 + rand.N(backoff/2+1)
+		wait := backoff.Next()
 		a.cfg.Logger.WithError(err).WithField("retry_in", wait.String()).Warn("Tunnel to the proxy lost; reconnecting.")
 		select {
 		case <-a.cfg.Clock.After(wait):
 		case <-a.ctx.Done():
 			return
 		}
-		backoff = min(backoff*2, maxBackoff)
 	}
 }
 
 // checkProxy accepts only a proxy's host certificate of this cluster
 // naming the address dialed: a node's certificate (another node
 // pretending to be the proxy) is refused.
-func (a *Agent) checkProxy(addr string, _ net.Addr, key ssh.PublicKey) error {
+func (a *Agent) checkProxy(addr string, remote net.Addr, key ssh.PublicKey) error {
+	err := a.verifyProxy(addr, key)
+	if err != nil {
+		reason := "the tunnel server at " + addr + " is not a proxy of this cluster: " + trace.UserMessage(err)
+		a.cfg.Logger.WithField("proxy", addr).Warn(reason)
+		a.cfg.Audit.Emit(context.Background(), events.Event{
+			Type: events.AccessDenied,
+			Fields: events.Fields{
+				events.FieldKind: "tunnel", events.FieldRemoteAddr: remote.String(), events.FieldReason: reason,
+			},
+		})
+	}
+	return err
+}
+
+func (a *Agent) verifyProxy(addr string, key ssh.PublicKey) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		host = addr
@@ -248,6 +271,13 @@ func (a *Agent) Connected() bool {
 	return a.conn != nil
 }
 
+// usable reports whether a tunnel is up and not moving away.
+func (a *Agent) usable() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.conn != nil && a.conn != a.moving
+}
+
 // keepAlive is the keep-alive setting in force: the proxy's last
 // announcement, else the config's.
 func (a *Agent) keepAlive() (time.Duration, int) {
@@ -277,6 +307,9 @@ func (a *Agent) handleRequests(sconn ssh.Conn, reqs <-chan *ssh.Request, wg *syn
 			if req.WantReply {
 				_ = req.Reply(true, nil)
 			}
+			a.mu.Lock()
+			a.moving = sconn
+			a.mu.Unlock()
 			a.cfg.Logger.WithField("proxy", a.cfg.ProxyAddr).Info("The proxy asks this agent to move; opening a tunnel elsewhere first.")
 			wg.Add(1)
 			go func() {

@@ -25,11 +25,16 @@ type Pool struct {
 	// resolve turns an announced tunnel address into a dialable one.
 	resolve func(announced string) (string, error)
 
-	// mu guards agents, bootstrap and closed.
+	// mu guards agents, bootstrap, listed and closed.
 	mu        sync.Mutex
 	bootstrap *Agent
 	agents    map[string]*Agent
-	closed    bool
+	// listed is the set of proxy UUIDs the pool keeps tunnels to: the
+	// union of the latest lists of the agents that are connected.
+	listed map[string]bool
+	// lists is each agent's latest announced list.
+	lists  map[*Agent][]AnnouncedProxy
+	closed bool
 }
 
 // NewPool returns a Pool whose bootstrap agent dials cfg.ProxyAddr; call
@@ -43,7 +48,7 @@ func NewPool(cfg AgentConfig, resolve func(string) (string, error)) (*Pool, erro
 	if err := cfg.CheckAndSetDefaults(); err != nil {
 		return nil, trace.Wrap(err)
 	}
-	p := &Pool{template: cfg, resolve: resolve, agents: map[string]*Agent{}}
+	p := &Pool{template: cfg, resolve: resolve, agents: map[string]*Agent{}, lists: map[*Agent][]AnnouncedProxy{}}
 	boot := cfg
 	boot.OnAnnounce = p.onAnnounce
 	boot.OnMove = p.onMove
@@ -88,16 +93,13 @@ func (p *Pool) Agents() []*Agent {
 // Bootstrap is the agent for the address the node was given.
 func (p *Pool) Bootstrap() *Agent { return p.bootstrap }
 
-// onAnnounce reconciles the pool with a proxy list.
-func (p *Pool) onAnnounce(_ *Agent, ann Announcement) {
+// onAnnounce reconciles the pool with the proxy lists. Proxies may
+// disagree for a moment (one has not seen another's first heartbeat
+// yet), so the pool keeps the union of what its connected tunnels
+// announce: a proxy is dropped once no live tunnel lists it.
+func (p *Pool) onAnnounce(from *Agent, ann Announcement) {
 	if ann.Proxies == nil {
 		return
-	}
-	want := map[string]AnnouncedProxy{}
-	for _, ap := range ann.Proxies {
-		if ap.UUID != "" && ap.TunnelAddr != "" {
-			want[ap.UUID] = ap
-		}
 	}
 	bootUUID := p.bootstrap.ProxyUUID()
 	p.mu.Lock()
@@ -105,11 +107,28 @@ func (p *Pool) onAnnounce(_ *Agent, ann Announcement) {
 		p.mu.Unlock()
 		return
 	}
+	p.lists[from] = ann.Proxies
+	want := map[string]AnnouncedProxy{}
+	for a, list := range p.lists {
+		if a != from && !a.Connected() {
+			continue
+		}
+		for _, ap := range list {
+			if ap.UUID != "" && ap.TunnelAddr != "" {
+				want[ap.UUID] = ap
+			}
+		}
+	}
+	p.listed = map[string]bool{}
+	for uuid := range want {
+		p.listed[uuid] = true
+	}
 	var drop []*Agent
 	for uuid, a := range p.agents {
 		if _, ok := want[uuid]; !ok || uuid == bootUUID {
 			drop = append(drop, a)
 			delete(p.agents, uuid)
+			delete(p.lists, a)
 		}
 	}
 	var start []*Agent
@@ -145,50 +164,62 @@ func (p *Pool) onAnnounce(_ *Agent, ann Announcement) {
 	}
 }
 
-// onMove waits (bounded by ctx) until some other agent has a tunnel up,
-// so that the node is reachable throughout: make before break.
+// onMove waits (bounded by ctx) until an agent to another listed proxy
+// has its tunnel up, so that the node stays reachable throughout: make
+// before break. With no other listed proxy (the last one is shutting
+// down) there is nothing to wait for.
 func (p *Pool) onMove(ctx context.Context, moving *Agent) {
-	for {
-		var others []*Agent
-		for _, a := range p.Agents() {
-			if a != moving {
-				others = append(others, a)
+	leaving := moving.ProxyUUID()
+	p.mu.Lock()
+	var others []*Agent
+	for uuid, a := range p.agents {
+		if a != moving && uuid != leaving && p.listed[uuid] {
+			others = append(others, a)
+		}
+	}
+	if b := p.bootstrap; b != moving {
+		if uuid := b.ProxyUUID(); uuid != leaving && p.listed[uuid] {
+			others = append(others, b)
+		}
+	}
+	p.mu.Unlock()
+	if len(others) == 0 {
+		return
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	up := make(chan struct{}, len(others))
+	for _, a := range others {
+		go func() {
+			if a.WaitConnected(wctx) == nil {
+				up <- struct{}{}
 			}
-		}
-		for _, a := range others {
-			if a.Connected() {
-				return
-			}
-		}
-		if len(others) == 0 {
-			return
-		}
-		// Wait for any of them to come up.
-		wctx, cancel := context.WithCancel(ctx)
-		up := make(chan struct{}, len(others))
-		for _, a := range others {
-			go func() {
-				if a.WaitConnected(wctx) == nil {
-					up <- struct{}{}
-				}
-			}()
-		}
-		select {
-		case <-up:
-			cancel()
-			return
-		case <-ctx.Done():
-			cancel()
-			return
-		}
+		}()
+	}
+	select {
+	case <-up:
+	case <-ctx.Done():
 	}
 }
 
 // DialAuth opens an auth channel on the bootstrap tunnel, or on any other
-// tunnel that is up.
+// tunnel that is up, preferring tunnels that are not moving away (a
+// watch opened on one would break when it goes).
 func (p *Pool) DialAuth(ctx context.Context, network, addr string) (net.Conn, error) {
 	var last error
-	for _, a := range p.Agents() {
+	agents := p.Agents()
+	var ordered []*Agent
+	for _, a := range agents {
+		if a.usable() {
+			ordered = append(ordered, a)
+		}
+	}
+	for _, a := range agents {
+		if !a.usable() {
+			ordered = append(ordered, a)
+		}
+	}
+	for _, a := range ordered {
 		if !a.Connected() {
 			continue
 		}

@@ -254,17 +254,24 @@ func TestAgentRefusesProxyOfAnotherCluster(t *testing.T) {
 	s, addr, _ := startServer(t, other, "proxy-x", func(c *ServerConfig) {
 		c.HostCAs = func() []ssh.PublicKey { return []ssh.PublicKey{ca.Signer.PublicKey(), other.Signer.PublicKey()} }
 	})
+	audit := events.NewRecorder()
 	a, err := NewAgent(AgentConfig{
 		ProxyAddr: addr,
 		Signer:    ca.RoleHostSigner(t, srvtest.HostCert{UUID: "node-1", Role: RoleNode}),
 		HostCAs:   func() []ssh.PublicKey { return []ssh.PublicKey{ca.Signer.PublicKey()} },
 		Handler:   func(nc net.Conn) { t.Error("served a channel from an untrusted proxy"); nc.Close() },
+		Audit:     audit,
 	})
 	require.NoError(t, err)
 	a.Start()
 	defer a.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	require.Error(t, a.WaitConnected(ctx))
+	ev, err := audit.Wait(ctx, events.AccessDenied, func(events.Event) bool { return true })
+	require.NoError(t, err)
+	require.Equal(t, "tunnel", ev.Fields[events.FieldKind])
+	require.Contains(t, ev.Fields[events.FieldReason], "is not a proxy of this cluster")
+	require.Contains(t, ev.Fields[events.FieldReason], "not signed by a trusted host CA")
 	require.False(t, s.HasTunnel("node-1"))
+	require.False(t, a.Connected())
 }

@@ -25,7 +25,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -93,6 +95,10 @@ type ServerConfig struct {
 	// Proxies, when set, lists the cluster's live proxies; agents are
 	// told (RequestAnnounce) so that each keeps a tunnel to every proxy.
 	Proxies func(ctx context.Context) ([]AnnouncedProxy, error)
+	// Self is this proxy as announced: always in the list this server
+	// sends (a proxy that announces is live, whether or not its own
+	// heartbeat has landed yet). Used only with Proxies.
+	Self AnnouncedProxy
 	// AnnounceInterval is how often KeepAlive and Proxies are re-read
 	// and a changed announcement sent; zero means
 	// DefaultAnnounceInterval.
@@ -250,6 +256,10 @@ func (s *Server) refreshAnnouncement() {
 		default:
 			a.Proxies = append([]AnnouncedProxy{}, list...)
 		}
+		if s.cfg.Self.UUID != "" && !slices.ContainsFunc(a.Proxies, func(x AnnouncedProxy) bool { return x.UUID == s.cfg.Self.UUID }) {
+			a.Proxies = append(a.Proxies, s.cfg.Self)
+			slices.SortFunc(a.Proxies, func(x, y AnnouncedProxy) int { return strings.Compare(x.UUID, y.UUID) })
+		}
 	}
 	b, err := json.Marshal(a)
 	if err != nil {
@@ -298,30 +308,34 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.wg.Add(1)
 	s.mu.Unlock()
 	defer s.wg.Done()
-	for {
-		nc, err := ln.Accept()
-		if err != nil {
-			s.mu.Lock()
-			closing := s.closing
-			s.mu.Unlock()
-			if closing {
-				return ErrServerClosed
-			}
-			return trace.ConnectionProblem(err, "accepting tunnels on %v", ln.Addr())
-		}
-		s.mu.Lock()
-		if s.closing {
-			s.mu.Unlock()
-			_ = nc.Close()
-			return ErrServerClosed
-		}
-		s.wg.Add(1)
-		s.mu.Unlock()
-		go func() {
-			defer s.wg.Done()
-			s.handleConn(nc)
-		}()
+	return utils.AcceptLoop{
+		Listener:  ln,
+		What:      "tunnels",
+		Begin:     s.beginConn,
+		Handle:    s.handleConn,
+		End:       s.wg.Done,
+		Closing:   s.isClosing,
+		ErrClosed: ErrServerClosed,
+	}.Run()
+}
+
+// beginConn counts a new connection in Close's wait; false once closing.
+func (s *Server) beginConn() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return false
 	}
+	s.wg.Add(1)
+	return true
+}
+
+// isClosing: closing, or moving its agents away (AskToMove closed the
+// listeners on purpose).
+func (s *Server) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing || s.asked
 }
 
 // AskToMove is the first half of make before break: it stops taking new

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/reversetunnel"
 	"github.com/postern-dev/postern/lib/srv"
 	"github.com/postern-dev/postern/lib/web"
@@ -68,6 +69,7 @@ func (p *Process) startTunnelServer(id *auth.Identity, networking proxy.Networki
 		DialAuth:   p.dialAuthAPI,
 		KeepAlive:  tunnelKeepAlive(networking),
 		Proxies:    p.announcedProxies,
+		Self:       reversetunnel.AnnouncedProxy{UUID: p.hostUUID, TunnelAddr: advertisedAddr(ln.Addr())},
 	})
 	if err != nil {
 		ln.Close()
@@ -123,6 +125,16 @@ func (p *Process) announcedProxies(ctx context.Context) ([]reversetunnel.Announc
 type tunnelNode struct {
 	agent  *reversetunnel.Pool
 	server atomic.Pointer[srv.Server]
+	// audit is the node's audit log once open (after the first tunnel:
+	// the log ships through it); refusals before that are logged only.
+	audit atomic.Pointer[events.Log]
+}
+
+// Emit records the agent's refusals in the node's audit log.
+func (t *tunnelNode) Emit(ctx context.Context, e events.Event) {
+	if l := t.audit.Load(); l != nil {
+		l.Emit(ctx, e)
+	}
 }
 
 func (t *tunnelNode) handle(nc net.Conn) {
@@ -181,6 +193,7 @@ func (p *Process) startTunnelAgent(ctx context.Context, id *auth.Identity) (*tun
 		Signer:    id.SSHSigner,
 		HostCAs:   signerCA(id),
 		Handler:   tn.handle,
+		Audit:     tn,
 		Clock:     p.clock,
 		Logger:    p.log.WithField("component", "reversetunnel:agent"),
 		Metrics:   p.registry,

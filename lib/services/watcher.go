@@ -11,6 +11,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/postern-dev/postern/lib/backend"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // WatchSource starts backend watches. A backend.Backend is one; so is
@@ -213,7 +214,7 @@ func (w *ResourceWatcher[T]) BrokenFor() (d time.Duration, ok bool) {
 
 func (w *ResourceWatcher[T]) run(ctx context.Context) {
 	defer close(w.done)
-	backoff := w.cfg.MinBackoff
+	bo := utils.Backoff{Min: w.cfg.MinBackoff, Max: w.cfg.MaxBackoff}
 	for {
 		synced, err := w.sync(ctx)
 		if ctx.Err() != nil {
@@ -222,8 +223,9 @@ func (w *ResourceWatcher[T]) run(ctx context.Context) {
 		if synced {
 			// The watch was live for a while: start over from the
 			// shortest wait.
-			backoff = w.cfg.MinBackoff
+			bo.Reset()
 		}
+		backoff := bo.Next()
 		w.failures.Add(1)
 		err = trace.ConnectionProblem(err, "%s watch broke: %v", w.cfg.Name, err)
 		w.setHealth(err)
@@ -235,7 +237,6 @@ func (w *ResourceWatcher[T]) run(ctx context.Context) {
 			t.Stop()
 			return
 		}
-		backoff = min(backoff*2, w.cfg.MaxBackoff)
 	}
 }
 
