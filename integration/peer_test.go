@@ -22,7 +22,6 @@ import (
 	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/proxy/peer"
-	"github.com/postern-dev/postern/lib/reversetunnel"
 	"github.com/postern-dev/postern/lib/service"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -169,17 +168,6 @@ func (l staticLeases) Holders(node, exclude string) []services.TunnelConnection 
 
 func (staticLeases) Located(string) <-chan struct{} { return nil }
 
-// waitAnnouncements waits out one refresh of every proxy's cached proxy
-// list (reversetunnel.DefaultAnnounceInterval): the agent pool reconciles
-// with whichever proxy announced last, so a node that connects while a
-// proxy still announces a list from before the others registered may drop
-// its tunnels to them until a later announcement changes (a pool race
-// reported to the tunnel owner). Nothing outside the proxies shows their
-// cached list, so this is a bounded wait, not a condition.
-func waitAnnouncements() {
-	time.Sleep(reversetunnel.DefaultAnnounceInterval + time.Second)
-}
-
 // leaseHolders lists the proxies auth holds a live lease from for node.
 func leaseHolders(t testing.TB, clt *auth.Client, node string) []string {
 	t.Helper()
@@ -256,7 +244,6 @@ func TestPeerHolderKilled(t *testing.T) {
 	da := startNSProxyDaemon(t, c.dataDir, c.p, "edge-a", ns.hostIP)
 	db := startNSProxyDaemon(t, c.dataDir, c.p, "edge-b", ns.hostIP)
 	waitProxies(t, clt, 3)
-	waitAnnouncements()
 	rec, _ := startNSNodeVia(t, ns, c.dataDir, da.webAddr, clt, "natted")
 	cfg := c.clientConfig(t)
 	via := c.p.Addr(service.ListenerProxySSH).String()

@@ -52,7 +52,6 @@ func TestRollingRestartOfProxies(t *testing.T) {
 		proxies = append(proxies, startNSProxyDaemon(t, authDir, a, fmt.Sprintf("edge-%d", i), ns.hostIP))
 	}
 	waitProxies(t, clt, 3)
-	waitAnnouncements()
 	rec, nn := startNSNodeVia(t, ns, authDir, proxies[0].webAddr, clt, "natted")
 	var holders []string
 	require.Eventually(t, func() bool { holders = leaseHolders(t, clt, rec.UUID); return len(holders) == 3 }, 30*time.Second, 100*time.Millisecond,
