@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -249,6 +250,20 @@ func TestNodeInNetworkNamespace(t *testing.T) {
 		got, err := os.ReadFile(back)
 		require.NoError(t, err)
 		require.True(t, bytes.Equal(data, got), "sftp round trip differs")
+	})
+	t.Run("web terminal", func(t *testing.T) {
+		// The browser's path: the web terminal websocket, routed by the
+		// same Router in-process, over the tunnel.
+		wc := webTermLogin(t, c)
+		natted := *c
+		natted.hostname = "natted"
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		ws, _, m := wc.open(t, ctx, &natted, "", "echo web-$((6*7))-$(hostname -I 2>/dev/null | tr -d ' ')\n", regexp.MustCompile(`web-42-(\S+)\r?\n`))
+		ws.CloseNow()
+		// The shell runs inside the namespace: its only address is the
+		// veth's.
+		require.Equal(t, ns.nsIP, m[1])
 	})
 	t.Run("ssh -L to a service behind NAT", func(t *testing.T) {
 		lp := freePort(t)

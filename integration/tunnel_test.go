@@ -20,7 +20,7 @@ import (
 
 // startNATNode joins a node through the proxy's HTTPS port alone
 // (--proxy-server): no auth address, no listening port.
-func startNATNode(t *testing.T, c *allInOne, name string) (*service.Process, string) {
+func startNATNode(t testing.TB, c *allInOne, name string) (*service.Process, string) {
 	t.Helper()
 	token, pin := nodeToken(t, c.dataDir)
 	dir := t.TempDir()
