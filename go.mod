@@ -12,6 +12,7 @@ require (
 	github.com/creack/pty v1.1.24
 	github.com/google/uuid v1.6.0
 	github.com/gravitational/trace v1.5.4
+	github.com/hashicorp/yamux v0.1.2
 	github.com/jonboulle/clockwork v0.5.0
 	github.com/pkg/sftp v1.13.12
 	github.com/pquerna/otp v1.5.0

@@ -25,7 +25,7 @@ func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
 	t.Helper()
 	args := append([]string{"start", "--data-dir", dataDir, "--cluster-name", clusterName,
 		"--auth-addr", "127.0.0.1:0", "--node-addr", "127.0.0.1:0", "--ssh-addr", "127.0.0.1:0",
-		"--web-addr", "127.0.0.1:0", "--tunnel-addr", "127.0.0.1:0", "--diag-addr", "127.0.0.1:0"}, extra...)
+		"--web-addr", "127.0.0.1:0", "--tunnel-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:0", "--diag-addr", "127.0.0.1:0"}, extra...)
 	d := &daemon{cmd: exec.Command(bin("postern"), args...), dataDir: dataDir, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
 	d.cmd.Stderr = d.stderr
 	require.NoError(t, d.cmd.Start())
@@ -67,7 +67,7 @@ func TestUnusableDataDir(t *testing.T) {
 	require.NoError(t, os.WriteFile(file, nil, 0o600))
 	out, err := exec.Command(bin("postern"), "start", "--data-dir", filepath.Join(file, "sub"),
 		"--auth-addr", "127.0.0.1:0", "--node-addr", "127.0.0.1:0", "--ssh-addr", "127.0.0.1:0",
-		"--web-addr", "127.0.0.1:0", "--tunnel-addr", "127.0.0.1:0", "--diag-addr", "127.0.0.1:0").CombinedOutput()
+		"--web-addr", "127.0.0.1:0", "--tunnel-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:0", "--diag-addr", "127.0.0.1:0").CombinedOutput()
 	require.Error(t, err)
 	msg := strings.TrimSpace(string(out))
 	require.Contains(t, msg, "data dir "+filepath.Join(file, "sub"))

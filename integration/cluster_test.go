@@ -38,6 +38,7 @@ func procConfig(dataDir string, roles ...string) *config.Config {
 		SSHAddr:     "127.0.0.1:0",
 		WebAddr:     "127.0.0.1:0",
 		TunnelAddr:  "127.0.0.1:0",
+		PeerAddr:    "127.0.0.1:0",
 		AuthAddr:    "127.0.0.1:0",
 		DiagAddr:    "127.0.0.1:0",
 	}}

@@ -37,7 +37,7 @@ func startProxyDaemon(t *testing.T, authDir string, a *service.Process, name str
 	d.sshAddr, d.webAddr, d.tunAddr, d.diagAddr = port(), port(), port(), port()
 	d.args = []string{"start", "--roles", "proxy", "--data-dir", d.dataDir, "--nodename", name,
 		"--auth-server", a.Addr(service.ListenerAuth).String(),
-		"--ssh-addr", d.sshAddr, "--web-addr", d.webAddr, "--tunnel-addr", d.tunAddr, "--diag-addr", d.diagAddr}
+		"--ssh-addr", d.sshAddr, "--web-addr", d.webAddr, "--tunnel-addr", d.tunAddr, "--diag-addr", d.diagAddr, "--peer-addr", port()}
 	d.start(t, "--token", m[1], "--ca-pin", m[2])
 	return d
 }

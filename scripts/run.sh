@@ -66,7 +66,7 @@ fi
 "$POSTERN" start --data-dir "$DATA_DIR" --cluster-name "$CLUSTER" --roles auth,proxy,node \
   --labels env=dev \
   --node-addr "$BIND:3022" --ssh-addr "$BIND:3023" --web-addr "$BIND:3080" \
-  --auth-addr "$BIND:3025" --tunnel-addr "$BIND:3024" --diag-addr 127.0.0.1:3000 &
+  --auth-addr "$BIND:3025" --tunnel-addr "$BIND:3024" --peer-addr "$BIND:3021" --diag-addr 127.0.0.1:3000 &
 pid=$!
 echo "$pid" >"$PIDFILE"
 trap 'kill -TERM $pid 2>/dev/null; wait $pid; rm -f "$PIDFILE"' INT TERM

@@ -136,6 +136,7 @@ func startClusterIn(dir string) (*cluster, error) {
 		AuthAddr:    "127.0.0.1:0",
 		DiagAddr:    "127.0.0.1:0",
 		TunnelAddr:  "127.0.0.1:0",
+		PeerAddr:    "127.0.0.1:0",
 		// Every benchmark connection is one user from 127.0.0.1: lift the
 		// caps so that POSTERN_BENCH_IDLE_CONNS=1000 measures sessions,
 		// not the limiter.

@@ -45,6 +45,14 @@ func (a *APIServer) registerRoutes() {
 	a.handle("GET /v1/nodes", allow(proxy, admin), a.getNodes)
 	a.handle("DELETE /v1/nodes/{cluster}/{uuid}", allow(admin), a.deleteNode)
 	a.handleStream("GET /v1/watch/nodes", allow(proxy, admin), a.watchNodes)
+	// Where tunnels live: a proxy writes leases for the tunnels it holds
+	// (for itself only: the proxy is the caller's certificate ID) and
+	// every proxy watches them to dial a peer that holds one; `pctl
+	// route` reads them to say which proxy a tunnel node is reached via.
+	a.handle("POST /v1/tunnel_connections", allow(proxy), a.audited("POST /v1/tunnel_connections", a.upsertTunnelConnections))
+	a.handle("POST /v1/tunnel_connections/delete", allow(proxy), a.audited("POST /v1/tunnel_connections/delete", a.deleteTunnelConnections))
+	a.handle("GET /v1/tunnel_connections", allow(proxy, admin), a.getTunnelConnections)
+	a.handleStream("GET /v1/watch/tunnel_connections", allow(proxy), a.watchTunnelConnections)
 	// Proxies: each proxy heartbeats its own record (and removes it on a
 	// clean shutdown); proxies read the list to announce it to tunnel
 	// agents and to find their peers; pctl proxies ls lists them. Nodes

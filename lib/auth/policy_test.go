@@ -39,9 +39,13 @@ var wantPolicy = map[string][]string{
 	"DELETE /v1/nodes/{cluster}/{uuid}": {RoleAdmin},
 	"GET /v1/watch/nodes":               {RoleProxy, RoleAdmin},
 
-	"PUT /v1/proxies":         {RoleProxy},
-	"DELETE /v1/proxies/self": {RoleProxy},
-	"GET /v1/proxies":         {RoleProxy, RoleAdmin},
+	"POST /v1/tunnel_connections":        {RoleProxy},
+	"POST /v1/tunnel_connections/delete": {RoleProxy},
+	"GET /v1/tunnel_connections":         {RoleProxy, RoleAdmin},
+	"GET /v1/watch/tunnel_connections":   {RoleProxy},
+	"PUT /v1/proxies":                    {RoleProxy},
+	"DELETE /v1/proxies/self":            {RoleProxy},
+	"GET /v1/proxies":                    {RoleProxy, RoleAdmin},
 
 	"GET /v1/authorities/{type}":           {RoleNode, RoleProxy, RoleAdmin},
 	"GET /v1/authorities/{type}/{cluster}": {RoleNode, RoleProxy, RoleAdmin},

@@ -45,6 +45,9 @@ const (
 	DefaultWebAddr  = "0.0.0.0:3080"
 	// DefaultTunnelAddr is the proxy's reverse tunnel port (SPEC.md).
 	DefaultTunnelAddr = "0.0.0.0:3024"
+	// DefaultPeerAddr is the proxy's peering port (SPEC.md "Several
+	// proxies and auth servers").
+	DefaultPeerAddr = "0.0.0.0:3021"
 	// DefaultDiagAddr is loopback only: metrics and health describe the
 	// estate and are nobody else's business unless the operator says so.
 	DefaultDiagAddr = "127.0.0.1:3000"
@@ -115,6 +118,11 @@ type FileConfig struct {
 	WebAddr    string `yaml:"web_addr,omitempty"`
 	AuthAddr   string `yaml:"auth_addr,omitempty"`
 	DiagAddr   string `yaml:"diag_addr,omitempty"`
+
+	// PeerAddr is where a proxy serves peered dials from other proxies
+	// (mutual TLS, proxy identities only).
+	PeerAddr string `yaml:"peer_addr,omitempty"`
+
 	// DiagPprof serves net/http/pprof under /debug/pprof/ on the
 	// diagnostics address. Off by default (profiles show memory contents'
 	// shapes, command names and timings), and refused unless diag_addr is a
@@ -259,6 +267,7 @@ func (c *Config) CheckAndSetDefaults() error {
 		{"ssh_addr", &c.SSHAddr, DefaultSSHAddr},
 		{"web_addr", &c.WebAddr, DefaultWebAddr},
 		{"tunnel_addr", &c.TunnelAddr, DefaultTunnelAddr},
+		{"peer_addr", &c.PeerAddr, DefaultPeerAddr},
 		{"auth_addr", &c.AuthAddr, DefaultAuthAddr},
 		{"diag_addr", &c.DiagAddr, DefaultDiagAddr},
 	}

@@ -90,6 +90,10 @@ type RouterConfig struct {
 	// Nil means this proxy holds no tunnels: tunnel-only nodes are
 	// offline.
 	Tunnels TunnelDialer
+	// Peers, when set, reach tunnels held by other proxies
+	// (*peer.Client): a node whose tunnel is on a peer is dialed through
+	// that peer. Nil means no peering: only this proxy's tunnels count.
+	Peers PeerDialer
 	// Locks, when set, refuses to dial a locked node (`pctl lock --node`)
 	// with the lock's message; *services.LockWatcher is one. Nil means no
 	// node locks.
@@ -107,6 +111,23 @@ type TunnelDialer interface {
 	// the client and its target for the node's audit log.
 	DialTunnel(ctx context.Context, uuid, source, destination string) (net.Conn, error)
 }
+
+// PeerDialer is what the Router uses of proxy peering (*peer.Client).
+type PeerDialer interface {
+	// PeerHolders lists the peer proxies (UUIDs, best first) holding a
+	// tunnel from node; this proxy is never among them.
+	PeerHolders(node string) []string
+	// PeerLocated is closed when a peer next reports a tunnel from node.
+	PeerLocated(node string) <-chan struct{}
+	// DialPeer asks peer proxy to dial node over its own tunnel; NotFound
+	// when it holds none.
+	DialPeer(ctx context.Context, proxy, node, source, destination string) (net.Conn, error)
+}
+
+// maxPeerCandidates bounds the peers dialed in parallel for one dial: a
+// node has at most a couple of tunnels (make before break), and a stale
+// lease list must not fan a dial out to every proxy.
+const maxPeerCandidates = 3
 
 // NodeLocks checks locks; its error for a locked node is a
 // *services.LockedError.
@@ -519,22 +540,28 @@ func (r *Router) DialHost(ctx context.Context, req RouteRequest) (net.Conn, Rout
 			return nil, route, trace.Wrap(err)
 		}
 	}
-	// Dialer order (SPEC.md "Reverse tunnels"): a tunnel on this proxy,
-	// then the registered address, never for a tunnel-only node.
+	// Dialer order (SPEC.md "Reverse tunnels", "Several proxies"): a
+	// tunnel on this proxy, then a peer proxy holding one, then the
+	// registered address, never for a tunnel-only node.
 	node := route.Node
 	timeout := netCfg.Spec.SSHDialTimeout.Value()
-	if node.Tunnel || (r.cfg.Tunnels != nil && r.cfg.Tunnels.HasTunnel(node.UUID)) {
+	if node.Tunnel || r.hasLocalTunnel(node.UUID) || len(r.peerHolders(node.UUID)) > 0 {
 		conn, err := r.dialTunnel(ctx, req, node, netCfg)
-		if err != nil {
+		switch {
+		case err == nil:
+			checked, err := checkBanner(ctx, conn, timeout)
+			if err != nil {
+				conn.Close()
+				r.metrics.dialFailures.Inc()
+				return nil, route, trace.ConnectionProblem(err, "node %q did not answer as an SSH server over its tunnel", node.Hostname)
+			}
+			return checked, route, nil
+		case node.Tunnel || node.Addr == "":
 			return nil, route, err
 		}
-		checked, err := checkBanner(ctx, conn, timeout)
-		if err != nil {
-			conn.Close()
-			r.metrics.dialFailures.Inc()
-			return nil, route, trace.ConnectionProblem(err, "node %q did not answer as an SSH server over its tunnel", node.Hostname)
-		}
-		return checked, route, nil
+		// A node with an address whose tunnel could not be used: the
+		// address is the last resort.
+		r.cfg.Logger.WithError(err).WithField("node", node.UUID).Debug("Tunnel dial failed; dialing the registered address.")
 	}
 	// Rule 6: the only address ever dialed is a registered node's Addr.
 	// The timeout is real time on purpose: it bounds a kernel connect(),
@@ -574,17 +601,36 @@ const (
 	resultCanceled = "canceled"
 )
 
-// dialTunnel dials node over a tunnel on this proxy, waiting up to
-// tunnel_find_timeout (on the Router's clock) for one to register: a node
-// reconnecting after a proxy restart must not fail the sessions opened
-// meanwhile. The wait blocks on the registry's channel, not a poll.
+func (r *Router) hasLocalTunnel(uuid string) bool {
+	return r.cfg.Tunnels != nil && r.cfg.Tunnels.HasTunnel(uuid)
+}
+
+func (r *Router) peerHolders(uuid string) []string {
+	if r.cfg.Peers == nil {
+		return nil
+	}
+	return r.cfg.Peers.PeerHolders(uuid)
+}
+
+// dialTunnel dials node over a tunnel: one on this proxy first, else
+// through a peer proxy that holds one, waiting up to tunnel_find_timeout
+// (on the Router's clock) for either to appear: a node reconnecting after
+// a proxy restart, here or elsewhere, must not fail the sessions opened
+// meanwhile. The wait blocks on the tunnel registry's and the tunnel
+// locator's channels, not a poll. A node with an address does not wait:
+// its address is the next choice.
 func (r *Router) dialTunnel(ctx context.Context, req RouteRequest, node services.Node, netCfg *services.ClusterNetworkingConfig) (net.Conn, error) {
 	timeout := netCfg.Spec.TunnelFindTimeout.Value()
-	offline := func() error {
+	// SPEC.md's sentence, whether or not peers were asked ("this proxy"
+	// is where the user's connection is); what a peer answered follows.
+	offline := func(last error) error {
+		if last != nil {
+			return trace.ConnectionProblem(last, "node %q is offline: no tunnel reached this proxy within %v (peers: %v)", req.Target.Host, timeout, trace.UserMessage(last))
+		}
 		return trace.ConnectionProblem(nil, "node %q is offline: no tunnel reached this proxy within %v", req.Target.Host, timeout)
 	}
-	if r.cfg.Tunnels == nil {
-		return nil, offline()
+	if r.cfg.Tunnels == nil && r.cfg.Peers == nil {
+		return nil, offline(nil)
 	}
 	start := r.cfg.Clock.Now()
 	observe := func(result string) {
@@ -596,13 +642,20 @@ func (r *Router) dialTunnel(ctx context.Context, req RouteRequest, node services
 	if req.Target.Port != "" {
 		dst = net.JoinHostPort(req.Target.Host, req.Target.Port)
 	}
+	src := req.Source
+	if src == "" {
+		src = utils.ClientAddr(ctx)
+	}
+	var last error
 	for {
-		registered := r.cfg.Tunnels.TunnelRegistered(node.UUID)
-		if r.cfg.Tunnels.HasTunnel(node.UUID) {
-			src := req.Source
-			if src == "" {
-				src = utils.ClientAddr(ctx)
-			}
+		var registered, located <-chan struct{}
+		if r.cfg.Tunnels != nil {
+			registered = r.cfg.Tunnels.TunnelRegistered(node.UUID)
+		}
+		if r.cfg.Peers != nil {
+			located = r.cfg.Peers.PeerLocated(node.UUID)
+		}
+		if r.hasLocalTunnel(node.UUID) {
 			conn, err := r.cfg.Tunnels.DialTunnel(ctx, node.UUID, src, dst)
 			if err == nil {
 				observe(resultFound)
@@ -613,15 +666,34 @@ func (r *Router) dialTunnel(ctx context.Context, req RouteRequest, node services
 				observe(resultCanceled)
 				return nil, trace.Wrap(err)
 			}
-			// The tunnel went away in between: wait for the next.
+			// The tunnel went away in between: look at peers, then wait.
+		}
+		if holders := r.peerHolders(node.UUID); len(holders) > 0 {
+			conn, peer, err := r.dialPeers(ctx, holders, node.UUID, src, dst)
+			if err == nil {
+				observe(resultFound)
+				r.cfg.Logger.WithFields(logrus.Fields{"node": node.UUID, "peer": peer}).Debug("Dialed through a peer proxy.")
+				return conn, nil
+			}
+			last = err
+			if ctx.Err() != nil {
+				observe(resultCanceled)
+				return nil, trace.ConnectionProblem(context.Cause(ctx), "dialing node %q canceled: %v", req.Target.Host, context.Cause(ctx))
+			}
+			// Stale leases or unreachable peers: wait for the next
+			// lease or a tunnel here, within the same deadline.
+		}
+		if !node.Tunnel {
+			return nil, offline(last)
 		}
 		select {
 		case <-registered:
+		case <-located:
 		case <-deadline.Chan():
 			observe(resultTimeout)
 			r.metrics.tunnelTimeouts.Inc()
-			r.cfg.Logger.WithFields(logrus.Fields{"node": node.UUID, "timeout": timeout.String()}).Warn("No tunnel from the node reached this proxy in time.")
-			return nil, offline()
+			r.cfg.Logger.WithFields(logrus.Fields{"node": node.UUID, "timeout": timeout.String()}).Warn("No tunnel from the node reached this proxy or a peer in time.")
+			return nil, offline(last)
 		case <-ctx.Done():
 			observe(resultCanceled)
 			return nil, trace.ConnectionProblem(context.Cause(ctx), "dialing node %q canceled while waiting for its tunnel: %v", req.Target.Host, context.Cause(ctx))
@@ -629,12 +701,64 @@ func (r *Router) dialTunnel(ctx context.Context, req RouteRequest, node services
 	}
 }
 
+// dialPeers dials node through every candidate peer at once (at most
+// maxPeerCandidates): the first to connect wins, the others are canceled
+// and any that connected anyway are closed. It returns once every attempt
+// has ended, so nothing it started outlives it.
+func (r *Router) dialPeers(ctx context.Context, holders []string, node, source, dst string) (net.Conn, string, error) {
+	if len(holders) > maxPeerCandidates {
+		holders = holders[:maxPeerCandidates]
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		conn net.Conn
+		peer string
+		err  error
+	}
+	results := make(chan result, len(holders))
+	for _, h := range holders {
+		go func() {
+			conn, err := r.cfg.Peers.DialPeer(ctx, h, node, source, dst)
+			results <- result{conn, h, err}
+		}()
+	}
+	var won result
+	var errs []error
+	for range holders {
+		res := <-results
+		switch {
+		case res.err != nil:
+			errs = append(errs, res.err)
+		case won.conn == nil:
+			won = res
+			cancel()
+		default:
+			res.conn.Close()
+		}
+	}
+	if won.conn != nil {
+		return won.conn, won.peer, nil
+	}
+	r.metrics.dialFailures.Inc()
+	return nil, "", trace.NewAggregate(errs...)
+}
+
 // Via says how DialHost would reach node now: over a tunnel on this
-// proxy, by waiting for one, or at its registered address.
+// proxy, through a peer proxy that holds one, by waiting for one, or at
+// its registered address.
 func (r *Router) Via(node services.Node) string {
+	holders := r.peerHolders(node.UUID)
 	switch {
-	case r.cfg.Tunnels != nil && r.cfg.Tunnels.HasTunnel(node.UUID):
+	case r.hasLocalTunnel(node.UUID):
 		return "tunnel on this proxy"
+	case len(holders) > 0 && node.Tunnel && r.cfg.Tunnels == nil:
+		// pctl route: no tunnels of its own, every holder is a peer.
+		return "its reverse tunnel (a tunnel-only node: never dialed directly), via peer " + strings.Join(holders, ", ")
+	case len(holders) > 0:
+		return "via peer " + strings.Join(holders, ", ") + " (its tunnel is on that proxy)"
+	case node.Tunnel && r.cfg.Peers != nil:
+		return "tunnel (none on this proxy or a peer now: a dial waits tunnel_find_timeout for one)"
 	case node.Tunnel && r.cfg.Tunnels != nil:
 		return "tunnel (none on this proxy now: a dial waits tunnel_find_timeout for one)"
 	case node.Tunnel:

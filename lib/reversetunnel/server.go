@@ -166,6 +166,9 @@ type Server struct {
 	// waiters[uuid] is closed (and removed) when a tunnel for uuid
 	// registers: a dial waiting for a node blocks on it.
 	waiters map[string]chan struct{}
+	// changed is closed (and reset) when any tunnel registers or goes;
+	// see Changed in observe.go.
+	changed chan struct{}
 	closing bool
 	// announcement is the latest Announcement sent (JSON), nil before
 	// the first.
@@ -537,6 +540,7 @@ func (s *Server) register(t *tunnel) bool {
 		delete(s.waiters, t.uuid)
 	}
 	s.tunnels.Inc()
+	s.changedLocked()
 	return true
 }
 
@@ -556,6 +560,7 @@ func (s *Server) unregister(t *tunnel) {
 	} else {
 		s.byUUID[t.uuid] = ts
 	}
+	s.changedLocked()
 	if s.drained != nil {
 		close(s.drained)
 		s.drained = nil

@@ -69,8 +69,14 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		return trace.Wrap(err)
 	}
 	p.tunnelServer = ts
+	peers, peerAddr, err := p.startPeering(id, ts)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	p.peerAddr = peerAddr
 	router, err := proxy.NewRouter(proxy.RouterConfig{
 		Tunnels:     ts,
+		Peers:       peers,
 		ClusterName: p.clusterName,
 		NodeWatcher: nw,
 		Networking:  networking,
@@ -110,10 +116,17 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	}
 	p.proxySSH = server
 	p.goServe("proxy SSH", func() error { return ignoreClosed(server.Serve(ln)) })
-	p.onShutdown(server.Shutdown)
+	p.drainers = append(p.drainers, server.Shutdown)
 	p.log.WithField("addr", ln.Addr().String()).Info("Proxy SSH server is serving.")
 
-	if err := p.startWeb(ln.Addr(), tunnelAddr, id); err != nil {
+	err = p.startWeb(ln.Addr(), tunnelAddr, id)
+	// Registered whether or not the web port came up, so the SSH server
+	// is shut down either way.
+	p.onShutdown(p.drainFrontends)
+	if p.stopPeering != nil {
+		p.onShutdown(p.stopPeering)
+	}
+	if err != nil {
 		return trace.Wrap(err)
 	}
 	return trace.Wrap(p.startProxyHeartbeat(tunnelAddr))
@@ -197,7 +210,7 @@ func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string, id *auth.Identit
 		return trace.Wrap(err)
 	}
 	p.goServe("web", func() error { return ws.Serve(ln) })
-	p.onShutdown(ws.Shutdown)
+	p.drainers = append(p.drainers, ws.Shutdown)
 	p.log.WithField("addr", ln.Addr().String()).Info("Web server is serving.")
 	return nil
 }

@@ -19,6 +19,7 @@ func (p *Process) proxyRecord(tunnelAddr string) services.Proxy {
 		Cluster:    p.clusterName,
 		TunnelAddr: tunnelAddr,
 		Version:    version.Version,
+		PeerAddr:   p.peerAddr,
 	}
 	if a := p.Addr(ListenerProxySSH); a != nil {
 		rec.SSHAddr = advertisedAddr(a)

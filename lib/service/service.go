@@ -88,6 +88,15 @@ type Process struct {
 	heartbeat  *auth.Heartbeat
 	// proxyHeartbeat announces this proxy's `proxy` resource.
 	proxyHeartbeat *auth.Heartbeat
+	// peerAddr is the peer address this proxy advertises ("" when not a
+	// proxy).
+	peerAddr string
+	// drainers are the proxy's client-facing servers' Shutdowns (SSH
+	// and web), run together by drainFrontends.
+	drainers []func(context.Context) error
+	// stopPeering ends this proxy's leases and new peered dials at the
+	// start of a shutdown (see startPeering).
+	stopPeering func(context.Context) error
 	// tunnelAgent is a node behind NAT's agent; tunnelServer the proxy's
 	// tunnel port. Nil when not running.
 	tunnelAgent  *reversetunnel.Pool

@@ -118,9 +118,12 @@ type ResourceWatcher[T any] struct {
 	synced     chan struct{}
 	syncedOnce sync.Once
 
-	// mu guards health.
+	// mu guards health and brokeAt.
 	mu     sync.Mutex
 	health error
+	// brokeAt is when health last went from nil to an error (zero while
+	// healthy, and before the first sync).
+	brokeAt time.Time
 
 	failures atomic.Uint64
 }
@@ -187,8 +190,26 @@ func (w *ResourceWatcher[T]) Failures() uint64 { return w.failures.Load() }
 
 func (w *ResourceWatcher[T]) setHealth(err error) {
 	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case err == nil:
+		w.brokeAt = time.Time{}
+	case w.health == nil && w.cfg.Clock != nil:
+		w.brokeAt = w.cfg.Clock.Now()
+	}
 	w.health = err
-	w.mu.Unlock()
+}
+
+// BrokenFor is how long the watch has been broken since it last was live,
+// on the watcher's clock; ok is false while it is healthy or has never
+// been live.
+func (w *ResourceWatcher[T]) BrokenFor() (d time.Duration, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.health == nil || w.brokeAt.IsZero() {
+		return 0, false
+	}
+	return w.cfg.Clock.Since(w.brokeAt), true
 }
 
 func (w *ResourceWatcher[T]) run(ctx context.Context) {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 
 	"github.com/gravitational/trace"
 	"github.com/sirupsen/logrus"
@@ -37,11 +38,18 @@ func (c *cli) route(ctx context.Context, cluster, target string) error {
 	if err := nw.WaitSynced(ctx); err != nil {
 		return trace.Wrap(err, "loading the node inventory")
 	}
+	// Where tunnels live, so that a tunnel node reads "via peer PROXY":
+	// pctl holds no tunnel, so every proxy holding one is such a peer.
+	leases, err := clt.GetTunnelConnections(ctx)
+	if err != nil {
+		return trace.Wrap(err, "reading tunnel locations")
+	}
 	router, err := proxy.NewRouter(proxy.RouterConfig{
 		ClusterName: id.ClusterName,
 		NodeWatcher: nw,
 		Networking:  clt,
 		Logger:      quiet.WithField("component", "router"),
+		Peers:       leaseView(leases),
 	})
 	if err != nil {
 		return trace.Wrap(err)
@@ -52,4 +60,24 @@ func (c *cli) route(ctx context.Context, cluster, target string) error {
 		return trace.NotFound("no route to %s", t.String())
 	}
 	return nil
+}
+
+// leaseView answers the Router's PeerHolders from a snapshot of the
+// tunnel leases; pctl explains routes and never dials through a peer.
+type leaseView []services.TunnelConnection
+
+func (l leaseView) PeerHolders(node string) []string {
+	var out []string
+	for _, tc := range l {
+		if tc.NodeUUID == node {
+			out = append(out, tc.ProxyUUID)
+		}
+	}
+	return out
+}
+
+func (leaseView) PeerLocated(string) <-chan struct{} { return nil }
+
+func (leaseView) DialPeer(context.Context, string, string, string, string) (net.Conn, error) {
+	return nil, trace.NotImplemented("pctl route explains routes; it does not dial")
 }

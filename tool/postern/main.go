@@ -42,6 +42,8 @@ type startFlags struct {
 	webCert, webKey, backendType, etcdEndpoints, logFormat    string
 	debug, diagPprof                                          bool
 	gcPercent                                                 int
+
+	peerAddr string
 }
 
 func run(args []string) error {
@@ -66,6 +68,7 @@ func run(args []string) error {
 	start.Flag("ssh-addr", "Proxy SSH listen address (default "+config.DefaultSSHAddr+").").StringVar(&f.sshAddr)
 	start.Flag("web-addr", "Proxy HTTPS listen address (default "+config.DefaultWebAddr+").").StringVar(&f.webAddr)
 	start.Flag("tunnel-addr", "Proxy reverse tunnel listen address (default "+config.DefaultTunnelAddr+").").StringVar(&f.tunAddr)
+	start.Flag("peer-addr", "Proxy peering listen address (default "+config.DefaultPeerAddr+").").StringVar(&f.peerAddr)
 	start.Flag("auth-addr", "Auth API listen address (default "+config.DefaultAuthAddr+").").StringVar(&f.authAddr)
 	start.Flag("diag-addr", "Diagnostics listen address (default "+config.DefaultDiagAddr+").").StringVar(&f.diagAddr)
 	start.Flag("web-terminal-grace", "How long a web terminal waits for a resume after its browser went away (default 5m; web_terminal_grace: 0 in the config file turns resume off).").DurationVar(&f.webTerminalGrace)
@@ -126,6 +129,7 @@ func (f *startFlags) config(cmd *kingpin.CmdClause) (*config.Config, error) {
 	set(&cfg.SSHAddr, f.sshAddr)
 	set(&cfg.WebAddr, f.webAddr)
 	set(&cfg.TunnelAddr, f.tunAddr)
+	set(&cfg.PeerAddr, f.peerAddr)
 	set(&cfg.AuthAddr, f.authAddr)
 	set(&cfg.DiagAddr, f.diagAddr)
 	set(&cfg.WebCert, f.webCert)

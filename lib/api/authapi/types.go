@@ -212,3 +212,21 @@ func KnownHostsLines(hostCAKeys []string) []string {
 	}
 	return out
 }
+
+// TunnelConnectionsRequest is the body of POST /v1/tunnel_connections
+// (write or renew the leases of the tunnels a proxy holds) and of POST
+// /v1/tunnel_connections/delete (the tunnels closed). The proxy is always
+// the caller's certificate's ID: ProxyUUID may be given only to say so,
+// and naming any other proxy is refused and audited.
+type TunnelConnectionsRequest struct {
+	// ProxyUUID, when set, must be the caller's own UUID.
+	ProxyUUID string `json:"proxy_uuid,omitempty"`
+	// PeerAddr is where the caller serves peered dials (host:port).
+	PeerAddr string `json:"peer_addr,omitempty"`
+	// NodeUUIDs are the nodes whose tunnels the caller holds (or closed).
+	NodeUUIDs []string `json:"node_uuids"`
+}
+
+// MaxTunnelConnectionsPerRequest bounds one lease request, so that a
+// proxy with many tunnels renews in batches and one request stays small.
+const MaxTunnelConnectionsPerRequest = 1000

@@ -1,0 +1,115 @@
+package service
+
+import (
+	"context"
+	"crypto/x509"
+
+	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/proxy/peer"
+	"github.com/postern-dev/postern/lib/reversetunnel"
+	"github.com/postern-dev/postern/lib/services"
+)
+
+// ListenerPeer is the proxy's peering port.
+const ListenerPeer = "peer"
+
+// startPeering serves the peer port with this proxy's TLS identity, keeps
+// a tunnel_connection lease for every tunnel on ts, and returns the peer
+// client the Router dials other proxies' tunnels with, and the peer
+// address this proxy advertises.
+//
+// Shutdown order: stopPeering (registered by startProxy to run before
+// the SSH and web ports drain) deletes this proxy's leases and refuses
+// new peered dials, so peers send new sessions to the node's other
+// tunnel (the agents were asked to move); dials already open through the
+// peer server go on until the peer server's own Shutdown, which waits
+// for them within the grace, before the tunnel server closes.
+func (p *Process) startPeering(id *auth.Identity, ts *reversetunnel.Server) (*peer.Client, string, error) {
+	ident := peer.Identity{
+		UUID:        id.ID,
+		ClusterName: p.clusterName,
+		Certificate: id.TLSCert,
+		CAPool:      func() *x509.CertPool { return id.TLSCAPool },
+	}
+	var events services.TunnelConnectionEvents
+	var writer peer.LeaseWriter
+	switch {
+	case p.store != nil && p.authServer != nil:
+		events = p.store
+		writer = auth.LocalTunnelLeases{Server: p.authServer, ProxyID: id.ID}
+	case p.authClient != nil:
+		events = p.authClient.TunnelConnectionEvents()
+		writer = p.authClient
+	default:
+		return nil, "", trace.BadParameter("a proxy needs an auth server to peer")
+	}
+	loc, err := services.NewTunnelLocator(services.TunnelLocatorConfig{
+		Events: events,
+		Clock:  p.clock,
+		Logger: p.log.WithField("component", "tunnellocator"),
+	})
+	if err != nil {
+		return nil, "", trace.Wrap(err)
+	}
+	p.onShutdown(func(context.Context) error { return loc.Close() })
+
+	ln, err := p.listen(ListenerPeer, p.cfg.PeerAddr)
+	if err != nil {
+		return nil, "", trace.Wrap(err)
+	}
+	srv, err := peer.NewServer(peer.ServerConfig{
+		Identity: ident,
+		Tunnels:  ts,
+		Audit:    p.audit,
+		Clock:    p.clock,
+		Logger:   p.log.WithField("component", "proxy:peer"),
+	})
+	if err != nil {
+		return nil, "", trace.Wrap(err)
+	}
+	p.goServe("peer", func() error {
+		if err := srv.Serve(ln); err != nil && err != peer.ErrServerClosed {
+			return trace.Wrap(err)
+		}
+		return nil
+	})
+	p.onShutdown(srv.Shutdown)
+	addr := advertisedAddr(ln.Addr())
+	p.log.WithField("addr", ln.Addr().String()).Info("Peer server is serving.")
+
+	client, err := peer.NewClient(peer.ClientConfig{
+		Identity: ident,
+		Locator:  loc,
+		Audit:    p.audit,
+		Clock:    p.clock,
+		Logger:   p.log.WithField("component", "proxy:peer"),
+	})
+	if err != nil {
+		return nil, "", trace.Wrap(err)
+	}
+	p.onShutdown(func(context.Context) error { return client.Close() })
+
+	keeper, err := peer.NewLeaseKeeper(peer.LeaseKeeperConfig{
+		Tunnels:  ts,
+		Writer:   writer,
+		PeerAddr: addr,
+		Clock:    p.clock,
+		Logger:   p.log.WithField("component", "proxy:leases"),
+	})
+	if err != nil {
+		return nil, "", trace.Wrap(err)
+	}
+	// Run early in the shutdown (startProxy registers it after the
+	// frontends' drain): the leases go and peers are told to dial
+	// elsewhere before sessions drain, so no new peered session lands on
+	// a tunnel that is about to move.
+	p.stopPeering = func(ctx context.Context) error {
+		err := keeper.Close(ctx)
+		srv.StopAccepting()
+		return err
+	}
+	p.onShutdown(keeper.Close)
+	return client, addr, nil
+}
