@@ -30,7 +30,7 @@ import (
 )
 
 // nodeToken asks pctl for a node join token and returns it and the CA pin.
-func nodeToken(t *testing.T, dataDir string) (token, pin string) {
+func nodeToken(t testing.TB, dataDir string) (token, pin string) {
 	t.Helper()
 	out := mustPctl(t, dataDir, "", "tokens", "add", "--type", "node")
 	m := joinRe.FindStringSubmatch(out)

@@ -113,8 +113,14 @@ func (n *netNS) command(name string, args ...string) *exec.Cmd {
 func (n *netNS) blackhole(t *testing.T) {
 	t.Helper()
 	n.nft(t, fmt.Sprintf(`table inet %s {
-  chain input { type filter hook input priority -10; policy accept; iifname %q drop }
-  chain output { type filter hook output priority -10; policy accept; oifname %q drop }
+  chain input {
+    type filter hook input priority -10; policy accept;
+    iifname %q drop
+  }
+  chain output {
+    type filter hook output priority -10; policy accept;
+    oifname %q drop
+  }
 }`, n.blackholeTable, n.nsIf, n.nsIf))
 }
 

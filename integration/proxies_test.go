@@ -3,8 +3,11 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"os/user"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -112,4 +115,82 @@ func TestProxiesHeartbeat(t *testing.T) {
 		left := waitProxies(t, clt, 1)
 		require.Equal(t, p1.HostUUID(), left[0].UUID)
 	})
+}
+
+// TestTunnelToEveryProxyAndMoveBeforeBreak: a node joined through proxy
+// edge-1 learns edge-2 from the announcements once edge-2 heartbeats,
+// and keeps a tunnel to each (edge-2's at the address in its record).
+// On SIGTERM of edge-1 (a graceful shutdown) its agents are asked to
+// move first: the node stays reachable through edge-2 the whole time, a
+// session running through edge-1 goes on until it ends, and then
+// edge-1's tunnel is gone and edge-1 leaves the proxy list.
+func TestTunnelToEveryProxyAndMoveBeforeBreak(t *testing.T) {
+	authDir := t.TempDir()
+	a := startProcess(t, procConfig(authDir, config.RoleAuth))
+	u, err := user.Current()
+	require.NoError(t, err)
+	mustPctl(t, authDir, alicePassword+"\n", "users", "add", "alice", "--logins", u.Username)
+	keyPath := filepath.Join(t.TempDir(), "alice")
+	mustPctl(t, authDir, "", "auth", "sign", "--user", "alice", "--ttl", "10m", "--out", keyPath)
+	cfg := (&allInOne{p: a, dataDir: authDir, login: u.Username, keyPath: keyPath}).clientConfig(t)
+	clt := adminClient(t, authDir, a)
+
+	p1, _ := startRemoteProxy(t, authDir, a, "edge-1")
+	startNATNodeVia(t, authDir, p1.Addr(service.ListenerWeb).String(), "multi")
+	waitTunnels(t, p1, 1, 20*time.Second, "the node's tunnel to edge-1")
+	p2, _ := startRemoteProxy(t, authDir, a, "edge-2")
+	waitProxies(t, clt, 2)
+	waitTunnels(t, p2, 1, 20*time.Second, "the node discovers edge-2 and opens a tunnel to it")
+	require.Equal(t, 1.0, metric(getMetrics(t, p1), "postern_tunnels"), "one tunnel per proxy")
+
+	via := func(p *service.Process) error {
+		sc, err := jumpVia(t, cfg, p.Addr(service.ListenerProxySSH).String(), "multi:22")
+		if err != nil {
+			return err
+		}
+		defer sc.Close()
+		out, err := run(t, sc, "echo ok")
+		if err == nil && out != "ok\n" {
+			err = fmt.Errorf("got %q", out)
+		}
+		return err
+	}
+	require.NoError(t, via(p1))
+	require.NoError(t, via(p2))
+
+	// A session through edge-1 that outlives its SIGTERM.
+	sc, err := jumpVia(t, cfg, p1.Addr(service.ListenerProxySSH).String(), "multi:22")
+	require.NoError(t, err)
+	ls := startLineSession(t, sc, "sh")
+	out, err := ls.roundTrip("echo one")
+	require.NoError(t, err)
+	require.Equal(t, "one\n", out)
+
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = p1.Shutdown(ctx)
+	}()
+	// edge-1 leaves the list at once; the node is reachable via edge-2
+	// throughout; the running session goes on.
+	waitProxies(t, clt, 1)
+	for range 3 {
+		require.NoError(t, via(p2))
+	}
+	out, err = ls.roundTrip("echo two")
+	require.NoError(t, err, "the session on the moving tunnel goes on")
+	require.Equal(t, "two\n", out)
+	ls.s.Close()
+	sc.Close()
+	select {
+	case <-stopped:
+	case <-time.After(30 * time.Second):
+		t.Fatal("edge-1 did not finish its shutdown")
+	}
+	// The node's auth watches rode edge-1's tunnel and re-sync through
+	// edge-2 (failing closed meanwhile): a cross-process condition.
+	require.Eventually(t, func() bool { return via(p2) == nil }, 10*time.Second, 50*time.Millisecond)
+	require.Equal(t, 1.0, metric(getMetrics(t, p2), "postern_tunnels"))
 }

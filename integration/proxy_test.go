@@ -50,7 +50,7 @@ func newAllInOne(t testing.TB) *allInOne {
 
 // clientConfig is an x/crypto client config from the `pctl auth sign`
 // files: certificate auth, host keys checked against the host CA.
-func (c *allInOne) clientConfig(t *testing.T) *ssh.ClientConfig {
+func (c *allInOne) clientConfig(t testing.TB) *ssh.ClientConfig {
 	t.Helper()
 	keyPEM, err := os.ReadFile(c.keyPath)
 	require.NoError(t, err)
@@ -93,7 +93,7 @@ func (c *allInOne) viaJump(t *testing.T, target string) (*ssh.Client, error) {
 // lines of a known_hosts file. (x/crypto's knownhosts package matches the
 // "*" pattern on port 22 only, unlike OpenSSH, so it cannot be used for
 // nodes on other ports.)
-func hostCAChecker(t *testing.T, path string) ssh.HostKeyCallback {
+func hostCAChecker(t testing.TB, path string) ssh.HostKeyCallback {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)

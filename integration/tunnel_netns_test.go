@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -249,6 +251,20 @@ func TestNodeInNetworkNamespace(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, bytes.Equal(data, got), "sftp round trip differs")
 	})
+	t.Run("web terminal", func(t *testing.T) {
+		// The browser's path: the web terminal websocket, routed by the
+		// same Router in-process, over the tunnel.
+		wc := webTermLogin(t, c)
+		natted := *c
+		natted.hostname = "natted"
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		ws, _, m := wc.open(t, ctx, &natted, "", "echo web-$((6*7))-$(hostname -I 2>/dev/null | tr -d ' ')\n", regexp.MustCompile(`web-42-(\S+)\r?\n`))
+		ws.CloseNow()
+		// The shell runs inside the namespace: its only address is the
+		// veth's.
+		require.Equal(t, ns.nsIP, m[1])
+	})
 	t.Run("ssh -L to a service behind NAT", func(t *testing.T) {
 		lp := freePort(t)
 		fwd := exec.Command("ssh", "-F", cfg, "-N", "-L", fmt.Sprintf("127.0.0.1:%d:127.0.0.1:%d", lp, echoPort), "natted")
@@ -274,5 +290,68 @@ func (n *nsNode) startPlain(t *testing.T, name string, args []string) {
 		_ = cmd.Process.Kill()
 		err := <-done
 		done <- err
+	})
+}
+
+// waitTunnels waits until the proxy's postern_tunnels gauge is want,
+// within d; it returns how long that took.
+func waitTunnels(t *testing.T, p *service.Process, want float64, d time.Duration, what string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	require.Eventually(t, func() bool { return metric(getMetrics(t, p), "postern_tunnels") == want }, d, 20*time.Millisecond, what)
+	return time.Since(start)
+}
+
+// waitLog waits until s has more than n occurrences of sub, within d.
+func waitLog(t *testing.T, s *syncBuffer, sub string, n int, d time.Duration, what string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return strings.Count(s.String(), sub) > n }, d, 20*time.Millisecond, "%s; log:\n%s", what, s)
+}
+
+// TestHalfOpenTunnel: the path between the proxy and a node in a network
+// namespace is blackholed (nft drops everything both ways: no RST, no
+// ICMP, the TCP connection stays "up"). With the default keep-alives
+// (5s x3) both ends notice within 20s; the node reconnects within 10s of
+// the path's return. Then keep_alive_interval/keep_alive_count_max are
+// changed in the cluster networking config while the tunnel runs: both
+// ends apply them without a reconnect, and the next blackhole is noticed
+// within the new bound.
+func TestHalfOpenTunnel(t *testing.T) {
+	ns := newNetNS(t)
+	c := newNATCluster(t, ns)
+	clt := adminClient(t, c.dataDir, c.p)
+	n, _ := startNSNode(t, ns, c, clt, "halfopen")
+	waitTunnels(t, c.p, 1, 20*time.Second, "the tunnel comes up")
+	const lost = "no answer to keep-alives for"
+
+	t.Run("default keep-alives", func(t *testing.T) {
+		before := strings.Count(n.stderr.String(), lost)
+		ns.blackhole(t)
+		blackholed := time.Now()
+		took := waitTunnels(t, c.p, 0, 20*time.Second, "the proxy drops the half-open tunnel")
+		t.Logf("proxy noticed after %v", took)
+		require.GreaterOrEqual(t, took, 10*time.Second, "not before the keep-alives could have failed")
+		waitLog(t, n.stderr, lost, before, time.Until(blackholed.Add(20*time.Second)), "the node drops the half-open tunnel")
+		ns.unblackhole(t)
+		t.Logf("node reconnected %v after the path returned", waitTunnels(t, c.p, 1, 10*time.Second, "the node reconnects"))
+	})
+	t.Run("keep-alive settings changed at runtime", func(t *testing.T) {
+		ctx := context.Background()
+		cfg, err := clt.GetClusterNetworkingConfig(ctx)
+		require.NoError(t, err)
+		cfg.Spec.KeepAliveInterval = services.Duration(time.Second)
+		cfg.Spec.KeepAliveCountMax = 2
+		require.NoError(t, clt.SetClusterNetworkingConfig(ctx, cfg))
+		waitLog(t, n.stderr, "keep_alive_interval=1s", 0, 20*time.Second, "the node hears the new settings")
+		require.Equal(t, 1.0, metric(getMetrics(t, c.p), "postern_tunnels"), "no reconnect for a settings change")
+
+		before := strings.Count(n.stderr.String(), lost+" 2s")
+		ns.blackhole(t)
+		blackholed := time.Now()
+		took := waitTunnels(t, c.p, 0, 6*time.Second, "the proxy applies 1s x2")
+		t.Logf("proxy noticed after %v", took)
+		waitLog(t, n.stderr, lost+" 2s", before, time.Until(blackholed.Add(6*time.Second)), "the node applies 1s x2")
+		ns.unblackhole(t)
+		waitTunnels(t, c.p, 1, 10*time.Second, "the node reconnects")
 	})
 }

@@ -114,6 +114,9 @@ func jumpVia(t *testing.T, cfg *ssh.ClientConfig, proxyAddr, target string) (*ss
 		return nil, err
 	}
 	clt := ssh.NewClient(sconn, chans, reqs)
+	// The jump connection ends with the node's: a proxy draining on
+	// SIGTERM waits for its client connections.
+	go func() { _ = clt.Wait(); proxy.Close() }()
 	t.Cleanup(func() { clt.Close() })
 	return clt, nil
 }

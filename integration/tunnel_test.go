@@ -13,13 +13,14 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/config"
+	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/service"
 	"github.com/postern-dev/postern/lib/services"
 )
 
 // startNATNode joins a node through the proxy's HTTPS port alone
 // (--proxy-server): no auth address, no listening port.
-func startNATNode(t *testing.T, c *allInOne, name string) (*service.Process, string) {
+func startNATNode(t testing.TB, c *allInOne, name string) (*service.Process, string) {
 	t.Helper()
 	token, pin := nodeToken(t, c.dataDir)
 	dir := t.TempDir()
@@ -85,6 +86,37 @@ func TestNodeBehindNAT(t *testing.T) {
 			require.Equal(t, "hello\nalice\n", out)
 		})
 	}
+
+	t.Run("the node audits the client's address", func(t *testing.T) {
+		// The transport channel names the client: the node's own
+		// session.start says where the user came from, not "tunnel".
+		cfg := c.clientConfig(t)
+		proxy, err := ssh.Dial("tcp", c.p.Addr(service.ListenerProxySSH).String(), cfg)
+		require.NoError(t, err)
+		defer proxy.Close()
+		conn, err := proxy.Dial("tcp", "natted:22")
+		require.NoError(t, err)
+		sconn, chans, reqs, err := ssh.NewClientConn(conn, "natted:22", cfg)
+		require.NoError(t, err)
+		nc := ssh.NewClient(sconn, chans, reqs)
+		defer nc.Close()
+		since := time.Now().Add(-time.Second)
+		_, err = run(t, nc, "echo audited")
+		require.NoError(t, err)
+		client := proxy.LocalAddr().String()
+		require.Eventually(t, func() bool {
+			evs, err := clt.SearchEvents(context.Background(), since, events.SessionStart, 100)
+			if err != nil {
+				return false
+			}
+			for _, e := range evs {
+				if e.Fields[events.FieldServerHostname] == "natted" && e.Fields[events.FieldRemoteAddr] == client {
+					return true
+				}
+			}
+			return false
+		}, 20*time.Second, 100*time.Millisecond, "a session.start on natted from %s", client)
+	})
 
 	t.Run("proxy subsystem", func(t *testing.T) {
 		cfg := c.clientConfig(t)

@@ -36,6 +36,10 @@ func (a *APIServer) registerRoutes() {
 		a.respond(w, r, nil, a.trustedClusterRegister)
 	})
 
+	// Joins relayed by a proxy for hosts that reach only the proxy: the
+	// client's address in the request is believed from a proxy only
+	// (joinrelay.go).
+	a.handleStream("GET /v1/join-relay", allow(proxy), a.joinRelay)
 	// Who am I: any identity may check that it is accepted.
 	a.handle("GET /v1/ping", allow(node, proxy, admin), a.ping)
 	// Nodes: hosts (node and proxy processes) announce themselves (their

@@ -100,6 +100,9 @@ type APIServer struct {
 
 	mainMux *http.ServeMux
 	joinMux *http.ServeMux
+	// relayLn serves the joins proxies relay (joinrelay.go) as join
+	// connections from the clients' own addresses.
+	relayLn *relayListener
 	// routes is every endpoint registered, in order (set up once by
 	// registerRoutes, read-only afterwards).
 	routes []apiRoute
@@ -182,6 +185,7 @@ func NewAPIServer(cfg APIConfig) (*APIServer, error) {
 
 	a.mainMux = http.NewServeMux()
 	a.joinMux = http.NewServeMux()
+	a.relayLn = newRelayListener(cfg.Listener.Addr())
 	a.registerRoutes()
 	a.srv = &http.Server{
 		Handler:           http.HandlerFunc(a.serveHTTP),
@@ -198,7 +202,14 @@ func (a *APIServer) Addr() net.Addr { return a.cfg.Listener.Addr() }
 
 // Serve serves until Close or Shutdown; it returns nil then.
 func (a *APIServer) Serve() error {
+	relayed := make(chan struct{})
+	go func() {
+		defer close(relayed)
+		_ = a.srv.Serve(tls.NewListener(a.relayLn, a.srv.TLSConfig))
+	}()
 	err := a.srv.Serve(tls.NewListener(a.cfg.Listener, a.srv.TLSConfig))
+	a.relayLn.Close()
+	<-relayed
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
@@ -230,6 +241,7 @@ func (a *APIServer) Shutdown(ctx context.Context) error {
 
 func (a *APIServer) stopHandlers() {
 	a.closeOnce.Do(func() { close(a.closing) })
+	a.relayLn.Close()
 	a.mu.Lock()
 	a.closed = true
 	a.mu.Unlock()

@@ -30,6 +30,7 @@ const roleNone = "none"
 // each row says exactly which callers may reach the handler.
 var wantPolicy = map[string][]string{
 	"POST /v1/join":                 {roleNone},
+	"GET /v1/join-relay":            {RoleProxy},
 	"POST /v1/join/trusted_cluster": {roleNone},
 
 	"PUT /v1/trustedclusters":                 {RoleAdmin},

@@ -16,6 +16,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/postern-dev/postern/lib/backend"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // Defaults.
@@ -426,7 +427,7 @@ func (s *sink) runBatches() {
 // refused for good, or Close's grace runs out.
 func (s *sink) shipWithRetry(batch []Event) {
 	cfg := &s.l.cfg
-	backoff := cfg.RetryMin
+	backoff := utils.Backoff{Min: cfg.RetryMin, Max: cfg.RetryMax}
 	for {
 		ctx, cancel := context.WithTimeout(s.l.ctx, cfg.BackendTimeout)
 		err := s.ship(ctx, batch)
@@ -449,7 +450,7 @@ func (s *sink) shipWithRetry(batch []Event) {
 			s.failing = true
 			s.l.log.WithError(err).WithField("sink", s.name).Error("Cannot ship audit events to the auth server; will keep trying.")
 		}
-		timer := cfg.Clock.NewTimer(backoff)
+		timer := cfg.Clock.NewTimer(backoff.Next())
 		select {
 		case <-timer.Chan():
 		case <-s.l.ctx.Done():
@@ -457,7 +458,6 @@ func (s *sink) shipWithRetry(batch []Event) {
 			s.l.metrics.dropped.WithLabelValues(s.name).Add(float64(len(batch)))
 			return
 		}
-		backoff = min(2*backoff, cfg.RetryMax)
 	}
 }
 

@@ -27,6 +27,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // NodeFinder answers which nodes a host may mean; *services.NodeWatcher is
@@ -620,15 +621,13 @@ func (r *Router) peerHolders(uuid string) []string {
 // its address is the next choice.
 func (r *Router) dialTunnel(ctx context.Context, req RouteRequest, node services.Node, netCfg *services.ClusterNetworkingConfig) (net.Conn, error) {
 	timeout := netCfg.Spec.TunnelFindTimeout.Value()
-	where := "this proxy"
-	if r.cfg.Peers != nil {
-		where = "this proxy or a peer"
-	}
+	// SPEC.md's sentence, whether or not peers were asked ("this proxy"
+	// is where the user's connection is); what a peer answered follows.
 	offline := func(last error) error {
 		if last != nil {
-			return trace.ConnectionProblem(last, "node %q is offline: no tunnel reached %s within %v (last error: %v)", req.Target.Host, where, timeout, trace.UserMessage(last))
+			return trace.ConnectionProblem(last, "node %q is offline: no tunnel reached this proxy within %v (peers: %v)", req.Target.Host, timeout, trace.UserMessage(last))
 		}
-		return trace.ConnectionProblem(nil, "node %q is offline: no tunnel reached %s within %v", req.Target.Host, where, timeout)
+		return trace.ConnectionProblem(nil, "node %q is offline: no tunnel reached this proxy within %v", req.Target.Host, timeout)
 	}
 	if r.cfg.Tunnels == nil && r.cfg.Peers == nil {
 		return nil, offline(nil)
@@ -643,6 +642,10 @@ func (r *Router) dialTunnel(ctx context.Context, req RouteRequest, node services
 	if req.Target.Port != "" {
 		dst = net.JoinHostPort(req.Target.Host, req.Target.Port)
 	}
+	src := req.Source
+	if src == "" {
+		src = utils.ClientAddr(ctx)
+	}
 	var last error
 	for {
 		var registered, located <-chan struct{}
@@ -653,7 +656,7 @@ func (r *Router) dialTunnel(ctx context.Context, req RouteRequest, node services
 			located = r.cfg.Peers.PeerLocated(node.UUID)
 		}
 		if r.hasLocalTunnel(node.UUID) {
-			conn, err := r.cfg.Tunnels.DialTunnel(ctx, node.UUID, req.Source, dst)
+			conn, err := r.cfg.Tunnels.DialTunnel(ctx, node.UUID, src, dst)
 			if err == nil {
 				observe(resultFound)
 				return conn, nil
@@ -666,7 +669,7 @@ func (r *Router) dialTunnel(ctx context.Context, req RouteRequest, node services
 			// The tunnel went away in between: look at peers, then wait.
 		}
 		if holders := r.peerHolders(node.UUID); len(holders) > 0 {
-			conn, peer, err := r.dialPeers(ctx, holders, node.UUID, req.Source, dst)
+			conn, peer, err := r.dialPeers(ctx, holders, node.UUID, src, dst)
 			if err == nil {
 				observe(resultFound)
 				r.cfg.Logger.WithFields(logrus.Fields{"node": node.UUID, "peer": peer}).Debug("Dialed through a peer proxy.")

@@ -3,9 +3,9 @@ package reversetunnel
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gravitational/trace"
@@ -15,6 +15,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -57,6 +58,21 @@ type AgentConfig struct {
 	// Metrics: where postern_tunnel_reconnects_total is registered; nil:
 	// a private registry.
 	Metrics prometheus.Registerer
+	// Audit receives the agent's refusals of a tunnel server (events.
+	// AccessDenied, kind "tunnel"); nil discards them.
+	Audit events.Emitter
+	// ExpectUUID, when set, is the UUID of the proxy this agent was
+	// started for (from an announcement): a tunnel server whose host
+	// certificate names another proxy is refused.
+	ExpectUUID string
+	// OnAnnounce receives each announcement of the proxy (on the
+	// agent's connection goroutine: it must not block for long). The
+	// keep-alive settings in it are applied by the agent itself.
+	OnAnnounce func(a *Agent, ann Announcement)
+	// OnMove is called when the proxy asks the agent to move first; the
+	// agent drops its tunnel when it returns (make before break: the
+	// pool opens a tunnel to another proxy first). Nil drops at once.
+	OnMove func(ctx context.Context, a *Agent)
 }
 
 // CheckAndSetDefaults validates the config and fills in defaults.
@@ -92,6 +108,9 @@ func (c *AgentConfig) CheckAndSetDefaults() error {
 	if c.Metrics == nil {
 		c.Metrics = prometheus.NewRegistry()
 	}
+	if c.Audit == nil {
+		c.Audit = events.Discard
+	}
 	return nil
 }
 
@@ -110,6 +129,16 @@ type Agent struct {
 	mu   sync.Mutex
 	conn ssh.Conn
 	up   chan struct{}
+	// moving is the current tunnel once its proxy asked it to move:
+	// nothing new (an auth connection) should start on it.
+	moving ssh.Conn
+	// proxyUUID is the KeyId of the proxy certificate of the current (or
+	// last) tunnel.
+	proxyUUID string
+	// kaInterval and kaCount are the keep-alive settings the proxy last
+	// announced (zero: the config's).
+	kaInterval atomic.Int64
+	kaCount    atomic.Int64
 }
 
 // NewAgent returns an Agent; call Start.
@@ -162,7 +191,7 @@ func (a *Agent) DropTunnel() {
 
 func (a *Agent) run() {
 	defer close(a.done)
-	backoff := initialBackoff
+	backoff := utils.Backoff{Min: initialBackoff, Max: maxBackoff, Jitter: true}
 	for first := true; ; first = false {
 		if !first {
 			a.reconnects.Inc()
@@ -173,23 +202,37 @@ func (a *Agent) run() {
 		}
 		if connected {
 			// A tunnel that lived starts the backoff afresh.
-			backoff = initialBackoff
+			backoff.Reset()
 		}
-		wait := backoff/2 + rand.N(backoff/2+1)
+		wait := backoff.Next()
 		a.cfg.Logger.WithError(err).WithField("retry_in", wait.String()).Warn("Tunnel to the proxy lost; reconnecting.")
 		select {
 		case <-a.cfg.Clock.After(wait):
 		case <-a.ctx.Done():
 			return
 		}
-		backoff = min(backoff*2, maxBackoff)
 	}
 }
 
 // checkProxy accepts only a proxy's host certificate of this cluster
 // naming the address dialed: a node's certificate (another node
 // pretending to be the proxy) is refused.
-func (a *Agent) checkProxy(addr string, _ net.Addr, key ssh.PublicKey) error {
+func (a *Agent) checkProxy(addr string, remote net.Addr, key ssh.PublicKey) error {
+	err := a.verifyProxy(addr, key)
+	if err != nil {
+		reason := "the tunnel server at " + addr + " is not a proxy of this cluster: " + trace.UserMessage(err)
+		a.cfg.Logger.WithField("proxy", addr).Warn(reason)
+		a.cfg.Audit.Emit(context.Background(), events.Event{
+			Type: events.AccessDenied,
+			Fields: events.Fields{
+				events.FieldKind: "tunnel", events.FieldRemoteAddr: remote.String(), events.FieldReason: reason,
+			},
+		})
+	}
+	return err
+}
+
+func (a *Agent) verifyProxy(addr string, key ssh.PublicKey) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		host = addr
@@ -197,10 +240,94 @@ func (a *Agent) checkProxy(addr string, _ net.Addr, key ssh.PublicKey) error {
 	if err := authz.CheckHostCert(a.cfg.HostCAs(), host, key, a.cfg.Clock); err != nil {
 		return trace.Wrap(err)
 	}
-	if role := key.(*ssh.Certificate).Extensions[services.CertExtensionHostRole]; role != RoleProxy {
+	cert := key.(*ssh.Certificate)
+	if role := cert.Extensions[services.CertExtensionHostRole]; role != RoleProxy {
 		return trace.AccessDenied("the tunnel server's host certificate has role %q, not %q", role, RoleProxy)
 	}
+	if a.cfg.ExpectUUID != "" && cert.KeyId != a.cfg.ExpectUUID {
+		return trace.AccessDenied("the tunnel server at %s is proxy %q, not the announced %q", addr, cert.KeyId, a.cfg.ExpectUUID)
+	}
+	a.mu.Lock()
+	a.proxyUUID = cert.KeyId
+	a.mu.Unlock()
 	return nil
+}
+
+// ProxyUUID is the UUID of the proxy the agent's tunnel reached last
+// ("" before the first).
+func (a *Agent) ProxyUUID() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.proxyUUID
+}
+
+// ProxyAddr is the tunnel address this agent dials.
+func (a *Agent) ProxyAddr() string { return a.cfg.ProxyAddr }
+
+// Connected reports whether a tunnel is up now.
+func (a *Agent) Connected() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.conn != nil
+}
+
+// usable reports whether a tunnel is up and not moving away.
+func (a *Agent) usable() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.conn != nil && a.conn != a.moving
+}
+
+// keepAlive is the keep-alive setting in force: the proxy's last
+// announcement, else the config's.
+func (a *Agent) keepAlive() (time.Duration, int) {
+	return time.Duration(a.kaInterval.Load()), int(a.kaCount.Load())
+}
+
+// handleRequests serves the proxy's global requests on one tunnel.
+func (a *Agent) handleRequests(sconn ssh.Conn, reqs <-chan *ssh.Request, wg *sync.WaitGroup, d *drainer) {
+	for req := range reqs {
+		switch req.Type {
+		case RequestAnnounce:
+			ann, err := parseAnnouncement(req.Payload)
+			if err != nil {
+				a.cfg.Logger.WithError(err).Warn("Ignoring the proxy's announcement.")
+				break
+			}
+			oldI, oldC := a.kaInterval.Swap(int64(ann.KeepAliveInterval)), a.kaCount.Swap(int64(ann.KeepAliveCountMax))
+			if oldI != int64(ann.KeepAliveInterval) || oldC != int64(ann.KeepAliveCountMax) {
+				a.cfg.Logger.WithFields(logrus.Fields{
+					"proxy": a.cfg.ProxyAddr, "keep_alive_interval": ann.KeepAliveInterval.String(), "keep_alive_count_max": ann.KeepAliveCountMax,
+				}).Info("Tunnel keep-alive settings from the proxy.")
+			}
+			if a.cfg.OnAnnounce != nil {
+				a.cfg.OnAnnounce(a, ann)
+			}
+		case RequestMove:
+			if req.WantReply {
+				_ = req.Reply(true, nil)
+			}
+			a.mu.Lock()
+			a.moving = sconn
+			a.mu.Unlock()
+			a.cfg.Logger.WithField("proxy", a.cfg.ProxyAddr).Info("The proxy asks this agent to move; opening a tunnel elsewhere first.")
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if a.cfg.OnMove != nil {
+					ctx, cancel := context.WithTimeout(a.ctx, DefaultHandshakeTimeout)
+					a.cfg.OnMove(ctx, a)
+					cancel()
+				}
+				// Sessions on this tunnel go on until they end.
+				d.drain()
+			}()
+			continue
+		}
+		if req.WantReply {
+			_ = req.Reply(false, nil)
+		}
+	}
 }
 
 func (a *Agent) connectAndServe() (connected bool, err error) {
@@ -240,12 +367,14 @@ func (a *Agent) connectAndServe() (connected bool, err error) {
 	a.cfg.Logger.WithField("proxy", a.cfg.ProxyAddr).Info("Tunnel to the proxy is up.")
 	ka := utils.StartSSHKeepAlive(sconn, "proxy "+a.cfg.ProxyAddr, utils.SSHKeepAliveConfig{
 		Interval: a.cfg.KeepAliveInterval, CountMax: a.cfg.KeepAliveCountMax, Clock: a.cfg.Clock,
+		Params: a.keepAlive, FromLastAnswer: true,
 	})
 	var wg sync.WaitGroup
+	d := &drainer{conn: sconn}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		ssh.DiscardRequests(reqs)
+		a.handleRequests(sconn, reqs, &wg, d)
 	}()
 	for nch := range chans {
 		if nch.ChannelType() != ChannelTransport {
@@ -257,8 +386,13 @@ func (a *Agent) connectAndServe() (connected bool, err error) {
 			_ = nch.Reject(ssh.ConnectionFailed, "malformed transport request")
 			continue
 		}
+		if !d.begin() {
+			_ = nch.Reject(ssh.ConnectionFailed, "this tunnel is moving to another proxy")
+			continue
+		}
 		ch, creqs, err := nch.Accept()
 		if err != nil {
+			d.end()
 			continue
 		}
 		go ssh.DiscardRequests(creqs)
@@ -269,6 +403,7 @@ func (a *Agent) connectAndServe() (connected bool, err error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer d.end()
 			a.cfg.Handler(newChannelConn(ch, req.Destination, remote))
 		}()
 	}
@@ -312,5 +447,46 @@ func (a *Agent) WaitConnected(ctx context.Context) error {
 		case <-a.done:
 			return trace.ConnectionProblem(nil, "the tunnel agent stopped")
 		}
+	}
+}
+
+// drainer closes a tunnel once it is draining (the proxy asked the agent
+// to move) and its last transport channel has ended.
+type drainer struct {
+	conn ssh.Conn
+	// mu guards active and draining.
+	mu       sync.Mutex
+	active   int
+	draining bool
+}
+
+// begin counts a new channel; false once draining (refuse it).
+func (d *drainer) begin() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.draining {
+		return false
+	}
+	d.active++
+	return true
+}
+
+func (d *drainer) end() {
+	d.mu.Lock()
+	d.active--
+	closeNow := d.draining && d.active == 0
+	d.mu.Unlock()
+	if closeNow {
+		_ = d.conn.Close()
+	}
+}
+
+func (d *drainer) drain() {
+	d.mu.Lock()
+	d.draining = true
+	closeNow := d.active == 0
+	d.mu.Unlock()
+	if closeNow {
+		_ = d.conn.Close()
 	}
 }

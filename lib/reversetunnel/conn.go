@@ -2,6 +2,7 @@ package reversetunnel
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"sync"
 	"time"
@@ -105,3 +106,55 @@ func (c *channelConn) SetReadDeadline(t time.Time) error  { return c.SetDeadline
 func (c *channelConn) SetWriteDeadline(t time.Time) error { return c.SetDeadline(t) }
 
 var _ net.Conn = (*channelConn)(nil)
+
+// Global requests the proxy sends an agent on its tunnel.
+const (
+	// RequestAnnounce carries an Announcement (JSON): sent when the
+	// tunnel registers and whenever what it says changes.
+	RequestAnnounce = "postern-announce@postern.dev"
+	// RequestMove asks the agent to move first (make before break): the
+	// proxy is shutting down. The agent makes sure it has a tunnel to
+	// another proxy, then drops this one; the proxy drains once its
+	// tunnels are gone (or its grace is over).
+	RequestMove = "postern-move@postern.dev"
+)
+
+// Announcement is what a tunnel server tells its agents: the cluster's
+// tunnel keep-alive settings (cluster_networking_config, applied by both
+// ends at once, without reconnecting) and every proxy of the cluster
+// with its own tunnel address, so that an agent keeps a tunnel to each
+// instead of dialing a load balancer until it lands on the right one.
+type Announcement struct {
+	// KeepAliveInterval and KeepAliveCountMax: zero means the agent's
+	// own defaults.
+	KeepAliveInterval time.Duration `json:"keep_alive_interval,omitempty"`
+	KeepAliveCountMax int           `json:"keep_alive_count_max,omitempty"`
+	// Proxies lists every live proxy, this one included. Nil means the
+	// server does not know (it announces no list): agents keep the
+	// tunnels they have.
+	Proxies []AnnouncedProxy `json:"proxies,omitempty"`
+}
+
+// AnnouncedProxy is one proxy in an Announcement.
+type AnnouncedProxy struct {
+	UUID       string `json:"uuid"`
+	TunnelAddr string `json:"tunnel_addr"`
+}
+
+// maxAnnouncement bounds what an agent parses: 64 KiB is some hundreds
+// of proxies.
+const maxAnnouncement = 64 << 10
+
+func parseAnnouncement(b []byte) (Announcement, error) {
+	var a Announcement
+	if len(b) > maxAnnouncement {
+		return a, fmt.Errorf("announcement of %d bytes, at most %d", len(b), maxAnnouncement)
+	}
+	if err := json.Unmarshal(b, &a); err != nil {
+		return Announcement{}, fmt.Errorf("malformed announcement: %v", err)
+	}
+	if a.KeepAliveInterval < 0 || a.KeepAliveCountMax < 0 {
+		return Announcement{}, fmt.Errorf("negative keep-alive settings in the announcement")
+	}
+	return a, nil
+}

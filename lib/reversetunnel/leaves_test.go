@@ -77,7 +77,7 @@ func TestLeafTunnels(t *testing.T) {
 	f.startAgent(t, leafSigner, func(nc net.Conn) { _ = nc.Close() }, nil)
 	waitLeaf(t, leaves, "leaf", true)
 	require.False(t, f.srv.HasTunnel("leaf-proxy-1"), "a leaf is not a node tunnel")
-	require.Equal(t, 1, trust.touched("leaf"), "reported at connect")
+	require.Eventually(t, func() bool { return trust.touched("leaf") == 1 }, 10*time.Second, 5*time.Millisecond, "reported at connect")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -20,10 +20,15 @@
 package reversetunnel
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -83,11 +88,32 @@ type ServerConfig struct {
 	// DialAuth connects to the auth API for a node's ChannelAuth; nil
 	// refuses such channels (the node must reach auth by itself).
 	DialAuth func(ctx context.Context) (net.Conn, error)
+	// KeepAlive, when set, is the cluster's tunnel keep-alive setting now
+	// (cluster_networking_config): read before every probe on this end
+	// and announced to the agents, so a change applies to live tunnels
+	// on both ends. Zero values mean KeepAliveInterval/KeepAliveCountMax.
+	KeepAlive func() (interval time.Duration, countMax int)
+	// Proxies, when set, lists the cluster's live proxies; agents are
+	// told (RequestAnnounce) so that each keeps a tunnel to every proxy.
+	Proxies func(ctx context.Context) ([]AnnouncedProxy, error)
+	// Self is this proxy as announced: always in the list this server
+	// sends (a proxy that announces is live, whether or not its own
+	// heartbeat has landed yet). Used only with Proxies.
+	Self AnnouncedProxy
+	// AnnounceInterval is how often KeepAlive and Proxies are re-read
+	// and a changed announcement sent; zero means
+	// DefaultAnnounceInterval.
+	AnnounceInterval time.Duration
 	// Leaves, when set, admits leaf clusters' proxies (host role leaf,
 	// see leaves.go) on this port too; nil refuses them like any
 	// certificate that is not a node's.
 	Leaves *Leaves
 }
+
+// DefaultAnnounceInterval: a new proxy or a keep-alive change reaches
+// every agent within 5s; reading the list costs one auth call per proxy
+// per interval.
+const DefaultAnnounceInterval = 5 * time.Second
 
 // CheckAndSetDefaults validates the config and fills in defaults.
 func (c *ServerConfig) CheckAndSetDefaults() error {
@@ -118,6 +144,9 @@ func (c *ServerConfig) CheckAndSetDefaults() error {
 	if c.Metrics == nil {
 		c.Metrics = prometheus.NewRegistry()
 	}
+	if c.AnnounceInterval <= 0 {
+		c.AnnounceInterval = DefaultAnnounceInterval
+	}
 	return nil
 }
 
@@ -146,7 +175,18 @@ type Server struct {
 	// see Changed in observe.go.
 	changed chan struct{}
 	closing bool
-	wg      sync.WaitGroup
+	// announcement is the latest Announcement sent (JSON), nil before
+	// the first.
+	announcement []byte
+	// drained, when set, is closed (and cleared) at the next unregister:
+	// Shutdown waits on it.
+	drained chan struct{}
+	// asked is set once AskToMove ran through Shutdown's caller.
+	asked bool
+	wg    sync.WaitGroup
+	// stop ends the announce loop.
+	stop     chan struct{}
+	stopOnce sync.Once
 }
 
 // NewServer returns a Server; call Serve.
@@ -171,10 +211,94 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		listeners: map[net.Listener]struct{}{},
 		byUUID:    map[string][]*tunnel{},
 		waiters:   map[string]chan struct{}{},
+		stop:      make(chan struct{}),
 	}
 	s.sshCfg = &ssh.ServerConfig{ServerVersion: "SSH-2.0-postern-tunnel"}
 	s.sshCfg.AddHostKey(cfg.HostSigner)
+	if cfg.KeepAlive != nil || cfg.Proxies != nil {
+		s.wg.Add(1)
+		go s.announceLoop()
+	}
 	return s, nil
+}
+
+// keepAlive is the keep-alive setting in force now.
+func (s *Server) keepAlive() (time.Duration, int) {
+	interval, count := s.cfg.KeepAliveInterval, s.cfg.KeepAliveCountMax
+	if s.cfg.KeepAlive != nil {
+		if i, c := s.cfg.KeepAlive(); i > 0 || c > 0 {
+			if i > 0 {
+				interval = i
+			}
+			if c > 0 {
+				count = c
+			}
+		}
+	}
+	return interval, count
+}
+
+// refreshAnnouncement recomputes the announcement and, when it changed,
+// sends it on every tunnel. A failed proxy list keeps the last one: a
+// blip of the auth API must not make agents drop their other tunnels.
+func (s *Server) refreshAnnouncement() {
+	interval, count := s.keepAlive()
+	a := Announcement{KeepAliveInterval: interval, KeepAliveCountMax: count}
+	s.mu.Lock()
+	prev := s.announcement
+	s.mu.Unlock()
+	if s.cfg.Proxies != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.AnnounceInterval)
+		list, err := s.cfg.Proxies(ctx)
+		cancel()
+		switch {
+		case err != nil && prev != nil:
+			var old Announcement
+			_ = json.Unmarshal(prev, &old)
+			a.Proxies = old.Proxies
+		case err != nil:
+			s.cfg.Logger.WithError(err).Warn("Could not list the cluster's proxies for the tunnel agents.")
+		default:
+			a.Proxies = append([]AnnouncedProxy{}, list...)
+		}
+		if s.cfg.Self.UUID != "" && !slices.ContainsFunc(a.Proxies, func(x AnnouncedProxy) bool { return x.UUID == s.cfg.Self.UUID }) {
+			a.Proxies = append(a.Proxies, s.cfg.Self)
+			slices.SortFunc(a.Proxies, func(x, y AnnouncedProxy) int { return strings.Compare(x.UUID, y.UUID) })
+		}
+	}
+	b, err := json.Marshal(a)
+	if err != nil {
+		return
+	}
+	s.mu.Lock()
+	if bytes.Equal(b, s.announcement) {
+		s.mu.Unlock()
+		return
+	}
+	s.announcement = b
+	var all []*tunnel
+	for _, ts := range s.byUUID {
+		all = append(all, ts...)
+	}
+	s.mu.Unlock()
+	for _, t := range all {
+		_, _, _ = t.sconn.SendRequest(RequestAnnounce, false, b)
+	}
+}
+
+func (s *Server) announceLoop() {
+	defer s.wg.Done()
+	s.refreshAnnouncement()
+	ticker := s.cfg.Clock.NewTicker(s.cfg.AnnounceInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-ticker.Chan():
+			s.refreshAnnouncement()
+		}
+	}
 }
 
 // Serve accepts tunnels on ln until Close.
@@ -189,34 +313,94 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.wg.Add(1)
 	s.mu.Unlock()
 	defer s.wg.Done()
-	for {
-		nc, err := ln.Accept()
-		if err != nil {
-			s.mu.Lock()
-			closing := s.closing
-			s.mu.Unlock()
-			if closing {
-				return ErrServerClosed
-			}
-			return trace.ConnectionProblem(err, "accepting tunnels on %v", ln.Addr())
-		}
-		s.mu.Lock()
-		if s.closing {
-			s.mu.Unlock()
-			_ = nc.Close()
-			return ErrServerClosed
-		}
+	return utils.AcceptLoop{
+		Listener:  ln,
+		What:      "tunnels",
+		Begin:     s.beginConn,
+		Handle:    s.handleConn,
+		End:       s.wg.Done,
+		Closing:   s.isClosing,
+		ErrClosed: ErrServerClosed,
+	}.Run()
+}
+
+// beginConn counts a new connection in Close's wait; false once closing.
+func (s *Server) beginConn() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return false
+	}
+	s.wg.Add(1)
+	return true
+}
+
+// isClosing: closing, or moving its agents away (AskToMove closed the
+// listeners on purpose).
+func (s *Server) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing || s.asked
+}
+
+// AskToMove is the first half of make before break: it stops taking new
+// tunnels and asks every agent to move (RequestMove): the agent opens a
+// tunnel to another proxy, then drops this one once the sessions on it
+// have ended. It does not wait; Shutdown does.
+func (s *Server) AskToMove() {
+	s.mu.Lock()
+	s.asked = true
+	for ln := range s.listeners {
+		_ = ln.Close()
+	}
+	var all []*tunnel
+	for _, ts := range s.byUUID {
+		all = append(all, ts...)
+	}
+	s.mu.Unlock()
+	s.cfg.Logger.WithField("tunnels", len(all)).Info("Asking the tunnel agents to move to another proxy.")
+	for _, t := range all {
 		s.wg.Add(1)
-		s.mu.Unlock()
 		go func() {
 			defer s.wg.Done()
-			s.handleConn(nc)
+			_, _, _ = t.sconn.SendRequest(RequestMove, true, nil)
 		}()
 	}
 }
 
+// Shutdown asks the agents to move (AskToMove, if not done yet: a second
+// ask is harmless), waits until their tunnels are gone or ctx ends, then
+// closes what is left.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	asked := s.asked
+	s.mu.Unlock()
+	if !asked {
+		s.AskToMove()
+	}
+	for {
+		s.mu.Lock()
+		n := len(s.byUUID)
+		gone := make(chan struct{})
+		s.drained = gone
+		s.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		select {
+		case <-gone:
+			continue
+		case <-ctx.Done():
+			s.cfg.Logger.WithField("tunnels", n).Warn("Tunnel agents did not move in time; closing their tunnels.")
+		}
+		break
+	}
+	return s.Close()
+}
+
 // Close closes the listeners and every tunnel and waits for them.
 func (s *Server) Close() error {
+	s.stopOnce.Do(func() { close(s.stop) })
 	s.mu.Lock()
 	s.closing = true
 	for ln := range s.listeners {
@@ -323,7 +507,8 @@ func (s *Server) handleConn(nc net.Conn) {
 	go func() {
 		defer chWG.Done()
 		for nch := range chans {
-			if nch.ChannelType() != ChannelAuth || s.cfg.DialAuth == nil {
+			if nch.ChannelType() != ChannelAuth || s.cfg.DialAuth == nil || len(nch.ExtraData()) > 0 {
+				s.deny(nc.RemoteAddr(), fmt.Sprintf("tunnel from node %q opened channel %q (%d bytes of extra data), refused", t.uuid, truncateText(nch.ChannelType()), len(nch.ExtraData())))
 				_ = nch.Reject(ssh.Prohibited, "a tunnel carries only transport channels from the proxy and auth channels from the node")
 				continue
 			}
@@ -334,17 +519,34 @@ func (s *Server) handleConn(nc net.Conn) {
 			}()
 		}
 	}()
-	t.ka = utils.StartSSHKeepAlive(sconn, "tunnel from "+t.uuid, utils.SSHKeepAliveConfig{
-		Interval: s.cfg.KeepAliveInterval, CountMax: s.cfg.KeepAliveCountMax, Clock: s.cfg.Clock,
-	})
+	ka := utils.SSHKeepAliveConfig{Interval: s.cfg.KeepAliveInterval, CountMax: s.cfg.KeepAliveCountMax, Clock: s.cfg.Clock, FromLastAnswer: true}
+	if s.cfg.KeepAlive != nil {
+		ka.Params = s.keepAlive
+	}
+	t.ka = utils.StartSSHKeepAlive(sconn, "tunnel from "+t.uuid, ka)
 	if !s.register(t) {
 		t.ka.Close()
 		_ = sconn.Close()
 		return
 	}
 	log.Info("Tunnel connected.")
-	// Global requests: keep-alives are answered, everything else refused.
-	ssh.DiscardRequests(reqs)
+	s.mu.Lock()
+	ann := s.announcement
+	s.mu.Unlock()
+	if ann != nil {
+		_, _, _ = sconn.SendRequest(RequestAnnounce, false, ann)
+	}
+	// Global requests: keep-alives are answered (a refusal is an answer),
+	// everything else is refused and audited: a node has nothing to ask
+	// the proxy, and its name is its certificate's.
+	for req := range reqs {
+		if req.Type != "keepalive@openssh.com" {
+			s.deny(nc.RemoteAddr(), fmt.Sprintf("tunnel from node %q sent global request %q, refused", t.uuid, truncateText(req.Type)))
+		}
+		if req.WantReply {
+			_ = req.Reply(false, nil)
+		}
+	}
 	s.unregister(t)
 	t.ka.Close()
 	_ = sconn.Close()
@@ -384,6 +586,10 @@ func (s *Server) unregister(t *tunnel) {
 		s.byUUID[t.uuid] = ts
 	}
 	s.changedLocked()
+	if s.drained != nil {
+		close(s.drained)
+		s.drained = nil
+	}
 }
 
 // HasTunnel reports whether a tunnel from uuid is connected here.
@@ -457,4 +663,14 @@ func (s *Server) spliceAuth(tunnelCtx context.Context, uuid string, nch ssh.NewC
 	go ssh.DiscardRequests(reqs)
 	// tunnelCtx ends with the tunnel, so that a splice never outlives it.
 	_, _, _ = utils.Splice(tunnelCtx, ch, ac)
+}
+
+// truncateText quotes-safe shortens a peer-supplied name for a log line
+// and an audit reason: at most 64 bytes, control characters escaped.
+func truncateText(v string) string {
+	if len(v) > 64 {
+		v = v[:64] + "..."
+	}
+	q := strconv.Quote(v)
+	return q[1 : len(q)-1]
 }

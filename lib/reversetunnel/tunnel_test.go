@@ -267,7 +267,10 @@ func TestTunnelKeepAliveDropsSilentPeer(t *testing.T) {
 	<-registered
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for i := 0; i <= DefaultKeepAliveCountMax; i++ {
+	// The first advance sends the probe; it goes unanswered for
+	// DefaultKeepAliveCountMax intervals counted from the last answer
+	// (here: the tunnel's start), the probe's own interval included.
+	for i := 0; i < DefaultKeepAliveCountMax; i++ {
 		require.NoError(t, clock.BlockUntilContext(ctx, 1))
 		clock.Advance(DefaultKeepAliveInterval)
 	}

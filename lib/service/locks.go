@@ -47,6 +47,13 @@ func (p *Process) startLocks(ctx context.Context) error {
 	return nil
 }
 
+// tunnelNodeStaleGrace is how long a node behind NAT answers logins from
+// its last view of roles and CAs after its access watch broke: the
+// watcher re-syncs after DefaultMinBackoff (500ms) over another tunnel,
+// so 5s covers a re-sync that itself fails once, while a role or CA
+// change still reaches such a node within seconds.
+const tunnelNodeStaleGrace = 5 * time.Second
+
 // startAccessCache gives the SSH servers their roles and CAs from memory
 // (services.AccessCache): no backend read or auth API call per connection
 // or session. It watches the backend when auth runs here, the auth API's
@@ -62,10 +69,19 @@ func (p *Process) startAccessCache(ctx context.Context, ap accessPoint) error {
 		p.sshAccess = ap
 		return nil
 	}
+	var grace time.Duration
+	if p.store == nil && p.cfg.ProxyServer != "" {
+		// A node behind NAT watches auth over one of its tunnels: the
+		// watch breaks each time that proxy restarts and re-syncs over
+		// another tunnel within a second. Logins during that second are
+		// answered from the last view rather than refused.
+		grace = tunnelNodeStaleGrace
+	}
 	c, err := services.NewAccessCache(services.AccessCacheConfig{
-		Events: events,
-		Clock:  p.clock,
-		Logger: p.log.WithField("component", "watcher:access"),
+		Events:     events,
+		Clock:      p.clock,
+		Logger:     p.log.WithField("component", "watcher:access"),
+		StaleGrace: grace,
 	})
 	if err != nil {
 		return trace.Wrap(err)

@@ -20,11 +20,12 @@ const ListenerPeer = "peer"
 // client the Router dials other proxies' tunnels with, and the peer
 // address this proxy advertises.
 //
-// Shutdown order (closers run in reverse): the lease keeper deletes this
-// proxy's leases before the peer server and the tunnel server close, so
-// peers stop sending dials here first; the peer server keeps serving
-// while the SSH and web ports drain, because the tunnels it serves from
-// are still here until the tunnel server closes.
+// Shutdown order: stopPeering (registered by startProxy to run before
+// the SSH and web ports drain) deletes this proxy's leases and refuses
+// new peered dials, so peers send new sessions to the node's other
+// tunnel (the agents were asked to move); dials already open through the
+// peer server go on until the peer server's own Shutdown, which waits
+// for them within the grace, before the tunnel server closes.
 func (p *Process) startPeering(id *auth.Identity, ts *reversetunnel.Server) (*peer.Client, string, error) {
 	ident := peer.Identity{
 		UUID:        id.ID,
@@ -99,6 +100,15 @@ func (p *Process) startPeering(id *auth.Identity, ts *reversetunnel.Server) (*pe
 	})
 	if err != nil {
 		return nil, "", trace.Wrap(err)
+	}
+	// Run early in the shutdown (startProxy registers it after the
+	// frontends' drain): the leases go and peers are told to dial
+	// elsewhere before sessions drain, so no new peered session lands on
+	// a tunnel that is about to move.
+	p.stopPeering = func(ctx context.Context) error {
+		err := keeper.Close(ctx)
+		srv.StopAccepting()
+		return err
 	}
 	p.onShutdown(keeper.Close)
 	return client, addr, nil

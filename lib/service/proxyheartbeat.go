@@ -43,6 +43,20 @@ func (p *Process) upsertProxy(ctx context.Context, rec services.Proxy) error {
 	return trace.Wrap(p.authClient.UpsertProxy(ctx, rec))
 }
 
+// getProxies lists the cluster's live proxies, this one included once its
+// first heartbeat landed.
+func (p *Process) getProxies(ctx context.Context) ([]services.Proxy, error) {
+	if p.store != nil {
+		out, err := p.store.GetProxies(ctx, p.clusterName)
+		return out, trace.Wrap(err)
+	}
+	if p.authClient == nil {
+		return nil, trace.NotFound("this proxy has no auth client")
+	}
+	out, err := p.authClient.GetProxies(ctx)
+	return out, trace.Wrap(err)
+}
+
 // startProxyHeartbeat announces this proxy's record now and every
 // heartbeat interval, with the same TTL rules as a node's, and removes it
 // on a clean shutdown so that agents and peers stop dialing it at once.
@@ -65,6 +79,13 @@ func (p *Process) startProxyHeartbeat(tunnelAddr string) error {
 	}
 	p.proxyHeartbeat = hb
 	p.goServe("proxy heartbeat", hb.Run)
+	// Make before break, first half: after the record is gone (below)
+	// and before the SSH and web servers drain, the tunnel agents are
+	// asked to open tunnels to other proxies; the tunnel server itself
+	// closes last.
+	if ts := p.tunnelServer; ts != nil {
+		p.onShutdown(func(context.Context) error { ts.AskToMove(); return nil })
+	}
 	// Registered before the servers' shutdowns run (closers run in
 	// reverse), so the record goes first: nobody new is sent here while
 	// this proxy drains.

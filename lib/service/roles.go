@@ -183,6 +183,7 @@ func (p *Process) startNode(ctx context.Context, ln net.Listener, lim *limiter.C
 	if ln != nil {
 		p.goServe("node SSH", func() error { return ignoreClosed(server.Serve(ln)) })
 	} else {
+		tn.audit.Store(p.audit)
 		tn.server.Store(server)
 	}
 	p.onShutdown(server.Shutdown)

@@ -94,9 +94,12 @@ type Process struct {
 	// drainers are the proxy's client-facing servers' Shutdowns (SSH
 	// and web), run together by drainFrontends.
 	drainers []func(context.Context) error
+	// stopPeering ends this proxy's leases and new peered dials at the
+	// start of a shutdown (see startPeering).
+	stopPeering func(context.Context) error
 	// tunnelAgent is a node behind NAT's agent; tunnelServer the proxy's
 	// tunnel port. Nil when not running.
-	tunnelAgent  *reversetunnel.Agent
+	tunnelAgent  *reversetunnel.Pool
 	tunnelServer *reversetunnel.Server
 	proxySSH     *srv.Server
 	nodeWatcher  *services.NodeWatcher

@@ -6,10 +6,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/postern-dev/postern/lib/proxy"
+
 	"github.com/gravitational/trace"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/reversetunnel"
 	"github.com/postern-dev/postern/lib/srv"
 	"github.com/postern-dev/postern/lib/web"
@@ -50,7 +53,7 @@ func (p *Process) dialAuthAPI(ctx context.Context) (net.Conn, error) {
 
 // startTunnelServer serves the proxy's tunnel port with the proxy's host
 // identity.
-func (p *Process) startTunnelServer(id *auth.Identity) (*reversetunnel.Server, string, error) {
+func (p *Process) startTunnelServer(id *auth.Identity, networking proxy.NetworkingGetter) (*reversetunnel.Server, string, error) {
 	ln, err := p.listen(ListenerTunnel, p.cfg.TunnelAddr)
 	if err != nil {
 		return nil, "", trace.Wrap(err)
@@ -68,6 +71,9 @@ func (p *Process) startTunnelServer(id *auth.Identity) (*reversetunnel.Server, s
 		Logger:     p.log.WithField("component", "reversetunnel:server"),
 		Metrics:    p.registry,
 		DialAuth:   p.dialAuthAPI,
+		KeepAlive:  tunnelKeepAlive(networking),
+		Proxies:    p.announcedProxies,
+		Self:       reversetunnel.AnnouncedProxy{UUID: p.hostUUID, TunnelAddr: advertisedAddr(ln.Addr())},
 		Leaves:     leaves,
 	})
 	if err != nil {
@@ -80,16 +86,60 @@ func (p *Process) startTunnelServer(id *auth.Identity) (*reversetunnel.Server, s
 		}
 		return nil
 	})
-	p.onShutdown(func(context.Context) error { return ts.Close() })
+	// Runs last of the proxy's closers: by then AskToMove has sent the
+	// agents elsewhere (see startProxyHeartbeat) and the sessions on the
+	// tunnels have drained.
+	p.onShutdown(ts.Shutdown)
 	p.log.WithField("addr", ln.Addr().String()).Info("Reverse tunnel server is serving.")
 	return ts, advertisedAddr(ln.Addr()), nil
+}
+
+// tunnelKeepAlive reads the cluster's tunnel keep-alive settings from the
+// (in-memory, watched) networking config: a change applies to live
+// tunnels on both ends from their next probe.
+func tunnelKeepAlive(networking proxy.NetworkingGetter) func() (time.Duration, int) {
+	return func() (time.Duration, int) {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		c, err := networking.GetClusterNetworkingConfig(ctx)
+		if err != nil {
+			return 0, 0
+		}
+		return c.Spec.KeepAliveInterval.Value(), c.Spec.KeepAliveCountMax
+	}
+}
+
+// announcedProxies is the proxy list the tunnel server announces to its
+// agents: every live proxy with a tunnel address.
+func (p *Process) announcedProxies(ctx context.Context) ([]reversetunnel.AnnouncedProxy, error) {
+	list, err := p.getProxies(ctx)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	out := make([]reversetunnel.AnnouncedProxy, 0, len(list))
+	for _, x := range list {
+		if x.TunnelAddr != "" {
+			out = append(out, reversetunnel.AnnouncedProxy{UUID: x.UUID, TunnelAddr: x.TunnelAddr})
+		}
+	}
+	return out, nil
 }
 
 // tunnelNode is a node behind NAT: its agent, and the node server the
 // agent hands connections to once it exists.
 type tunnelNode struct {
-	agent  *reversetunnel.Agent
+	agent  *reversetunnel.Pool
 	server atomic.Pointer[srv.Server]
+	// audit is the node's audit log once open (after the first tunnel:
+	// the log ships through it); refusals before that are logged only.
+	audit atomic.Pointer[events.Log]
+}
+
+// Emit records the agent's refusals in the node's audit log.
+func (t *tunnelNode) Emit(ctx context.Context, e events.Event) {
+	if l := t.audit.Load(); l != nil {
+		l.Emit(ctx, e)
+	}
 }
 
 func (t *tunnelNode) handle(nc net.Conn) {
@@ -139,15 +189,20 @@ func (p *Process) startTunnelAgent(ctx context.Context, id *auth.Identity) (*tun
 		return nil, trace.Wrap(err)
 	}
 	tn := &tunnelNode{}
-	agent, err := reversetunnel.NewAgent(reversetunnel.AgentConfig{
+	// Every proxy announced over a tunnel gets a tunnel of its own, at
+	// the address it announced (its loopback or unspecified host read as
+	// the host this node was given).
+	resolve := func(announced string) (string, error) { return tunnelAddrFor(p.cfg.ProxyServer, announced) }
+	agent, err := reversetunnel.NewPool(reversetunnel.AgentConfig{
 		ProxyAddr: addr,
 		Signer:    id.SSHSigner,
 		HostCAs:   signerCA(id),
 		Handler:   tn.handle,
+		Audit:     tn,
 		Clock:     p.clock,
 		Logger:    p.log.WithField("component", "reversetunnel:agent"),
 		Metrics:   p.registry,
-	})
+	}, resolve)
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
@@ -43,6 +44,15 @@ type AccessCacheConfig struct {
 	Clock clockwork.Clock
 	// Logger; nil means logrus with component "watcher:access".
 	Logger logrus.FieldLogger
+	// StaleGrace, when positive, lets the cache answer from its last
+	// view for this long after a watch that was live broke, while it
+	// re-syncs: for a node reaching auth over its tunnels, whose watch
+	// breaks whenever the proxy carrying it restarts and re-syncs over
+	// another tunnel within a second, so that a rolling restart of the
+	// proxies fails no login. A change to roles or CAs made within the
+	// grace applies that much later on this host. Zero (the default)
+	// refuses as soon as the watch breaks.
+	StaleGrace time.Duration
 }
 
 // AccessCache serves roles and the public halves of the CAs from memory.
@@ -51,6 +61,8 @@ type AccessCacheConfig struct {
 // failed backend read would, rather than answer from a view it cannot
 // vouch for: deny by default.
 type AccessCache struct {
+	// grace is StaleGrace.
+	grace time.Duration
 	roles *ResourceWatcher[*Role]
 	cas   *ResourceWatcher[CertAuthority]
 	// trusted are the roots this (leaf) cluster trusts: whether a
@@ -71,9 +83,10 @@ func NewAccessCache(cfg AccessCacheConfig) (*AccessCache, error) {
 		cfg.Logger = logrus.WithField("component", "watcher:access")
 	}
 	a := &AccessCache{
-		rc: newMapCollector(func(r *Role) string { return backend.Key(rolesPrefix, r.Metadata.Name) }),
-		cc: newMapCollector(func(ca CertAuthority) string { return caKey(ca.Type, ca.ClusterName) }),
-		tc: newMapCollector(func(tc TrustedCluster) string { return backend.Key(trustedClustersPrefix, tc.Metadata.Name) }),
+		grace: cfg.StaleGrace,
+		rc:    newMapCollector(func(r *Role) string { return backend.Key(rolesPrefix, r.Metadata.Name) }),
+		cc:    newMapCollector(func(ca CertAuthority) string { return caKey(ca.Type, ca.ClusterName) }),
+		tc:    newMapCollector(func(tc TrustedCluster) string { return backend.Key(trustedClustersPrefix, tc.Metadata.Name) }),
 	}
 	var err error
 	a.roles, err = NewResourceWatcher(ResourceWatcherConfig[*Role]{
@@ -169,18 +182,24 @@ func NewAccessCache(cfg AccessCacheConfig) (*AccessCache, error) {
 }
 
 // ready waits for w's first load (bounded by ctx) and refuses while its
-// watch is broken.
-func ready[T any](ctx context.Context, w *ResourceWatcher[T]) error {
+// watch is broken, past grace after it broke (see StaleGrace).
+func ready[T any](ctx context.Context, w *ResourceWatcher[T], grace time.Duration) error {
 	if err := w.WaitSynced(ctx); err != nil {
 		return trace.Wrap(err)
 	}
-	return trace.Wrap(w.Healthy())
+	err := w.Healthy()
+	if err != nil && grace > 0 {
+		if d, ok := w.BrokenFor(); ok && d < grace {
+			return nil
+		}
+	}
+	return trace.Wrap(err)
 }
 
 // GetRole returns a role from memory. The result is shared: callers must
 // not modify it (the AccessChecker only reads).
 func (a *AccessCache) GetRole(ctx context.Context, name string) (*Role, error) {
-	if err := ready(ctx, a.roles); err != nil {
+	if err := ready(ctx, a.roles, a.grace); err != nil {
 		return nil, trace.Wrap(err)
 	}
 	r, ok := a.rc.get(backend.Key(rolesPrefix, name))
@@ -196,7 +215,7 @@ func (a *AccessCache) GetCertAuthority(ctx context.Context, clusterName string, 
 	if withSecrets {
 		return nil, trace.BadParameter("the access cache holds no private keys")
 	}
-	if err := ready(ctx, a.cas); err != nil {
+	if err := ready(ctx, a.cas, a.grace); err != nil {
 		return nil, trace.Wrap(err)
 	}
 	ca, ok := a.cc.get(caKey(t, clusterName))
@@ -210,7 +229,7 @@ func (a *AccessCache) GetCertAuthority(ctx context.Context, clusterName string, 
 // GetTrustedCluster returns a root this cluster trusts, from memory,
 // without its token.
 func (a *AccessCache) GetTrustedCluster(ctx context.Context, name string) (*TrustedCluster, error) {
-	if err := ready(ctx, a.trusted); err != nil {
+	if err := ready(ctx, a.trusted, a.grace); err != nil {
 		return nil, trace.Wrap(err)
 	}
 	tc, ok := a.tc.get(backend.Key(trustedClustersPrefix, name))

@@ -8,6 +8,8 @@ import (
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
+
+	"github.com/postern-dev/postern/lib/backend"
 )
 
 // TestAccessCache: roles and CAs are served from memory and follow the
@@ -116,4 +118,39 @@ func TestAccessCacheTrustedClusters(t *testing.T) {
 		_, err := c.GetTrustedCluster(ctx, "root")
 		return trace.IsNotFound(err)
 	}, 10*time.Second, 5*time.Millisecond)
+}
+
+// TestAccessCacheStaleGrace: with a grace, a watch that was live and broke
+// is answered from the last view for that long on the cache's clock, then
+// refused; a fresh break starts a fresh grace; without one (the default)
+// it refuses at once.
+func TestAccessCacheStaleGrace(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	rw := &ResourceWatcher[*Role]{synced: make(chan struct{}), done: make(chan struct{}), cfg: ResourceWatcherConfig[*Role]{Name: "roles", Clock: clock}}
+	rc := newMapCollector(func(r *Role) string { return backend.Key(rolesPrefix, r.Metadata.Name) })
+	rc.Reset([]*Role{{Metadata: Metadata{Name: "dev"}}})
+	close(rw.synced)
+	rw.setHealth(nil)
+	strict := &AccessCache{roles: rw, rc: rc}
+	lenient := &AccessCache{roles: rw, rc: rc, grace: 5 * time.Second}
+	ctx := context.Background()
+
+	_, err := lenient.GetRole(ctx, "dev")
+	require.NoError(t, err)
+	rw.setHealth(trace.ConnectionProblem(nil, "roles watch broke"))
+	_, err = strict.GetRole(ctx, "dev")
+	require.True(t, trace.IsConnectionProblem(err), "%v", err)
+	clock.Advance(time.Second)
+	_, err = lenient.GetRole(ctx, "dev")
+	require.NoError(t, err, "within the grace: the last view")
+	// A second failure while re-syncing does not restart the grace.
+	rw.setHealth(trace.ConnectionProblem(nil, "re-sync failed"))
+	clock.Advance(4 * time.Second)
+	_, err = lenient.GetRole(ctx, "dev")
+	require.True(t, trace.IsConnectionProblem(err), "past the grace: refused: %v", err)
+
+	rw.setHealth(nil)
+	rw.setHealth(trace.ConnectionProblem(nil, "broke again"))
+	_, err = lenient.GetRole(ctx, "dev")
+	require.NoError(t, err, "a new break, a new grace")
 }

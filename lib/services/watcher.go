@@ -11,6 +11,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/postern-dev/postern/lib/backend"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // WatchSource starts backend watches. A backend.Backend is one; so is
@@ -117,9 +118,12 @@ type ResourceWatcher[T any] struct {
 	synced     chan struct{}
 	syncedOnce sync.Once
 
-	// mu guards health.
+	// mu guards health and brokeAt.
 	mu     sync.Mutex
 	health error
+	// brokeAt is when health last went from nil to an error (zero while
+	// healthy, and before the first sync).
+	brokeAt time.Time
 
 	failures atomic.Uint64
 }
@@ -186,13 +190,31 @@ func (w *ResourceWatcher[T]) Failures() uint64 { return w.failures.Load() }
 
 func (w *ResourceWatcher[T]) setHealth(err error) {
 	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case err == nil:
+		w.brokeAt = time.Time{}
+	case w.health == nil && w.cfg.Clock != nil:
+		w.brokeAt = w.cfg.Clock.Now()
+	}
 	w.health = err
-	w.mu.Unlock()
+}
+
+// BrokenFor is how long the watch has been broken since it last was live,
+// on the watcher's clock; ok is false while it is healthy or has never
+// been live.
+func (w *ResourceWatcher[T]) BrokenFor() (d time.Duration, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.health == nil || w.brokeAt.IsZero() {
+		return 0, false
+	}
+	return w.cfg.Clock.Since(w.brokeAt), true
 }
 
 func (w *ResourceWatcher[T]) run(ctx context.Context) {
 	defer close(w.done)
-	backoff := w.cfg.MinBackoff
+	bo := utils.Backoff{Min: w.cfg.MinBackoff, Max: w.cfg.MaxBackoff}
 	for {
 		synced, err := w.sync(ctx)
 		if ctx.Err() != nil {
@@ -201,8 +223,9 @@ func (w *ResourceWatcher[T]) run(ctx context.Context) {
 		if synced {
 			// The watch was live for a while: start over from the
 			// shortest wait.
-			backoff = w.cfg.MinBackoff
+			bo.Reset()
 		}
+		backoff := bo.Next()
 		w.failures.Add(1)
 		err = trace.ConnectionProblem(err, "%s watch broke: %v", w.cfg.Name, err)
 		w.setHealth(err)
@@ -214,7 +237,6 @@ func (w *ResourceWatcher[T]) run(ctx context.Context) {
 			t.Stop()
 			return
 		}
-		backoff = min(backoff*2, w.cfg.MaxBackoff)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // keepAliveRequest is OpenSSH's client-alive probe. Any answer, even a
@@ -212,7 +213,9 @@ type conn struct {
 
 func newConn(s *Server, nc net.Conn, sconn *ssh.ServerConn) *conn {
 	res, _ := authResultOf(sconn)
-	ctx, cancel := context.WithCancelCause(s.ctx)
+	// The client's address rides the context: a proxy dialing a tunnel
+	// node for this connection passes it on (utils.ClientAddr).
+	ctx, cancel := context.WithCancelCause(utils.WithClientAddr(s.ctx, nc.RemoteAddr().String()))
 	c := &conn{
 		srv:      s,
 		cfg:      &s.cfg,

@@ -92,30 +92,33 @@ func (s *Server) Serve(ln net.Listener) error {
 		s.mu.Unlock()
 	}()
 
-	for {
-		nc, err := ln.Accept()
-		if err != nil {
-			s.mu.Lock()
-			closing := s.closing
-			s.mu.Unlock()
-			if closing {
-				return ErrServerClosed
-			}
-			return trace.ConnectionProblem(err, "accepting SSH connections on %v", ln.Addr())
-		}
-		s.mu.Lock()
-		if s.closing {
-			s.mu.Unlock()
-			_ = nc.Close()
-			return ErrServerClosed
-		}
-		s.wg.Add(1)
-		s.mu.Unlock()
-		go func() {
-			defer s.wg.Done()
-			s.handleConn(nc)
-		}()
+	return utils.AcceptLoop{
+		Listener:  ln,
+		What:      "SSH connections",
+		Begin:     s.beginConn,
+		Handle:    s.handleConn,
+		End:       s.wg.Done,
+		Closing:   s.isClosing,
+		ErrClosed: ErrServerClosed,
+	}.Run()
+}
+
+// beginConn counts a new connection in Shutdown's wait; false once
+// closing.
+func (s *Server) beginConn() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return false
 	}
+	s.wg.Add(1)
+	return true
+}
+
+func (s *Server) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
 }
 
 // HandleConn serves one connection that came from no listener of this

@@ -35,6 +35,18 @@ type SSHKeepAliveConfig struct {
 	CountMax int
 	// Clock times the probes; nil means the real clock.
 	Clock clockwork.Clock
+	// Params, when set, is read each time the next probe is scheduled and
+	// overrides Interval and CountMax (a value <= 0 keeps the static
+	// one): settings that change while the connection lives (the
+	// cluster's tunnel keep-alives) apply from the next probe on, without
+	// reconnecting.
+	Params func() (interval time.Duration, countMax int)
+	// FromLastAnswer gives the connection up CountMax intervals after the
+	// last answer (the unanswered probe's own interval is the first
+	// miss) instead of CountMax intervals after the first unanswered
+	// probe, up to one interval later. Tunnels use it: SPEC's 5s x3
+	// finds a half-open tunnel within 15s of its last sign of life.
+	FromLastAnswer bool
 }
 
 // CheckAndSetDefaults fills in the defaults.
@@ -79,6 +91,21 @@ func StartSSHKeepAlive(conn ssh.Conn, what string, cfg SSHKeepAliveConfig) *SSHK
 	return k
 }
 
+// params is the interval and count in force now.
+func (k *SSHKeepAlive) params() (time.Duration, int) {
+	interval, count := k.cfg.Interval, k.cfg.CountMax
+	if k.cfg.Params != nil {
+		i, c := k.cfg.Params()
+		if i > 0 {
+			interval = i
+		}
+		if c > 0 {
+			count = c
+		}
+	}
+	return interval, count
+}
+
 func (k *SSHKeepAlive) loop() {
 	defer close(k.done)
 	var probes sync.WaitGroup
@@ -87,7 +114,8 @@ func (k *SSHKeepAlive) loop() {
 	defer probes.Wait()
 	// One timer at a time, re-armed after each tick (not a ticker): a
 	// probe is due an interval after the previous tick was handled.
-	timer := k.cfg.Clock.NewTimer(k.cfg.Interval)
+	interval, _ := k.params()
+	timer := k.cfg.Clock.NewTimer(interval)
 	defer timer.Stop()
 	var pending chan error
 	missed := 0
@@ -120,16 +148,22 @@ func (k *SSHKeepAlive) loop() {
 					_, _, err := k.conn.SendRequest(keepAliveRequest, true, nil)
 					ch <- err
 				})
-				timer.Reset(k.cfg.Interval)
+				interval, _ = k.params()
+				timer.Reset(interval)
 				continue
 			}
 			missed++
-			if missed < k.cfg.CountMax {
-				timer.Reset(k.cfg.Interval)
+			interval, countMax := k.params()
+			threshold := countMax
+			if k.cfg.FromLastAnswer && threshold > 1 {
+				threshold--
+			}
+			if missed < threshold {
+				timer.Reset(interval)
 				continue
 			}
 			k.mu.Lock()
-			k.cause = fmt.Errorf("connection to %s lost: no answer to keep-alives for %v", k.what, time.Duration(k.cfg.CountMax)*k.cfg.Interval)
+			k.cause = fmt.Errorf("connection to %s lost: no answer to keep-alives for %v", k.what, time.Duration(countMax)*interval)
 			k.mu.Unlock()
 			k.conn.Close()
 			return

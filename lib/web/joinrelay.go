@@ -29,9 +29,10 @@ import (
 // join, the pin would check the proxy's web certificate (self-signed,
 // unpinned) and the token would be readable by anything holding the web
 // port. Relayed, the pin checks auth end to end and the proxy sees only
-// ciphertext. What the relay exposes is the auth API's TLS port, where
-// everything but /v1/join needs a client certificate auth issued; joins
-// are rate limited there.
+// ciphertext. What the relay exposes is auth's join endpoint, where joins
+// are rate limited per client address: the proxy opens the auth side as
+// itself (lib/auth/joinrelay.go) and names the client, so one client's
+// failed joins lock out that client, not every host behind this proxy.
 const JoinRelayPath = "/v1/join-relay"
 
 // JoinRelayProtocol is the Upgrade token of the join relay.
@@ -43,7 +44,7 @@ const joinRelayIdle = 30 * time.Second
 // joinRelay owns the relayed connections: http.Server.Shutdown does not
 // wait for hijacked ones, so they are tracked here.
 type joinRelay struct {
-	dial func(ctx context.Context) (net.Conn, error)
+	dial func(ctx context.Context, clientAddr string) (net.Conn, error)
 	ctx  context.Context
 	stop context.CancelFunc
 	// mu guards closed, so that no splice is added once shutdown waits.
@@ -52,7 +53,7 @@ type joinRelay struct {
 	wg     sync.WaitGroup
 }
 
-func newJoinRelay(dial func(ctx context.Context) (net.Conn, error)) *joinRelay {
+func newJoinRelay(dial func(ctx context.Context, clientAddr string) (net.Conn, error)) *joinRelay {
 	ctx, stop := context.WithCancel(context.Background())
 	return &joinRelay{dial: dial, ctx: ctx, stop: stop}
 }
@@ -86,7 +87,7 @@ func (s *Server) serveJoinRelay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	dctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
-	ac, err := j.dial(dctx)
+	ac, err := j.dial(dctx, r.RemoteAddr)
 	cancel()
 	if err != nil {
 		s.cfg.Logger.WithError(err).Warn("Join relay: cannot reach the auth API.")

@@ -40,8 +40,9 @@ type Config struct {
 	// terminal websocket (routes.go); the zero value disables them.
 	WebSessions WebSessionsConfig
 	// JoinRelay, when set, dials the auth API for hosts that join
-	// through this proxy (joinrelay.go); nil means no relay.
-	JoinRelay func(ctx context.Context) (net.Conn, error)
+	// through this proxy (joinrelay.go), naming the joining client's
+	// address (auth counts failed joins per client); nil means no relay.
+	JoinRelay func(ctx context.Context, clientAddr string) (net.Conn, error)
 	// TunnelAddr is the proxy's reverse tunnel address reported by
 	// /webapi/ping; empty when it takes no tunnels.
 	TunnelAddr string

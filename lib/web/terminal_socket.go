@@ -111,6 +111,8 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) 
 	target.Cluster = p.Cluster
 	conn, route, err := cfg.Router.DialHost(ctx, proxy.RouteRequest{
 		Target: target,
+		// A tunnel node records the browser's address.
+		Source: t.remoteAddr,
 		// The same candidates as on the SSH port and in the node list:
 		// nodes the user may reach with any of their logins. The exact
 		// login is then checked on the chosen node, and a refusal looks

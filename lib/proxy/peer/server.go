@@ -235,9 +235,10 @@ func (s *Server) handleConn(nc net.Conn) {
 		}
 		s.mu.Lock()
 		if s.closing {
+			// Draining: no new dial here, the open ones go on.
 			s.mu.Unlock()
 			_ = st.Close()
-			return
+			continue
 		}
 		s.wg.Add(1)
 		s.streams.Add(1)
@@ -309,19 +310,27 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// Shutdown stops accepting connections and streams, waits for the open
-// streams to end or ctx to expire, then closes everything.
-func (s *Server) Shutdown(ctx context.Context) error {
+// StopAccepting closes the listeners and tells every peer to open no new
+// stream here (yamux go-away: their next dial goes to another proxy or
+// waits for one), leaving the open dials running. It is the first half
+// of Shutdown, run early in a proxy's shutdown so that peers stop
+// sending work here while sessions drain.
+func (s *Server) StopAccepting() {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.closing = true
 	for ln := range s.listeners {
 		_ = ln.Close()
 	}
 	for sess := range s.sessions {
-		// GoAway: the peer opens no new stream here and dials elsewhere.
 		_ = sess.GoAway()
 	}
-	s.mu.Unlock()
+}
+
+// Shutdown stops accepting connections and streams, waits for the open
+// streams to end or ctx to expire, then closes everything.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.StopAccepting()
 	drained := make(chan struct{})
 	go func() {
 		s.streams.Wait()

@@ -1,0 +1,114 @@
+package integration
+
+import (
+	"bytes"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/config"
+	"github.com/postern-dev/postern/lib/service"
+)
+
+// benchPayload is what each throughput iteration sends one way.
+const benchPayload = 16 << 20
+
+// jumpOnce is `ssh -J proxy target true` with x/crypto: a fresh proxy
+// connection, direct-tcpip, the node's handshake, one exec. It returns
+// how long that took.
+func jumpOnce(b *testing.B, cfg *ssh.ClientConfig, proxyAddr, target string) time.Duration {
+	start := time.Now()
+	proxy, err := ssh.Dial("tcp", proxyAddr, cfg)
+	require.NoError(b, err)
+	defer proxy.Close()
+	conn, err := proxy.Dial("tcp", target)
+	require.NoError(b, err)
+	sconn, chans, reqs, err := ssh.NewClientConn(conn, target, cfg)
+	require.NoError(b, err)
+	clt := ssh.NewClient(sconn, chans, reqs)
+	defer clt.Close()
+	s, err := clt.NewSession()
+	require.NoError(b, err)
+	require.NoError(b, s.Run("true"))
+	return time.Since(start)
+}
+
+// pushOnce sends benchPayload to `cat > /dev/null` on target through the
+// proxy and returns how long the transfer took (setup excluded).
+func pushOnce(b *testing.B, cfg *ssh.ClientConfig, proxyAddr, target string, buf []byte) time.Duration {
+	proxy, err := ssh.Dial("tcp", proxyAddr, cfg)
+	require.NoError(b, err)
+	defer proxy.Close()
+	conn, err := proxy.Dial("tcp", target)
+	require.NoError(b, err)
+	sconn, chans, reqs, err := ssh.NewClientConn(conn, target, cfg)
+	require.NoError(b, err)
+	clt := ssh.NewClient(sconn, chans, reqs)
+	defer clt.Close()
+	s, err := clt.NewSession()
+	require.NoError(b, err)
+	in, err := s.StdinPipe()
+	require.NoError(b, err)
+	require.NoError(b, s.Start("cat > /dev/null"))
+	start := time.Now()
+	_, err = io.Copy(in, bytes.NewReader(buf))
+	require.NoError(b, err)
+	require.NoError(b, in.Close())
+	require.NoError(b, s.Wait())
+	return time.Since(start)
+}
+
+// BenchmarkJumpTunnelVsDirect measures, side by side in one run (the
+// arms alternate every iteration, so load from elsewhere hits both
+// alike), `ssh -J` setup and one-way throughput to a node reached over
+// its reverse tunnel and to a node the proxy dials directly (two joined
+// nodes in the test process, behind one all-in-one proxy). Targets (issue 12): setup ratio <= 1.1,
+// throughput ratio >= 0.9. The default run is short (-benchtime=1x is
+// one iteration of each arm).
+func BenchmarkJumpTunnelVsDirect(b *testing.B) {
+	c := newAllInOne(b)
+	// Two nodes of the same kind (joined, remote auth, in this process),
+	// one listening, one behind NAT: the all-in-one's own node is the
+	// auth server's and differs (it records to the backend directly).
+	token, pin := nodeToken(b, c.dataDir)
+	dcfg := procConfig(b.TempDir(), config.RoleNode)
+	dcfg.AuthServer, dcfg.Token, dcfg.CAPin, dcfg.NodeName = c.p.Addr(service.ListenerAuth).String(), token, pin, "direct"
+	startProcess(b, dcfg)
+	startNATNode(b, c, "natted")
+	waitNodes(b, adminClient(b, c.dataDir, c.p), 3)
+	cfg := c.clientConfig(b)
+	proxyAddr := c.p.Addr(service.ListenerProxySSH).String()
+	const direct, tunnel = "direct:0", "natted:0"
+	// Warm both paths (first handshakes, the node's caches).
+	jumpOnce(b, cfg, proxyAddr, direct)
+	jumpOnce(b, cfg, proxyAddr, tunnel)
+	buf := bytes.Repeat([]byte("postern!"), benchPayload/8)
+
+	var setupD, setupT, pushD, pushT time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		if i%2 == 0 {
+			setupD += jumpOnce(b, cfg, proxyAddr, direct)
+			setupT += jumpOnce(b, cfg, proxyAddr, tunnel)
+			pushD += pushOnce(b, cfg, proxyAddr, direct, buf)
+			pushT += pushOnce(b, cfg, proxyAddr, tunnel, buf)
+		} else {
+			setupT += jumpOnce(b, cfg, proxyAddr, tunnel)
+			setupD += jumpOnce(b, cfg, proxyAddr, direct)
+			pushT += pushOnce(b, cfg, proxyAddr, tunnel, buf)
+			pushD += pushOnce(b, cfg, proxyAddr, direct, buf)
+		}
+	}
+	b.StopTimer()
+	n := float64(b.N)
+	mbps := func(d time.Duration) float64 { return float64(benchPayload) * n / d.Seconds() / (1 << 20) }
+	b.ReportMetric(setupD.Seconds()*1000/n, "direct-setup-ms")
+	b.ReportMetric(setupT.Seconds()*1000/n, "tunnel-setup-ms")
+	b.ReportMetric(setupT.Seconds()/setupD.Seconds(), "setup-ratio")
+	b.ReportMetric(mbps(pushD), "direct-MiB/s")
+	b.ReportMetric(mbps(pushT), "tunnel-MiB/s")
+	b.ReportMetric(mbps(pushT)/mbps(pushD), "throughput-ratio")
+}
