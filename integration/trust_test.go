@@ -326,3 +326,21 @@ func TestLeafTunnelToRoot(t *testing.T) {
 	mustPctl(t, leaf.dataDir, "", "rm", "trusted_cluster/root")
 	require.Eventually(t, func() bool { return clusterStatus(t, root, "leaf") == "offline" }, 40*time.Second, 500*time.Millisecond)
 }
+
+// TestLeafTunnelToEveryRootProxy: a root with two proxies (the
+// all-in-one's and a second proxy process joined to its auth); the leaf
+// was given the first one's address, learns the second from the root's
+// announcements and keeps a tunnel to each (postern_leaf_tunnels on
+// both).
+func TestLeafTunnelToEveryRootProxy(t *testing.T) {
+	root := newNamedCluster(t, "root")
+	p2, _ := startRemoteProxy(t, root.dataDir, root.p, "edge-2")
+	waitProxies(t, adminClient(t, root.dataDir, root.p), 2)
+	leaf := newNamedCluster(t, "leaf")
+	establishTrust(t, root, leaf, "[{remote: access, local: [access]}]")
+	for _, p := range []*service.Process{root.p, p2} {
+		require.Eventually(t, func() bool { return metric(getMetrics(t, p), "postern_leaf_tunnels") == 1 }, 30*time.Second, 200*time.Millisecond,
+			"the leaf keeps a tunnel to root proxy %s", p.HostUUID())
+	}
+	require.Equal(t, "online", clusterStatus(t, root, "leaf"))
+}

@@ -160,7 +160,11 @@ func (l *Leaves) checkLeafCert(ctx context.Context, key ssh.PublicKey) (string, 
 // channel and request from the leaf (a leaf asks nothing of its root),
 // answers keep-alives, and every ReportInterval re-checks the leaf's
 // trust (closing the tunnel when it is gone) and reports it live.
-func (l *Leaves) serveLeaf(sconn *ssh.ServerConn, chans <-chan ssh.NewChannel, reqs <-chan *ssh.Request, cluster string, cert *ssh.Certificate) {
+//
+// ann is the tunnel server's current announcement (nil: none yet): sent
+// at once, like to a node, so that the leaf's agent pool keeps a tunnel
+// to every proxy of this cluster; later ones come through announce.
+func (l *Leaves) serveLeaf(sconn *ssh.ServerConn, chans <-chan ssh.NewChannel, reqs <-chan *ssh.Request, cluster string, cert *ssh.Certificate, ann []byte) {
 	t := &leafTunnel{cluster: cluster, proxy: cert.KeyId, cert: cert, sconn: sconn}
 	log := l.cfg.Logger.WithFields(logrus.Fields{"leaf": cluster, "leaf_proxy": t.proxy, "remote_addr": sconn.RemoteAddr().String()})
 	ka := utils.StartSSHKeepAlive(sconn, "tunnel from leaf "+cluster, utils.SSHKeepAliveConfig{
@@ -177,6 +181,9 @@ func (l *Leaves) serveLeaf(sconn *ssh.ServerConn, chans <-chan ssh.NewChannel, r
 	}
 	defer l.unregister(t)
 	log.Info("Leaf cluster tunnel connected.")
+	if ann != nil {
+		_, _, _ = sconn.SendRequest(RequestAnnounce, false, ann)
+	}
 	l.report(t, log)
 
 	var wg sync.WaitGroup
@@ -256,6 +263,34 @@ func (l *Leaves) unregister(t *leafTunnel) {
 	} else {
 		l.byCluster[t.cluster] = ts
 	}
+}
+
+// announce sends a changed announcement on every leaf tunnel (the tunnel
+// server's refreshAnnouncement). Safe on a nil *Leaves.
+func (l *Leaves) announce(b []byte) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	var all []*leafTunnel
+	for _, ts := range l.byCluster {
+		all = append(all, ts...)
+	}
+	l.mu.Unlock()
+	for _, t := range all {
+		_, _, _ = t.sconn.SendRequest(RequestAnnounce, false, b)
+	}
+}
+
+// Count is the number of leaf tunnels here (postern_leaf_tunnels).
+func (l *Leaves) Count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, ts := range l.byCluster {
+		n += len(ts)
+	}
+	return n
 }
 
 // HasLeaf reports whether a tunnel from leaf cluster name is here.

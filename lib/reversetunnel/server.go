@@ -284,6 +284,8 @@ func (s *Server) refreshAnnouncement() {
 	for _, t := range all {
 		_, _, _ = t.sconn.SendRequest(RequestAnnounce, false, b)
 	}
+	// Leaves keep a tunnel to every proxy of this cluster too.
+	s.cfg.Leaves.announce(b)
 }
 
 func (s *Server) announceLoop() {
@@ -493,7 +495,10 @@ func (s *Server) handleConn(nc net.Conn) {
 	_ = nc.SetDeadline(time.Time{})
 	if cluster := sconn.Permissions.Extensions[permLeaf]; cluster != "" {
 		cert, _ := sconn.Permissions.ExtraData[permLeaf].(*ssh.Certificate)
-		s.cfg.Leaves.serveLeaf(sconn, chans, reqs, cluster, cert)
+		s.mu.Lock()
+		ann := s.announcement
+		s.mu.Unlock()
+		s.cfg.Leaves.serveLeaf(sconn, chans, reqs, cluster, cert, ann)
 		return
 	}
 	t := &tunnel{uuid: sconn.Permissions.Extensions[permUUID], sconn: sconn}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
 
@@ -130,7 +131,17 @@ func (p *Process) newLeaves(id *auth.Identity) (*reversetunnel.Leaves, error) {
 		Clock:       p.clock,
 		Logger:      p.log.WithField("component", "reversetunnel:leaves"),
 	})
-	return l, trace.Wrap(err)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "postern", Name: "leaf_tunnels",
+		Help: "Reverse tunnels from leaf clusters' proxies connected to this proxy.",
+	}, func() float64 { return float64(l.Count()) })
+	if err := p.registry.Register(g); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return l, nil
 }
 
 // leafReconcileInterval is how often a leaf's proxy compares the tunnels
@@ -138,8 +149,8 @@ func (p *Process) newLeaves(id *auth.Identity) (*reversetunnel.Leaves, error) {
 // removed one loses it, within this.
 const leafReconcileInterval = 5 * time.Second
 
-// leafAgents keeps one tunnel per trusted root (to the proxy its
-// trusted_cluster names). It owns its loop and its agents; Close stops
+// leafAgents keeps tunnels to every proxy of each trusted root (a pool
+// per root, started at the proxy its trusted_cluster names). It owns its loop and its agents; Close stops
 // both.
 type leafAgents struct {
 	p      *Process
@@ -159,7 +170,7 @@ type leafAgents struct {
 
 type leafAgent struct {
 	proxyAddr string
-	agent     *reversetunnel.Agent
+	agent     *reversetunnel.Pool
 }
 
 // startLeafAgents runs the leaf side on this proxy.
@@ -282,7 +293,12 @@ func (l *leafAgents) startAgent(ctx context.Context, tc services.TrustedCluster)
 			return nil, trace.Wrap(err)
 		}
 	}
-	agent, err := reversetunnel.NewAgent(reversetunnel.AgentConfig{
+	// A tunnel to every proxy of the root: the pool starts with the one
+	// proxy_addr leads to and learns the others from the root's
+	// announcements (their loopback or unspecified hosts read as
+	// proxy_addr's host), as a node's pool does.
+	resolve := func(announced string) (string, error) { return tunnelAddrFor(tc.Spec.ProxyAddr, announced) }
+	agent, err := reversetunnel.NewPool(reversetunnel.AgentConfig{
 		ProxyAddr: addr,
 		Signer:    l.signer,
 		HostCAs:   func() []ssh.PublicKey { return rootCAs },
@@ -290,7 +306,7 @@ func (l *leafAgents) startAgent(ctx context.Context, tc services.TrustedCluster)
 		Clock:     l.p.clock,
 		Logger:    l.log.WithFields(logrus.Fields{"component": "reversetunnel:agent", "root": name}),
 		Metrics:   l.p.registry,
-	})
+	}, resolve)
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
