@@ -33,9 +33,16 @@ const RoleLeaf = "leaf"
 
 // LeafTrust is what the root's tunnel port asks about leaves.
 type LeafTrust interface {
-	// LeafHostCAs returns the host CA keys of leaf cluster name; NotFound
-	// when name is not a leaf of this cluster.
-	LeafHostCAs(ctx context.Context, name string) ([]ssh.PublicKey, error)
+	// HostCAs returns the host CA keys stored for cluster name (NotFound
+	// when none), from memory: it runs for every handshake that claims
+	// to be a leaf, before anything proves the claim, so it must cost an
+	// unauthenticated peer nothing but a map lookup.
+	HostCAs(ctx context.Context, name string) ([]ssh.PublicKey, error)
+	// IsLeaf confirms that name is a leaf of this cluster (a CA alone is
+	// not enough: this cluster also holds the CAs of the roots it
+	// trusts); NotFound when it is not. It may ask auth: it runs only
+	// for a certificate its stored CA signed.
+	IsLeaf(ctx context.Context, name string) error
 	// Touch reports a live tunnel from leaf cluster name.
 	Touch(ctx context.Context, name string) error
 }
@@ -143,7 +150,7 @@ func (l *Leaves) checkLeafCert(ctx context.Context, key ssh.PublicKey) (string, 
 	}
 	ctx, cancel := context.WithTimeout(ctx, leafCheckTimeout)
 	defer cancel()
-	cas, err := l.cfg.Trust.LeafHostCAs(ctx, cluster)
+	cas, err := l.cfg.Trust.HostCAs(ctx, cluster)
 	if trace.IsNotFound(err) {
 		return "", trace.AccessDenied("cluster %q is not a leaf of this cluster", cluster)
 	}
@@ -152,6 +159,12 @@ func (l *Leaves) checkLeafCert(ctx context.Context, key ssh.PublicKey) (string, 
 	}
 	if err := authz.CheckHostCert(cas, cert.KeyId, cert, l.cfg.Clock); err != nil {
 		return "", trace.AccessDenied("leaf %q: %v", cluster, trace.UserMessage(err))
+	}
+	// Signed by the CA stored for cluster: now it is worth asking.
+	if err := l.cfg.Trust.IsLeaf(ctx, cluster); trace.IsNotFound(err) {
+		return "", trace.AccessDenied("cluster %q is not a leaf of this cluster", cluster)
+	} else if err != nil {
+		return "", trace.Wrap(err)
 	}
 	return cluster, nil
 }

@@ -17,22 +17,50 @@ import (
 	"github.com/postern-dev/postern/lib/srv/srvtest"
 )
 
-// fakeTrust is a root's view of its leaves: a map of leaf name to host
-// CA, and the reports received. mu guards both.
+// fakeTrust is a root's view of its leaves: a map of cluster name to
+// host CA (roots this cluster trusts have one too), the leaves among
+// them, the IsLeaf calls (what an unauthenticated peer could make auth
+// do) and the reports received. mu guards all.
 type fakeTrust struct {
 	mu      sync.Mutex
 	cas     map[string]*srvtest.CA
+	leaves  map[string]bool
+	asked   int
 	touches map[string]int
 }
 
-func (f *fakeTrust) LeafHostCAs(_ context.Context, name string) ([]ssh.PublicKey, error) {
+func newFakeTrust(leaves map[string]*srvtest.CA) *fakeTrust {
+	f := &fakeTrust{cas: map[string]*srvtest.CA{}, leaves: map[string]bool{}, touches: map[string]int{}}
+	for name, ca := range leaves {
+		f.cas[name], f.leaves[name] = ca, true
+	}
+	return f
+}
+
+func (f *fakeTrust) HostCAs(_ context.Context, name string) ([]ssh.PublicKey, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	ca, ok := f.cas[name]
 	if !ok {
-		return nil, trace.NotFound("remote cluster %q not found", name)
+		return nil, trace.NotFound("host CA of %q not found", name)
 	}
 	return []ssh.PublicKey{ca.Signer.PublicKey()}, nil
+}
+
+func (f *fakeTrust) IsLeaf(_ context.Context, name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.asked++
+	if !f.leaves[name] {
+		return trace.NotFound("remote cluster %q not found", name)
+	}
+	return nil
+}
+
+func (f *fakeTrust) askedCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.asked
 }
 
 func (f *fakeTrust) Touch(_ context.Context, name string) error {
@@ -52,6 +80,7 @@ func (f *fakeTrust) remove(name string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.cas, name)
+	delete(f.leaves, name)
 }
 
 func waitLeaf(t *testing.T, l *Leaves, name string, want bool) {
@@ -66,7 +95,7 @@ func waitLeaf(t *testing.T, l *Leaves, name string, want bool) {
 func TestLeafTunnels(t *testing.T) {
 	clock := clockwork.NewFakeClockAt(time.Now())
 	leafCA := srvtest.NewCA(t)
-	trust := &fakeTrust{cas: map[string]*srvtest.CA{"leaf": leafCA}, touches: map[string]int{}}
+	trust := newFakeTrust(map[string]*srvtest.CA{"leaf": leafCA})
 	// Keep-alives off: the fake clock then has one waiter per leaf
 	// tunnel, its report loop.
 	leaves, err := NewLeaves(LeavesConfig{Trust: trust, ClusterName: "root", Clock: clock, KeepAliveInterval: -1})
@@ -106,7 +135,11 @@ func TestLeafTunnels(t *testing.T) {
 // the handshake, registers nothing and is audited.
 func TestLeafTunnelRefusals(t *testing.T) {
 	leafCA := srvtest.NewCA(t)
-	trust := &fakeTrust{cas: map[string]*srvtest.CA{"leaf": leafCA}, touches: map[string]int{}}
+	trust := newFakeTrust(map[string]*srvtest.CA{"leaf": leafCA})
+	// This cluster is also the leaf of "upper": it holds upper's host CA,
+	// but upper is no leaf here.
+	upperCA := srvtest.NewCA(t)
+	trust.cas["upper"] = upperCA
 	leaves, err := NewLeaves(LeavesConfig{Trust: trust, ClusterName: "root"})
 	require.NoError(t, err)
 	f := newFixture(t, nil, func(c *ServerConfig) { c.Leaves = leaves })
@@ -125,6 +158,9 @@ func TestLeafTunnelRefusals(t *testing.T) {
 		{"the root's own name", f.ca.RoleHostSigner(t, srvtest.HostCert{UUID: "p", Role: RoleLeaf, Cluster: "root"}), `names this cluster "root"`},
 		{"no cluster", leafCA.RoleHostSigner(t, srvtest.HostCert{UUID: "p", Role: RoleLeaf}), "names no valid cluster"},
 		{"expired", leafCA.RoleHostSigner(t, srvtest.HostCert{UUID: "p", Role: RoleLeaf, Cluster: "leaf", ValidBefore: time.Now().Add(-time.Hour)}), "expired"},
+		// The root this cluster trusts is not its leaf, though its CA
+		// is stored here.
+		{"this cluster's own root", upperCA.RoleHostSigner(t, srvtest.HostCert{UUID: "p", Role: RoleLeaf, Cluster: "upper"}), `cluster "upper" is not a leaf of this cluster`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := len(f.audit.Events())
@@ -137,4 +173,7 @@ func TestLeafTunnelRefusals(t *testing.T) {
 		})
 	}
 	require.Zero(t, trust.touched("leaf"))
+	// Only the certificate its stored CA signed ("upper") got as far as
+	// asking whether the cluster is a leaf: the others cost a map lookup.
+	require.Equal(t, 1, trust.askedCount())
 }

@@ -79,28 +79,40 @@ func (p *Process) clusterTrust(id *auth.Identity) clusterTrustAPI {
 	return nil
 }
 
-// leafTrust is reversetunnel.LeafTrust over the auth server: a cluster is
-// a leaf while its remote_cluster record exists (a CA alone is not
-// enough: this cluster also holds the CAs of the roots it trusts).
-type leafTrust struct{ api clusterTrustAPI }
+// leafTrust is reversetunnel.LeafTrust: host CAs from the proxy's
+// in-memory access cache (cas), the leaf check and the reports through
+// the auth server (api). A cluster is a leaf while its remote_cluster
+// record exists (a CA alone is not enough: this cluster also holds the
+// CAs of the roots it trusts).
+type leafTrust struct {
+	api clusterTrustAPI
+	cas caGetter
+}
 
-func (l leafTrust) LeafHostCAs(ctx context.Context, name string) ([]ssh.PublicKey, error) {
-	rcs, err := l.api.GetRemoteClusters(ctx)
-	if err != nil {
-		return nil, trace.Wrap(err)
-	}
-	found := false
-	for _, rc := range rcs {
-		found = found || rc.Name == name
-	}
-	if !found {
-		return nil, trace.NotFound("remote cluster %q not found", name)
-	}
-	ca, err := l.api.GetCertAuthority(ctx, name, services.HostCA, false)
+// caGetter reads a CA's public keys (srv.AccessPoint has it).
+type caGetter interface {
+	GetCertAuthority(ctx context.Context, clusterName string, t services.CertAuthType, withSecrets bool) (*services.CertAuthority, error)
+}
+
+func (l leafTrust) HostCAs(ctx context.Context, name string) ([]ssh.PublicKey, error) {
+	ca, err := l.cas.GetCertAuthority(ctx, name, services.HostCA, false)
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
 	return parseCAKeys(ca)
+}
+
+func (l leafTrust) IsLeaf(ctx context.Context, name string) error {
+	rcs, err := l.api.GetRemoteClusters(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	for _, rc := range rcs {
+		if rc.Name == name {
+			return nil
+		}
+	}
+	return trace.NotFound("remote cluster %q not found", name)
 }
 
 func (l leafTrust) Touch(ctx context.Context, name string) error {
@@ -125,8 +137,12 @@ func (p *Process) newLeaves(id *auth.Identity) (*reversetunnel.Leaves, error) {
 	if api == nil {
 		return nil, nil
 	}
+	var cas caGetter = api
+	if p.sshAccess != nil {
+		cas = p.sshAccess
+	}
 	l, err := reversetunnel.NewLeaves(reversetunnel.LeavesConfig{
-		Trust:       leafTrust{api: api},
+		Trust:       leafTrust{api: api, cas: cas},
 		ClusterName: p.clusterName,
 		Clock:       p.clock,
 		Logger:      p.log.WithField("component", "reversetunnel:leaves"),
