@@ -50,9 +50,11 @@ const trustedClusterRegisterPath = "/v1/join/trusted_cluster"
 // auth server has no route to the root's auth port, only to its proxy.
 type DialProxyFunc func(ctx context.Context, proxyWebAddr string) (net.Conn, error)
 
-// RegisterLeafCluster is the root's side of the exchange. Everything that
-// can be refused without the token is refused first, so a malformed or
-// colliding request never burns a token; ConsumeToken is the commit point.
+// RegisterLeafCluster is the root's side of the exchange. A malformed
+// request is refused first, then the token is checked (without spending
+// it), then the names: a colliding request never burns a token, and only
+// a token holder learns which names are taken. ConsumeToken is the commit
+// point.
 func (s *Server) RegisterLeafCluster(ctx context.Context, req authapi.TrustedClusterRequest) (*authapi.TrustedClusterResponse, error) {
 	if req.Token == "" {
 		return nil, trace.BadParameter("missing trusted_cluster token")
@@ -74,10 +76,12 @@ func (s *Server) RegisterLeafCluster(ctx context.Context, req authapi.TrustedClu
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	if err := s.checkClusterNameFree(ctx, req.LeafName); err != nil {
+	// Only a token holder learns whether a name is taken here (and gets
+	// the auth server to read more than the token).
+	if _, err := s.store.CheckToken(ctx, req.Token, services.TokenTypeTrustedCluster); err != nil {
 		return nil, trace.Wrap(err)
 	}
-	if _, err := s.store.CheckToken(ctx, req.Token, services.TokenTypeTrustedCluster); err != nil {
+	if err := s.checkClusterNameFree(ctx, req.LeafName); err != nil {
 		return nil, trace.Wrap(err)
 	}
 	if _, err := s.store.ConsumeToken(ctx, req.Token, services.TokenTypeTrustedCluster); err != nil {

@@ -253,6 +253,17 @@ func TestTrustedClusterRefusals(t *testing.T) {
 		require.Equal(t, leaf.auth.HostCAKeys(), caKeys(t, root.store, "leaf", services.HostCA))
 		requireTokenUnspent(t, root, tok)
 	})
+	t.Run("no oracle of taken names without a token", func(t *testing.T) {
+		// "leaf" is a leaf here (above); a caller without a valid token
+		// learns nothing about it.
+		other := newClusterEnv(t, "leaf")
+		req := trustRequest(t, root, "leaf", "0123456789abcdef0123456789abcdef", other)
+		_, err := root.auth.RegisterLeafCluster(ctx, req)
+		requireKind(t, err, trace.IsAccessDenied, "join token not found or already used")
+		req.LeafName = "never-seen"
+		_, err2 := root.auth.RegisterLeafCluster(ctx, req)
+		require.Equal(t, err.Error(), err2.Error())
+	})
 	t.Run("wrong root name", func(t *testing.T) {
 		tok := root.trustToken(t, services.TokenTypeTrustedCluster)
 		tc := trustedCluster(root, tok)
