@@ -16,7 +16,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/postern-dev/postern/lib/backend"
-	"github.com/postern-dev/postern/lib/utils"
+	"github.com/postern-dev/postern/lib/backoff"
 )
 
 // Defaults.
@@ -427,7 +427,7 @@ func (s *sink) runBatches() {
 // refused for good, or Close's grace runs out.
 func (s *sink) shipWithRetry(batch []Event) {
 	cfg := &s.l.cfg
-	backoff := utils.Backoff{Min: cfg.RetryMin, Max: cfg.RetryMax}
+	backoff := backoff.Backoff{Min: cfg.RetryMin, Max: cfg.RetryMax}
 	for {
 		ctx, cancel := context.WithTimeout(s.l.ctx, cfg.BackendTimeout)
 		err := s.ship(ctx, batch)
