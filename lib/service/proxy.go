@@ -113,11 +113,12 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	p.onShutdown(server.Shutdown)
 	p.log.WithField("addr", ln.Addr().String()).Info("Proxy SSH server is serving.")
 
-	return trace.Wrap(p.startWeb(ln.Addr(), tunnelAddr))
+	return trace.Wrap(p.startWeb(ln.Addr(), tunnelAddr, p.recordingSource(ap)))
 }
 
-// startWeb serves the proxy's HTTPS port.
-func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string) error {
+// startWeb serves the proxy's HTTPS port; recordings is where the web
+// player reads (the one psh play reads).
+func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string, recordings sshproxy.RecordingSource) error {
 	raw, err := p.listen(ListenerWeb, p.cfg.WebAddr)
 	if err != nil {
 		return trace.Wrap(err)
@@ -161,6 +162,9 @@ func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string) error {
 	// NodeWatcher in-process. Session records go to the backend when auth
 	// (and so the backend) is here; otherwise web keeps them in memory.
 	wcfg.WebSessions = web.WebSessionsConfig{Router: p.router, Nodes: p.nodeWatcher, Locks: p.locks, Audit: p.audit}
+	if src, ok := recordings.(web.RecordingSource); ok {
+		wcfg.WebSessions.Recordings = src
+	}
 	if g := p.cfg.WebTerminalGrace; g != nil {
 		// web: zero means the default, negative none.
 		wcfg.WebSessions.TerminalGrace = *g

@@ -62,6 +62,9 @@ type WebSessionsConfig struct {
 	// DefaultTerminalGrace, negative means none (the terminal ends with
 	// its socket, the behaviour before resume existed).
 	TerminalGrace time.Duration
+	// Recordings serves /webapi/recordings* (recordings.go); nil means
+	// those endpoints answer 501.
+	Recordings RecordingSource
 }
 
 func (c *WebSessionsConfig) enabled() bool { return c.Router != nil }
@@ -112,6 +115,8 @@ type webState struct {
 	terminals sync.WaitGroup
 	// locksDone is closed when enforceLocks returns (nil without Locks).
 	locksDone chan struct{}
+	// recIndex caches recordings' seek indexes (recordings.go).
+	recIndex recIndexCache
 }
 
 // track registers a running terminal; false after shutdown began.
@@ -169,6 +174,10 @@ func (s *Server) registerWebRoutes(mux *http.ServeMux) error {
 	mux.HandleFunc("GET /webapi/terminals", s.requireSession(s.listTerminals))
 	mux.HandleFunc("DELETE /webapi/terminals/{id}", s.requireSession(s.endTerminal))
 	mux.HandleFunc("POST /webapi/terminals/{id}/resume", s.requireSession(s.resumeTerminal))
+	mux.HandleFunc("GET /webapi/recordings", s.requireSession(s.listRecordings))
+	mux.HandleFunc("GET /webapi/recordings/{id}/index", s.requireSession(s.recordingIndex))
+	mux.HandleFunc("GET /webapi/recordings/{id}/segments/{n}", s.requireSession(s.recordingSegment))
+	mux.HandleFunc("GET /webapi/recordings/{id}/cast", s.requireSession(s.recordingCast))
 	s.registerUI(mux)
 	return nil
 }
