@@ -232,7 +232,7 @@ func (s *Server) emitPlay(r *http.Request, live *liveSession, session, what stri
 	}})
 }
 
-// listRecordings serves GET /webapi/recordings[?user=U&node=N&since=24h]:
+// listRecordings serves GET /webapi/recordings[?user=U&node=N&since=24h&id=ID]:
 // the recordings the user may see (their own; all with
 // review_recordings), newest first.
 func (s *Server) listRecordings(w http.ResponseWriter, r *http.Request, live *liveSession) {
@@ -268,6 +268,9 @@ func (s *Server) listRecordings(w http.ResponseWriter, r *http.Request, live *li
 			continue
 		}
 		started := time.Unix(m.Timestamp, 0).UTC()
+		if sid := q.Get("id"); sid != "" && m.SessionID != sid {
+			continue
+		}
 		if user := q.Get("user"); user != "" && m.User != user {
 			continue
 		}
@@ -331,6 +334,27 @@ func (s *Server) recordingIndex(w http.ResponseWriter, r *http.Request, live *li
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// recordingMarkers serves GET /webapi/recordings/{id}/markers: the
+// markers (exec command, sftp, agent, exit status) for the player page's
+// list. Like the listing it is metadata, not a play: the player's read of
+// the index is the audited play.
+func (s *Server) recordingMarkers(w http.ResponseWriter, r *http.Request, live *liveSession) {
+	src, _, session, ok := s.authorizeRecording(w, r, live)
+	if !ok {
+		return
+	}
+	ix, _, err := s.seekIndex(r.Context(), src, session)
+	if err != nil {
+		s.writeRecordingError(w, live, session, err)
+		return
+	}
+	out := webapi.RecordingMarkers{Markers: make([]webapi.RecordingMarker, 0, len(ix.Markers))}
+	for _, m := range ix.Markers {
+		out.Markers = append(out.Markers, webapi.RecordingMarker{Time: m.Time, Label: m.Label})
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) writeRecordingError(w http.ResponseWriter, live *liveSession, session string, err error) {

@@ -134,7 +134,7 @@ func TestWebRecordingsRBAC(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "the token without the cookie is not a session")
 
 	missing := uuid.NewString()
-	for _, path := range []string{"/index", "/segments/0", "/cast"} {
+	for _, path := range []string{"/index", "/segments/0", "/cast", "/markers"} {
 		resp, body := e.do(t, http.MethodGet, "/webapi/recordings/"+aliceRec+path, "", bob, nil)
 		respMissing, bodyMissing := e.do(t, http.MethodGet, "/webapi/recordings/"+missing+path, "", bob, nil)
 		require.Equal(t, http.StatusNotFound, resp.StatusCode, path)
@@ -156,10 +156,13 @@ func TestWebRecordingsRBAC(t *testing.T) {
 			plays++
 		}
 	}
-	require.Equal(t, 3, denied, "each refusal is audited")
+	require.Equal(t, 4, denied, "each refusal is audited")
 	require.Equal(t, 4, plays, "index and cast, by alice and rita: each is a play")
 
-	resp, body := e.do(t, http.MethodGet, "/webapi/recordings/..%2Fetc/index", "", alice, nil)
+	resp, body := e.do(t, http.MethodGet, "/webapi/recordings?id="+aliceRec, "", rita, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, 1, strings.Count(string(body), `"session_id"`), string(body))
+	resp, body = e.do(t, http.MethodGet, "/webapi/recordings/..%2Fetc/index", "", alice, nil)
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode, string(body))
 	resp, body = e.do(t, http.MethodGet, "/webapi/recordings?since=yesterday", "", alice, nil)
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode, string(body))

@@ -178,6 +178,7 @@ func (s *Server) registerWebRoutes(mux *http.ServeMux) error {
 	mux.HandleFunc("GET /webapi/recordings/{id}/index", s.requireSession(s.recordingIndex))
 	mux.HandleFunc("GET /webapi/recordings/{id}/segments/{n}", s.requireSession(s.recordingSegment))
 	mux.HandleFunc("GET /webapi/recordings/{id}/cast", s.requireSession(s.recordingCast))
+	mux.HandleFunc("GET /webapi/recordings/{id}/markers", s.requireSession(s.recordingMarkers))
 	s.registerUI(mux)
 	return nil
 }

@@ -102,3 +102,8 @@ func (m *RecordingMarker) UnmarshalJSON(b []byte) error {
 	}
 	return nil
 }
+
+// RecordingMarkers is GET /webapi/recordings/{id}/markers.
+type RecordingMarkers struct {
+	Markers []RecordingMarker `json:"markers"`
+}
