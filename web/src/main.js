@@ -779,6 +779,9 @@ async function openPlayer(id, startAt) {
   } catch { /* the timeline still shows them */ }
 }
 
+// For e2e tests: play an exported .cast given as text in an element.
+window.posternPlayCast = (text, el, opts) => createPlayer({ data: text }, el, opts || {});
+
 $('player-back').addEventListener('click', () => navigate('/web/recordings'));
 $('nav-recordings').addEventListener('click', () => navigate('/web/recordings'));
 
