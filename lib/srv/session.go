@@ -56,6 +56,10 @@ type session struct {
 	// rec records a pty session; nil when it is not recorded. Set before
 	// the process starts, closed by finish.
 	rec *recording.Writer
+	// recKind is what rec records; recEnd is the marker written before
+	// the exit status ("scp end", "sftp end"; "" for none).
+	recKind recordKind
+	recEnd  string
 }
 
 func (c *conn) handleSession(nch ssh.NewChannel) {
