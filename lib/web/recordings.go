@@ -489,11 +489,13 @@ func (s *Server) recordingCast(w http.ResponseWriter, r *http.Request, live *liv
 	}
 	s.emitPlay(r, live, session, "export")
 	started := false
+	var tail recording.ExportTail
 	err := src.GetRecordingFrom(r.Context(), session, 0, func(c recording.Chunk) error {
 		b, err := recording.DecodeChunk(c.Data)
 		if err != nil {
 			return trace.Wrap(err)
 		}
+		tail.Add(c, b)
 		if !started {
 			started = true
 			w.Header().Set("Content-Type", "application/x-asciicast")
@@ -510,5 +512,7 @@ func (s *Server) recordingCast(w http.ResponseWriter, r *http.Request, live *liv
 	}
 	if err != nil {
 		s.cfg.Logger.WithError(err).WithField("session_id", session).Warn("Streaming a recording failed.")
+		return
 	}
+	_ = tail.Finish(w)
 }
