@@ -1,0 +1,204 @@
+package integration
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/recording"
+	"github.com/postern-dev/postern/lib/service"
+)
+
+// nodeProcess is a `postern start --roles node` child joined to c.
+type nodeProcess struct {
+	args   []string
+	cmd    *exec.Cmd
+	stderr *lockedBuffer
+	done   chan error
+}
+
+
+func startNodeProcess(t *testing.T, c *allInOne, name, dataDir string) *nodeProcess {
+	t.Helper()
+	m := joinRe.FindStringSubmatch(mustPctl(t, c.dataDir, "", "tokens", "add", "--type", "node"))
+	require.NotNil(t, m)
+	n := &nodeProcess{args: []string{"start", "--roles", "node", "--data-dir", dataDir,
+		"--auth-server", c.p.Addr(service.ListenerAuth).String(), "--token", m[1], "--ca-pin", m[2],
+		"--nodename", name, "--node-addr", "127.0.0.1:0", "--diag-addr", "127.0.0.1:0"}}
+	n.start(t)
+	return n
+}
+
+func (n *nodeProcess) start(t *testing.T) {
+	t.Helper()
+	n.stderr = &lockedBuffer{}
+	n.cmd = exec.Command(bin("postern"), n.args...)
+	n.cmd.Stderr = n.stderr
+	n.done = make(chan error, 1)
+	require.NoError(t, n.cmd.Start())
+	cmd, done := n.cmd, n.done
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+	})
+}
+
+// kill9 SIGKILLs the node and waits for it.
+func (n *nodeProcess) kill9(t *testing.T) {
+	t.Helper()
+	require.NoError(t, n.cmd.Process.Kill())
+	err := <-n.done
+	n.done <- err
+}
+
+// TestRecordingSurvivesNodeKill: a node killed with SIGKILL mid-session
+// loses at most the last second of the recording. After it restarts, its
+// uploader ships what the dead process had spooled: every counter value
+// the client saw more than a second before the kill is in the recording,
+// which `pctl recordings ls` and `verify` call incomplete and whose
+// export ends with the incomplete marker.
+func TestRecordingSurvivesNodeKill(t *testing.T) {
+	c := newAllInOne(t)
+	nodeDir := t.TempDir()
+	node := startNodeProcess(t, c, "victim", nodeDir)
+	waitNodes(t, adminClient(t, c.dataDir, c.p), 2)
+	var clt *ssh.Client
+	require.Eventually(t, func() bool {
+		var err error
+		clt, err = c.viaJump(t, "victim:0")
+		return err == nil
+	}, 20*time.Second, 50*time.Millisecond)
+	s, err := clt.NewSession()
+	require.NoError(t, err)
+	require.NoError(t, s.RequestPty("xterm", 24, 80, ssh.TerminalModes{}))
+	stdout, err := s.StdoutPipe()
+	require.NoError(t, err)
+	const cmd = `i=0; while :; do i=$((i+1)); echo "counter $i"; sleep 0.1; done`
+	require.NoError(t, s.Start(cmd))
+
+	// When the client saw each counter value.
+	var mu sync.Mutex
+	seen := map[int]time.Time{}
+	re := regexp.MustCompile(`counter (\d+)`)
+	reached := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if m := re.FindStringSubmatch(sc.Text()); m != nil {
+				v, _ := strconv.Atoi(m[1])
+				mu.Lock()
+				seen[v] = time.Now()
+				mu.Unlock()
+				if v == 40 {
+					close(reached)
+				}
+			}
+		}
+	}()
+	select {
+	case <-reached:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the counter did not reach 40")
+	}
+	killedAt := time.Now()
+	node.kill9(t)
+	// Every value the client had seen a second before the kill must be
+	// recorded. (The 50 ms on top is for the fsync of the chunk that the
+	// one-second flush closes, under a loaded test machine.)
+	mu.Lock()
+	want := 0
+	for v, at := range seen {
+		if at.Before(killedAt.Add(-time.Second-50*time.Millisecond)) && v > want {
+			want = v
+		}
+	}
+	mu.Unlock()
+	require.Greater(t, want, 20)
+
+	// Restarted with the same data dir: same identity, same spool.
+	node.start(t)
+	sidRe := regexp.MustCompile(`(?m)^([0-9a-f-]{36})\s.*\bvictim\b`)
+	var sid string
+	var text string
+	// Polled by hand, not with require.Eventually (which runs the
+	// condition on a goroutine of its own).
+	deadline := time.Now().Add(40 * time.Second)
+	for {
+		if sid == "" {
+			ls, _, _ := pctl(t, c.dataDir, "", "recordings", "ls")
+			if m := sidRe.FindStringSubmatch(ls); m != nil {
+				sid = m[1]
+			}
+		}
+		if sid != "" {
+			out, _, err := pctl(t, c.dataDir, "", "recordings", "export", sid)
+			text = out
+			if err == nil && strings.Contains(out, fmt.Sprintf(`"counter %d\r\n"`, want)) {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			ls, _, _ := pctl(t, c.dataDir, "", "recordings", "ls")
+			t.Fatalf("the restarted node did not upload the recording up to counter %d (session %q)\nnode: %s\nrecordings:\n%s\nexport tail: %q",
+				want, sid, lastLines(node.stderr.String(), 15), ls, lastLines(text, 3))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	h, evs, err := recording.Parse([]byte(text))
+	require.NoError(t, err)
+	require.Equal(t, sid, h.SessionID)
+	var out strings.Builder
+	for _, e := range evs {
+		if e.Code == "o" {
+			out.WriteString(e.Data)
+		}
+	}
+	var got []int
+	for _, m := range re.FindAllStringSubmatch(out.String(), -1) {
+		v, _ := strconv.Atoi(m[1])
+		got = append(got, v)
+	}
+	for i := 1; i <= want; i++ {
+		require.Equal(t, i, got[i-1], "every counter value in order up to %d", want)
+	}
+	mu.Lock()
+	lastSeen := 0
+	for v := range seen {
+		lastSeen = max(lastSeen, v)
+	}
+	mu.Unlock()
+	t.Logf("client saw up to %d; recorded up to %d; required %d (a second before the kill)", lastSeen, got[len(got)-1], want)
+
+	last := evs[len(evs)-1]
+	require.Equal(t, "m", last.Code)
+	require.Equal(t, recording.IncompleteMarker, last.Data, "the export says the recording is incomplete")
+	ls := mustPctl(t, c.dataDir, "", "recordings", "ls")
+	require.Regexp(t, sid+`.*\bfalse\b`, ls, "listed as not complete")
+	require.Contains(t, mustPctl(t, c.dataDir, "", "recordings", "verify", sid), "INCOMPLETE")
+	// Nothing is left in the spool once auth has it.
+	require.Eventually(t, func() bool {
+		ents, _ := os.ReadDir(filepath.Join(nodeDir, "recordings", sid))
+		return len(ents) == 0
+	}, 20*time.Second, 100*time.Millisecond)
+}
+
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
+}
