@@ -91,7 +91,7 @@ func (s *session) startProcess(spec procSpec) (*process, error) {
 		tty.Close()
 		out, in := io.Writer(s.ch), io.Writer(ptmx)
 		if s.rec != nil {
-			out, in = recorded(out, s.rec.Output), recorded(in, s.rec.Input)
+			out, in = recorded(out, s.ptyOutputRecorder(s.rec, ptmx, s.c.cfg.Clock)), recorded(in, s.rec.Input)
 		}
 		outputs.Add(1)
 		s.goCopy(func() {

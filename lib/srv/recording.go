@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"path"
 	"strings"
+	"time"
 
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
@@ -141,6 +143,9 @@ func (s *session) startRecordingKind(pty *ptyRequest, kind recordKind, startMark
 	}
 	if pty != nil {
 		h.Width, h.Height = pty.Columns, pty.Rows
+		s.mu.Lock()
+		s.recCols, s.recRows = pty.Columns, pty.Rows
+		s.mu.Unlock()
 		if pty.Term != "" {
 			h.Env = map[string]string{"TERM": pty.Term}
 		}
@@ -245,4 +250,40 @@ func (s *session) closeRecording(st exitResult) string {
 		s.log.WithError(err).Warn("Recording is incomplete: a chunk could not be stored.")
 	}
 	return final
+}
+
+// sizePollInterval is how often, at most, a recorded pty's size is read
+// back from the kernel: a program inside may resize its own terminal
+// (`stty cols 100`, resize(1)) without any window-change from the client,
+// and the recording must show what the screen was.
+const sizePollInterval = 100 * time.Millisecond
+
+// ptyOutputRecorder records a pty's output, first recording a resize when
+// the pty's size changed since the last one recorded (read at most every
+// sizePollInterval, on output: a size change shows only when something is
+// drawn).
+func (s *session) ptyOutputRecorder(w *recording.Writer, ptmx *os.File, clock clockwork.Clock) func([]byte) {
+	var checked time.Time
+	return func(p []byte) {
+		if now := clock.Now(); now.Sub(checked) >= sizePollInterval {
+			checked = now
+			if cols, rows, err := getWinsize(ptmx); err == nil {
+				s.recordSize(w, cols, rows)
+			}
+		}
+		w.Output(p)
+	}
+}
+
+// recordSize records a resize when cols x rows is not the size last
+// recorded (the client's window-change and the kernel's view both come
+// here, so one change is recorded once).
+func (s *session) recordSize(w *recording.Writer, cols, rows uint32) {
+	s.mu.Lock()
+	changed := s.recCols != cols || s.recRows != rows
+	s.recCols, s.recRows = cols, rows
+	s.mu.Unlock()
+	if changed {
+		w.Resize(cols, rows)
+	}
 }

@@ -227,3 +227,40 @@ func TestRecordingsPerChannel(t *testing.T) {
 		require.Greater(t, evs[len(evs)-1].Time, 0.1, "real time passed")
 	}
 }
+
+// TestResizeFromInsideIsRecorded: a program that resizes its own terminal
+// (`stty cols 100`) sends no window-change, yet the recording shows the
+// new size before the output drawn at it; a client window-change of the
+// same size is not recorded twice.
+func TestResizeFromInsideIsRecorded(t *testing.T) {
+	e, spool, audit := recordingEnv(t, services.ClusterNetworkingConfigSpec{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c := e.dial()
+	s, err := c.NewSession()
+	require.NoError(t, err)
+	defer s.Close()
+	require.NoError(t, s.RequestPty("xterm", 24, 80, ssh.TerminalModes{}))
+	stdout, err := s.StdoutPipe()
+	require.NoError(t, err)
+	w := watchOutput(stdout)
+	cmd := `echo before; sleep 0.2; stty cols 100; sleep 0.2; echo "after $(stty size)"; read x`
+	require.NoError(t, s.Start(cmd))
+	w.waitFor(t, "after 24 100")
+	require.NoError(t, s.WindowChange(24, 100)) // the size it already has
+	require.NoError(t, s.Close())
+
+	_, evs := recordingOfEnd(t, ctx, spool, audit, cmd)
+	var sizes []string
+	sawResize := false
+	for _, ev := range evs {
+		switch {
+		case ev.Code == "r":
+			sizes = append(sizes, ev.Data)
+			sawResize = true
+		case ev.Code == "o" && strings.Contains(ev.Data, "after 24 100"):
+			require.True(t, sawResize, "the resize comes before the output drawn at the new size")
+		}
+	}
+	require.Equal(t, []string{"100x24"}, sizes)
+}
