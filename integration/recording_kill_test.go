@@ -202,3 +202,66 @@ func lastLines(s string, n int) string {
 	}
 	return strings.Join(l, "\n")
 }
+
+// TestOpenSSHSessionRecorded: the OpenSSH client, `ssh -tt -J`, runs a
+// session that prints a counter every 100ms, resizes its terminal from
+// inside (`stty cols 100`), runs vim briefly and exits 3. `psh play
+// --format text` shows every counter value in order, the resize and the
+// exit status marker.
+func TestOpenSSHSessionRecorded(t *testing.T) {
+	requireOpenSSH(t, "ssh")
+	vim, _ := exec.LookPath("vim")
+	if vim == "" {
+		vim, _ = exec.LookPath("vim.tiny")
+	}
+	if vim == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("vim is not installed; .ci/run must install vim-tiny")
+		}
+		t.Skip("vim is not installed (apt-get install vim-tiny); CI installs it")
+	}
+	c := newAllInOne(t)
+	cfg := c.opensshConfig(t, "")
+	script := `for i in $(seq 1 10); do echo "counter $i"; sleep 0.1; done; ` +
+		`stty cols 100; ` +
+		vim + ` -u NONE -N -n -c 'call setline(1, "VIM-WAS-HERE")' -c redraw -c 'sleep 300m' -c 'qa!'; ` +
+		`for i in $(seq 11 20); do echo "counter $i"; sleep 0.1; done; exit 3`
+	cmd := exec.Command("ssh", "-F", cfg, "-J", "proxy", "-tt", c.hostname, script)
+	cmd.Env = append(os.Environ(), "TERM=xterm")
+	cmd.Stdin = strings.NewReader("")
+	out, err := cmd.CombinedOutput()
+	var exitErr *exec.ExitError
+	require.ErrorAs(t, err, &exitErr, string(out))
+	require.Equal(t, 3, exitErr.ExitCode(), string(out))
+	require.Contains(t, string(out), "counter 20")
+
+	var sid string
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ls := mustPctl(t, c.dataDir, "", "recordings", "ls")
+		for _, line := range strings.Split(ls, "\n") {
+			if strings.Contains(line, "seq 11 20") && regexp.MustCompile(`\btrue\b`).MatchString(line) {
+				sid = strings.Fields(line)[0]
+			}
+		}
+		if sid != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no complete recording of the session:\n%s", ls)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	alice := newPshEnv(t, c)
+	alice.login(t, "alice", alicePassword+"\n")
+	played := alice.mustRun(t, "", "play", sid, "--format", "text")
+	var want []string
+	for i := 1; i <= 20; i++ {
+		want = append(want, fmt.Sprintf("counter %d", i))
+	}
+	require.Equal(t, want, regexp.MustCompile(`counter \d+`).FindAllString(played, -1), played)
+	require.Regexp(t, `\[resize [0-9.]+s\] 100x\d+`, played, "stty cols 100 is recorded")
+	require.Contains(t, played, "VIM-WAS-HERE", "vim's screen is recorded")
+	require.Regexp(t, `\[marker [0-9.]+s\] exit-status 3\n$`, played)
+	t.Logf("psh play --format text:\n%s", lastLines(played, 12))
+}
