@@ -2,7 +2,9 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/recording"
 	"github.com/postern-dev/postern/lib/service"
 )
@@ -27,7 +30,6 @@ type nodeProcess struct {
 	stderr *lockedBuffer
 	done   chan error
 }
-
 
 func startNodeProcess(t *testing.T, c *allInOne, name, dataDir string) *nodeProcess {
 	t.Helper()
@@ -264,4 +266,102 @@ func TestOpenSSHSessionRecorded(t *testing.T) {
 	require.Contains(t, played, "VIM-WAS-HERE", "vim's screen is recorded")
 	require.Regexp(t, `\[marker [0-9.]+s\] exit-status 3\n$`, played)
 	t.Logf("psh play --format text:\n%s", lastLines(played, 12))
+}
+
+// TestRecordingCapStopsRecordingNotSession: `head -c 300M /dev/urandom`
+// in a session with max_recording_bytes at 4 MiB: the recording stops at
+// the cap with a marker and a recording.capped audit event, the session
+// goes on (and its exit status is still recorded), and the disk holds
+// about the cap, not 300 MB.
+func TestRecordingCapStopsRecordingNotSession(t *testing.T) {
+	c := newAllInOne(t)
+	const capBytes = 4 << 20
+	netCfg := filepath.Join(t.TempDir(), "net.yaml")
+	require.NoError(t, os.WriteFile(netCfg, []byte(fmt.Sprintf("kind: cluster_networking_config\nmetadata:\n  name: cluster_networking_config\nspec:\n  max_recording_bytes: %d\n", capBytes)), 0o600))
+	mustPctl(t, c.dataDir, "", "create", "-f", netCfg)
+
+	clt, err := c.viaJump(t, c.hostname+":0")
+	require.NoError(t, err)
+	s, err := clt.NewSession()
+	require.NoError(t, err)
+	defer s.Close()
+	require.NoError(t, s.RequestPty("xterm", 24, 80, ssh.TerminalModes{}))
+	stdout, err := s.StdoutPipe()
+	require.NoError(t, err)
+	const cmd = `head -c 300M /dev/urandom; echo; echo "SURVIVED-$((40+2))"; exit 7`
+	start := time.Now()
+	require.NoError(t, s.Start(cmd))
+	var tail bytes.Buffer
+	n, err := io.Copy(tailWriter{&tail, 4096}, stdout)
+	require.NoError(t, err)
+	var exitErr *ssh.ExitError
+	require.ErrorAs(t, s.Wait(), &exitErr)
+	require.Equal(t, 7, exitErr.ExitStatus(), "the session went on past the cap")
+	require.Contains(t, tail.String(), "SURVIVED-42")
+	require.Greater(t, n, int64(300<<20), "all of the output reached the client")
+	t.Logf("%d MB through the session in %v", n>>20, time.Since(start))
+
+	var sid string
+	deadline := time.Now().Add(30 * time.Second)
+	for sid == "" {
+		for _, e := range eventsLs(t, c.dataDir) {
+			if e.Type == events.RecordingCapped {
+				sid, _ = e.Fields[events.FieldSessionID].(string)
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no recording.capped audit event")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var cast []byte
+	for {
+		out, _, err := pctl(t, c.dataDir, "", "recordings", "export", sid)
+		if err == nil && strings.Contains(out, "exit-status 7") {
+			cast = []byte(out)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the capped recording did not reach auth complete: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	_, evs, err := recording.Parse(cast)
+	require.NoError(t, err)
+	var marks []string
+	for _, e := range evs {
+		if e.Code == "m" {
+			marks = append(marks, e.Data)
+		}
+	}
+	require.Equal(t, []string{"exec: " + cmd, fmt.Sprintf("recording stopped: max_recording_bytes (%d) reached", capBytes), "exit-status 7"}, marks)
+	require.NotContains(t, string(cast), "SURVIVED-42", "nothing after the cap is recorded")
+	require.Less(t, len(cast), capBytes+(1<<20), "the recording holds about the cap")
+	var onDisk int64
+	require.NoError(t, filepath.Walk(filepath.Join(c.dataDir, "auth", "recordings", sid), func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && !fi.IsDir() {
+			onDisk += fi.Size()
+		}
+		return err
+	}))
+	t.Logf("recording: %d bytes of events, %d bytes on the auth server's disk", len(cast), onDisk)
+	require.Less(t, onDisk, int64(2*capBytes), "disk use is bounded by the cap")
+	require.Contains(t, mustPctl(t, c.dataDir, "", "recordings", "verify", sid), "OK")
+}
+
+// tailWriter keeps the last n bytes written to b.
+type tailWriter struct {
+	b *bytes.Buffer
+	n int
+}
+
+func (w tailWriter) Write(p []byte) (int, error) {
+	w.b.Write(p)
+	if over := w.b.Len() - w.n; over > 0 {
+		w.b.Next(over)
+		rest := append([]byte(nil), w.b.Bytes()...)
+		w.b.Reset()
+		w.b.Write(rest)
+	}
+	return len(p), nil
 }
