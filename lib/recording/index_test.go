@@ -76,3 +76,29 @@ func TestSeekIndexSegments(t *testing.T) {
 	require.Equal(t, 0, ix.Find(0))
 	require.Equal(t, []Marker{{Time: 6, Label: "exit-status 0"}}, ix.Markers)
 }
+
+// appendEvent writes JSON that decodes to what was recorded, for every
+// byte a terminal may send.
+func TestAppendEventRoundTrips(t *testing.T) {
+	var all []byte
+	for i := 0; i < 256; i++ {
+		all = append(all, byte(i))
+	}
+	for _, s := range []string{"", "plain", "\x1b[1;31mred\x1b[0m\r\n", `quote " and \ backslash`, "tab\tbell\a<>&\u2028é漢", toValidUTF8(string(all))} {
+		line := appendEvent(nil, 12.5, "o", s)
+		require.Equal(t, byte('\n'), line[len(line)-1])
+		_, evs, err := Parse(append([]byte("{\"version\":2}\n"), line...))
+		require.NoError(t, err, "%q", line)
+		require.Equal(t, []Event{{12.5, "o", s}}, evs)
+	}
+}
+
+func FuzzAppendEvent(f *testing.F) {
+	f.Add([]byte("\x1b[0m\r\n\"\\"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		s := toValidUTF8(string(data))
+		_, evs, err := Parse(append([]byte("{\"version\":2}\n"), appendEvent(nil, 1, "o", s)...))
+		require.NoError(t, err)
+		require.Equal(t, s, evs[0].Data)
+	})
+}

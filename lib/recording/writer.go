@@ -119,6 +119,8 @@ type Writer struct {
 	closed   bool
 	timer    clockwork.Timer // flush timer, armed while buf holds events
 	finalHex string
+	// scratch holds the event being encoded.
+	scratch []byte
 
 	// Closed chunks are compressed, hashed and stored by one goroutine
 	// (store), in order, so that the session's output copy never waits
@@ -223,9 +225,46 @@ func (w *Writer) lineLocked(code string, data []byte) []byte {
 	if !utf8.ValidString(s) {
 		s = toValidUTF8(s)
 	}
-	enc, _ := json.Marshal([]any{json.Number(strconv.FormatFloat(t, 'f', 6, 64)), code, s})
-	return append(enc, '\n')
+	w.scratch = appendEvent(w.scratch[:0], t, code, s)
+	return w.scratch
 }
+
+// appendEvent appends `[TIME,"CODE","DATA"]\n`: what json.Marshal would
+// write, less its HTML escaping (a terminal's `<` stays one byte), by hand
+// because this runs on every pty read of a recorded session. s must be
+// valid UTF-8.
+func appendEvent(dst []byte, t float64, code, s string) []byte {
+	dst = append(dst, '[')
+	dst = strconv.AppendFloat(dst, t, 'f', 6, 64)
+	dst = append(dst, ',', '"')
+	dst = append(dst, code...)
+	dst = append(dst, '"', ',', '"')
+	start := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		dst = append(dst, s[start:i]...)
+		switch c {
+		case '"', '\\':
+			dst = append(dst, '\\', c)
+		case '\n':
+			dst = append(dst, '\\', 'n')
+		case '\r':
+			dst = append(dst, '\\', 'r')
+		case '\t':
+			dst = append(dst, '\\', 't')
+		default:
+			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+		}
+		start = i + 1
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"', ']', '\n')
+}
+
+const hexDigits = "0123456789abcdef"
 
 func toValidUTF8(s string) string {
 	out := make([]rune, 0, len(s))
@@ -264,7 +303,7 @@ func (w *Writer) flushLocked(final bool) {
 	if len(w.buf) == 0 {
 		// A chunk must decode to whole lines: the final mark rides on a
 		// marker of its own.
-		w.buf = w.lineLocked("m", []byte("end"))
+		w.buf = append(w.buf, w.lineLocked("m", []byte("end"))...)
 	}
 	w.queue <- pendingChunk{index: w.index, final: final, data: w.buf}
 	w.index++
