@@ -101,7 +101,20 @@ func (c *recIndexCache) entry(session string, now time.Time) *recIndexEntry {
 	return e
 }
 
-// recordings returns the source or answers 501.
+// drop forgets session (asked for but not stored: guessed ids must not
+// push real recordings out of the cache).
+func (c *recIndexCache) drop(session string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e := c.entries[session]; e != nil && e.mu.TryLock() {
+		if e.header == nil {
+			delete(c.entries, session)
+		}
+		e.mu.Unlock()
+	}
+}
+
+// recordingSource returns the source or answers 501.
 func (s *Server) recordingSource(w http.ResponseWriter) RecordingSource {
 	src := s.cfg.WebSessions.Recordings
 	if src == nil {
@@ -176,11 +189,13 @@ func (s *Server) recordingOwner(ctx context.Context, src RecordingSource, sessio
 	})
 	if err != nil && !errors.Is(err, errStopStream) {
 		if trace.IsNotFound(err) {
+			s.web.recIndex.drop(session)
 			return "", errRecordingNotFound(session)
 		}
 		return "", trace.Wrap(err)
 	}
 	if owner == "" {
+		s.web.recIndex.drop(session)
 		return "", errRecordingNotFound(session)
 	}
 	return owner, nil

@@ -146,6 +146,11 @@ func TestWebRecordingsRBAC(t *testing.T) {
 		resp, body = e.do(t, http.MethodGet, "/webapi/recordings/"+aliceRec+path, "", rita, nil)
 		require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", path, body)
 	}
+	e.server.web.recIndex.mu.Lock()
+	_, cached := e.server.web.recIndex.entries[missing]
+	e.server.web.recIndex.mu.Unlock()
+	require.False(t, cached, "an id that is not stored takes no place in the index cache")
+
 	var denied, plays int
 	for _, ev := range audit.Events() {
 		switch {
