@@ -256,6 +256,9 @@ func TestOpenSSHSessionRecorded(t *testing.T) {
 	}
 	alice := newPshEnv(t, c)
 	alice.login(t, "alice", alicePassword+"\n")
+	require.Contains(t, alice.mustRun(t, "", "recordings", "ls", "--since", "1h", "--user", "alice", "--node", c.hostname), sid)
+	require.NotContains(t, alice.mustRun(t, "", "recordings", "ls", "--user", "bob"), sid)
+	require.NotContains(t, alice.mustRun(t, "", "recordings", "ls", "--node", "elsewhere"), sid)
 	played := alice.mustRun(t, "", "play", sid, "--format", "text")
 	var want []string
 	for i := 1; i <= 20; i++ {
