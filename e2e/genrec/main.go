@@ -56,7 +56,7 @@ func run(dir, user, node string, minutes, mb int) error {
 		return err
 	}
 	ticks := minutes * 60 * 10
-	const lineLen = 80 // 74 columns shown: no line wraps at the 80-column width
+	const lineLen = 80                           // 74 columns shown: no line wraps at the 80-column width
 	perTick := mb << 20 / ticks / (lineLen + 30) // a line is ~30 bytes more as JSON
 	if perTick < 1 {
 		perTick = 1
