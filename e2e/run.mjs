@@ -604,6 +604,10 @@ async function main() {
 
     let recA;
     await step(page, 'the recordings page lists the session, complete', async () => {
+      // From the front page: logging in at the old terminal's URL would
+      // open a new terminal there.
+      await page.goto(`${base}/`);
+      await page.locator('#view-login').waitFor({ state: 'visible' });
       await page.fill('#login-user', user);
       await page.fill('#login-password', password);
       await page.click('#login-submit');
