@@ -97,4 +97,5 @@ e2e/node_modules/.package-lock.json: e2e/package.json e2e/package-lock.json
 # on loopback ports; screenshots land in e2e/artifacts/. Ends with
 # "N passed, N failed" and fails when any step failed.
 e2e: build e2e/node_modules/.package-lock.json
+	$(GO) build -o $(BUILD_DIR)/genrec ./e2e/genrec
 	POSTERN_BUILD_DIR=$(BUILD_DIR) node e2e/run.mjs

@@ -91,7 +91,7 @@ func (s *session) startProcess(spec procSpec) (*process, error) {
 		tty.Close()
 		out, in := io.Writer(s.ch), io.Writer(ptmx)
 		if s.rec != nil {
-			out, in = recorded(out, s.rec.Output), recorded(in, s.rec.Input)
+			out, in = recorded(out, s.ptyOutputRecorder(s.rec, ptmx, s.c.cfg.Clock)), recorded(in, s.rec.Input)
 		}
 		outputs.Add(1)
 		s.goCopy(func() {
@@ -123,14 +123,18 @@ func (s *session) startProcess(spec procSpec) (*process, error) {
 		}
 		closeAll(parentEnds...)
 		p.closers = []io.Closer{stdoutR, stderrR, stdinW}
+		stdout, stderr := io.Writer(s.ch), io.Writer(s.ch.Stderr())
+		if s.recordsOutput() {
+			stdout, stderr = recorded(stdout, s.rec.Output), recorded(stderr, s.rec.Output)
+		}
 		outputs.Add(2)
 		s.goCopy(func() {
 			defer outputs.Done()
-			_, _ = io.Copy(s.ch, stdoutR)
+			_, _ = io.Copy(stdout, stdoutR)
 		})
 		s.goCopy(func() {
 			defer outputs.Done()
-			_, _ = io.Copy(s.ch.Stderr(), stderrR)
+			_, _ = io.Copy(stderr, stderrR)
 		})
 		// Half-close: the client's EOF becomes EOF on the process's stdin
 		// while its output keeps flowing.
