@@ -143,9 +143,9 @@ wait_for() { # tries cmd...
 
 start_postern() {
 	log "Postern cluster (auth+proxy process, node process) in $W"
-	read -r PA PS PW PD PN PD2 <<<"$(free_ports 6)"
+	read -r PA PS PW PD PN PD2 PT <<<"$(free_ports 7)"
 	"$BIN/postern" start --data-dir "$W/auth" --roles auth,proxy --cluster-name bench \
-		--auth-addr "127.0.0.1:$PA" --ssh-addr "127.0.0.1:$PS" --web-addr "127.0.0.1:$PW" \
+		--auth-addr "127.0.0.1:$PA" --ssh-addr "127.0.0.1:$PS" --web-addr "127.0.0.1:$PW" --tunnel-addr "127.0.0.1:$PT" \
 		--diag-addr "127.0.0.1:$PD" --nodename bench-proxy ${POSTERN_CONFIG:+--config "$POSTERN_CONFIG"} >"$W/proxy.log" 2>&1 &
 	PROXY_PID=$!
 	PIDS_POSTERN+=("$PROXY_PID")
