@@ -273,7 +273,15 @@ latency() {
 	# curve25519, each with 2 warm-ups). sshd's per-connection processes
 	# are reaped by the listener, so its cutime/cstime hold them; the
 	# Postern proxy process also runs auth, whose work per setup (the
-	# audit events of proxy and node) is counted in.
+	# audit events of proxy and node) is counted in. What each process
+	# spends idle (heartbeats, watchers, GC), measured over IDLE_CPU_S
+	# seconds first, is taken out for the time the rounds took.
+	local t0 t1 pi0 si0 pidle sidle
+	pi0=$(proc_cpu_ticks "$PROXY_PID"); si0=$(proc_cpu_ticks "$(cat "$P/sshd_bastion.pid")")
+	sleep "${IDLE_CPU_S:-5}"
+	pidle=$(( $(proc_cpu_ticks "$PROXY_PID") - pi0 )); sidle=$(( $(proc_cpu_ticks "$(cat "$P/sshd_bastion.pid")") - si0 ))
+	echo "  idle CPU over ${IDLE_CPU_S:-5} s: postern $pidle ticks, sshd $sidle ticks (hz $hz)"
+	t0=$(date +%s%N)
 	pc0=$(proc_cpu_ticks "$PROXY_PID"); sc0=$(proc_cpu_ticks "$(cat "$P/sshd_bastion.pid")")
 	for r in $(seq "$ROUNDS"); do
 		local a=(-n sshd "ssh -F $CFG via-sshd true" -n postern "ssh -F $CFG via-postern true")
@@ -284,10 +292,15 @@ latency() {
 			2>&1 | grep -E '^(Benchmark|  Time)'
 	done
 	pc1=$(proc_cpu_ticks "$PROXY_PID"); sc1=$(proc_cpu_ticks "$(cat "$P/sshd_bastion.pid")")
+	t1=$(date +%s%N)
 	setups=$((ROUNDS * 2 * (RUNS + 2)))
-	record cpu_setup_ms postern "$(awk -v a="$pc0" -v b="$pc1" -v n="$setups" -v hz="$hz" 'BEGIN{printf "%.2f", (b-a)*1000/hz/n}')"
-	record cpu_setup_ms sshd "$(awk -v a="$sc0" -v b="$sc1" -v n="$setups" -v hz="$hz" 'BEGIN{printf "%.2f", (b-a)*1000/hz/n}')"
-	echo "  hop CPU per setup: postern $(awk -v a="$pc0" -v b="$pc1" -v n="$setups" -v hz="$hz" 'BEGIN{printf "%.2f", (b-a)*1000/hz/n}') ms, sshd $(awk -v a="$sc0" -v b="$sc1" -v n="$setups" -v hz="$hz" 'BEGIN{printf "%.2f", (b-a)*1000/hz/n}') ms"
+	per_setup() { # before after idle-ticks -> ms per setup, idle rate taken out
+		awk -v a="$1" -v b="$2" -v idle="$3" -v n="$setups" -v hz="$hz" -v el="$(( (t1 - t0) / 1000000 ))" -v is="${IDLE_CPU_S:-5}" \
+			'BEGIN{v = ((b-a) - idle*(el/1000)/is)*1000/hz/n; if (v < 0) v = 0; printf "%.2f", v}'
+	}
+	record cpu_setup_ms postern "$(per_setup "$pc0" "$pc1" "$pidle")"
+	record cpu_setup_ms sshd "$(per_setup "$sc0" "$sc1" "$sidle")"
+	echo "  hop CPU per setup ($setups setups per arm over $(( (t1 - t0) / 1000000 )) ms): postern $(per_setup "$pc0" "$pc1" "$pidle") ms, sshd $(per_setup "$sc0" "$sc1" "$sidle") ms"
 	python3 - "$W" "$ROUNDS" >>"$RES" <<'PY'
 import json, statistics, sys
 w, rounds = sys.argv[1], int(sys.argv[2])
