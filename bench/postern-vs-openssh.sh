@@ -527,7 +527,9 @@ echo "postern-vs-openssh: $(ssh -V 2>&1); $(date -u '+%F %T UTC'); $(nproc) core
 setup
 [ "${LATENCY:-1}" = 1 ] && latency
 phases
+# Memory before throughput: a transfer grows the Go heap, and memory the
+# runtime keeps mapped afterwards would hide the idle sessions' cost.
+memory
 throughput
 profile
-memory
 table
