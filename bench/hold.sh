@@ -17,7 +17,8 @@
 # proxy -> node leg uses 127.0.0.1's ephemeral ports (ip_local_port_range).
 #
 # usage: bench/hold.sh            env: HOLD_N=9000 HOLD_RATE=50
-#        HOLD_DURATION=20s HOLD_CONCURRENCY=64 BUILD_DIR BUILD=0 KEEP=1
+#        HOLD_DURATION=20s HOLD_CONCURRENCY=64 HOLD_GC_PERCENT BUILD_DIR
+#        BUILD=0 KEEP=1
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 HOLD_N=${HOLD_N:-9000}
@@ -40,6 +41,9 @@ limits:
   max_sessions_per_user: -1
   max_connections: -1
 YAML
+# HOLD_GC_PERCENT: the daemons' gc_percent (default: theirs, 400), to see
+# the memory the GC setting costs per held session.
+[ -n "${HOLD_GC_PERCENT:-}" ] && echo "gc_percent: $HOLD_GC_PERCENT" >>"$POSTERN_CONFIG"
 build
 start_postern
 echo "  limits: RLIMIT_NOFILE soft/hard $(ulimit -n)/$(ulimit -Hn) (this shell, inherited); fs.nr_open $(cat /proc/sys/fs/nr_open);" \

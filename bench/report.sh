@@ -9,14 +9,14 @@
 # arms measured interleaved) and reported as a range, never a point.
 #
 # usage: bench/report.sh            (root: the suite creates a user)
-# env:   REPORT_RUNS=3 REPORT_OUT=docs/performance.md, and the suite's own
+# env:   REPORT_RUNS=2 REPORT_OUT=docs/performance.md, and the suite's own
 #        knobs (RUNS, TP_RUNS, TP_SIZE, MEM_N, ...; see postern-vs-openssh.sh),
 #        here defaulting to a short suite (RUNS=10 TP_RUNS=2 TP_SIZE=512M
-#        MEM_N=200: about 3 minutes a run, under 10 for the report)
+#        MEM_N=200: about 4 minutes a run, under 10 for the report)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
-REPORT_RUNS=${REPORT_RUNS:-3}
+REPORT_RUNS=${REPORT_RUNS:-2}
 export RUNS=${RUNS:-10} TP_RUNS=${TP_RUNS:-2} TP_SIZE=${TP_SIZE:-512M} MEM_N=${MEM_N:-200}
 OUT=${REPORT_OUT:-$REPO/docs/performance.md}
 COLLECT=$(mktemp -d /tmp/postern-report.XXXXXX)
@@ -32,6 +32,20 @@ for r in $(seq "$REPORT_RUNS"); do
 	[ -f "$w/phases.json" ] && cp "$w/phases.json" "$COLLECT/phases_$r.json"
 	rm -rf "$w"
 done
+
+# Scale: bench/hold.sh (one proxy holding REPORT_HOLD_N idle ssh -J
+# sessions of psh bench's own clients, new ones at 50/s meanwhile); 0 skips.
+REPORT_HOLD_N=${REPORT_HOLD_N:-2000}
+if [ "$REPORT_HOLD_N" -gt 0 ]; then
+	echo "=== scale: bench/hold.sh HOLD_N=$REPORT_HOLD_N"
+	KEEP=1 BUILD=0 HOLD_N=$REPORT_HOLD_N "$HERE/hold.sh" 2>&1 | tee "$COLLECT/hold.log"
+	w=$(sed -n 's/^  kept \(.*\)$/\1/p' "$COLLECT/hold.log" | tail -1)
+	if [ -n "$w" ] && [ -f "$w/hold.json" ]; then
+		cp "$w/hold.json" "$COLLECT/hold.json"
+		grep -E '^  (limits|proxy Max|psh bench exit)' "$COLLECT/hold.log" >"$COLLECT/hold_limits.txt" || true
+	fi
+	[ -n "$w" ] && rm -rf "$w"
+fi
 
 mkdir -p "$(dirname "$OUT")"
 python3 - "$COLLECT" "$REPORT_RUNS" "$OUT" \
@@ -110,6 +124,24 @@ with open(out, "w") as f:
                         xs.append(st[q])
                 rowv.append(rng(xs))
             f.write(f"| {name} | " + " | ".join(rowv) + " |\n")
+    if os.path.exists(f"{collect}/hold.json"):
+        d = json.load(open(f"{collect}/hold.json"))
+        h = d.get("hold") or {}
+        su, l = h.get("setup", {}), d.get("latency", {})
+        f.write("\n## Scale: one proxy holding idle ssh -J sessions\n\n")
+        f.write("`bench/hold.sh`: `psh bench ssh --jump --hold N` (its own x/crypto clients in one process, "
+                "each session a direct-tcpip channel as OpenSSH's ProxyJump opens), then new sessions open "
+                f"loop at {d.get('rate', 0):g}/s for {d.get('duration_s', 0):g} s while they stay open. "
+                "The node is a separate process.\n\n")
+        f.write("| figure | value |\n|---|---|\n")
+        f.write(f"| held sessions up / failed | {h.get('sessions')} / {h.get('failed')} |\n")
+        f.write(f"| held sessions' setup (concurrency {d.get('concurrency')}), p50 / p99 ms | {su.get('p50_ms', 0):.1f} / {su.get('p99_ms', 0):.1f} |\n")
+        f.write(f"| new sessions while held: completed / failed | {d.get('completed')} / {d.get('failed')} |\n")
+        f.write(f"| new sessions' setup p50 / p99 / max, ms | {l.get('p50_ms', 0):.1f} / {l.get('p99_ms', 0):.1f} / {l.get('max_ms', 0):.1f} |\n")
+        f.write(f"| proxy RSS per held session, KiB (gc_percent 400) | {h.get('rss_bytes_per_session', 0)/1024:.1f} |\n")
+        f.write(f"| proxy goroutines per held session | {h.get('goroutines_per_session', 0):.2f} |\n")
+        if os.path.exists(f"{collect}/hold_limits.txt"):
+            f.write("\nLimits in force:\n\n```\n" + open(f"{collect}/hold_limits.txt").read() + "```\n")
     f.write("\n## Notes\n\n")
     f.write("- The machine is shared (other engineers' builds and tests ran at the same time): absolute "
             "figures move by +-25% between runs; the ratios, taken within a run with the arms "
