@@ -142,6 +142,9 @@ with open(out, "w") as f:
         f.write(f"| proxy goroutines per held session | {h.get('goroutines_per_session', 0):.2f} |\n")
         if os.path.exists(f"{collect}/hold_limits.txt"):
             f.write("\nLimits in force:\n\n```\n" + open(f"{collect}/hold_limits.txt").read() + "```\n")
+        f.write("\nThe proxy holds two sockets per held session (client and node), so its descriptor limit "
+                "caps a proxy at about half of it: with a hard RLIMIT_NOFILE of 20,000 (which only "
+                "CAP_SYS_RESOURCE can raise) that is about 9,950 sessions, whatever the memory.\n")
     f.write("\n## Notes\n\n")
     f.write("- The machine is shared (other engineers' builds and tests ran at the same time): absolute "
             "figures move by +-25% between runs; the ratios, taken within a run with the arms "
