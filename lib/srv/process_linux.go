@@ -12,6 +12,7 @@ import (
 
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -26,6 +27,33 @@ const (
 	// its history in that time.
 	hangUpGrace = 2 * time.Second
 )
+
+// waitExited parks the goroutine in the runtime's poller until process pid
+// has exited, so that the Wait after it returns at once. Without it the
+// goroutine would block in waitid(2), a system call that holds an OS thread
+// for as long as the session's process runs: a node with thousands of idle
+// shells would run thousands of threads. A pidfd becomes readable when its
+// process exits; where pidfds are unavailable (Linux < 5.3) Wait blocks as
+// before. Safe against pid reuse: the process is our unreaped child, so
+// its pid cannot be reused until Wait reaps it.
+func waitExited(pid int) {
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return
+	}
+	f := os.NewFile(uintptr(fd), "pidfd")
+	defer f.Close()
+	raw, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = raw.Read(func(fd uintptr) bool {
+		// Level check first: an exit before the poller saw the fd.
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		return n != 0 || err != nil
+	})
+}
 
 // procSpec is what to run and as whom.
 type procSpec struct {
@@ -170,6 +198,7 @@ func closeAll(files ...*os.File) {
 // holding stdout keeps the session open) unless the session ends; with a
 // pty for at most ptyDrainGrace.
 func (p *process) wait(ctx context.Context, clock clockwork.Clock) exitResult {
+	waitExited(p.cmd.Process.Pid)
 	err := p.cmd.Wait()
 	close(p.exited)
 	if p.ptmx != nil {
