@@ -55,9 +55,10 @@ bench:
 	@if [ "$(BENCH_LOAD)" = 1 ]; then BUILD_DIR="$(abspath $(BUILD_DIR))" ./bench/load.sh; fi
 
 # bench-report runs the side-by-side suite (direct, Postern, sshd bastion)
-# REPORT_RUNS times (default 3) and writes docs/performance.md: medians
-# with min-max over runs, ratios within each run, date, machine, commit.
-# Root, free ports 2201-2202, ~10 minutes per run (bench/report.sh).
+# REPORT_RUNS times (default 2) and writes docs/performance.md: medians
+# with min-max over runs, ratios within each run, per-phase setup
+# percentiles, date, machine, commit. Root, free ports 2201-2202, about 4
+# minutes per run (bench/report.sh). bench/hold.sh is the scale run.
 bench-report:
 	BUILD_DIR="$(abspath $(BUILD_DIR))" ./bench/report.sh
 
@@ -97,4 +98,5 @@ e2e/node_modules/.package-lock.json: e2e/package.json e2e/package-lock.json
 # on loopback ports; screenshots land in e2e/artifacts/. Ends with
 # "N passed, N failed" and fails when any step failed.
 e2e: build e2e/node_modules/.package-lock.json
+	$(GO) build -o $(BUILD_DIR)/genrec ./e2e/genrec
 	POSTERN_BUILD_DIR=$(BUILD_DIR) node e2e/run.mjs

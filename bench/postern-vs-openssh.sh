@@ -41,6 +41,8 @@
 #          (flags still win; bench/load.sh uses it to lift the connection caps)
 #        PROFILE=1: perf-record the proxy during one Postern upload
 #        LATENCY=0: skip the setup measurement (a.)
+#        PHASES=0: skip psh bench's per-phase setup latency (d.; PHASE_RATE=20,
+#          PHASE_DURATION=10s)
 #        KEEP=1: keep the work dir (logs, JSON) instead of removing it
 set -uo pipefail
 
@@ -111,12 +113,12 @@ build() {
 	# The binaries run from the work dir: a rebuild of $BUILD_DIR during
 	# the run (make build) must not pull them away from under perf.
 	mkdir -p "$W/bin"
-	if [ "${BUILD:-1}" = 1 ] || [ ! -x "$BUILD_DIR/postern" ] || [ ! -x "$BUILD_DIR/pctl" ]; then
-		log "building postern and pctl into $BUILD_DIR"
+	if [ "${BUILD:-1}" = 1 ] || [ ! -x "$BUILD_DIR/postern" ] || [ ! -x "$BUILD_DIR/pctl" ] || [ ! -x "$BUILD_DIR/psh" ]; then
+		log "building postern, pctl and psh into $BUILD_DIR"
 		mkdir -p "$BUILD_DIR"
-		(cd "$REPO" && go build ${GOFLAGS_BENCH:-} -o "$BUILD_DIR/" ./tool/postern ./tool/pctl) || die "go build"
+		(cd "$REPO" && go build ${GOFLAGS_BENCH:-} -o "$BUILD_DIR/" ./tool/postern ./tool/pctl ./tool/psh) || die "go build"
 	fi
-	cp "$BUILD_DIR/postern" "$BUILD_DIR/pctl" "$W/bin/" || die "copying the binaries"
+	cp "$BUILD_DIR/postern" "$BUILD_DIR/pctl" "$BUILD_DIR/psh" "$W/bin/" || die "copying the binaries"
 	BIN=$W/bin
 }
 
@@ -141,17 +143,19 @@ wait_for() { # tries cmd...
 
 start_postern() {
 	log "Postern cluster (auth+proxy process, node process) in $W"
-	read -r PA PS PW PD PN PD2 <<<"$(free_ports 6)"
+	read -r PA PS PW PD PN PD2 PT <<<"$(free_ports 7)"
 	"$BIN/postern" start --data-dir "$W/auth" --roles auth,proxy --cluster-name bench \
-		--auth-addr "127.0.0.1:$PA" --ssh-addr "127.0.0.1:$PS" --web-addr "127.0.0.1:$PW" \
+		--auth-addr "127.0.0.1:$PA" --ssh-addr "127.0.0.1:$PS" --web-addr "127.0.0.1:$PW" --tunnel-addr "127.0.0.1:$PT" \
 		--diag-addr "127.0.0.1:$PD" --nodename bench-proxy ${POSTERN_CONFIG:+--config "$POSTERN_CONFIG"} >"$W/proxy.log" 2>&1 &
 	PROXY_PID=$!
 	PIDS_POSTERN+=("$PROXY_PID")
 	wait_for 150 pctl users ls || { tail -20 "$W/proxy.log"; die "auth+proxy did not start"; }
 	local out token pin
 	out=$(pctl tokens add --type node) || die "pctl tokens add"
-	token=$(grep -oE -- '--token [^ ]+' <<<"$out" | cut -d' ' -f2)
-	pin=$(grep -oE -- '--ca-pin sha256:[0-9a-f]+' <<<"$out" | cut -d' ' -f2)
+	# head -1: pctl prints the join command twice (direct and through the
+	# proxy), with the same token and pin.
+	token=$(grep -oE -- '--token [^ ]+' <<<"$out" | head -1 | cut -d' ' -f2)
+	pin=$(grep -oE -- '--ca-pin sha256:[0-9a-f]+' <<<"$out" | head -1 | cut -d' ' -f2)
 	"$BIN/postern" start --data-dir "$W/node" --roles node --nodename "$NODENAME" \
 		--auth-server "127.0.0.1:$PA" --token "$token" --ca-pin "$pin" \
 		--node-addr "127.0.0.1:$PN" --diag-addr "127.0.0.1:$PD2" ${POSTERN_CONFIG:+--config "$POSTERN_CONFIG"} >"$W/node.log" 2>&1 &
@@ -256,9 +260,29 @@ setup() {
 
 record() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$RES"; } # metric arm value
 
+proc_cpu_ticks() { # pid -> utime+stime+cutime+cstime (children reaped by pid included)
+	awk '{print $14 + $15 + $16 + $17}' "/proc/$1/stat"
+}
+
 latency() {
 	log "a. session setup: hyperfine -N, $ROUNDS rounds x $RUNS runs per arm, order swapped each round"
-	local r
+	local r pc0 sc0 pc1 sc1 hz setups
+	hz=$(getconf CLK_TCK)
+	# Hop CPU per setup: the jump host's CPU over the rounds divided by
+	# the setups through it (each arm runs twice per round: default and
+	# curve25519, each with 2 warm-ups). sshd's per-connection processes
+	# are reaped by the listener, so its cutime/cstime hold them; the
+	# Postern proxy process also runs auth, whose work per setup (the
+	# audit events of proxy and node) is counted in. What each process
+	# spends idle (heartbeats, watchers, GC), measured over IDLE_CPU_S
+	# seconds first, is taken out for the time the rounds took.
+	local t0 t1 pi0 si0 pidle sidle
+	pi0=$(proc_cpu_ticks "$PROXY_PID"); si0=$(proc_cpu_ticks "$(cat "$P/sshd_bastion.pid")")
+	sleep "${IDLE_CPU_S:-5}"
+	pidle=$(( $(proc_cpu_ticks "$PROXY_PID") - pi0 )); sidle=$(( $(proc_cpu_ticks "$(cat "$P/sshd_bastion.pid")") - si0 ))
+	echo "  idle CPU over ${IDLE_CPU_S:-5} s: postern $pidle ticks, sshd $sidle ticks (hz $hz)"
+	t0=$(date +%s%N)
+	pc0=$(proc_cpu_ticks "$PROXY_PID"); sc0=$(proc_cpu_ticks "$(cat "$P/sshd_bastion.pid")")
 	for r in $(seq "$ROUNDS"); do
 		local a=(-n sshd "ssh -F $CFG via-sshd true" -n postern "ssh -F $CFG via-postern true")
 		[ $((r % 2)) = 0 ] && a=(-n postern "ssh -F $CFG via-postern true" -n sshd "ssh -F $CFG via-sshd true")
@@ -267,6 +291,16 @@ latency() {
 			-n sshd-x25519 "ssh -F $CFG_X25519 via-sshd true" -n postern-x25519 "ssh -F $CFG_X25519 via-postern true" \
 			2>&1 | grep -E '^(Benchmark|  Time)'
 	done
+	pc1=$(proc_cpu_ticks "$PROXY_PID"); sc1=$(proc_cpu_ticks "$(cat "$P/sshd_bastion.pid")")
+	t1=$(date +%s%N)
+	setups=$((ROUNDS * 2 * (RUNS + 2)))
+	per_setup() { # before after idle-ticks -> ms per setup, idle rate taken out
+		awk -v a="$1" -v b="$2" -v idle="$3" -v n="$setups" -v hz="$hz" -v el="$(( (t1 - t0) / 1000000 ))" -v is="${IDLE_CPU_S:-5}" \
+			'BEGIN{v = ((b-a) - idle*(el/1000)/is)*1000/hz/n; if (v < 0) v = 0; printf "%.2f", v}'
+	}
+	record cpu_setup_ms postern "$(per_setup "$pc0" "$pc1" "$pidle")"
+	record cpu_setup_ms sshd "$(per_setup "$sc0" "$sc1" "$sidle")"
+	echo "  hop CPU per setup ($setups setups per arm over $(( (t1 - t0) / 1000000 )) ms): postern $(per_setup "$pc0" "$pc1" "$pidle") ms, sshd $(per_setup "$sc0" "$sc1" "$sidle") ms"
 	python3 - "$W" "$ROUNDS" >>"$RES" <<'PY'
 import json, statistics, sys
 w, rounds = sys.argv[1], int(sys.argv[2])
@@ -435,6 +469,7 @@ for line in open(sys.argv[1]):
     vals.setdefault(m, {}).setdefault(arm, []).append(float(v))
 rows = [
     ("session setup, ms (median)", "setup_ms", "<= 0.80", lambda r: r <= 0.8),
+    ("jump host CPU per setup, ms", "cpu_setup_ms", "(info)", None),
     ("setup, ms, kex curve25519 forced", "setup_ms_x25519", "(info)", None),
     ("upload MB/s (default ciphers)", "tp_upload_default", ">= 1.00", lambda r: r >= 1.0),
     ("download MB/s (default ciphers)", "tp_download_default", ">= 1.00", lambda r: r >= 1.0),
@@ -462,13 +497,39 @@ for title, key, target, ok in rows:
 PY
 }
 
+phases() {
+	# d. Per-phase setup latency through Postern: psh bench ssh (its own
+	# x/crypto client, open loop at PHASE_RATE/s for PHASE_DURATION, from
+	# 127.0.0.2-11 so the per-address new-connection limit stays out of
+	# it). Written to $W/phases.json for the report.
+	[ "${PHASES:-1}" = 1 ] || return 0
+	log "d. setup phases: psh bench ssh --phases at ${PHASE_RATE:-20}/s for ${PHASE_DURATION:-10s}"
+	local src="" i
+	for i in $(seq 2 11); do src="$src --source 127.0.0.$i"; done
+	export POSTERN_HOME=$W/psh-home
+	printf 'correct horse battery staple\n' | "$BIN/psh" login --proxy "127.0.0.1:$PW" --user alice --insecure --add-keys-to-agent no >/dev/null ||
+		{ echo "  psh login failed: no phases"; return 0; }
+	"$BIN/psh" bench ssh --rate "${PHASE_RATE:-20}" --duration "${PHASE_DURATION:-10s}" --phases --format json $src "$LOGIN@$NODENAME" >"$W/phases.json" ||
+		{ echo "  psh bench failed"; rm -f "$W/phases.json"; return 0; }
+	python3 - "$W/phases.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"  {d['completed']}/{d['scheduled']} completed, {d['failed']} failed")
+for p in [dict(d["latency"], name="total")] + d.get("phases", []):
+    print(f"  {p['name']:13} p50 {p['p50_ms']:7.2f}  p90 {p['p90_ms']:7.2f}  p99 {p['p99_ms']:7.2f}  max {p['max_ms']:7.2f} ms")
+PY
+}
+
 # Sourced (bench/load.sh reuses the setup and helpers above): define only.
 [ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 
 echo "postern-vs-openssh: $(ssh -V 2>&1); $(date -u '+%F %T UTC'); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
 setup
 [ "${LATENCY:-1}" = 1 ] && latency
+phases
+# Memory before throughput: a transfer grows the Go heap, and memory the
+# runtime keeps mapped afterwards would hide the idle sessions' cost.
+memory
 throughput
 profile
-memory
 table

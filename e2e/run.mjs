@@ -10,7 +10,7 @@
 // /usr/bin/chromium), E2E_KEEP=1 keeps the data dir.
 import { chromium } from 'playwright-core';
 import { spawn, execFileSync } from 'node:child_process';
-import { mkdtempSync, mkdirSync, rmSync, createWriteStream } from 'node:fs';
+import { mkdtempSync, mkdirSync, rmSync, createWriteStream, readFileSync, readdirSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir, userInfo, hostname } from 'node:os';
 import { join, dirname, resolve } from 'node:path';
@@ -206,11 +206,59 @@ async function inkBelowBaseline(page, marker, col) {
   }, png.toString('base64'));
 }
 
+// playerScreen is the visible text of an asciinema-player in EL (a CSS
+// selector): its terminal's lines, trailing blanks cut.
+async function playerScreen(page, sel) {
+  return page.evaluate((sel) => {
+    const lines = [...document.querySelectorAll(`${sel} .ap-term-text .ap-line`)].map((l) => l.textContent.replace(/\s+$/, ''));
+    return lines;
+  }, sel);
+}
+
+// rendererRSS is the largest resident set (MB) of the chromium renderer
+// processes this test started (descendants of this node process): a
+// bound on any one tab's.
+function rendererRSS(only) {
+  const parent = new Map();
+  const renderers = [];
+  for (const d of readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      const stat = readFileSync(`/proc/${d}/stat`, 'utf8');
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      parent.set(Number(d), ppid);
+      if (readFileSync(`/proc/${d}/cmdline`, 'utf8').includes('--type=renderer')) renderers.push(Number(d));
+    } catch { /* gone */ }
+  }
+  let max = 0;
+  for (const pid of renderers) {
+    if (only && !only.has(pid)) continue;
+    let p = pid;
+    while (p > 1 && p !== process.pid) p = parent.get(p) || 0;
+    if (p !== process.pid) continue;
+    try {
+      const m = readFileSync(`/proc/${pid}/status`, 'utf8').match(/VmRSS:\s+(\d+) kB/);
+      if (m) max = Math.max(max, Number(m[1]) / 1024);
+    } catch { /* gone */ }
+  }
+  return max;
+}
+
+// rendererPids lists the chromium renderer processes now running.
+function rendererPids() {
+  const out = new Set();
+  for (const d of readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) continue;
+    try { if (readFileSync(`/proc/${d}/cmdline`, 'utf8').includes('--type=renderer')) out.add(Number(d)); } catch { /* gone */ }
+  }
+  return out;
+}
+
 async function main() {
   rmSync(artifacts, { recursive: true, force: true });
   mkdirSync(artifacts, { recursive: true });
   const dataDir = mkdtempSync(join(tmpdir(), 'postern-e2e-'));
-  const [nodePort, sshPort, webPort, authPort, diagPort] = await Promise.all([1, 2, 3, 4, 5].map(freePort));
+  const [nodePort, sshPort, webPort, authPort, diagPort, tunnelPort] = await Promise.all([1, 2, 3, 4, 5, 6].map(freePort));
   const base = `https://127.0.0.1:${webPort}`;
   const log = createWriteStream(join(artifacts, 'postern.log'));
   const daemon = spawn(join(buildDir, 'postern'), [
@@ -218,7 +266,7 @@ async function main() {
     '--nodename', nodename, '--labels', 'env=e2e,team=web',
     '--node-addr', `127.0.0.1:${nodePort}`, '--ssh-addr', `127.0.0.1:${sshPort}`,
     '--web-addr', `127.0.0.1:${webPort}`, '--auth-addr', `127.0.0.1:${authPort}`,
-    '--diag-addr', `127.0.0.1:${diagPort}`,
+    '--diag-addr', `127.0.0.1:${diagPort}`, '--tunnel-addr', `127.0.0.1:${tunnelPort}`,
   ], { stdio: ['ignore', 'pipe', 'pipe'] });
   daemon.stdout.pipe(log);
   daemon.stderr.pipe(log);
@@ -506,6 +554,14 @@ async function main() {
       await waitFor('the same shell', async () => /^PID=\d+$/m.test(await rowsText(page)), 15000);
     });
 
+    let lastScreen;
+    await step(page, 'a recognisable last screen before the session ends', async () => {
+      await typeInTerminal(page, "clear; printf 'REC-END-%s\\n' $((6*7)); seq 1 5\n");
+      await waitFor('REC-END-42 and the seq', async () => /^REC-END-42$/m.test(await rowsText(page)) && /^5$/m.test(await rowsText(page)), 15000);
+      await sleep(500);
+      lastScreen = (await rowsText(page)).split('\n').map((l) => l.replace(/\s+$/, '')).filter(Boolean);
+    });
+
     let token;
     let lastResume;
     await step(page, 'logging out ends the open terminal', async () => {
@@ -544,6 +600,142 @@ async function main() {
       if (again.code !== 1008 || !/resume refused/.test(again.reason)) throw new Error(`resume after logout: ${JSON.stringify(again)}`);
       await page.click('#term-back');
       await page.locator('#view-login').waitFor({ state: 'visible' });
+    });
+
+    let recA;
+    await step(page, 'the recordings page lists the session, complete', async () => {
+      // From the front page: logging in at the old terminal's URL would
+      // open a new terminal there.
+      await page.goto(`${base}/`);
+      await page.locator('#view-login').waitFor({ state: 'visible' });
+      await page.fill('#login-user', user);
+      await page.fill('#login-password', password);
+      await page.click('#login-submit');
+      await page.locator('#view-nodes').waitFor({ state: 'visible' });
+      // The node uploads the final chunk within a second or so of the end.
+      recA = await waitFor('a complete recording that ends on REC-END-42', async () => {
+        await page.click('#nav-recordings');
+        await page.locator('#view-recordings').waitFor({ state: 'visible' });
+        const rows = await page.locator('#recordings tbody tr').evaluateAll((trs) => trs.map((tr) => ({
+          id: tr.dataset.id, state: tr.querySelector('.state').textContent, user: tr.querySelector('.user').textContent,
+        })));
+        for (const r of rows.filter((r) => r.state === 'complete' && r.user === user)) {
+          const file = join(dataDir, `${r.id}.cast`);
+          pctl(['recordings', 'export', r.id, '--out', file]);
+          const cast = readFileSync(file, 'utf8');
+          if (cast.includes('REC-END-')) return { id: r.id, cast };
+        }
+        await sleep(500);
+        return null;
+      }, 30000, 0);
+    });
+
+    await step(page, 'the exported asciicast plays in asciinema-player and ends on the same screen', async () => {
+      await page.evaluate(() => {
+        const el = document.createElement('div');
+        el.id = 'cast-test';
+        document.body.append(el);
+      });
+      await page.evaluate((cast) => { window.castPlayer = window.posternPlayCast(cast, document.getElementById('cast-test'), { preload: true }); }, recA.cast);
+      await waitFor('the cast to load', () => page.evaluate(() => window.castPlayer.getDuration() !== undefined), 15000, 100);
+      await page.evaluate(() => window.castPlayer.seek(window.castPlayer.getDuration()));
+      const want = lastScreen.join('\n');
+      let got;
+      try {
+        await waitFor('the last screen in the player', async () => {
+          got = (await playerScreen(page, '#cast-test')).filter(Boolean);
+          // The shell may print one more line (its prompt) after the capture.
+          return got.slice(0, lastScreen.length).join('\n') === want && got.length <= lastScreen.length + 1;
+        }, 10000, 100);
+      } catch (err) {
+        throw new Error(`${err.message}\nwant:\n${want}\ngot:\n${(got || []).join('\n')}`);
+      }
+      console.log(`     ${lastScreen.length} lines match; the cast is ${recA.cast.length} bytes`);
+      await page.evaluate(() => { window.castPlayer.dispose(); document.getElementById('cast-test').remove(); });
+    });
+
+    await step(page, 'user B cannot list or play A\'s recordings through the web API', async () => {
+      const pageB = contextB.pages()[0];
+      const tokenB = await pageB.evaluate(() => sessionStorage.getItem('postern.token'));
+      const res = await pageB.evaluate(async ([t, id]) => {
+        const h = { headers: { Authorization: `Bearer ${t}` } };
+        const list = await (await fetch('/webapi/recordings', h)).json();
+        const out = { list: list.items.map((i) => i.user) };
+        for (const p of ['index', 'segments/0', 'cast', 'markers']) {
+          const r = await fetch(`/webapi/recordings/${id}/${p}`, h);
+          const miss = await fetch(`/webapi/recordings/00000000-0000-4000-8000-000000000000/${p}`, h);
+          out[p] = [r.status, miss.status, (await r.text()).replace(id, 'ID') === (await miss.text()).replace('00000000-0000-4000-8000-000000000000', 'ID')];
+        }
+        return out;
+      }, [tokenB, recA.id]);
+      if (res.list.includes(user)) throw new Error(`B lists A's recordings: ${JSON.stringify(res.list)}`);
+      for (const p of ['index', 'segments/0', 'cast', 'markers']) {
+        const [code, missCode, same] = res[p];
+        if (code !== 404 || missCode !== 404 || !same) throw new Error(`B's ${p}: ${JSON.stringify(res[p])}`);
+      }
+      console.log(`     B's list: ${JSON.stringify(res.list)}; index/segments/cast/markers: 404 like a missing recording`);
+    });
+
+    let big;
+    let bigPage;
+    let bigRenderers;
+    await step(page, 'a generated 30-minute, ~100 MB recording opens in the player with its markers', async () => {
+      const t0 = Date.now();
+      big = execFileSync(join(buildDir, 'genrec'), ['--dir', join(dataDir, 'auth', 'recordings'), '--user', user, '--minutes', '30', '--mb', '110']).toString().trim();
+      console.log(`     generated ${big} in ${Date.now() - t0} ms`);
+      // A tab of its own, so that its renderer's memory is the player's.
+      const before = rendererPids();
+      bigPage = await context.newPage();
+      bigPage.on('console', (m) => { if (m.type() === 'error') consoleErrors.push(m.text()); });
+      const page = bigPage;
+      await page.goto(`${base}/`);
+      await page.evaluate(([t, u]) => { sessionStorage.setItem('postern.token', t); sessionStorage.setItem('postern.user', u); },
+        [await context.pages()[0].evaluate(() => sessionStorage.getItem('postern.token')), user]);
+      bigRenderers = new Set([...rendererPids()].filter((p) => !before.has(p)));
+      const o0 = Date.now();
+      await page.goto(`${base}/web/recordings/${big}`);
+      await page.locator('#view-player').waitFor({ state: 'visible' });
+      try {
+        await waitFor('the player to load', () => page.evaluate(() => window.posternPlayer && window.posternPlayer.getDuration() !== undefined), 30000, 50);
+      } catch (err) {
+        throw new Error(`${err.message}; console: ${consoleErrors.slice(-3).join(' | ')}; page: ${await page.locator('#player-error').innerText()}`);
+      }
+      await page.locator('#player-markers li').nth(6).waitFor({ timeout: 10000 });
+      const markers = await page.locator('#player-markers').innerText();
+      if (!/checkpoint 5/.test(markers) || !/exit-status 0/.test(markers)) throw new Error(`markers: ${markers}`);
+      const onBar = await page.locator('#player .ap-marker-container').count();
+      if (onBar < 6) throw new Error(`${onBar} markers on the progress bar`);
+      console.log(`     opened in ${Date.now() - o0} ms; ${onBar} markers on the timeline`);
+    });
+
+    await step(page, 'seeking to 90% shows the right screen within 1s and the tab stays under 300 MB', async () => {
+      const page = bigPage;
+      const res = await page.evaluate(async () => {
+        const p = window.posternPlayer;
+        const lines = () => [...document.querySelectorAll('#player .ap-term-text .ap-line')].map((l) => l.textContent.trim()).filter(Boolean);
+        const start = performance.now();
+        await p.seek('90%');
+        const t = p.getCurrentTime();
+        const k = String(Math.floor(t * 10 + 1e-6)).padStart(6, '0');
+        for (;;) {
+          const ls = lines();
+          if (ls.length >= 20 && ls.every((l) => l.startsWith(`k=${k} `))) break;
+          if (performance.now() - start > 5000) return { error: `screen after 5s (k=${k}): ${JSON.stringify(ls.slice(-3))}` };
+          await new Promise((r) => requestAnimationFrame(r));
+        }
+        const took = performance.now() - start;
+        const fetched = performance.getEntriesByType('resource').filter((e) => e.name.includes('/segments/') && e.startTime >= start)
+          .map((e) => `${e.name.replace(/.*\/segments\//, '')} ${e.duration.toFixed(0)} ms ${(e.encodedBodySize / 1048576).toFixed(1)} MB`);
+        return { fetched, took, t, duration: p.getDuration(), k, heap: performance.memory ? performance.memory.usedJSHeapSize / 1048576 : -1 };
+      });
+      if (res.error) throw new Error(res.error);
+      const rss = rendererRSS(bigRenderers.size ? bigRenderers : null);
+      console.log(`     ${bigRenderers.size ? 'the tab\'s own renderer' : 'no renderer of its own: the largest one'}`);
+      console.log(`     segments fetched: ${res.fetched.join(', ')}`);
+      console.log(`     seek to ${res.t.toFixed(1)}s of ${res.duration.toFixed(1)}s: screen of tick ${res.k} in ${res.took.toFixed(0)} ms; JS heap ${res.heap.toFixed(1)} MB, renderer RSS ${rss.toFixed(0)} MB`);
+      if (Math.abs(res.t - 0.9 * res.duration) > 1) throw new Error(`seeked to ${res.t}`);
+      if (res.took > 1000) throw new Error(`the screen took ${res.took} ms`);
+      if (res.heap > 300 || rss > 300) throw new Error(`memory: heap ${res.heap} MB, RSS ${rss} MB`);
     });
 
     await step(page, 'no console errors', async () => {

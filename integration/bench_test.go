@@ -71,6 +71,25 @@ func TestPshBenchSSH(t *testing.T) {
 		require.Contains(t, out, bench.PhaseRouteDial)
 	})
 
+	// --jump: the ssh -J path (direct-tcpip), phases and held sessions as
+	// above; the proxy holds fewer goroutines per such session than per
+	// proxy-subsystem session (no session channel of its own).
+	t.Run("jump", func(t *testing.T) {
+		out := e.mustRun(t, "", "bench", "ssh", "--jump", "--rate", "4", "--duration", "1s", "--phases", "--format", "json",
+			"--hold", "3", "--metrics-url", metrics, c.login+"@"+c.hostname)
+		var res bench.Result
+		require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+		require.EqualValues(t, 4, res.Completed, "errors: %v", res.Errors)
+		for _, p := range res.Phases {
+			if p.Name != "queue" {
+				require.Positive(t, p.Min, "phase %s", p.Name)
+			}
+		}
+		require.NotNil(t, res.Hold)
+		require.Equal(t, 3, res.Hold.Sessions)
+		require.Positive(t, res.Hold.GoroutinesPerSession)
+	})
+
 	t.Run("bad input", func(t *testing.T) {
 		for _, tc := range []struct {
 			name string
@@ -82,6 +101,7 @@ func TestPshBenchSSH(t *testing.T) {
 			{"duration zero", []string{"--duration", "0s", c.hostname}, "--duration must be positive"},
 			{"bad source", []string{"--source", "nope", c.hostname}, `--source "nope" is not an IP address`},
 			{"unknown host", []string{"--rate", "1", "--duration", "1s", "no-such-node"}, `node "no-such-node" not found`},
+			{"unknown host, jump", []string{"--jump", "--rate", "1", "--duration", "1s", "no-such-node"}, `node "no-such-node" not found`},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				_, errOut, code := e.run(t, "", append([]string{"bench", "ssh"}, tc.args...)...)

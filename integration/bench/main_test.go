@@ -14,6 +14,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -293,18 +294,42 @@ func (h *hop) Close() error {
 }
 
 func dialNode(cr credentials, proxyAddr, nodeAddr string, ciphers []string) (*hop, error) {
+	return dialNodeFrom(cr, proxyAddr, nodeAddr, ciphers, nil)
+}
+
+// dialNodeFrom is dialNode from the local address src (nil: any). The
+// proxy limits new connections per source address (20/s after a burst of
+// 250); many sessions opened at once come from many loopback addresses
+// (127.0.0.2, .3, ...: all of 127/8 is local) rather than waiting for it.
+func dialNodeFrom(cr credentials, proxyAddr, nodeAddr string, ciphers []string, src net.IP) (*hop, error) {
 	cfg, err := cr.clientConfig(ciphers)
 	if err != nil {
 		return nil, err
 	}
+	dial := func(addr string) (*ssh.Client, error) {
+		d := net.Dialer{Timeout: 30 * time.Second}
+		if src != nil {
+			d.LocalAddr = &net.TCPAddr{IP: src}
+		}
+		nc, err := d.Dial("tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		sc, chans, reqs, err := ssh.NewClientConn(nc, addr, cfg)
+		if err != nil {
+			nc.Close()
+			return nil, err
+		}
+		return ssh.NewClient(sc, chans, reqs), nil
+	}
 	if proxyAddr == "" {
-		clt, err := ssh.Dial("tcp", nodeAddr, cfg)
+		clt, err := dial(nodeAddr)
 		if err != nil {
 			return nil, err
 		}
 		return &hop{node: clt}, nil
 	}
-	proxy, err := ssh.Dial("tcp", proxyAddr, cfg)
+	proxy, err := dial(proxyAddr)
 	if err != nil {
 		return nil, err
 	}

@@ -134,10 +134,11 @@ func (a *APIServer) listRecordings(ctx context.Context, _ *peer, _ *http.Request
 	return list, trace.Wrap(err)
 }
 
-// streamRecording answers GET /v1/recordings/{session}: the chunks as
-// newline-delimited JSON, read and sent one at a time. Each read is an
-// audit event (recording.play) naming the caller: for the proxy, lib/web
-// records the user it plays for.
+// streamRecording answers GET /v1/recordings/{session}[?from=N]: the
+// chunks (from chunk N on, so that a player seeking into a long recording
+// reads only what it shows) as newline-delimited JSON, read and sent one
+// at a time. Each read by an admin is an audit event (recording.play); for
+// the proxy, lib/web and the SSH proxy record the user they play for.
 func (a *APIServer) streamRecording(w http.ResponseWriter, r *http.Request, p *peer) {
 	ctx := r.Context()
 	session := r.PathValue("session")
@@ -150,11 +151,17 @@ func (a *APIServer) streamRecording(w http.ResponseWriter, r *http.Request, p *p
 		writeError(w, err)
 		return
 	}
+	from, err := chunkFrom(r.URL.Query().Get("from"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	idx, err := st.ChunkIndexes(ctx, session)
 	if err != nil {
 		writeError(w, trace.NotFound("recording %s not found", session))
 		return
 	}
+	idx = chunksFrom(idx, from)
 	if p.Role == RoleAdmin {
 		a.auth.cfg.Audit.Emit(ctx, events.Event{Type: events.RecordingPlay, User: p.ID, Fields: events.Fields{
 			events.FieldSessionID: session, events.FieldRole: p.Role, events.FieldMethod: "api",
@@ -177,6 +184,26 @@ func (a *APIServer) streamRecording(w http.ResponseWriter, r *http.Request, p *p
 	_ = bw.Flush()
 }
 
+// chunkFrom parses the from parameter ("" is 0).
+func chunkFrom(v string) (int, error) {
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, trace.BadParameter("from=%q is not a non-negative chunk number", v)
+	}
+	return n, nil
+}
+
+// chunksFrom drops the indexes below from (idx is ascending).
+func chunksFrom(idx []int, from int) []int {
+	for len(idx) > 0 && idx[0] < from {
+		idx = idx[1:]
+	}
+	return idx
+}
+
 // PutRecordingChunk uploads one chunk (node identity only).
 func (c *Client) PutRecordingChunk(ctx context.Context, session string, ch recording.Chunk) error {
 	return trace.Wrap(c.do(ctx, http.MethodPut, "/v1/recordings/"+url.PathEscape(session)+"/chunks/"+strconv.Itoa(ch.Index), nil, ch, nil))
@@ -193,7 +220,13 @@ func (c *Client) ListRecordings(ctx context.Context) ([]recording.Meta, error) {
 // It is bounded by ctx only: a long recording may take longer than one
 // API call's timeout.
 func (c *Client) GetRecording(ctx context.Context, session string, fn func(recording.Chunk) error) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/recordings/"+url.PathEscape(session), nil)
+	return trace.Wrap(c.GetRecordingFrom(ctx, session, 0, fn))
+}
+
+// GetRecordingFrom is GetRecording from chunk from on. fn returning an
+// error stops the stream (the response body is closed unread).
+func (c *Client) GetRecordingFrom(ctx context.Context, session string, from int, fn func(recording.Chunk) error) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/recordings/"+url.PathEscape(session)+"?from="+strconv.Itoa(from), nil)
 	if err != nil {
 		return trace.Wrap(err)
 	}
@@ -231,6 +264,15 @@ func (s *Server) ListRecordings(ctx context.Context) ([]recording.Meta, error) {
 
 // GetRecording calls fn with each stored chunk of session, in order.
 func (s *Server) GetRecording(ctx context.Context, session string, fn func(recording.Chunk) error) error {
+	return trace.Wrap(s.GetRecordingFrom(ctx, session, 0, fn))
+}
+
+// GetRecordingFrom calls fn with each stored chunk of session from chunk
+// from on, in order, reading one at a time; an error from fn stops it.
+func (s *Server) GetRecordingFrom(ctx context.Context, session string, from int, fn func(recording.Chunk) error) error {
+	if from < 0 {
+		return trace.BadParameter("chunk %d: want a non-negative chunk number", from)
+	}
 	st, err := s.recordings()
 	if err != nil {
 		return trace.Wrap(err)
@@ -242,7 +284,7 @@ func (s *Server) GetRecording(ctx context.Context, session string, fn func(recor
 	if err != nil {
 		return trace.NotFound("recording %s not found", session)
 	}
-	for _, i := range idx {
+	for _, i := range chunksFrom(idx, from) {
 		c, err := st.GetChunk(ctx, session, i)
 		if err != nil {
 			return trace.Wrap(err)

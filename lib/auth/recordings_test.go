@@ -2,6 +2,7 @@ package auth
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 
@@ -89,4 +90,20 @@ func TestRecordingUploadOnlyByItsNode(t *testing.T) {
 
 	err = admin.GetRecording(ctx, "00000000-0000-4000-8000-000000000000", func(recording.Chunk) error { return nil })
 	require.True(t, trace.IsNotFound(err), "%v", err)
+
+	// From chunk N on (a player seeking), and stopped early by fn.
+	var idx []int
+	require.NoError(t, admin.GetRecordingFrom(ctx, recSession, 2, func(c recording.Chunk) error {
+		idx = append(idx, c.Index)
+		return nil
+	}))
+	require.Equal(t, got[2].Index, idx[0])
+	require.Len(t, idx, len(got)-2)
+	stop := errors.New("enough")
+	n := 0
+	err = admin.GetRecordingFrom(ctx, recSession, 0, func(recording.Chunk) error { n++; return stop })
+	require.ErrorIs(t, err, stop)
+	require.Equal(t, 1, n)
+	err = admin.GetRecordingFrom(ctx, recSession, -1, func(recording.Chunk) error { return nil })
+	require.True(t, trace.IsBadParameter(err), "a negative chunk is refused: %v", err)
 }

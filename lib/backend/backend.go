@@ -185,3 +185,35 @@ func MatchesAny(key string, prefixes []string) bool {
 	}
 	return false
 }
+
+// BatchCreator is a backend that writes many new items in one round trip
+// (SQLite: one transaction, one fsync). Writers of many small independent
+// items, like the audit log, use it through CreateMany.
+type BatchCreator interface {
+	// CreateMany writes, all or nothing, every item whose key does not
+	// exist yet and skips the others (a key that exists is not an error:
+	// the item was written before); it returns how many it wrote.
+	CreateMany(ctx context.Context, items []Item) (int, error)
+}
+
+// CreateMany writes items through b's CreateMany when it has one, else one
+// Create at a time (then not all or nothing: the items before an error
+// stay written).
+func CreateMany(ctx context.Context, b Backend, items []Item) (int, error) {
+	if bc, ok := b.(BatchCreator); ok {
+		n, err := bc.CreateMany(ctx, items)
+		return n, trace.Wrap(err)
+	}
+	n := 0
+	for _, it := range items {
+		_, err := b.Create(ctx, it)
+		if trace.IsAlreadyExists(err) {
+			continue
+		}
+		if err != nil {
+			return n, trace.Wrap(err)
+		}
+		n++
+	}
+	return n, nil
+}

@@ -111,3 +111,12 @@ func (i *Instrumented) DeleteRange(ctx context.Context, prefix string) error {
 func (i *Instrumented) Clock() clockwork.Clock { return i.Backend.Clock() }
 
 var _ Backend = (*Instrumented)(nil)
+
+// CreateMany implements BatchCreator: the wrapped backend's batch path when
+// it has one, one Create at a time otherwise.
+func (i *Instrumented) CreateMany(ctx context.Context, items []Item) (int, error) {
+	start := i.clock.Now()
+	n, err := CreateMany(ctx, i.Backend, items)
+	i.observe("create_many", start, err)
+	return n, err
+}

@@ -44,21 +44,43 @@ func TestOpenLoopCountsFromSchedule(t *testing.T) {
 		require.NoError(t, err)
 		done <- res
 	}()
+	// Step the clock from event to event, each time once exactly the
+	// goroutines that must wait on it do: the scheduler's timer for the
+	// next start (until the last start, at 400 ms) and the one running
+	// session's 300 ms of work. Sessions start at 0, 300, 600, 900 and
+	// 1200 ms (waiters take the one slot in FIFO order) and end 300 ms
+	// later.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, step := range []struct {
+		waiters int
+		advance time.Duration
+	}{
+		{2, 100 * time.Millisecond}, // t=0: s0 working, next start at 100
+		{2, 100 * time.Millisecond}, // t=100: s1 queued
+		{2, 100 * time.Millisecond}, // t=200: s2 queued
+		{2, 100 * time.Millisecond}, // t=300: s0 done, s1 working, s3 queued
+		{1, 200 * time.Millisecond}, // t=400: s4 queued, the last start
+		{1, 300 * time.Millisecond}, // t=600: s2 working
+		{1, 300 * time.Millisecond}, // t=900: s3 working
+		{1, 300 * time.Millisecond}, // t=1200: s4 working, ends at 1500
+	} {
+		require.NoError(t, clock.BlockUntilContext(ctx, step.waiters))
+		clock.Advance(step.advance)
+	}
 	var res *Result
-	for res == nil {
-		select {
-		case res = <-done:
-		default:
-			clock.Advance(10 * time.Millisecond)
-			time.Sleep(time.Millisecond) // let the fake clock's waiters run
-		}
+	select {
+	case res = <-done:
+	case <-ctx.Done():
+		t.Fatal("Run did not return")
 	}
 	require.EqualValues(t, 5, res.Scheduled)
 	require.EqualValues(t, 5, res.Completed)
 	// Session i starts at max(i*100, i*300) ms and ends 300 ms later:
 	// latency from its schedule is 300 + 200*i ms: 300 ... 1100.
-	require.InDelta(t, 300, res.Latency.Min, 15)
-	require.InDelta(t, 1100, res.Latency.Max, 40)
+	require.InDelta(t, 300, res.Latency.Min, 1)
+	require.InDelta(t, 1100, res.Latency.Max, 2)
+	require.InDelta(t, 700, res.Latency.Mean, 2)
 	require.Equal(t, []string{"queue", "work"}, []string{res.Phases[0].Name, res.Phases[1].Name})
 	require.InDelta(t, res.Latency.Mean, res.Phases[0].Mean+res.Phases[1].Mean, 1)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,6 +61,10 @@ type SSHConfig struct {
 	Sources []net.IP
 	// Timeout bounds one session's setup. Zero means client.DialTimeout.
 	Timeout time.Duration
+	// Jump reaches the node the way `ssh -J` does, through a direct-tcpip
+	// channel, instead of psh's proxy:HOST subsystem: the proxy then holds
+	// an ssh -J session (no session channel of its own).
+	Jump bool
 }
 
 // CheckAndSetDefaults validates the config.
@@ -151,21 +156,31 @@ func dialSSH(ctx context.Context, cfg SSHConfig, src net.IP, rec *Recorder) (io.
 		sess.Close()
 		return nil, err
 	}
-	sub, err := client.OpenSubsystem(ctx, sess.proxy, client.SubsystemConfig{Name: cfg.Target.SubsystemString()})
-	if err != nil {
-		return fail(trace.Wrap(err))
-	}
 	port := cfg.Target.Port
 	if port == "" || port == "0" {
-		port = "22"
+		port = "22" // the router's "any port"
 	}
 	nodeAddr := net.JoinHostPort(cfg.Target.Host, port)
-	conn := &firstByteConn{Channel: sub, local: tcp.LocalAddr(), remote: tcp.RemoteAddr(), onFirst: func() { rec.Mark(PhaseRouteDial) }}
+	var ch ssh.Channel
+	explain := func() string { return "" }
+	if cfg.Jump {
+		ch, err = openDirectTCPIP(sess.proxy, cfg.Target.Host, port)
+		if err != nil {
+			return fail(err)
+		}
+	} else {
+		sub, err := client.OpenSubsystem(ctx, sess.proxy, client.SubsystemConfig{Name: cfg.Target.SubsystemString()})
+		if err != nil {
+			return fail(trace.Wrap(err))
+		}
+		ch, explain = sub, sub.Explain
+	}
+	conn := &firstByteConn{Channel: ch, local: tcp.LocalAddr(), remote: tcp.RemoteAddr(), onFirst: func() { rec.Mark(PhaseRouteDial) }}
 	nconn, nchans, nreqs, err := ssh.NewClientConn(conn, nodeAddr, cfg.clientConfig(cfg.Login, rec, PhaseNodeKex))
 	if err != nil {
 		// The proxy ends the channel when it cannot route; its reason
 		// (not found, ambiguous) is on stderr.
-		if msg := sub.Explain(); msg != "" {
+		if msg := explain(); msg != "" {
 			return fail(trace.BadParameter("%s", msg))
 		}
 		return fail(trace.ConnectionProblem(err, "node %s: %v", cfg.Target.Host, ctxErr(ctx, err)))
@@ -204,6 +219,32 @@ func dialSSH(ctx context.Context, cfg SSHConfig, src net.IP, rec *Recorder) (io.
 		<-waited
 		return err
 	}), nil
+}
+
+// openDirectTCPIP opens the channel `ssh -J` opens. The proxy routes (or
+// refuses) before it answers, so a refusal's message is the reason (not
+// found, ambiguous, denied).
+func openDirectTCPIP(c *ssh.Client, host, port string) (ssh.Channel, error) {
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return nil, trace.BadParameter("port %q is not a number", port)
+	}
+	payload := ssh.Marshal(struct {
+		Host       string
+		Port       uint32
+		OriginHost string
+		OriginPort uint32
+	}{host, uint32(p), "127.0.0.1", 0})
+	ch, reqs, err := c.OpenChannel("direct-tcpip", payload)
+	if err != nil {
+		var oe *ssh.OpenChannelError
+		if errors.As(err, &oe) {
+			return nil, trace.BadParameter("%s", oe.Message)
+		}
+		return nil, trace.ConnectionProblem(err, "direct-tcpip to %s: %v", host, err)
+	}
+	go ssh.DiscardRequests(reqs)
+	return ch, nil
 }
 
 // ctxErr prefers the context's reason (timeout) over the closed conn's.

@@ -392,3 +392,73 @@ func TestRecorderAndDiscard(t *testing.T) {
 	_, err := r.Wait(short, AuthFailed, nil)
 	require.Error(t, err)
 }
+
+// batchCounter counts the backend's CreateMany calls and their sizes.
+type batchCounter struct {
+	backend.Backend
+	mu      sync.Mutex
+	batches []int
+	written chan struct{}
+}
+
+func (b *batchCounter) CreateMany(ctx context.Context, items []backend.Item) (int, error) {
+	n, err := backend.CreateMany(ctx, b.Backend, items)
+	b.mu.Lock()
+	b.batches = append(b.batches, len(items))
+	b.mu.Unlock()
+	b.written <- struct{}{}
+	return n, err
+}
+
+// TestBackendBatchWait: with BatchWait, events emitted within the wait go
+// to the backend as one CreateMany (one transaction), written when the
+// wait ends, not before; a Flush ends the wait at once.
+func TestBackendBatchWait(t *testing.T) {
+	bc := &batchCounter{written: make(chan struct{}, 10)}
+	// A clock of the log's own: the sink's wait is then its only timer
+	// (the memory backend arms its expiry timer on the fixture's).
+	clock := clockwork.NewFakeClockAt(start)
+	f := newFixture(t, func(c *Config) {
+		bc.Backend = c.Backend
+		c.Backend = bc
+		c.Dir = "" // the backend sink alone
+		c.BatchWait = time.Second
+		c.Clock = clock
+	})
+	f.clock = clock
+	batches := func() []int {
+		bc.mu.Lock()
+		defer bc.mu.Unlock()
+		return append([]int(nil), bc.batches...)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f.log.Emit(ctx, Event{Type: SessionStart, User: "alice"})
+	// The sink holds the first event and waits on its timer for more.
+	require.NoError(t, f.clock.BlockUntilContext(ctx, 1))
+	f.log.Emit(ctx, Event{Type: SessionEnd, User: "alice"})
+	f.log.Emit(ctx, Event{Type: SessionStart, User: "bob"})
+	select {
+	case <-bc.written:
+		t.Fatal("written before the wait ended")
+	default:
+	}
+	f.clock.Advance(time.Second)
+	select {
+	case <-bc.written:
+	case <-ctx.Done():
+		t.Fatal("the batch was not written when the wait ended")
+	}
+	// The two later events may have reached the queue after the wait's
+	// end only if Emit were asynchronous; it is not, so all three are in.
+	require.Equal(t, []int{3}, batches())
+
+	// A flush does not wait for the timer.
+	f.log.Emit(ctx, Event{Type: SessionEnd, User: "bob"})
+	require.NoError(t, f.clock.BlockUntilContext(ctx, 1))
+	f.flush(t)
+	require.Equal(t, []int{3, 1}, batches())
+	items, err := bc.Backend.GetRange(ctx, "/events/", 0)
+	require.NoError(t, err)
+	require.Len(t, items, 4)
+}

@@ -10,8 +10,10 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
 )
 
 // sessionIDPattern is what a session id may look like on disk: the
@@ -61,37 +63,47 @@ func chunkName(i int) string { return fmt.Sprintf("%08d.chunk", i) }
 // PutChunk writes c atomically (temp file, fsync, rename): a crash leaves
 // the chunk whole or absent.
 func (d DirStorage) PutChunk(_ context.Context, session string, c Chunk) error {
+	_, err := d.putChunk(session, c, true)
+	return trace.Wrap(err)
+}
+
+// putChunk writes c through a temp file renamed into place, with an fsync
+// before the rename when sync is set; it returns the chunk's path.
+func (d DirStorage) putChunk(session string, c Chunk, sync bool) (string, error) {
 	if err := CheckSessionID(session); err != nil {
-		return trace.Wrap(err)
+		return "", trace.Wrap(err)
 	}
 	if c.Index < 0 {
-		return trace.BadParameter("chunk index %d", c.Index)
+		return "", trace.BadParameter("chunk index %d", c.Index)
 	}
 	dir := filepath.Join(d.Dir, session)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return trace.ConvertSystemError(err)
+		return "", trace.ConvertSystemError(err)
 	}
 	data, err := json.Marshal(c)
 	if err != nil {
-		return trace.Wrap(err)
+		return "", trace.Wrap(err)
 	}
 	f, err := os.CreateTemp(dir, ".tmp-*")
 	if err != nil {
-		return trace.ConvertSystemError(err)
+		return "", trace.ConvertSystemError(err)
 	}
 	defer os.Remove(f.Name())
 	if _, err := f.Write(data); err != nil {
 		f.Close()
-		return trace.ConvertSystemError(err)
+		return "", trace.ConvertSystemError(err)
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return trace.ConvertSystemError(err)
+	if sync {
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return "", trace.ConvertSystemError(err)
+		}
 	}
 	if err := f.Close(); err != nil {
-		return trace.ConvertSystemError(err)
+		return "", trace.ConvertSystemError(err)
 	}
-	return trace.ConvertSystemError(os.Rename(f.Name(), filepath.Join(dir, chunkName(c.Index))))
+	path := filepath.Join(dir, chunkName(c.Index))
+	return path, trace.ConvertSystemError(os.Rename(f.Name(), path))
 }
 
 // ChunkIndexes lists the chunk indexes stored for session, ascending.
@@ -230,20 +242,69 @@ func HeaderOf(gz []byte) (*Header, error) {
 
 // DirSink writes one session's chunks to a DirStorage and tells Notify
 // (the uploader) that a chunk is ready.
+//
+// Durability. A chunk is in the file system (renamed into place) before
+// WriteChunk returns, so a node process killed with SIGKILL loses nothing
+// that was closed. The fsync that survives a machine crash is batched: the
+// chunks written since the last one are synced when DefaultFlushInterval
+// has passed since it (and always with the final chunk), so a burst of
+// output is not paced by the disk's sync rate, and a power loss costs at
+// most about two intervals.
 type DirSink struct {
 	Storage DirStorage
 	Session string
 	// Notify is called after each chunk is on disk; nil means nobody.
 	Notify func()
+	// Clock paces the batched fsync; nil means the real clock.
+	Clock clockwork.Clock
+
+	unsynced []string
+	synced   time.Time
 }
 
-// WriteChunk stores c.
+// WriteChunk stores c (calls come from one goroutine: the Writer's).
 func (s *DirSink) WriteChunk(c Chunk) error {
-	if err := s.Storage.PutChunk(context.Background(), s.Session, c); err != nil {
+	if s.Clock == nil {
+		s.Clock = clockwork.NewRealClock()
+	}
+	path, err := s.Storage.putChunk(s.Session, c, false)
+	if err != nil {
 		return trace.Wrap(err)
+	}
+	s.unsynced = append(s.unsynced, path)
+	if now := s.Clock.Now(); c.Final || now.Sub(s.synced) >= DefaultFlushInterval {
+		if err := s.sync(); err != nil {
+			return trace.Wrap(err)
+		}
+		s.synced = now
 	}
 	if s.Notify != nil {
 		s.Notify()
 	}
 	return nil
+}
+
+// sync fsyncs the chunks written since the last sync and their directory.
+func (s *DirSink) sync() error {
+	for _, p := range s.unsynced {
+		if err := syncPath(p); err != nil && !os.IsNotExist(err) {
+			return trace.ConvertSystemError(err)
+		}
+	}
+	s.unsynced = s.unsynced[:0]
+	err := syncPath(filepath.Join(s.Storage.Dir, s.Session))
+	if os.IsNotExist(err) {
+		// The uploader shipped the session and removed its directory.
+		return nil
+	}
+	return trace.ConvertSystemError(err)
+}
+
+func syncPath(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 
 	"github.com/gravitational/trace"
 )
@@ -59,10 +60,12 @@ func Verify(chunks []Chunk, wantFinal string) (*Result, error) {
 	return res, nil
 }
 
-// Export writes the recording as one asciicast v2 file.
+// Export writes the recording as one asciicast v2 file. A recording
+// without its final chunk ends with IncompleteMarker (ExportTail).
 func Export(w io.Writer, chunks []Chunk) error {
 	sorted := append([]Chunk(nil), chunks...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Index < sorted[j].Index })
+	var tail ExportTail
 	for _, c := range sorted {
 		b, err := DecodeChunk(c.Data)
 		if err != nil {
@@ -71,8 +74,47 @@ func Export(w io.Writer, chunks []Chunk) error {
 		if _, err := w.Write(b); err != nil {
 			return trace.Wrap(err)
 		}
+		tail.Add(c, b)
 	}
-	return nil
+	return trace.Wrap(tail.Finish(w))
+}
+
+// IncompleteMarker labels the marker that ends the export of a recording
+// without a final chunk: the session is still running, or its node
+// stopped (killed, crashed) before it ended and what it had not yet
+// written (at most DefaultFlushInterval) is lost. The stored chunks are
+// not changed: the marker is added where a recording is exported or
+// played (pctl recordings export, psh play, the web).
+const IncompleteMarker = "recording incomplete: no final chunk (the session is still running, or its node stopped before the session ended)"
+
+// ExportTail follows a recording being exported chunk by chunk and, if
+// its last chunk is not final, writes the IncompleteMarker event at the
+// time of its last event.
+type ExportTail struct {
+	seen  bool
+	final bool
+	last  float64
+}
+
+// Add notes chunk c, decoded as b.
+func (t *ExportTail) Add(c Chunk, b []byte) {
+	t.seen, t.final = true, c.Final
+	if _, lines, err := ChunkLines(b, c.Index == 0); err == nil && len(lines) > 0 {
+		t.last = lines[len(lines)-1].Time
+	}
+}
+
+// Finish writes the marker when the recording is incomplete.
+func (t *ExportTail) Finish(w io.Writer) error {
+	if !t.seen || t.final {
+		return nil
+	}
+	line, err := json.Marshal([]any{json.Number(strconv.FormatFloat(t.last, 'f', 6, 64)), "m", IncompleteMarker})
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	_, err = w.Write(append(line, '\n'))
+	return trace.Wrap(err)
 }
 
 // Event is one decoded asciicast event.

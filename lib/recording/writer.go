@@ -114,21 +114,42 @@ type Writer struct {
 	buf      []byte
 	last     float64 // last event time, so times never go back
 	index    int
-	prev     string // hash of the last closed chunk
-	written  int64  // event bytes recorded so far
+	written  int64 // event bytes recorded so far
 	capped   bool
 	closed   bool
 	timer    clockwork.Timer // flush timer, armed while buf holds events
-	sinkErr  error
 	finalHex string
+	// scratch holds the event being encoded.
+	scratch []byte
+
+	// Closed chunks are compressed, hashed and stored by one goroutine
+	// (store), in order, so that the session's output copy never waits
+	// on gzip or fsync; queue bounds how far it may fall behind (then the
+	// copy waits: memory stays bounded).
+	queue  chan pendingChunk
+	stored chan struct{} // closed when store has returned
+	// sinkErr is the first storing error; read after stored is closed.
+	sinkErr error
 }
+
+// pendingChunk is a closed chunk on its way to the sink.
+type pendingChunk struct {
+	index int
+	final bool
+	data  []byte
+}
+
+// storeQueue is how many closed chunks may wait for the store goroutine:
+// with DefaultChunkBytes, about a MiB.
+const storeQueue = 4
 
 // New starts a recording: the header goes into the first chunk.
 func New(cfg Config) (*Writer, error) {
 	if err := cfg.CheckAndSetDefaults(); err != nil {
 		return nil, trace.Wrap(err)
 	}
-	w := &Writer{cfg: cfg, start: cfg.Clock.Now()}
+	w := &Writer{cfg: cfg, start: cfg.Clock.Now(), queue: make(chan pendingChunk, storeQueue), stored: make(chan struct{})}
+	go w.store()
 	h := cfg.Header
 	h.Version = 2
 	h.Timestamp = w.start.Unix()
@@ -204,9 +225,46 @@ func (w *Writer) lineLocked(code string, data []byte) []byte {
 	if !utf8.ValidString(s) {
 		s = toValidUTF8(s)
 	}
-	enc, _ := json.Marshal([]any{json.Number(strconv.FormatFloat(t, 'f', 6, 64)), code, s})
-	return append(enc, '\n')
+	w.scratch = appendEvent(w.scratch[:0], t, code, s)
+	return w.scratch
 }
+
+// appendEvent appends `[TIME,"CODE","DATA"]\n`: what json.Marshal would
+// write, less its HTML escaping (a terminal's `<` stays one byte), by hand
+// because this runs on every pty read of a recorded session. s must be
+// valid UTF-8.
+func appendEvent(dst []byte, t float64, code, s string) []byte {
+	dst = append(dst, '[')
+	dst = strconv.AppendFloat(dst, t, 'f', 6, 64)
+	dst = append(dst, ',', '"')
+	dst = append(dst, code...)
+	dst = append(dst, '"', ',', '"')
+	start := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		dst = append(dst, s[start:i]...)
+		switch c {
+		case '"', '\\':
+			dst = append(dst, '\\', c)
+		case '\n':
+			dst = append(dst, '\\', 'n')
+		case '\r':
+			dst = append(dst, '\\', 'r')
+		case '\t':
+			dst = append(dst, '\\', 't')
+		default:
+			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+		}
+		start = i + 1
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"', ']', '\n')
+}
+
+const hexDigits = "0123456789abcdef"
 
 func toValidUTF8(s string) string {
 	out := make([]rune, 0, len(s))
@@ -245,39 +303,59 @@ func (w *Writer) flushLocked(final bool) {
 	if len(w.buf) == 0 {
 		// A chunk must decode to whole lines: the final mark rides on a
 		// marker of its own.
-		w.buf = w.lineLocked("m", []byte("end"))
+		w.buf = append(w.buf, w.lineLocked("m", []byte("end"))...)
 	}
-	gz, err := compress(w.buf)
-	if err == nil {
-		var h string
-		h, err = ChainHash(w.prev, gz)
-		if err == nil {
-			err = w.cfg.Sink.WriteChunk(Chunk{Index: w.index, Hash: h, Final: final, Data: gz})
-			w.prev = h
-			w.index++
+	w.queue <- pendingChunk{index: w.index, final: final, data: w.buf}
+	w.index++
+	w.buf = bufPool.Get().([]byte)[:0]
+}
+
+// bufPool recycles chunk buffers between the writer and store.
+var bufPool = sync.Pool{New: func() any { return make([]byte, 0, DefaultChunkBytes+64<<10) }}
+
+// store compresses, chains and stores the closed chunks in order. After a
+// storing error it keeps chaining (the hashes stay right for what was
+// stored before) but reports the first error at Close.
+func (w *Writer) store() {
+	defer close(w.stored)
+	prev := ""
+	for p := range w.queue {
+		gz, err := compress(p.data)
+		if cap(p.data) <= DefaultChunkBytes+64<<10 {
+			//lint:ignore SA6002 one slice header per 256 KiB chunk is cheap
+			bufPool.Put(p.data[:0])
 		}
+		if err == nil {
+			var h string
+			h, err = ChainHash(prev, gz)
+			if err == nil {
+				err = w.cfg.Sink.WriteChunk(Chunk{Index: p.index, Hash: h, Final: p.final, Data: gz})
+				prev = h
+			}
+		}
+		if err != nil && w.sinkErr == nil {
+			w.sinkErr = err
+			w.cfg.Logger.WithError(err).WithField("session_id", w.cfg.Header.SessionID).Warn("Storing a recording chunk failed.")
+		}
+		w.finalHex = prev
 	}
-	if err != nil && w.sinkErr == nil {
-		w.sinkErr = err
-		w.cfg.Logger.WithError(err).WithField("session_id", w.cfg.Header.SessionID).Warn("Storing a recording chunk failed.")
-	}
-	w.buf = w.buf[:0]
 }
 
 // Close ends the recording with exitLabel as a last marker (empty: none)
 // and returns the final hash.
 func (w *Writer) Close(exitLabel string) (string, error) {
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.closed {
-		return w.finalHex, trace.Wrap(w.sinkErr)
+	if !w.closed {
+		if exitLabel != "" {
+			w.buf = append(w.buf, w.lineLocked("m", []byte(exitLabel))...)
+		}
+		w.flushLocked(true)
+		w.closed = true
+		close(w.queue)
 	}
-	if exitLabel != "" {
-		w.buf = append(w.buf, w.lineLocked("m", []byte(exitLabel))...)
-	}
-	w.flushLocked(true)
-	w.closed = true
-	w.finalHex = w.prev
+	w.mu.Unlock()
+	// Every chunk is stored (or failed) once store returns.
+	<-w.stored
 	return w.finalHex, trace.Wrap(w.sinkErr)
 }
 

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/backoff"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
@@ -191,7 +192,7 @@ func (a *Agent) DropTunnel() {
 
 func (a *Agent) run() {
 	defer close(a.done)
-	backoff := utils.Backoff{Min: initialBackoff, Max: maxBackoff, Jitter: true}
+	backoff := backoff.Backoff{Min: initialBackoff, Max: maxBackoff, Jitter: true}
 	for first := true; ; first = false {
 		if !first {
 			a.reconnects.Inc()

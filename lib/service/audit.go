@@ -29,6 +29,7 @@ func (p *Process) openAudit() error {
 		Clock:       p.clock,
 		Logger:      p.log.WithField("component", "audit"),
 		Metrics:     p.registry,
+		BatchWait:   events.DefaultBatchWait,
 	}
 	if p.backend == nil && p.authClient != nil {
 		cfg.Remote = p.authClient

@@ -121,7 +121,7 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	p.drainers = append(p.drainers, server.Shutdown)
 	p.log.WithField("addr", ln.Addr().String()).Info("Proxy SSH server is serving.")
 
-	err = p.startWeb(ln.Addr(), tunnelAddr, id)
+	err = p.startWeb(ln.Addr(), tunnelAddr, id, p.recordingSource(ap))
 	// Registered whether or not the web port came up, so the SSH server
 	// is shut down either way.
 	p.onShutdown(p.drainFrontends)
@@ -134,8 +134,9 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	return trace.Wrap(p.startProxyHeartbeat(tunnelAddr))
 }
 
-// startWeb serves the proxy's HTTPS port.
-func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string, id *auth.Identity) error {
+// startWeb serves the proxy's HTTPS port; recordings is where the web
+// player reads (the one psh play reads).
+func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string, id *auth.Identity, recordings sshproxy.RecordingSource) error {
 	raw, err := p.listen(ListenerWeb, p.cfg.WebAddr)
 	if err != nil {
 		return trace.Wrap(err)
@@ -188,6 +189,9 @@ func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string, id *auth.Identit
 	// otherwise, so that any proxy serves any browser and a logout on one
 	// ends the session on all (lib/web/sessionshared.go).
 	wcfg.WebSessions = web.WebSessionsConfig{Router: p.router, Nodes: p.nodeWatcher, Locks: p.locks, Audit: p.audit}
+	if src, ok := recordings.(web.RecordingSource); ok {
+		wcfg.WebSessions.Recordings = src
+	}
 	if g := p.cfg.WebTerminalGrace; g != nil {
 		// web: zero means the default, negative none.
 		wcfg.WebSessions.TerminalGrace = *g

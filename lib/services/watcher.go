@@ -11,7 +11,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/postern-dev/postern/lib/backend"
-	"github.com/postern-dev/postern/lib/utils"
+	"github.com/postern-dev/postern/lib/backoff"
 )
 
 // WatchSource starts backend watches. A backend.Backend is one; so is
@@ -214,7 +214,7 @@ func (w *ResourceWatcher[T]) BrokenFor() (d time.Duration, ok bool) {
 
 func (w *ResourceWatcher[T]) run(ctx context.Context) {
 	defer close(w.done)
-	bo := utils.Backoff{Min: w.cfg.MinBackoff, Max: w.cfg.MaxBackoff}
+	bo := backoff.Backoff{Min: w.cfg.MinBackoff, Max: w.cfg.MaxBackoff}
 	for {
 		synced, err := w.sync(ctx)
 		if ctx.Err() != nil {

@@ -113,6 +113,7 @@ func (c *conn) forwardAgentConn(uc *net.UnixConn) {
 	}
 	c.go_(func() { ssh.DiscardRequests(reqs) })
 	c.log.Debug("Agent channel opened.")
+	c.markAgentUse()
 	c.splice(uc, ch, "agent", "")
 }
 

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -209,6 +211,10 @@ type conn struct {
 	agentWanted bool                      // auth-agent-req accepted
 	agent       *agentSocket              // created on first session that needs it
 	sessions    map[*session]struct{}     // open session channels (lockOut)
+
+	// chanReqs hands forwarded channels' request streams to the control
+	// loop (discardRequests).
+	chanReqs chan (<-chan *ssh.Request)
 }
 
 func newConn(s *Server, nc net.Conn, sconn *ssh.ServerConn) *conn {
@@ -226,6 +232,7 @@ func newConn(s *Server, nc net.Conn, sconn *ssh.ServerConn) *conn {
 		ctx:      ctx,
 		cancel:   cancel,
 		forwards: map[uint32]*remoteForward{},
+		chanReqs: make(chan (<-chan *ssh.Request)),
 	}
 	c.log = s.cfg.Logger.WithFields(logrus.Fields{
 		"conn_id":     c.id,
@@ -278,20 +285,50 @@ func (c *conn) loop(chans <-chan ssh.NewChannel, reqs <-chan *ssh.Request) {
 	}
 	replies := make(chan error, 1)
 	inflight, missed := false, 0
+	// The request streams of forwarded channels (discardRequests): their
+	// requests are refused here rather than by a goroutine per channel.
+	var chanReqs []<-chan *ssh.Request
+	const (
+		caseChans = iota
+		caseReqs
+		caseKeepAlive
+		caseReplies
+		caseIdle
+		caseChanReqs
+		caseFirstChanReqs
+	)
+	cases := make([]reflect.SelectCase, caseFirstChanReqs)
+	for i := range cases {
+		cases[i].Dir = reflect.SelectRecv
+	}
 	for {
-		select {
-		case nch, ok := <-chans:
+		// reflect.Select because the set of channels grows and shrinks
+		// with the connection's forwarded channels; the loop wakes for
+		// control events only, so its cost does not matter.
+		cases = cases[:caseFirstChanReqs]
+		cases[caseChans].Chan = reflect.ValueOf(chans)
+		cases[caseReqs].Chan = reflect.ValueOf(reqs)
+		cases[caseKeepAlive].Chan = reflect.ValueOf(keepAliveC)
+		cases[caseReplies].Chan = reflect.ValueOf(replies)
+		cases[caseIdle].Chan = reflect.ValueOf(idleC)
+		cases[caseChanReqs].Chan = reflect.ValueOf(c.chanReqs)
+		for _, r := range chanReqs {
+			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(r)})
+		}
+		chosen, v, ok := reflect.Select(cases)
+		switch chosen {
+		case caseChans:
 			if !ok {
 				return
 			}
-			c.dispatch(nch)
-		case req, ok := <-reqs:
+			c.dispatch(v.Interface().(ssh.NewChannel))
+		case caseReqs:
 			if !ok {
 				reqs = nil // the channel stream ends next
 				continue
 			}
-			dispatchRequest(c.srv.policy.global, c, c.log, req)
-		case <-keepAliveC:
+			dispatchRequest(c.srv.policy.global, c, c.log, v.Interface().(*ssh.Request))
+		case caseKeepAlive:
 			if inflight {
 				missed++
 				if missed >= c.cfg.KeepAliveCountMax {
@@ -307,16 +344,16 @@ func (c *conn) loop(chans <-chan ssh.NewChannel, reqs <-chan *ssh.Request) {
 				})
 			}
 			keepAlive.Reset(c.cfg.KeepAliveInterval)
-		case err := <-replies:
+		case caseReplies:
 			inflight = false
-			if err != nil {
+			if err, _ := v.Interface().(error); err != nil {
 				c.close("keep-alive failed: " + err.Error())
 				keepAliveC = nil
 				continue
 			}
 			missed = 0
 			c.keepAlivesAnswered.Add(1)
-		case <-idleC:
+		case caseIdle:
 			wait := c.idleWait()
 			if wait <= 0 {
 				c.close(fmt.Sprintf("idle timeout: no channel data for %v", c.cfg.IdleTimeout))
@@ -324,7 +361,35 @@ func (c *conn) loop(chans <-chan ssh.NewChannel, reqs <-chan *ssh.Request) {
 				continue
 			}
 			idle.Reset(wait)
+		case caseChanReqs:
+			chanReqs = append(chanReqs, v.Interface().(<-chan *ssh.Request))
+		default:
+			i := chosen - caseFirstChanReqs
+			if !ok {
+				// The channel closed.
+				chanReqs = slices.Delete(chanReqs, i, i+1)
+				continue
+			}
+			// What ssh.DiscardRequests does: no request on a forwarded
+			// channel is understood.
+			if req := v.Interface().(*ssh.Request); req.WantReply {
+				_ = req.Reply(false, nil)
+			}
 		}
+	}
+}
+
+// discardRequests refuses every request on a forwarded channel (none is
+// defined for direct-tcpip or forwarded-tcpip) in the control loop, which
+// saves the goroutine per channel that ssh.DiscardRequests would need:
+// a proxy holds thousands of idle forwarded channels. The stream must be
+// drained (x/crypto's connection stalls on a full one), so when the loop
+// has ended it falls back to a goroutine until the stream closes.
+func (c *conn) discardRequests(reqs <-chan *ssh.Request) {
+	select {
+	case c.chanReqs <- reqs:
+	case <-c.ctx.Done():
+		c.go_(func() { ssh.DiscardRequests(reqs) })
 	}
 }
 

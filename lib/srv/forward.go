@@ -57,7 +57,7 @@ func (c *conn) spliceChannel(nch ssh.NewChannel, nc net.Conn, kind, target strin
 		_ = nc.Close()
 		return
 	}
-	c.go_(func() { ssh.DiscardRequests(reqs) })
+	c.discardRequests(reqs)
 	c.splice(trackedChannel{Channel: ch, c: c}, nc, kind, target)
 }
 
@@ -218,7 +218,7 @@ func (c *conn) forwardRemoteConn(f *remoteForward, nc net.Conn) {
 		_ = nc.Close()
 		return
 	}
-	c.go_(func() { ssh.DiscardRequests(reqs) })
+	c.discardRequests(reqs)
 	c.splice(trackedChannel{Channel: ch, c: c}, nc, "forwarded-tcpip", net.JoinHostPort(f.addr, strconv.FormatUint(uint64(f.port), 10)))
 }
 

@@ -297,3 +297,43 @@ func listKeys(t *testing.T, sock string) {
 	require.Len(t, keys, 1)
 	require.Equal(t, "test-key", keys[0].Comment)
 }
+
+// TestForwardedChannelRequestsRefused: requests on a direct-tcpip channel
+// (none is defined) are each refused, more of them than x/crypto queues
+// per channel (16), so a stream nobody drained would stall the connection;
+// two such channels on one connection, and data still flows on both. The
+// control loop refuses them (conn.discardRequests): no goroutine per
+// channel.
+func TestForwardedChannelRequestsRefused(t *testing.T) {
+	e := newTestEnv(t)
+	c := e.dial()
+	target := echoServer(t)
+	host, port, err := net.SplitHostPort(target)
+	require.NoError(t, err)
+	p, err := strconv.Atoi(port)
+	require.NoError(t, err)
+	payload := ssh.Marshal(struct {
+		Host       string
+		Port       uint32
+		OriginHost string
+		OriginPort uint32
+	}{host, uint32(p), "127.0.0.1", 1})
+	var chs []ssh.Channel
+	for range 2 {
+		ch, reqs, err := c.OpenChannel("direct-tcpip", payload)
+		require.NoError(t, err)
+		go ssh.DiscardRequests(reqs)
+		chs = append(chs, ch)
+	}
+	for _, ch := range chs {
+		for i := range 40 {
+			ok, err := ch.SendRequest("made-up@example.com", true, nil)
+			require.NoError(t, err, "request %d", i)
+			require.False(t, ok, "request %d", i)
+		}
+	}
+	for _, ch := range chs {
+		echoRoundTrip(t, ch, "still flowing")
+		ch.Close()
+	}
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -26,6 +27,33 @@ const (
 	// its history in that time.
 	hangUpGrace = 2 * time.Second
 )
+
+// waitExited parks the goroutine in the runtime's poller until process pid
+// has exited, so that the Wait after it returns at once. Without it the
+// goroutine would block in waitid(2), a system call that holds an OS thread
+// for as long as the session's process runs: a node with thousands of idle
+// shells would run thousands of threads. A pidfd becomes readable when its
+// process exits; where pidfds are unavailable (Linux < 5.3) Wait blocks as
+// before. Safe against pid reuse: the process is our unreaped child, so
+// its pid cannot be reused until Wait reaps it.
+func waitExited(pid int) {
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return
+	}
+	f := os.NewFile(uintptr(fd), "pidfd")
+	defer f.Close()
+	raw, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = raw.Read(func(fd uintptr) bool {
+		// Level check first: an exit before the poller saw the fd.
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		return n != 0 || err != nil
+	})
+}
 
 // procSpec is what to run and as whom.
 type procSpec struct {
@@ -91,7 +119,7 @@ func (s *session) startProcess(spec procSpec) (*process, error) {
 		tty.Close()
 		out, in := io.Writer(s.ch), io.Writer(ptmx)
 		if s.rec != nil {
-			out, in = recorded(out, s.rec.Output), recorded(in, s.rec.Input)
+			out, in = recorded(out, s.ptyOutputRecorder(s.rec, ptmx, s.c.cfg.Clock)), recorded(in, s.rec.Input)
 		}
 		outputs.Add(1)
 		s.goCopy(func() {
@@ -123,14 +151,18 @@ func (s *session) startProcess(spec procSpec) (*process, error) {
 		}
 		closeAll(parentEnds...)
 		p.closers = []io.Closer{stdoutR, stderrR, stdinW}
+		stdout, stderr := io.Writer(s.ch), io.Writer(s.ch.Stderr())
+		if s.recordsOutput() {
+			stdout, stderr = recorded(stdout, s.rec.Output), recorded(stderr, s.rec.Output)
+		}
 		outputs.Add(2)
 		s.goCopy(func() {
 			defer outputs.Done()
-			_, _ = io.Copy(s.ch, stdoutR)
+			_, _ = io.Copy(stdout, stdoutR)
 		})
 		s.goCopy(func() {
 			defer outputs.Done()
-			_, _ = io.Copy(s.ch.Stderr(), stderrR)
+			_, _ = io.Copy(stderr, stderrR)
 		})
 		// Half-close: the client's EOF becomes EOF on the process's stdin
 		// while its output keeps flowing.
@@ -166,6 +198,7 @@ func closeAll(files ...*os.File) {
 // holding stdout keeps the session open) unless the session ends; with a
 // pty for at most ptyDrainGrace.
 func (p *process) wait(ctx context.Context, clock clockwork.Clock) exitResult {
+	waitExited(p.cmd.Process.Pid)
 	err := p.cmd.Wait()
 	close(p.exited)
 	if p.ptmx != nil {

@@ -59,3 +59,22 @@ func clamp16(v uint32) uint16 {
 	}
 	return uint16(v)
 }
+
+// getWinsize reads the pty's size (columns, rows).
+func getWinsize(f *os.File) (uint32, uint32, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0, 0, trace.Wrap(err)
+	}
+	var ws *unix.Winsize
+	var ioctlErr error
+	if err := rc.Control(func(fd uintptr) {
+		ws, ioctlErr = unix.IoctlGetWinsize(int(fd), unix.TIOCGWINSZ)
+	}); err != nil {
+		return 0, 0, trace.Wrap(err)
+	}
+	if ioctlErr != nil {
+		return 0, 0, trace.ConvertSystemError(ioctlErr)
+	}
+	return uint32(ws.Col), uint32(ws.Row), nil
+}

@@ -4,6 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"path"
+	"strings"
+	"time"
 
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
@@ -47,14 +51,80 @@ func NewRecorder(cfg RecorderConfig) (*Recorder, error) {
 	return &Recorder{cfg: cfg}, nil
 }
 
+// Which sessions are recorded, and how. A pty session records its output,
+// resizes and (with record_input) input; an exec without a pty records its
+// output (stdout and stderr, as "o" events, bytes as sent: an exec has no
+// terminal) and its exit status. File transfers record markers, not the
+// files: scp (an exec of `scp -t` or `scp -f`) and the sftp subsystem get
+// "scp start"/"sftp start" and "... end" markers around the exit status.
+// Every recording of a connection gets an "agent" marker each time a
+// process on the node uses the forwarded agent.
+type recordKind int
+
+const (
+	recordTerminal recordKind = iota // pty: output, resize, input
+	recordOutput                     // exec without a pty: output
+	recordMarkers                    // scp, sftp: markers only
+)
+
+// noPtySize is the header size of a recording without a pty: asciicast
+// needs one, and 80x24 is what a terminal opens with.
+const noPtyCols, noPtyRows = 80, 24
+
+// scpMarker reports whether command is an scp server (`scp -t PATH`
+// receives an upload, `scp -f PATH` sends a download) and describes it.
+func scpMarker(command string) (string, bool) {
+	f := strings.Fields(command)
+	if len(f) < 2 || path.Base(f[0]) != "scp" {
+		return "", false
+	}
+	dir, target := "", ""
+	for _, a := range f[1:] {
+		switch {
+		case strings.HasPrefix(a, "-") && strings.Contains(a, "t") && !strings.HasPrefix(a, "--"):
+			dir = "upload to"
+		case strings.HasPrefix(a, "-") && strings.Contains(a, "f") && !strings.HasPrefix(a, "--"):
+			dir = "download of"
+		case !strings.HasPrefix(a, "-"):
+			target = a
+		}
+	}
+	if dir == "" {
+		return "", false
+	}
+	return strings.TrimSpace("scp start: " + dir + " " + target), true
+}
+
 // startRecording starts the session's recording when the server records
 // and the cluster setting is not "off". A failure to start is logged and
 // the session runs unrecorded: like the cap, recording never costs the
 // user their session (the missing recording is visible in listings, and
 // the settings error in the node's log).
 func (s *session) startRecording(spec procSpec) *recording.Writer {
+	command := s.getCommand()
+	kind := recordOutput
+	start := ""
+	switch {
+	case spec.pty != nil:
+		kind = recordTerminal
+		if command != "" {
+			start = "exec: " + command
+		}
+	case strings.HasPrefix(command, "subsystem:"):
+		kind, start = recordMarkers, strings.TrimPrefix(command, "subsystem:")+" start"
+	default:
+		if m, ok := scpMarker(command); ok {
+			kind, start = recordMarkers, m
+		} else if command != "" {
+			start = "exec: " + command
+		}
+	}
+	return s.startRecordingKind(spec.pty, kind, start)
+}
+
+func (s *session) startRecordingKind(pty *ptyRequest, kind recordKind, startMarker string) *recording.Writer {
 	r := s.c.cfg.Recorder
-	if r == nil || spec.pty == nil {
+	if r == nil {
 		return nil
 	}
 	set, err := r.cfg.Settings(s.ctx)
@@ -67,19 +137,25 @@ func (s *session) startRecording(spec procSpec) *recording.Writer {
 	}
 	node := s.c.auth.node
 	h := recording.Header{
-		Width: spec.pty.Columns, Height: spec.pty.Rows, Command: s.getCommand(),
+		Width: noPtyCols, Height: noPtyRows, Command: s.getCommand(),
 		SessionID: s.id, User: s.c.auth.id.User, Login: s.c.auth.id.Login,
 		Node: node.UUID, NodeHostname: node.Hostname, Cluster: s.c.cfg.ClusterName,
 	}
-	if spec.pty.Term != "" {
-		h.Env = map[string]string{"TERM": spec.pty.Term}
+	if pty != nil {
+		h.Width, h.Height = pty.Columns, pty.Rows
+		s.mu.Lock()
+		s.recCols, s.recRows = pty.Columns, pty.Rows
+		s.mu.Unlock()
+		if pty.Term != "" {
+			h.Env = map[string]string{"TERM": pty.Term}
+		}
 	}
 	w, err := recording.New(recording.Config{
 		Header:      h,
 		Sink:        &recording.DirSink{Storage: r.cfg.Spool, Session: s.id, Notify: r.cfg.Notify},
 		Clock:       r.cfg.Clock,
 		MaxBytes:    set.Spec.MaxRecordingBytes,
-		RecordInput: set.Spec.RecordInput,
+		RecordInput: set.Spec.RecordInput && kind == recordTerminal,
 		Logger:      s.log,
 		OnCap: func() {
 			s.log.WithField("max_recording_bytes", set.Spec.MaxRecordingBytes).Warn("Recording reached its cap and stopped; the session goes on.")
@@ -90,10 +166,44 @@ func (s *session) startRecording(spec procSpec) *recording.Writer {
 		s.log.WithError(err).Warn("Starting the recording failed; this session is not recorded.")
 		return nil
 	}
-	if cmd := s.getCommand(); cmd != "" {
-		w.Marker("exec: " + cmd)
+	if startMarker != "" {
+		w.Marker(startMarker)
 	}
+	s.mu.Lock()
+	s.recKind = kind
+	s.recEnd = ""
+	if kind == recordMarkers {
+		s.recEnd = strings.Fields(startMarker)[0] + " end"
+	}
+	s.mu.Unlock()
 	return w
+}
+
+// recordsOutput reports whether the session's output goes into its
+// recording (not for file transfers).
+func (s *session) recordsOutput() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rec != nil && s.recKind != recordMarkers
+}
+
+// markAgentUse puts an agent marker into every recording of the
+// connection: a process on the node is using the forwarded agent.
+func (c *conn) markAgentUse() {
+	c.mu.Lock()
+	sessions := make([]*session, 0, len(c.sessions))
+	for s := range c.sessions {
+		sessions = append(sessions, s)
+	}
+	c.mu.Unlock()
+	for _, s := range sessions {
+		s.mu.Lock()
+		w := s.rec
+		s.mu.Unlock()
+		if w != nil {
+			w.Marker("agent: forwarded agent used")
+		}
+	}
 }
 
 // recorded tees dst: what is written goes to dst and then, if dst took
@@ -127,14 +237,53 @@ func exitLabel(st exitResult) string {
 // final hash ("" without a recording).
 func (s *session) closeRecording(st exitResult) string {
 	s.mu.Lock()
-	w := s.rec
+	w, end := s.rec, s.recEnd
 	s.mu.Unlock()
 	if w == nil {
 		return ""
+	}
+	if end != "" {
+		w.Marker(end)
 	}
 	final, err := w.Close(exitLabel(st))
 	if err != nil {
 		s.log.WithError(err).Warn("Recording is incomplete: a chunk could not be stored.")
 	}
 	return final
+}
+
+// sizePollInterval is how often, at most, a recorded pty's size is read
+// back from the kernel: a program inside may resize its own terminal
+// (`stty cols 100`, resize(1)) without any window-change from the client,
+// and the recording must show what the screen was.
+const sizePollInterval = 100 * time.Millisecond
+
+// ptyOutputRecorder records a pty's output, first recording a resize when
+// the pty's size changed since the last one recorded (read at most every
+// sizePollInterval, on output: a size change shows only when something is
+// drawn).
+func (s *session) ptyOutputRecorder(w *recording.Writer, ptmx *os.File, clock clockwork.Clock) func([]byte) {
+	var checked time.Time
+	return func(p []byte) {
+		if now := clock.Now(); now.Sub(checked) >= sizePollInterval {
+			checked = now
+			if cols, rows, err := getWinsize(ptmx); err == nil {
+				s.recordSize(w, cols, rows)
+			}
+		}
+		w.Output(p)
+	}
+}
+
+// recordSize records a resize when cols x rows is not the size last
+// recorded (the client's window-change and the kernel's view both come
+// here, so one change is recorded once).
+func (s *session) recordSize(w *recording.Writer, cols, rows uint32) {
+	s.mu.Lock()
+	changed := s.recCols != cols || s.recRows != rows
+	s.recCols, s.recRows = cols, rows
+	s.mu.Unlock()
+	if changed {
+		w.Resize(cols, rows)
+	}
 }

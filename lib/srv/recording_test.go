@@ -96,8 +96,7 @@ func TestPTYSessionIsRecorded(t *testing.T) {
 	require.Equal(t, "m:exit-status 3", kinds[len(kinds)-1])
 }
 
-// session_recording: off records nothing; sessions without a pty are not
-// recorded.
+// session_recording: off records nothing.
 func TestRecordingOffAndNoPTY(t *testing.T) {
 	e, spool, audit := recordingEnv(t, services.ClusterNetworkingConfigSpec{SessionRecording: services.RecordingOff})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

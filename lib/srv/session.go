@@ -56,6 +56,12 @@ type session struct {
 	// rec records a pty session; nil when it is not recorded. Set before
 	// the process starts, closed by finish.
 	rec *recording.Writer
+	// recKind is what rec records; recEnd is the marker written before
+	// the exit status ("scp end", "sftp end"; "" for none).
+	recKind recordKind
+	recEnd  string
+	// recCols and recRows are the terminal size last recorded.
+	recCols, recRows uint32
 }
 
 func (c *conn) handleSession(nch ssh.NewChannel) {
@@ -363,18 +369,21 @@ func (c *conn) resolveLogin() (*Login, *syscall.Credential, error) {
 
 func (s *session) resize(w *windowChange) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.pty == nil {
+		s.mu.Unlock()
 		return trace.BadParameter("window-change without a pty")
 	}
 	s.pty.Columns, s.pty.Rows, s.pty.WidthPx, s.pty.HeightPx = w.Columns, w.Rows, w.WidthPx, w.HeightPx
-	if s.rec != nil {
-		s.rec.Resize(w.Columns, w.Rows)
+	rec := s.rec
+	var err error
+	if s.proc != nil && s.proc.ptmx != nil {
+		err = setWinsize(s.proc.ptmx, w.Columns, w.Rows, w.WidthPx, w.HeightPx)
 	}
-	if s.proc == nil || s.proc.ptmx == nil {
-		return nil // applied when the process starts
+	s.mu.Unlock()
+	if rec != nil {
+		s.recordSize(rec, w.Columns, w.Rows)
 	}
-	return trace.Wrap(setWinsize(s.proc.ptmx, w.Columns, w.Rows, w.WidthPx, w.HeightPx))
+	return trace.Wrap(err)
 }
 
 func (s *session) signal(sig syscall.Signal) error {

@@ -124,6 +124,10 @@ func (s *session) startNodeSubsystem(req *ssh.Request, name string) {
 		return
 	}
 	if cred == nil || isCurrentUser(login) {
+		rec := s.startRecording(procSpec{})
+		s.mu.Lock()
+		s.rec = rec
+		s.mu.Unlock()
 		reply(req, true)
 		s.log.Info("SFTP session started (in process).")
 		s.emitStart(false)

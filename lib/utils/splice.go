@@ -16,13 +16,16 @@ import (
 // never needs more, and io.Copy's own default is the same size.
 const spliceBufferSize = 32 * 1024
 
-// idleBufferSize is the buffer a direction blocks in Read with. Most of a
+// idleBufferSize is the buffer a quiet direction reads with. Most of a
 // proxy's pipes are idle most of the time (an interactive shell, a held
 // `ssh -J`), and a buffer held across a blocked Read is memory the process
-// pays per connection: 2 KiB is enough for keystrokes and screen updates,
-// and a direction that fills it switches to a full buffer until it goes
-// quiet again.
-const idleBufferSize = 2 * 1024
+// pays per connection. A socket source is waited on without any buffer
+// (waitReadable), and the buffer is taken from the pool only once data is
+// there; an ssh.Channel source (which has no such wait) blocks with this
+// one. 1 KiB holds keystrokes, their echo and a few lines of screen, and a
+// direction that fills it switches to a full buffer until it goes quiet
+// again.
+const idleBufferSize = 1024
 
 // Buffer pools: a proxy carries thousands of long-lived pipes, so
 // allocating buffers per direction per connection would be the dominant
@@ -109,21 +112,35 @@ func Splice(ctx context.Context, a, b io.ReadWriteCloser) (aToB, bToA int64, err
 //
 // It reads into a small buffer while the stream is quiet and a full-size
 // pooled one while it is busy (a Read filled the small one), giving the big
-// one back as soon as a Read comes back short, before blocking again. (Our
+// one back as soon as a Read comes back short, before blocking again; a
+// quiet socket is waited on with no buffer at all (readWaiter). (Our
 // own loop rather than io.CopyBuffer, which would also bypass any buffer
 // when *net.TCPConn's ReaderFrom/WriterTo are visible.)
 func copyHalf(dst, src io.ReadWriteCloser) (int64, error) {
-	small := idleBufferPool.Get().(*[]byte)
-	defer idleBufferPool.Put(small)
-	var big *[]byte
+	wait := readWaiter(src)
+	var small, big *[]byte
 	defer func() {
+		if small != nil {
+			idleBufferPool.Put(small)
+		}
 		if big != nil {
 			bufferPool.Put(big)
 		}
 	}()
-	buf := *small
 	var total int64
 	for {
+		if big == nil && small == nil {
+			if wait != nil {
+				wait() // quiet: no buffer until there is data
+			}
+			small = idleBufferPool.Get().(*[]byte)
+		}
+		var buf []byte
+		if big != nil {
+			buf = *big
+		} else {
+			buf = *small
+		}
 		n, rerr := src.Read(buf)
 		if n > 0 {
 			wn, werr := dst.Write(buf[:n])
@@ -144,11 +161,16 @@ func copyHalf(dst, src io.ReadWriteCloser) (int64, error) {
 		switch {
 		case big == nil && n == len(buf):
 			big = bufferPool.Get().(*[]byte)
-			buf = *big
 		case big != nil && n < idleBufferSize:
 			bufferPool.Put(big)
 			big = nil
-			buf = *small
+		}
+		// The small buffer is held across a Read only where nothing else
+		// can wait: busy directions use the big one, and a socket is
+		// waited on without one.
+		if small != nil && (big != nil || wait != nil) {
+			idleBufferPool.Put(small)
+			small = nil
 		}
 	}
 	if cw, ok := dst.(closeWriter); ok {

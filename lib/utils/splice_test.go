@@ -255,3 +255,30 @@ func benchPairs(b *testing.B) func() (net.Conn, net.Conn) {
 		return c, <-ch
 	}
 }
+
+// TestSpliceQuietSocketDeliversEverything: writes of sizes around the idle
+// and full buffers, each followed by silence (the connection stays open),
+// arrive whole: a direction that goes quiet after a partial read must not
+// wait for more data while some is still in the socket.
+func TestSpliceQuietSocketDeliversEverything(t *testing.T) {
+	clientA, clientB, res := startSplice(t, context.Background())
+	for _, n := range []int{1, idleBufferSize - 1, idleBufferSize, idleBufferSize + 1, 3*idleBufferSize + 7,
+		spliceBufferSize, spliceBufferSize + 1, 5*spliceBufferSize + 3} {
+		msg := bytes.Repeat([]byte{byte(n)}, n)
+		_, err := clientA.Write(msg)
+		require.NoError(t, err)
+		got := make([]byte, n)
+		_, err = io.ReadFull(clientB, got)
+		require.NoError(t, err, "size %d", n)
+		require.Equal(t, msg, got, "size %d", n)
+		// And the other way.
+		_, err = clientB.Write(msg)
+		require.NoError(t, err)
+		_, err = io.ReadFull(clientA, got)
+		require.NoError(t, err, "size %d back", n)
+		require.Equal(t, msg, got, "size %d back", n)
+	}
+	clientA.Close()
+	clientB.Close()
+	<-res
+}

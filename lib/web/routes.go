@@ -68,6 +68,9 @@ type WebSessionsConfig struct {
 	// Watch, when set, streams changes of the session records, so that a
 	// logout on any proxy ends the session's terminals on this one.
 	Watch SessionWatch
+	// Recordings serves /webapi/recordings* (recordings.go); nil means
+	// those endpoints answer 501.
+	Recordings RecordingSource
 }
 
 func (c *WebSessionsConfig) enabled() bool { return c.Router != nil }
@@ -120,6 +123,8 @@ type webState struct {
 	locksDone chan struct{}
 	// watchDone is closed when watchSessions returns (nil without Watch).
 	watchDone chan struct{}
+	// recIndex caches recordings' seek indexes (recordings.go).
+	recIndex recIndexCache
 }
 
 // track registers a running terminal; false after shutdown began.
@@ -184,6 +189,11 @@ func (s *Server) registerWebRoutes(mux *http.ServeMux) error {
 	mux.HandleFunc("GET /webapi/terminals", s.requireSession(s.listTerminals))
 	mux.HandleFunc("DELETE /webapi/terminals/{id}", s.requireSession(s.endTerminal))
 	mux.HandleFunc("POST /webapi/terminals/{id}/resume", s.requireSession(s.resumeTerminal))
+	mux.HandleFunc("GET /webapi/recordings", s.requireSession(s.listRecordings))
+	mux.HandleFunc("GET /webapi/recordings/{id}/index", s.requireSession(s.recordingIndex))
+	mux.HandleFunc("GET /webapi/recordings/{id}/segments/{n}", s.requireSession(s.recordingSegment))
+	mux.HandleFunc("GET /webapi/recordings/{id}/cast", s.requireSession(s.recordingCast))
+	mux.HandleFunc("GET /webapi/recordings/{id}/markers", s.requireSession(s.recordingMarkers))
 	s.registerUI(mux)
 	return nil
 }

@@ -352,7 +352,10 @@ func TestUIServedWithCSP(t *testing.T) {
 	require.Contains(t, string(body), "Postern")
 	csp := resp.Header.Get("Content-Security-Policy")
 	require.Contains(t, csp, "script-src 'self'")
-	require.NotContains(t, csp, "unsafe-eval")
+	// JavaScript eval stays off; only WebAssembly compilation (the
+	// recording player's emulator) is allowed.
+	require.NotContains(t, csp, "'unsafe-eval'")
+	require.Contains(t, csp, "'wasm-unsafe-eval'")
 	resp, _ = e.do(t, http.MethodGet, "/webapi/nope", "", webSession{}, nil)
 	require.Equal(t, http.StatusNotFound, resp.StatusCode)
 }

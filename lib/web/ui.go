@@ -20,7 +20,10 @@ var uiFiles embed.FS
 // injected string cannot run code. Styles allow 'unsafe-inline' because
 // xterm.js sizes its character grid with <style> elements it creates at
 // run time (it has no nonce option); a style cannot run script.
-const uiCSP = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; " +
+// 'wasm-unsafe-eval' lets the recording player compile its terminal
+// emulator (WebAssembly shipped inside our own bundle); it allows
+// compiling WebAssembly, not eval of JavaScript.
+const uiCSP = "default-src 'none'; script-src 'self' 'wasm-unsafe-eval'; style-src 'self' 'unsafe-inline'; " +
 	"img-src 'self' data:; font-src 'self'; connect-src 'self'; manifest-src 'self'; " +
 	"frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
 

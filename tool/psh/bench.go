@@ -27,6 +27,7 @@ type benchFlags struct {
 	metricsURL  string
 	sources     []string
 	cluster     string
+	jump        bool
 	target      string
 	command     []string
 }
@@ -45,6 +46,7 @@ func (c *cli) addBench(app *kingpin.Application, add func(*kingpin.CmdClause, fu
 	cmd.Flag("metrics-url", "The proxy's /metrics URL (its diagnostics address), sampled for --hold.").StringVar(&b.metricsURL)
 	cmd.Flag("source", "Local IP address to connect from (repeatable, used in turn: the proxy limits new connections per address).").StringsVar(&b.sources)
 	cmd.Flag("cluster", "Cluster of the node (default: the proxy's).").StringVar(&b.cluster)
+	cmd.Flag("jump", "Reach the node as `ssh -J` does (a direct-tcpip channel) instead of psh's proxy subsystem.").BoolVar(&b.jump)
 	cmd.Arg("host", "[LOGIN@]HOST").Required().StringVar(&b.target)
 	cmd.Arg("command", "Command to run in each session, timed to its first byte of output (default: none, the session is set up and closed).").StringsVar(&b.command)
 	add(cmd, c.doBenchSSH)
@@ -93,6 +95,7 @@ func (c *cli) doBenchSSH(ctx context.Context) error {
 		Login:       login,
 		Command:     strings.Join(b.command, " "),
 		Sources:     sources,
+		Jump:        b.jump,
 	})
 	if err != nil {
 		return trace.Wrap(err)

@@ -11,6 +11,7 @@ import (
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
 
+	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/client"
 	"github.com/postern-dev/postern/lib/recording"
 )
@@ -22,9 +23,13 @@ const playTimeout = 10 * time.Minute
 func (c *cli) addRecordings(app *kingpin.Application, add func(*kingpin.CmdClause, func(context.Context) error)) {
 	rec := app.Command("recordings", "Session recordings you may see (your own; all with review_recordings).")
 	var format string
+	var f recordingFilter
 	ls := rec.Command("ls", "List recordings, oldest first.")
 	ls.Flag("format", "Output format: text or json.").Default("text").EnumVar(&format, "text", "json")
-	add(ls, func(ctx context.Context) error { return c.doRecordingsLs(ctx, format) })
+	ls.Flag("since", "Only recordings started within this long, e.g. 24h.").DurationVar(&f.since)
+	ls.Flag("user", "Only this user's recordings.").StringVar(&f.user)
+	ls.Flag("node", "Only recordings on this node (hostname or UUID).").StringVar(&f.node)
+	add(ls, func(ctx context.Context) error { return c.doRecordingsLs(ctx, format, f) })
 
 	var id, playFormat string
 	var speed float64
@@ -55,16 +60,43 @@ func (c *cli) addRecordings(app *kingpin.Application, add func(*kingpin.CmdClaus
 	})
 }
 
-func (c *cli) doRecordingsLs(ctx context.Context, format string) error {
+// recordingFilter narrows psh recordings ls (the proxy has already
+// applied RBAC: these only narrow what the user may see).
+type recordingFilter struct {
+	since      time.Duration
+	user, node string
+}
+
+func (f recordingFilter) keep(r proxyapi.RecordingEntry, now time.Time) bool {
+	if f.since > 0 && r.Started.Before(now.Add(-f.since)) {
+		return false
+	}
+	if f.user != "" && r.User != f.user {
+		return false
+	}
+	return f.node == "" || r.Node == f.node
+}
+
+func (c *cli) doRecordingsLs(ctx context.Context, format string, f recordingFilter) error {
+	if f.since < 0 {
+		return trace.BadParameter("--since %v: want a positive duration such as 24h", f.since)
+	}
 	_, creds, err := c.credentials()
 	if err != nil {
 		return trace.Wrap(err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, client.DialTimeout*2)
 	defer cancel()
-	list, err := client.ListRecordings(ctx, creds)
+	all, err := client.ListRecordings(ctx, creds)
 	if err != nil {
 		return trace.Wrap(err)
+	}
+	list := all[:0]
+	now := timeNow()
+	for _, r := range all {
+		if f.keep(r, now) {
+			list = append(list, r)
+		}
 	}
 	if format == "json" {
 		return trace.Wrap(writeJSON(c, list))

@@ -9,6 +9,7 @@ import { Terminal } from '@xterm/xterm';
 import { FitAddon } from '@xterm/addon-fit';
 import { SerializeAddon } from '@xterm/addon-serialize';
 import { WebglAddon } from '@xterm/addon-webgl';
+import { create as createPlayer } from 'asciinema-player';
 
 const $ = (id) => document.getElementById(id);
 const TOKEN_KEY = 'postern.token';
@@ -56,11 +57,13 @@ async function api(method, path, body) {
 // ---- views ---------------------------------------------------------------
 
 function show(view) {
-  for (const v of ['login', 'nodes', 'terminal', 'sessions']) $(`view-${v}`).hidden = v !== view;
+  if (view !== 'player') closePlayer();
+  for (const v of ['login', 'nodes', 'terminal', 'sessions', 'recordings', 'player']) $(`view-${v}`).hidden = v !== view;
   const user = sessionStorage.getItem(USER_KEY);
   $('logout').hidden = view === 'login';
   $('nav-nodes').hidden = view === 'login';
   $('nav-sessions').hidden = view === 'login';
+  $('nav-recordings').hidden = view === 'login';
   $('whoami').textContent = view === 'login' || !user ? '' : user;
   document.body.dataset.view = view;
 }
@@ -217,6 +220,12 @@ async function route() {
     return openTerminal({ cluster, uuid, login });
   }
   if (p === '/web/sessions') return showSessions();
+  if (p === '/web/recordings') return showRecordings();
+  const rm = p.match(/^\/web\/recordings\/([0-9a-f-]{36})\/?$/);
+  if (rm) {
+    const t = Number(new URLSearchParams(location.search).get('t'));
+    return openPlayer(rm[1], Number.isFinite(t) && t > 0 ? t : undefined);
+  }
   return showNodes();
 }
 
@@ -626,6 +635,155 @@ async function showSessions() {
 
 $('nav-sessions').addEventListener('click', () => navigate('/web/sessions'));
 $('nav-nodes').addEventListener('click', () => navigate('/'));
+
+// ---- recordings ----------------------------------------------------------
+
+let recordings = [];
+let player = null; // the open asciinema-player
+
+function recordingMatches(r, query) {
+  if (!query) return true;
+  const hay = [r.user, r.login, r.node_hostname, r.node, r.command, r.session_id].join(' ').toLowerCase();
+  return query.toLowerCase().split(/\s+/).filter(Boolean).every((w) => hay.includes(w));
+}
+
+async function showRecordings() {
+  closeTerminal();
+  if (location.pathname !== '/web/recordings') history.pushState(null, '', '/web/recordings');
+  show('recordings');
+  $('recordings-error').textContent = '';
+  try {
+    recordings = (await api('GET', '/webapi/recordings')).items || [];
+  } catch (err) {
+    if (err.status === 401) return showLogin('Your session ended; log in again.');
+    $('recordings-error').textContent = err.message;
+    recordings = [];
+  }
+  renderRecordings();
+}
+
+function renderRecordings() {
+  const query = $('recording-search').value.trim();
+  const body = document.querySelector('#recordings tbody');
+  body.replaceChildren();
+  const shown = recordings.filter((r) => recordingMatches(r, query));
+  for (const r of shown) {
+    const tr = document.createElement('tr');
+    tr.dataset.id = r.session_id;
+    const cell = (text, cls) => {
+      const td = document.createElement('td');
+      td.textContent = text;
+      if (cls) td.className = cls;
+      tr.append(td);
+      return td;
+    };
+    cell(new Date(r.started).toLocaleString());
+    cell(r.user, 'user');
+    cell(r.login);
+    cell(r.node_hostname || r.node, 'hostname');
+    cell(r.command || '(shell)', 'command');
+    // Incomplete: the session runs, or its node died before the final
+    // chunk (what was uploaded until then plays).
+    cell(r.complete ? 'complete' : 'incomplete', 'state');
+    const link = document.createElement('a');
+    link.className = 'play button';
+    link.textContent = 'Play';
+    link.href = `/web/recordings/${encodeURIComponent(r.session_id)}`;
+    link.addEventListener('click', (ev) => {
+      if (ev.button !== 0 || ev.ctrlKey || ev.metaKey || ev.shiftKey) return;
+      ev.preventDefault();
+      navigate(link.getAttribute('href'));
+    });
+    cell('').append(link);
+    body.append(tr);
+  }
+  $('recordings-empty').hidden = shown.length > 0;
+}
+
+$('recording-search').addEventListener('input', renderRecordings);
+
+function closePlayer() {
+  if (!player) return;
+  try { player.dispose(); } catch { /* already gone */ }
+  player = null;
+  window.posternPlayer = null;
+}
+
+function fmtTime(s) {
+  const m = Math.floor(s / 60);
+  return `${m}:${String(Math.floor(s % 60)).padStart(2, '0')}`;
+}
+
+// openPlayer plays a recording with asciinema-player's segmented source:
+// it reads the index (duration, markers, segment start times) and then
+// only the segment it shows, so a seek into a long recording fetches a
+// few MB, never the whole file. The bearer token goes in a header.
+async function openPlayer(id, startAt) {
+  closeTerminal();
+  closePlayer();
+  show('player');
+  $('player-error').textContent = '';
+  $('player-markers').replaceChildren();
+  $('player-state').textContent = '';
+  $('player-title').textContent = id;
+  const auth = { headers: { Authorization: `Bearer ${token}` }, credentials: 'same-origin' };
+  const base = `/webapi/recordings/${encodeURIComponent(id)}`;
+  // The download link cannot carry the header: it fetches and saves.
+  $('player-download').onclick = async (ev) => {
+    ev.preventDefault();
+    try {
+      const resp = await fetch(`${base}/cast`, auth);
+      if (!resp.ok) throw new Error(`${resp.status} ${resp.statusText}`);
+      const url = URL.createObjectURL(await resp.blob());
+      const a = document.createElement('a');
+      a.href = url; a.download = `${id}.cast`; a.click();
+      setTimeout(() => URL.revokeObjectURL(url), 1000);
+    } catch (err) { $('player-error').textContent = `download: ${err.message}`; }
+  };
+  const el = $('player');
+  el.replaceChildren();
+  const p = createPlayer({ url: `${base}/index`, format: 'segmented', fetchOpts: auth }, el, {
+    fit: 'width', controls: true, preload: true, autoPlay: false, startAt,
+    terminalFontFamily: FONT_FAMILY, logger: console,
+  });
+  player = p;
+  window.posternPlayer = p;
+  // The index again, for the title and the marker list (the player keeps
+  // its own copy); metadata only: the listing's entry.
+  try {
+    const r = await api('GET', `/webapi/recordings?id=${encodeURIComponent(id)}`);
+    const it = (r.items || [])[0];
+    if (!it) throw new APIError(404, `recording "${id}" not found`);
+    if (player !== p) return;
+    $('player-title').textContent = `${it.user} as ${it.login}@${it.node_hostname || it.node}${it.command ? `: ${it.command}` : ''} — ${new Date(it.started).toLocaleString()}`;
+    $('player-state').textContent = it.complete ? '' : 'incomplete recording';
+  } catch (err) {
+    if (err.status === 401) return showLogin('Your session ended; log in again.');
+    $('player-error').textContent = err.message;
+  }
+  try {
+    const resp = await fetch(`${base}/markers`, auth);
+    if (resp.ok && player === p) {
+      const { markers } = await resp.json();
+      for (const [t, label] of markers || []) {
+        const li = document.createElement('li');
+        const b = document.createElement('button');
+        b.type = 'button';
+        b.className = 'marker';
+        b.textContent = `${fmtTime(t)} ${label}`;
+        b.addEventListener('click', () => { if (player === p) p.seek(t); });
+        li.append(b);
+        $('player-markers').append(li);
+      }
+    }
+  } catch { /* the timeline still shows them */ }
+}
+
+// For e2e tests: play an exported .cast given as text in an element.
+window.posternPlayCast = (text, el, opts) => createPlayer({ data: text }, el, opts || {});
+
+$('player-back').addEventListener('click', () => navigate('/web/recordings'));
+$('nav-recordings').addEventListener('click', () => navigate('/web/recordings'));
 
 // ---- start ---------------------------------------------------------------
 

@@ -114,9 +114,17 @@ type Backend struct {
 
 	closeCh chan struct{}
 	wg      sync.WaitGroup
+
+	// Statements of the write path, prepared once on the writer's one
+	// connection: preparing them per write was ~12% of a proxy's CPU per
+	// SSH setup (each setup writes its audit events).
+	upsertStmt, bumpStmt, existsStmt *sql.Stmt
 }
 
-var _ backend.Backend = (*Backend)(nil)
+var (
+	_ backend.Backend      = (*Backend)(nil)
+	_ backend.BatchCreator = (*Backend)(nil)
+)
 
 const schema = `
 CREATE TABLE IF NOT EXISTS kv (
@@ -249,6 +257,20 @@ func (b *Backend) init(ctx context.Context) error {
 	}
 	if err := b.writer.QueryRowContext(ctx, "SELECT value FROM meta WHERE name = 'revision'").Scan(&b.rev); err != nil {
 		return b.openError(err)
+	}
+	for _, st := range []struct {
+		stmt  **sql.Stmt
+		query string
+	}{
+		{&b.upsertStmt, upsertQuery},
+		{&b.bumpStmt, bumpQuery},
+		{&b.existsStmt, existsQuery},
+	} {
+		stmt, err := b.writer.PrepareContext(ctx, st.query)
+		if err != nil {
+			return b.openError(err)
+		}
+		*st.stmt = stmt
 	}
 	return nil
 }

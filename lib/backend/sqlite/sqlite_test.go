@@ -224,3 +224,48 @@ func BenchmarkSQLite(b *testing.B) {
 		return newBackend(b, nil)
 	})
 }
+
+// TestCreateMany: one transaction writes the new keys (in order, each with
+// its own revision, each seen by watchers) and skips keys that exist or
+// repeat within the batch; a bad item refuses the whole batch.
+func TestCreateMany(t *testing.T) {
+	ctx := context.Background()
+	b := newBackend(t, clockwork.NewFakeClock())
+	old, err := b.Put(ctx, backend.Item{Key: "/events/old", Value: []byte("old")})
+	require.NoError(t, err)
+	w, err := b.NewWatcher(ctx, backend.Watch{Prefixes: []string{"/events/"}})
+	require.NoError(t, err)
+	defer w.Close()
+	require.Equal(t, backend.OpInit, (<-w.Events()).Type)
+
+	n, err := b.CreateMany(ctx, []backend.Item{
+		{Key: "/events/a", Value: []byte("a")},
+		{Key: "/events/old", Value: []byte("overwritten?")},
+		{Key: "/events/b", Value: []byte("b")},
+		{Key: "/events/a", Value: []byte("again")},
+	})
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	for i, want := range []string{"a", "b"} {
+		ev := <-w.Events()
+		require.Equal(t, backend.OpPut, ev.Type)
+		require.Equal(t, "/events/"+want, ev.Item.Key)
+		require.Equal(t, old.Revision+int64(i)+1, ev.Item.Revision)
+	}
+	got, err := b.Get(ctx, "/events/old")
+	require.NoError(t, err)
+	require.Equal(t, "old", string(got.Value))
+	got, err = b.Get(ctx, "/events/a")
+	require.NoError(t, err)
+	require.Equal(t, "a", string(got.Value))
+
+	// The next single write continues the revisions.
+	next, err := b.Put(ctx, backend.Item{Key: "/x", Value: []byte("x")})
+	require.NoError(t, err)
+	require.Equal(t, old.Revision+3, next.Revision)
+
+	_, err = b.CreateMany(ctx, []backend.Item{{Key: "/events/c", Value: []byte("c")}, {Key: "no-slash"}})
+	require.True(t, trace.IsBadParameter(err), "%v", err)
+	_, err = b.Get(ctx, "/events/c")
+	require.True(t, trace.IsNotFound(err), "%v", err)
+}

@@ -86,14 +86,20 @@ func (h *Handler) playSubsystem(ctx context.Context, id *authz.Identity, name st
 		events.FieldSessionID: sid, events.FieldMethod: "psh",
 	}})
 	return func(ctx context.Context, ch ssh.Channel) error {
-		return trace.Wrap(h.cfg.Recordings.GetRecording(ctx, sid, func(c recording.Chunk) error {
+		var tail recording.ExportTail
+		err := h.cfg.Recordings.GetRecording(ctx, sid, func(c recording.Chunk) error {
 			b, err := recording.DecodeChunk(c.Data)
 			if err != nil {
 				return trace.Wrap(err)
 			}
+			tail.Add(c, b)
 			_, err = ch.Write(b)
 			return trace.Wrap(err)
-		}))
+		})
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		return trace.Wrap(tail.Finish(ch))
 	}, nil
 }
 

@@ -1,4 +1,8 @@
-package utils
+// Package backoff is the one exponential backoff of Postern's retry loops.
+// It is its own leaf package (no Postern imports) so that the data-type
+// packages (services, events) can retry without pulling in lib/utils and
+// its network code, which lib/api's leaf rule forbids.
+package backoff
 
 import (
 	"math/rand/v2"
