@@ -160,9 +160,13 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 // comes back as reason (for the audit event), a failure to ask the
 // access point as err.
 func (s *Server) userCAFor(ctx context.Context, cert *ssh.Certificate) (ca *services.CertAuthority, trusted *services.TrustedCluster, reason string, err error) {
-	caCluster := s.cfg.ClusterName
-	if c := cert.Permissions.Extensions[services.CertExtensionCluster]; c != "" && c != s.cfg.ClusterName {
-		tc, err := s.cfg.AccessPoint.GetTrustedCluster(ctx, c)
+	return userCAFor(ctx, s.cfg.AccessPoint, s.cfg.ClusterName, cert)
+}
+
+func userCAFor(ctx context.Context, ap AccessPoint, clusterName string, cert *ssh.Certificate) (ca *services.CertAuthority, trusted *services.TrustedCluster, reason string, err error) {
+	caCluster := clusterName
+	if c := cert.Permissions.Extensions[services.CertExtensionCluster]; c != "" && c != clusterName {
+		tc, err := ap.GetTrustedCluster(ctx, c)
 		switch {
 		case trace.IsNotFound(err) || (err == nil && !tc.Spec.Enabled):
 			return nil, nil, fmt.Sprintf("certificate was issued by cluster %q, which this cluster does not trust", c), nil
@@ -171,7 +175,7 @@ func (s *Server) userCAFor(ctx context.Context, cert *ssh.Certificate) (ca *serv
 		}
 		caCluster, trusted = c, tc
 	}
-	ca, err = s.cfg.AccessPoint.GetCertAuthority(ctx, caCluster, services.UserCA, false)
+	ca, err = ap.GetCertAuthority(ctx, caCluster, services.UserCA, false)
 	if trusted != nil && trace.IsNotFound(err) {
 		return nil, nil, fmt.Sprintf("certificate was issued by cluster %q, whose user CA this cluster does not hold", caCluster), nil
 	}

@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gravitational/trace"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/services"
@@ -180,4 +182,56 @@ func TestRootUserNextSessionAfterTrustRemoved(t *testing.T) {
 	_, err = c.NewSession()
 	require.Error(t, err)
 	e.requireLog(`which this cluster does not trust`)
+}
+
+// TestIdentifyRootUser: what a leaf's proxy accepts of a root proxy's
+// routing request is exactly what its SSH servers accept of the user,
+// minus the login: a trusted root's certificate, valid now, roles mapped;
+// never a certificate of this cluster itself.
+func TestIdentifyRootUser(t *testing.T) {
+	e := newTestEnv(t)
+	rootCA := trustRoot(t, e)
+	ctx := context.Background()
+	cert := func(ca *srvtest.CA, u srvtest.UserCert) *ssh.Certificate {
+		if u.Logins == nil {
+			u.Logins = []string{e.me}
+		}
+		if u.Now.IsZero() {
+			u.Now = time.Now()
+		}
+		return ca.SignUser(t, srvtest.NewSigner(t).PublicKey(), u)
+	}
+
+	id, err := IdentifyRootUser(ctx, e.ap, testCluster, e.clock, cert(rootCA, srvtest.UserCert{User: "alice", Cluster: rootCluster, Roles: []string{"access"}}))
+	require.NoError(t, err)
+	require.Equal(t, "alice", id.User)
+	require.Equal(t, []string{"dev"}, id.Roles)
+	require.Equal(t, []string{"access"}, id.RemoteRoles)
+	require.NotNil(t, id.Checker)
+	require.True(t, id.CanReach(services.Node{UUID: "n", Hostname: "n", Labels: map[string]string{"env": "test"}}))
+	require.False(t, id.CanReach(services.Node{UUID: "n", Hostname: "n", Labels: map[string]string{"env": "prod"}}))
+
+	for _, c := range []struct {
+		name string
+		cert *ssh.Certificate
+		want string
+	}{
+		{"this cluster's own user", cert(e.userCA, srvtest.UserCert{User: "bob", Cluster: testCluster}), "issued by this cluster, not by a root"},
+		{"roles that map to nothing", cert(rootCA, srvtest.UserCert{User: "bob", Cluster: rootCluster, Roles: []string{"ops"}}), "map to no role here"},
+		{"another CA", cert(srvtest.NewCA(t), srvtest.UserCert{User: "bob", Cluster: rootCluster}), `not signed by the user CA of cluster "root"`},
+		{"expired", cert(rootCA, srvtest.UserCert{User: "bob", Cluster: rootCluster, Now: time.Now().Add(-2 * time.Hour), TTL: time.Hour}), "certificate expired"},
+		{"a cluster not trusted", cert(srvtest.NewCA(t), srvtest.UserCert{User: "bob", Cluster: "elsewhere"}), "which this cluster does not trust"},
+		{"a host certificate", func() *ssh.Certificate {
+			c := cert(rootCA, srvtest.UserCert{User: "bob", Cluster: rootCluster})
+			c.CertType = ssh.HostCert
+			return c
+		}(), "not a user certificate"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := IdentifyRootUser(ctx, e.ap, testCluster, e.clock, c.cert)
+			require.Error(t, err)
+			require.True(t, trace.IsAccessDenied(err), "%v", err)
+			require.Contains(t, err.Error(), c.want)
+		})
+	}
 }

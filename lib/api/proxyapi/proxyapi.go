@@ -60,3 +60,39 @@ type RecordingEntry struct {
 	Command   string    `json:"command,omitempty"`
 	Complete  bool      `json:"complete"`
 }
+
+// LeafRequest opens a root proxy's connection to a node of a leaf
+// cluster: the first line (JSON, then "\n") on a transport channel of the
+// leaf's tunnel. The leaf's proxy answers one LeafReply line; after an
+// empty one the channel carries the node's SSH bytes.
+type LeafRequest struct {
+	// Target is HOST[:PORT] as the user wrote it for the leaf (routing
+	// rules 1-6 run in the leaf, with its inventory and strategy).
+	Target string `json:"target"`
+	// Cert is the user's certificate (authorized_keys format) from the
+	// root: the leaf decides from it, mapped through its role_map, which
+	// nodes the user may reach.
+	Cert string `json:"cert"`
+	// Source is the client's address, for the leaf's audit log.
+	Source string `json:"source,omitempty"`
+}
+
+// LeafReply is the leaf proxy's answer to a LeafRequest: empty on
+// success, else the message the user may be shown (a node the user may
+// not reach reads like one that does not exist) and its kind.
+type LeafReply struct {
+	Error string `json:"error,omitempty"`
+	Kind  string `json:"kind,omitempty"`
+}
+
+// Kinds of LeafReply errors.
+const (
+	LeafNotFound    = "not_found"
+	LeafAmbiguous   = "ambiguous"
+	LeafDenied      = "denied"
+	LeafUnavailable = "unavailable"
+	LeafBadRequest  = "bad_request"
+)
+
+// MaxLeafRequest bounds a LeafRequest line: a certificate is under 2 KiB.
+const MaxLeafRequest = 64 << 10

@@ -1,0 +1,188 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"time"
+
+	"github.com/gravitational/trace"
+	"github.com/sirupsen/logrus"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/api/proxyapi"
+	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
+)
+
+// LeafTransport is the leaf cluster's side of routing through a root
+// (SPEC "Leaf clusters"): a root proxy opens a transport channel on the
+// leaf's tunnel and sends a proxyapi.LeafRequest naming the target and
+// the user's certificate; this leaf's Router picks the node among those
+// the user may reach here (the certificate checked and its roles mapped
+// by Identify, the leaf's inventory and routing_strategy), answers, and
+// splices. The root decides nothing about the leaf's nodes.
+type LeafTransport struct {
+	cfg LeafTransportConfig
+}
+
+// LeafTransportConfig configures a LeafTransport.
+type LeafTransportConfig struct {
+	// Router is this (leaf) cluster's Router. Required.
+	Router *Router
+	// Identify checks a root user's certificate and returns the identity
+	// with the leaf roles it maps to (srv.IdentifyRootUser). Required.
+	Identify func(ctx context.Context, cert *ssh.Certificate) (*authz.Identity, error)
+	// Audit receives access.denied; nil discards.
+	Audit events.Emitter
+	// Logger; nil means component "proxy:leaf".
+	Logger logrus.FieldLogger
+	// RequestTimeout bounds reading the request, identifying and
+	// dialing; zero means DefaultLeafRequestTimeout.
+	RequestTimeout time.Duration
+}
+
+// DefaultLeafRequestTimeout covers a dial at ssh_dial_timeout's default
+// and a tunnel find: the root proxy's own dial bound is what the user
+// waits for.
+const DefaultLeafRequestTimeout = 45 * time.Second
+
+// NewLeafTransport returns a LeafTransport.
+func NewLeafTransport(cfg LeafTransportConfig) (*LeafTransport, error) {
+	if cfg.Router == nil {
+		return nil, trace.BadParameter("leaf transport: missing Router")
+	}
+	if cfg.Identify == nil {
+		return nil, trace.BadParameter("leaf transport: missing Identify")
+	}
+	if cfg.Audit == nil {
+		cfg.Audit = events.Discard
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = logrus.WithField("component", "proxy:leaf")
+	}
+	if cfg.RequestTimeout <= 0 {
+		cfg.RequestTimeout = DefaultLeafRequestTimeout
+	}
+	return &LeafTransport{cfg: cfg}, nil
+}
+
+// Serve handles one transport channel (as a net.Conn) until it is done,
+// and closes it. ctx ends the splice (the tunnel's or the process's end).
+func (h *LeafTransport) Serve(ctx context.Context, nc net.Conn) {
+	defer nc.Close()
+	rctx, cancel := context.WithTimeout(ctx, h.cfg.RequestTimeout)
+	defer cancel()
+	_ = nc.SetReadDeadline(time.Now().Add(h.cfg.RequestTimeout))
+	req, err := readLeafRequest(nc)
+	if err != nil {
+		h.reply(nc, proxyapi.LeafReply{Error: trace.UserMessage(err), Kind: proxyapi.LeafBadRequest})
+		return
+	}
+	_ = nc.SetReadDeadline(time.Time{})
+	log := h.cfg.Logger.WithFields(logrus.Fields{"target": req.Target, "source": req.Source})
+	target, err := ParseTarget(req.Target)
+	if err != nil {
+		h.reply(nc, proxyapi.LeafReply{Error: trace.UserMessage(err), Kind: proxyapi.LeafBadRequest})
+		return
+	}
+	pub, _, _, _, err := ssh.ParseAuthorizedKey([]byte(req.Cert))
+	cert, ok := pub.(*ssh.Certificate)
+	if err != nil || !ok {
+		h.reply(nc, proxyapi.LeafReply{Error: "the request carries no user certificate", Kind: proxyapi.LeafBadRequest})
+		return
+	}
+	id, err := h.cfg.Identify(rctx, cert)
+	if err != nil {
+		if !trace.IsAccessDenied(err) {
+			log.WithError(err).Warn("Cannot check a root user's certificate.")
+			h.reply(nc, proxyapi.LeafReply{Error: "the leaf cluster cannot check the user's access now", Kind: proxyapi.LeafUnavailable})
+			return
+		}
+		// Told like an unknown cluster at the root: a user whose roles
+		// reach nothing here learns nothing about this cluster.
+		log.WithError(err).WithField("user", cert.KeyId).Warn("Access denied.")
+		h.emitDenied(rctx, cert, req, err.Error())
+		h.reply(nc, proxyapi.LeafReply{Error: "access denied", Kind: proxyapi.LeafDenied})
+		return
+	}
+	log = log.WithField("user", id.User)
+	conn, route, err := h.cfg.Router.DialHost(rctx, RouteRequest{Target: target, Access: id.CanReach, Source: req.Source})
+	if err != nil {
+		visible, denied := HideDenied(target, route, err)
+		kind := proxyapi.LeafUnavailable
+		switch {
+		case denied:
+			h.emitDenied(rctx, cert, req, err.Error())
+			kind = proxyapi.LeafNotFound
+		case trace.IsNotFound(err):
+			kind = proxyapi.LeafNotFound
+		case IsAmbiguousHost(err):
+			kind = proxyapi.LeafAmbiguous
+		}
+		log.WithError(err).Info("Routing for a root user failed.")
+		h.reply(nc, proxyapi.LeafReply{Error: trace.UserMessage(visible), Kind: kind})
+		return
+	}
+	defer conn.Close()
+	if !h.reply(nc, proxyapi.LeafReply{}) {
+		return
+	}
+	log.WithField("node", route.Node.UUID).Debug("Routed a root user's connection.")
+	_, _, _ = utils.Splice(ctx, nc, conn)
+}
+
+// readLeafRequest reads one line byte by byte: nothing after the newline
+// may be consumed (the root sends the SSH bytes only after the reply, but
+// the splice must start exactly at them either way).
+func readLeafRequest(r io.Reader) (*proxyapi.LeafRequest, error) {
+	var line []byte
+	b := make([]byte, 1)
+	for {
+		if _, err := io.ReadFull(r, b); err != nil {
+			return nil, trace.BadParameter("reading the leaf request: %v", err)
+		}
+		if b[0] == '\n' {
+			break
+		}
+		line = append(line, b[0])
+		if len(line) > proxyapi.MaxLeafRequest {
+			return nil, trace.BadParameter("leaf request longer than %d bytes", proxyapi.MaxLeafRequest)
+		}
+	}
+	var req proxyapi.LeafRequest
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return nil, trace.BadParameter("malformed leaf request: %v", err)
+	}
+	return &req, nil
+}
+
+func (h *LeafTransport) reply(w io.Writer, r proxyapi.LeafReply) bool {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return false
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err == nil
+}
+
+func (h *LeafTransport) emitDenied(ctx context.Context, cert *ssh.Certificate, req *proxyapi.LeafRequest, reason string) {
+	user := cert.KeyId
+	if u := cert.Permissions.Extensions[services.CertExtensionUser]; u != "" {
+		user = u
+	}
+	fields := events.Fields{events.FieldTarget: req.Target, events.FieldReason: reason, events.FieldKind: "leaf"}
+	if req.Source != "" {
+		fields[events.FieldRemoteAddr] = req.Source
+	}
+	if c := cert.Permissions.Extensions[services.CertExtensionCluster]; c != "" {
+		fields[events.FieldUserCluster] = c
+	}
+	h.cfg.Audit.Emit(ctx, events.Event{Type: events.AccessDenied, User: user, Fields: fields})
+}
