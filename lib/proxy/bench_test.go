@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
@@ -248,4 +249,59 @@ func TestRouteCostIndependentOfClusterSize(t *testing.T) {
 	}
 	t.Logf("allocs per Route: %v", allocs)
 	require.InDelta(t, allocs[100], allocs[5000], 1, "allocations per lookup must not depend on the cluster size")
+}
+
+// benchLeases writes leases tunnel_connections into s: the first
+// leases/perNode nodes each have a tunnel on perNode proxies (a node's
+// agent pool holds one to every proxy it can reach).
+func benchLeases(tb testing.TB, s *services.Store, leases, perNode int) {
+	tb.Helper()
+	ctx := context.Background()
+	for i := range leases {
+		n, p := i/perNode, i%perNode
+		require.NoError(tb, s.UpsertTunnelConnection(ctx, services.TunnelConnection{
+			NodeUUID:  benchNode(n).UUID,
+			ProxyUUID: fmt.Sprintf("%08d-0000-4000-8000-00000000beef", p),
+			PeerAddr:  fmt.Sprintf("10.255.0.%d:3021", p+1),
+			LastSeen:  t0,
+			Expires:   t0.Add(time.Hour),
+		}))
+	}
+}
+
+// BenchmarkProxyIndexHeap is what each proxy holds in memory to route at
+// 100k nodes: its NodeWatcher and Router, plus the TunnelLocator (the
+// index of where every tunnel lives, issue 13) at 0, 10k and 30k tunnel
+// leases (10k tunnel nodes on one proxy, or on each of three). The
+// backend's copies are loaded before the first measurement, so only the
+// proxy's own index counts. Run with -benchtime=1x.
+func BenchmarkProxyIndexHeap(b *testing.B) {
+	const n = 100000
+	for _, tc := range []struct{ leases, perNode int }{{0, 1}, {10000, 1}, {30000, 3}} {
+		s, closeStore := benchStore(b, n)
+		benchLeases(b, s, tc.leases, tc.perNode)
+		b.Run(fmt.Sprintf("nodes=%d/leases=%d", n, tc.leases), func(b *testing.B) {
+			for b.Loop() {
+				before := heapInUse()
+				w := benchWatcher(b, s)
+				r := benchRouter(b, s, w)
+				mid := heapInUse()
+				loc, err := services.NewTunnelLocator(services.TunnelLocatorConfig{Events: s, Clock: clockwork.NewFakeClockAt(t0)})
+				require.NoError(b, err)
+				require.NoError(b, loc.WaitSynced(context.Background()))
+				after := heapInUse()
+				require.Equal(b, n, w.Len())
+				if tc.leases > 0 {
+					require.Len(b, loc.Holders(benchNode(0).UUID, ""), tc.perNode)
+				}
+				b.ReportMetric(float64(mid-before)/(1<<20), "watcher+router-MB")
+				b.ReportMetric(float64(after-mid)/(1<<20), "locator-MB")
+				b.ReportMetric(float64(after-before)/(1<<20), "heap-MB")
+				runtime.KeepAlive(r)
+				loc.Close()
+				w.Close()
+			}
+		})
+		closeStore()
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
 
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/events"
@@ -138,14 +139,40 @@ func (w *webState) track() bool {
 	return true
 }
 
-// shutdown ends every session's terminals and waits for them until ctx
-// ends.
-func (w *webState) shutdown(ctx context.Context) error {
+// shutdown drains the terminals like the SSH port drains its sessions
+// (SIGTERM, shutdown_grace): new terminals are refused at once, detached
+// ones end at once (this proxy's port is closed, so nobody can resume
+// them here), and attached ones go on until they end or ctx ends. Then
+// what is left is closed with errShutdownGrace, told to the browser as
+// the terminal's error frame, and the web sessions' watchers stop. The
+// server's context is canceled only after the closing frames were
+// written (it carries every websocket read and write).
+func (w *webState) shutdown(ctx context.Context, clock clockwork.Clock) error {
 	w.mu.Lock()
 	w.closed = true
 	w.mu.Unlock()
+	w.terms.drain(errShuttingDown)
+	terminalsDone := make(chan struct{})
+	go func() {
+		w.terminals.Wait()
+		close(terminalsDone)
+	}()
+	var err error
+	select {
+	case <-terminalsDone:
+	case <-ctx.Done():
+		err = trace.Wrap(ctx.Err())
+		w.terms.closeAll(errShutdownGrace)
+		// The closing frames take a moment to be written; a browser that
+		// does not read them does not hold the process.
+		timer := clock.NewTimer(closeFrameWait)
+		select {
+		case <-terminalsDone:
+		case <-timer.Chan():
+		}
+		timer.Stop()
+	}
 	w.sessions.closeAll()
-	w.terms.closeAll(errShuttingDown)
 	w.cancel()
 	if w.locksDone != nil {
 		<-w.locksDone
@@ -153,18 +180,12 @@ func (w *webState) shutdown(ctx context.Context) error {
 	if w.watchDone != nil {
 		<-w.watchDone
 	}
-	done := make(chan struct{})
-	go func() {
-		w.terminals.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return trace.Wrap(ctx.Err())
-	}
+	return err
 }
+
+// closeFrameWait bounds how long shutdown waits, past the grace, for the
+// closed terminals to tell their browsers why.
+const closeFrameWait = 2 * time.Second
 
 // registerWebRoutes adds the browser endpoints and the UI to mux. It is
 // the one call NewServer makes into this part of the package.

@@ -158,7 +158,7 @@ func (s *Server) Serve(ln net.Listener) error {
 func (s *Server) Shutdown(ctx context.Context) error {
 	err := s.srv.Shutdown(ctx)
 	// Terminals are hijacked websockets that srv.Shutdown does not wait for.
-	return trace.NewAggregate(err, s.web.shutdown(ctx), s.joinRelay.shutdown(ctx))
+	return trace.NewAggregate(err, s.web.shutdown(ctx, s.cfg.Clock), s.joinRelay.shutdown(ctx))
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -102,4 +102,8 @@ func newLiveSession(priv ed25519.PrivateKey, resp *authapi.SSHLoginResponse) (*l
 var (
 	errLoggedOut    = errors.New("the web session ended (logged out or expired)")
 	errShuttingDown = errors.New("the proxy is shutting down")
+	// errShutdownGrace ends the terminals still open when the proxy's
+	// shutdown_grace has passed: the shell is gone, and a new terminal
+	// reaches the node through another proxy.
+	errShutdownGrace = errors.New("the proxy shut down (its shutdown grace ended): this terminal was closed; open a new one to reach the node through another proxy")
 )

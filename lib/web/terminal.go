@@ -492,6 +492,11 @@ func (t *term) detach(sock *termSocket) {
 		t.cancel(errBrowserGone)
 		return
 	}
+	if t.srv.web.terms.isDraining() {
+		// This proxy no longer accepts the resume.
+		t.cancel(errShuttingDown)
+		return
+	}
 	grace := t.srv.cfg.WebSessions.TerminalGrace
 	t.grace = t.srv.cfg.Clock.AfterFunc(grace, func() { t.cancel(errGraceExpired) })
 	t.log.WithField("grace", grace).Info("Web terminal detached; waiting for a resume.")

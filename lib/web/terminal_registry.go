@@ -24,12 +24,16 @@ const resumeTokenBytes = 32
 // server's terminals WaitGroup; closeAll ends them all. Resume tokens are
 // kept as hashes, each naming one terminal, and are removed on use.
 type termRegistry struct {
-	// mu guards byID, byToken and closed. Lock order: a terminal's locks,
-	// then mu (claim releases mu before touching the terminal).
+	// mu guards byID, byToken, closed and draining. Lock order: a
+	// terminal's locks, then mu (claim releases mu before touching the
+	// terminal).
 	mu      sync.Mutex
 	byID    map[string]*term
 	byToken map[string]*term
 	closed  bool
+	// draining: the proxy is shutting down; a terminal whose socket goes
+	// away ends instead of waiting for a resume that cannot come here.
+	draining bool
 }
 
 func newResumeToken() (token, hash string, err error) {
@@ -139,6 +143,35 @@ func (r *termRegistry) get(live *liveSession, id string) (*term, error) {
 		return nil, trace.NotFound("terminal %q not found", id)
 	}
 	return t, nil
+}
+
+// drain refuses new terminals and ends, with cause, those no socket is
+// attached to; attached ones go on (a later detach ends them too, see
+// isDraining).
+func (r *termRegistry) drain(cause error) {
+	r.mu.Lock()
+	r.closed = true
+	r.draining = true
+	all := make([]*term, 0, len(r.byID))
+	for _, t := range r.byID {
+		all = append(all, t)
+	}
+	r.mu.Unlock()
+	for _, t := range all {
+		t.mu.Lock()
+		detached := t.att == nil
+		t.mu.Unlock()
+		if detached {
+			t.cancel(cause)
+		}
+	}
+}
+
+// isDraining reports whether drain was called.
+func (r *termRegistry) isDraining() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.draining
 }
 
 // closeAll ends every terminal with cause and refuses new ones; the
