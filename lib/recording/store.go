@@ -95,7 +95,14 @@ func (d DirStorage) putChunk(session string, c Chunk, sync bool) (string, error)
 	if err != nil {
 		return "", trace.ConvertSystemError(err)
 	}
-	defer os.Remove(f.Name())
+	// The temp file is removed unless it was renamed into place (an
+	// unlink of a name that is gone was one more syscall per chunk).
+	renamed := false
+	defer func() {
+		if !renamed {
+			_ = os.Remove(f.Name())
+		}
+	}()
 	if _, err := f.Write(data); err != nil {
 		f.Close()
 		return "", trace.ConvertSystemError(err)
@@ -110,7 +117,11 @@ func (d DirStorage) putChunk(session string, c Chunk, sync bool) (string, error)
 		return "", trace.ConvertSystemError(err)
 	}
 	path := filepath.Join(dir, chunkName(c.Index))
-	return path, trace.ConvertSystemError(os.Rename(f.Name(), path))
+	if err := os.Rename(f.Name(), path); err != nil {
+		return "", trace.ConvertSystemError(err)
+	}
+	renamed = true
+	return path, nil
 }
 
 // ChunkIndexes lists the chunk indexes stored for session, ascending.
