@@ -14,6 +14,7 @@ require (
 	github.com/gravitational/trace v1.5.4
 	github.com/hashicorp/yamux v0.1.2
 	github.com/jonboulle/clockwork v0.5.0
+	github.com/klauspost/compress v1.20.1
 	github.com/pkg/sftp v1.13.12
 	github.com/pquerna/otp v1.5.0
 	github.com/prometheus/client_golang v1.25.0

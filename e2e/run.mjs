@@ -25,6 +25,10 @@ const user = 'e2e';
 const password = 'correct horse battery staple e2e';
 const login = userInfo().username;
 const nodename = 'e2e-node';
+// tunnelName is a second node process that joins through the proxy's web
+// port alone (--proxy-server) and lives on its reverse tunnel: no
+// listening port, no route to auth.
+const tunnelName = 'e2e-tunnel';
 const userB = 'e2e-b';
 
 let passed = 0;
@@ -258,7 +262,7 @@ async function main() {
   rmSync(artifacts, { recursive: true, force: true });
   mkdirSync(artifacts, { recursive: true });
   const dataDir = mkdtempSync(join(tmpdir(), 'postern-e2e-'));
-  const [nodePort, sshPort, webPort, authPort, diagPort, tunnelPort] = await Promise.all([1, 2, 3, 4, 5, 6].map(freePort));
+  const [nodePort, sshPort, webPort, authPort, diagPort, tunnelPort, peerPort, tunnelDiagPort] = await Promise.all([1, 2, 3, 4, 5, 6, 7, 8].map(freePort));
   const base = `https://127.0.0.1:${webPort}`;
   const log = createWriteStream(join(artifacts, 'postern.log'));
   const daemon = spawn(join(buildDir, 'postern'), [
@@ -267,11 +271,18 @@ async function main() {
     '--node-addr', `127.0.0.1:${nodePort}`, '--ssh-addr', `127.0.0.1:${sshPort}`,
     '--web-addr', `127.0.0.1:${webPort}`, '--auth-addr', `127.0.0.1:${authPort}`,
     '--diag-addr', `127.0.0.1:${diagPort}`, '--tunnel-addr', `127.0.0.1:${tunnelPort}`,
+    // Every port on loopback and picked here: the peering port's default
+    // (0.0.0.0:3021) may be taken by another cluster on the machine.
+    '--peer-addr', `127.0.0.1:${peerPort}`,
   ], { stdio: ['ignore', 'pipe', 'pipe'] });
   daemon.stdout.pipe(log);
   daemon.stderr.pipe(log);
   let daemonExited = false;
   daemon.on('exit', () => { daemonExited = true; });
+
+  let tunnelNode;
+  let tunnelExited = false;
+  const tunnelDir = mkdtempSync(join(tmpdir(), 'postern-e2e-tunnel-'));
 
   let context;
   let profile;
@@ -294,6 +305,20 @@ async function main() {
       return true;
     });
     pctl(['users', 'add', user, '--logins', login], `${password}\n`);
+
+    // The node behind NAT joins now, so that it is up by the time its
+    // step runs; the join command is the one `pctl tokens add` prints.
+    const joinCmd = pctl(['tokens', 'add', '--type', 'node']).match(/--token (\S+) --ca-pin (sha256:[0-9a-f]+)/);
+    if (!joinCmd) throw new Error('no join command in `pctl tokens add`');
+    const tunnelLog = createWriteStream(join(artifacts, 'postern-tunnel.log'));
+    tunnelNode = spawn(join(buildDir, 'postern'), [
+      'start', '--data-dir', tunnelDir, '--roles', 'node', '--nodename', tunnelName, '--labels', 'env=e2e,team=nat',
+      '--proxy-server', `127.0.0.1:${webPort}`, '--token', joinCmd[1], '--ca-pin', joinCmd[2],
+      '--diag-addr', `127.0.0.1:${tunnelDiagPort}`,
+    ], { stdio: ['ignore', 'pipe', 'pipe'] });
+    tunnelNode.stdout.pipe(tunnelLog);
+    tunnelNode.stderr.pipe(tunnelLog);
+    tunnelNode.on('exit', () => { tunnelExited = true; });
 
     profile = mkdtempSync(join(tmpdir(), 'postern-e2e-chromium-'));
     context = await chromium.launchPersistentContext(profile, launchOptions);
@@ -738,6 +763,30 @@ async function main() {
       if (res.heap > 300 || rss > 300) throw new Error(`memory: heap ${res.heap} MB, RSS ${rss} MB`);
     });
 
+    await step(page, 'a node behind NAT: listed as a tunnel node, its terminal works', async () => {
+      await page.click('#nav-nodes');
+      await page.locator('#view-nodes').waitFor({ state: 'visible' });
+      const row = page.locator(`tr[data-hostname="${tunnelName}"]`);
+      await waitFor('the tunnel node in the list', async () => {
+        if (tunnelExited) throw new Error('the tunnel node exited; see e2e/artifacts/postern-tunnel.log');
+        if (await row.count()) return true;
+        await page.reload();
+        await page.locator('#view-nodes').waitFor({ state: 'visible' });
+        return false;
+      }, 30000, 1000);
+      const addr = (await row.locator('td.addr').innerText()).trim();
+      if (addr !== '(tunnel)') throw new Error(`address column of the tunnel node: ${JSON.stringify(addr)}`);
+      const uuid = (await row.locator('td.uuid').innerText()).trim();
+      await row.locator('select.login').selectOption(login);
+      await row.locator('a.connect').click();
+      await page.waitForURL((u) => u.pathname.includes(`/node/${uuid}/`));
+      await page.locator('#term-status[data-status="connected"]').waitFor({ timeout: 30000 });
+      await waitFor('a shell prompt', async () => (await rowsText(page)).trim().length > 0, 60000);
+      // The host UUID proves the shell runs on the tunnel node.
+      await typeInTerminal(page, 'echo "tunnel-$((6*7)) $SSH_POSTERN_HOST_UUID"\n');
+      await waitFor('the output', async () => (await rowsText(page)).split('\n').some((l) => l.trim() === `tunnel-42 ${uuid}`), 30000);
+    });
+
     await step(page, 'no console errors', async () => {
       // The refused login's 401 is logged by chromium as a failed resource load.
       const real = consoleErrors.filter((e) => !/status of 401/.test(e));
@@ -751,6 +800,11 @@ async function main() {
     if (contextB) await contextB.close().catch(() => {});
     if (profileB) rmSync(profileB, { recursive: true, force: true });
     if (profile) rmSync(profile, { recursive: true, force: true });
+    if (tunnelNode && !tunnelExited) {
+      tunnelNode.kill('SIGTERM');
+      await waitFor('the tunnel node to exit', () => tunnelExited, 15000).catch(() => tunnelNode.kill('SIGKILL'));
+    }
+    if (!process.env.E2E_KEEP) rmSync(tunnelDir, { recursive: true, force: true });
     daemon.kill('SIGTERM');
     await waitFor('postern to exit', () => daemonExited, 15000).catch(() => daemon.kill('SIGKILL'));
     if (!process.env.E2E_KEEP) rmSync(dataDir, { recursive: true, force: true });

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -116,6 +117,36 @@ func TestNodeBehindNAT(t *testing.T) {
 			}
 			return false
 		}, 20*time.Second, 100*time.Millisecond, "a session.start on natted from %s", client)
+	})
+
+	t.Run("the session has SSH_CLIENT and SSH_CONNECTION as on a direct node", func(t *testing.T) {
+		// OpenSSH sets both from the connection's ends and scripts (and
+		// bash, which reads ~/.bashrc for a command only when SSH_CLIENT
+		// is set) rely on them: a tunnel node gives the client's address,
+		// as the proxy saw it, and its own end of the tunnel.
+		cfg := c.clientConfig(t)
+		proxy, err := ssh.Dial("tcp", c.p.Addr(service.ListenerProxySSH).String(), cfg)
+		require.NoError(t, err)
+		defer proxy.Close()
+		conn, err := proxy.Dial("tcp", "natted:22")
+		require.NoError(t, err)
+		sconn, chans, reqs, err := ssh.NewClientConn(conn, "natted:22", cfg)
+		require.NoError(t, err)
+		nc := ssh.NewClient(sconn, chans, reqs)
+		defer nc.Close()
+		out, err := run(t, nc, `echo "$SSH_CLIENT"; echo "$SSH_CONNECTION"`)
+		require.NoError(t, err)
+		lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+		require.Len(t, lines, 2, "%q", out)
+		client := proxy.LocalAddr().(*net.TCPAddr)
+		cli := strings.Fields(lines[0])
+		require.Len(t, cli, 3, "SSH_CLIENT=%q", lines[0])
+		require.Equal(t, []string{client.IP.String(), strconv.Itoa(client.Port)}, cli[:2], "SSH_CLIENT=%q", lines[0])
+		cn := strings.Fields(lines[1])
+		require.Len(t, cn, 4, "SSH_CONNECTION=%q", lines[1])
+		require.Equal(t, cli[:2], cn[:2], "SSH_CONNECTION=%q", lines[1])
+		require.Equal(t, cli[2], cn[3], "SSH_CONNECTION=%q", lines[1])
+		require.NotNil(t, net.ParseIP(cn[2]), "SSH_CONNECTION=%q", lines[1])
 	})
 
 	t.Run("proxy subsystem", func(t *testing.T) {

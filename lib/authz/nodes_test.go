@@ -42,6 +42,7 @@ func TestListNodesFiltersByRBAC(t *testing.T) {
 		{UUID: "u1", Hostname: "app", Addr: "10.0.0.1:3022", Cluster: "c1", Labels: map[string]string{"env": "dev"}},
 		{UUID: "u2", Hostname: "db", Addr: "10.0.0.2:3022", Cluster: "c1", Labels: map[string]string{"env": "secret"}},
 		{UUID: "u4", Hostname: "app", Addr: "10.0.1.1:3022", Cluster: "other", Labels: map[string]string{"env": "dev"}},
+		{UUID: "u5", Hostname: "nat", Tunnel: true, Cluster: "c1", Labels: map[string]string{"env": "dev"}},
 	}
 	id := &Identity{
 		User:    "alice",
@@ -52,6 +53,7 @@ func TestListNodesFiltersByRBAC(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []proxyapi.NodeEntry{
 		{UUID: "u1", Hostname: "app", Addr: "10.0.0.1:3022", Cluster: "c1", Labels: map[string]string{"env": "dev"}, Logins: []string{"dev"}},
+		{UUID: "u5", Hostname: "nat", Tunnel: true, Cluster: "c1", Labels: map[string]string{"env": "dev"}, Logins: []string{"dev"}},
 		{UUID: "u3", Hostname: "web", Addr: "10.0.0.3:3022", Cluster: "c1", Labels: map[string]string{"env": "prod"}, Logins: []string{"root"}},
 	}, got)
 
@@ -59,7 +61,7 @@ func TestListNodesFiltersByRBAC(t *testing.T) {
 	id.Cert = &ssh.Certificate{ValidPrincipals: []string{"dev"}}
 	got, err = ListNodes(context.Background(), nodes, id, "c1")
 	require.NoError(t, err)
-	require.Len(t, got, 1)
+	require.Len(t, got, 2)
 
 	_, err = ListNodes(context.Background(), nodes, &Identity{}, "c1")
 	require.Error(t, err)

@@ -176,14 +176,17 @@ func TestNodesTableEscapes(t *testing.T) {
 	require.NoError(t, WriteNodesTable(&out, []proxyapi.NodeEntry{{
 		UUID: "u1", Hostname: "web\r\nfake-host", Addr: "10.0.0.1:3022",
 		Labels: map[string]string{"env": "\x1b[31m\r\n", "a": "1"}, Logins: []string{"root"},
-	}, {UUID: "u2", Hostname: "db", Addr: "10.0.0.2:3022", Logins: []string{"root"}}}))
+	}, {UUID: "u2", Hostname: "db", Addr: "10.0.0.2:3022", Logins: []string{"root"}},
+		{UUID: "u3", Hostname: "nat", Tunnel: true, Logins: []string{"root"}}}))
 	s := out.String()
 	require.Contains(t, s, `a=1,env="\x1b[31m\r\n"`)
 	require.Contains(t, s, `"web\r\nfake-host"`)
 	require.NotContains(t, s, "\x1b")
 	require.NotContains(t, s, "\r")
-	require.Equal(t, 3, bytes.Count(out.Bytes(), []byte("\n")), "one line per node plus the header:\n%s", s)
+	require.Equal(t, 4, bytes.Count(out.Bytes(), []byte("\n")), "one line per node plus the header:\n%s", s)
 	require.Contains(t, s, "db  ")
+	// A node behind NAT has no address: the column says why.
+	require.Regexp(t, `(?m)^nat +\(tunnel\) +- +root +u3$`, s)
 }
 
 // TestOpenSSHConfigKeepAlives: the block `psh config` writes asks OpenSSH

@@ -56,7 +56,7 @@ func WriteNodesTable(w io.Writer, nodes []proxyapi.NodeEntry) error {
 	for _, n := range nodes {
 		// Node-supplied text is escaped: a label or hostname must not
 		// drive the user's terminal.
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", services.EscapeText(n.Hostname), services.EscapeText(n.Addr),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", services.EscapeText(n.Hostname), services.NodeAddrText(n.Addr, n.Tunnel),
 			services.FormatLabels(n.Labels), strings.Join(n.Logins, ","), services.EscapeText(n.UUID))
 	}
 	return trace.Wrap(tw.Flush())

@@ -120,6 +120,11 @@ const (
 	// FieldRecordingHash is the final hash of a session's recording
 	// (lib/recording), in session.end.
 	FieldRecordingHash = "recording_hash"
+	// FieldRecorded says in session.start whether the session is recorded;
+	// FieldRecordingReason says why not ("exempt by role \"ops\"", "cluster
+	// session_recording is off", ...).
+	FieldRecorded        = "recorded"
+	FieldRecordingReason = "recording_reason"
 	// FieldAddr is a forwarded address ("db:5432").
 	FieldAddr       = "addr"
 	FieldCandidates = "candidates"

@@ -2,6 +2,9 @@ package recording
 
 import (
 	"bytes"
+	"encoding/binary"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,8 +87,8 @@ func TestAppendEventRoundTrips(t *testing.T) {
 	for i := 0; i < 256; i++ {
 		all = append(all, byte(i))
 	}
-	for _, s := range []string{"", "plain", "\x1b[1;31mred\x1b[0m\r\n", `quote " and \ backslash`, "tab\tbell\a<>&\u2028é漢", toValidUTF8(string(all))} {
-		line := appendEvent(nil, 12.5, "o", s)
+	for _, s := range []string{"", "plain", "\x1b[1;31mred\x1b[0m\r\n", `quote " and \ backslash`, "tab\tbell\a<>&\u2028é漢", refValidUTF8(string(all))} {
+		line := appendEvent(nil, 12.5, "o", []byte(s))
 		require.Equal(t, byte('\n'), line[len(line)-1])
 		_, evs, err := Parse(append([]byte("{\"version\":2}\n"), line...))
 		require.NoError(t, err, "%q", line)
@@ -93,12 +96,80 @@ func TestAppendEventRoundTrips(t *testing.T) {
 	}
 }
 
+// The word-at-a-time fast path writes exactly what the byte-at-a-time
+// encoder of earlier releases wrote (refAppendEvent), at every alignment
+// of every byte that needs escaping or replacing, so a recording's bytes
+// and hashes do not depend on the Postern version that made it.
+func TestAppendEventMatchesEarlierEncoder(t *testing.T) {
+	special := []string{"\x00", "\x1b", "\x1f", " ", "\"", "\\", "\n", "\r", "\t", "\x7f", "\x80", "\xff", "é", "漢", "\U0001F600", "\xe6\xbc", "\uFFFD", "\u2028"}
+	for _, sp := range special {
+		for pre := 0; pre < 17; pre++ {
+			for post := 0; post < 10; post++ {
+				p := []byte(strings.Repeat("a", pre) + sp + strings.Repeat("b", post))
+				require.Equal(t, string(refAppendEvent(nil, 3.25, "o", refValidUTF8(string(p)))), string(appendEvent(nil, 3.25, "o", p)), "%q", p)
+			}
+		}
+	}
+	for c := 0; c < 256; c++ {
+		v := bytes.Repeat([]byte{byte(c)}, 8)
+		require.Equal(t, c >= 0x20 && c < 0x80 && c != '"' && c != '\\', safeWord(binary.LittleEndian.Uint64(v)), "byte %#x", c)
+		for i := 0; i < 8; i++ {
+			w := []byte("abcdefgh")
+			w[i] = byte(c)
+			require.Equal(t, safeASCII[c], safeWord(binary.LittleEndian.Uint64(w)), "byte %#x at %d", c, i)
+		}
+	}
+}
+
 func FuzzAppendEvent(f *testing.F) {
 	f.Add([]byte("\x1b[0m\r\n\"\\"))
+	f.Add([]byte("plain ASCII text, longer than a word \xe6\xbc\xa2 and \xff"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		s := toValidUTF8(string(data))
-		_, evs, err := Parse(append([]byte("{\"version\":2}\n"), appendEvent(nil, 1, "o", s)...))
+		line := appendEvent(nil, 1, "o", data)
+		require.Equal(t, string(refAppendEvent(nil, 1, "o", refValidUTF8(string(data)))), string(line))
+		_, evs, err := Parse(append([]byte("{\"version\":2}\n"), line...))
 		require.NoError(t, err)
-		require.Equal(t, s, evs[0].Data)
+		require.Equal(t, refValidUTF8(string(data)), evs[0].Data)
 	})
+}
+
+// refAppendEvent and refValidUTF8 are the event encoder as it was before
+// the fast path, kept as the reference the fast path must match.
+func refAppendEvent(dst []byte, t float64, code, s string) []byte {
+	dst = append(dst, '[')
+	dst = strconv.AppendFloat(dst, t, 'f', 6, 64)
+	dst = append(dst, ',', '"')
+	dst = append(dst, code...)
+	dst = append(dst, '"', ',', '"')
+	start := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		dst = append(dst, s[start:i]...)
+		switch c {
+		case '"', '\\':
+			dst = append(dst, '\\', c)
+		case '\n':
+			dst = append(dst, '\\', 'n')
+		case '\r':
+			dst = append(dst, '\\', 'r')
+		case '\t':
+			dst = append(dst, '\\', 't')
+		default:
+			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+		}
+		start = i + 1
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"', ']', '\n')
+}
+
+func refValidUTF8(s string) string {
+	out := make([]rune, 0, len(s))
+	for _, r := range s {
+		out = append(out, r)
+	}
+	return string(out)
 }

@@ -3,6 +3,7 @@ package recording
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"strings"
 	"sync"
 	"testing"
@@ -295,4 +296,21 @@ func TestRenderText(t *testing.T) {
 	require.NoError(t, Export(&cast, sink.all()))
 	require.NoError(t, RenderText(&out, cast.Bytes()))
 	require.Equal(t, "red line\ncounter 1\n\n[resize 0.000s] 100x30\n\n[marker 0.000s] exit-status 3\n", out.String())
+}
+
+// A chunk file is what json.Marshal of the Chunk writes, so files written
+// before the hand-made encoder and after it read the same way.
+func TestChunkFileIsJSONMarshal(t *testing.T) {
+	for _, c := range []Chunk{
+		{Index: 0, Hash: strings.Repeat("ab", 32), Data: []byte("\x1f\x8b gz bytes \x00\xff")},
+		{Index: 12345678, Hash: "0f", Final: true, Data: []byte{}},
+		{Index: 3, Hash: "", Data: nil},
+		{Index: 1, Hash: "<odd \"hash\" \u2028 é>", Data: []byte("x")},
+	} {
+		want, err := json.Marshal(c)
+		require.NoError(t, err)
+		got, err := appendChunkJSON([]byte("prefix"), c)
+		require.NoError(t, err)
+		require.Equal(t, "prefix"+string(want), string(got))
+	}
 }

@@ -2,6 +2,7 @@ package recording
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -77,18 +78,31 @@ func (d DirStorage) putChunk(session string, c Chunk, sync bool) (string, error)
 		return "", trace.BadParameter("chunk index %d", c.Index)
 	}
 	dir := filepath.Join(d.Dir, session)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", trace.ConvertSystemError(err)
-	}
-	data, err := json.Marshal(c)
+	data, err := appendChunkJSON(make([]byte, 0, base64.StdEncoding.EncodedLen(len(c.Data))+len(c.Hash)+64), c)
 	if err != nil {
 		return "", trace.Wrap(err)
 	}
+	// The session's directory exists from its first chunk on: it is made
+	// only when the temp file cannot be created for want of it (a stat per
+	// chunk showed in the recorded session's profile).
 	f, err := os.CreateTemp(dir, ".tmp-*")
+	if os.IsNotExist(err) {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return "", trace.ConvertSystemError(err)
+		}
+		f, err = os.CreateTemp(dir, ".tmp-*")
+	}
 	if err != nil {
 		return "", trace.ConvertSystemError(err)
 	}
-	defer os.Remove(f.Name())
+	// The temp file is removed unless it was renamed into place (an
+	// unlink of a name that is gone was one more syscall per chunk).
+	renamed := false
+	defer func() {
+		if !renamed {
+			_ = os.Remove(f.Name())
+		}
+	}()
 	if _, err := f.Write(data); err != nil {
 		f.Close()
 		return "", trace.ConvertSystemError(err)
@@ -103,7 +117,11 @@ func (d DirStorage) putChunk(session string, c Chunk, sync bool) (string, error)
 		return "", trace.ConvertSystemError(err)
 	}
 	path := filepath.Join(dir, chunkName(c.Index))
-	return path, trace.ConvertSystemError(os.Rename(f.Name(), path))
+	if err := os.Rename(f.Name(), path); err != nil {
+		return "", trace.ConvertSystemError(err)
+	}
+	renamed = true
+	return path, nil
 }
 
 // ChunkIndexes lists the chunk indexes stored for session, ascending.
@@ -149,6 +167,33 @@ func (d DirStorage) GetChunk(_ context.Context, session string, i int) (*Chunk, 
 		return nil, trace.BadParameter("chunk file %d of %s says it is chunk %d", i, session, c.Index)
 	}
 	return &c, nil
+}
+
+// appendChunkJSON appends c as json.Marshal writes it (the chunk file
+// format is unchanged), without reflection or its intermediate copies of
+// the base64. A hash that is not plain text (never ours: ours are hex)
+// goes through json.Marshal.
+func appendChunkJSON(dst []byte, c Chunk) ([]byte, error) {
+	for i := 0; i < len(c.Hash); i++ {
+		if b := c.Hash[i]; !safeASCII[b] || b == '<' || b == '>' || b == '&' {
+			data, err := json.Marshal(c)
+			return append(dst, data...), trace.Wrap(err)
+		}
+	}
+	dst = append(dst, `{"index":`...)
+	dst = strconv.AppendInt(dst, int64(c.Index), 10)
+	dst = append(dst, `,"hash":"`...)
+	dst = append(dst, c.Hash...)
+	dst = append(dst, '"')
+	if c.Final {
+		dst = append(dst, `,"final":true`...)
+	}
+	if c.Data == nil {
+		return append(dst, `,"data":null}`...), nil
+	}
+	dst = append(dst, `,"data":"`...)
+	dst = base64.StdEncoding.AppendEncode(dst, c.Data)
+	return append(dst, '"', '}'), nil
 }
 
 // RemoveChunk deletes a chunk file (the node's spool, after upload).

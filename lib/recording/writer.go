@@ -1,6 +1,7 @@
 package recording
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -119,8 +120,6 @@ type Writer struct {
 	closed   bool
 	timer    clockwork.Timer // flush timer, armed while buf holds events
 	finalHex string
-	// scratch holds the event being encoded.
-	scratch []byte
 
 	// Closed chunks are compressed, hashed and stored by one goroutine
 	// (store), in order, so that the session's output copy never waits
@@ -189,21 +188,26 @@ func (w *Writer) event(code string, data []byte) {
 }
 
 // eventLocking records one event and reports whether it hit the cap.
+// The event is encoded straight into the chunk buffer (no copy of the
+// pty read, no scratch line): this runs on every read of a recorded
+// session's output.
 func (w *Writer) eventLocking(code string, data []byte) (capped bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed || w.capped {
 		return false
 	}
-	line := w.lineLocked(code, data)
-	if w.written+int64(len(line)) > w.cfg.MaxBytes {
+	n0 := len(w.buf)
+	w.buf = w.appendLineLocked(w.buf, code, data)
+	n := int64(len(w.buf) - n0)
+	if w.written+n > w.cfg.MaxBytes {
+		w.buf = w.buf[:n0]
 		w.capped = true
-		w.buf = append(w.buf, w.lineLocked("m", []byte("recording stopped: max_recording_bytes ("+strconv.FormatInt(w.cfg.MaxBytes, 10)+") reached"))...)
+		w.buf = w.appendLineLocked(w.buf, "m", []byte("recording stopped: max_recording_bytes ("+strconv.FormatInt(w.cfg.MaxBytes, 10)+") reached"))
 		w.flushLocked(false)
 		return true
 	}
-	w.written += int64(len(line))
-	w.buf = append(w.buf, line...)
+	w.written += n
 	if len(w.buf) >= w.cfg.ChunkBytes {
 		w.flushLocked(false)
 		return false
@@ -212,40 +216,57 @@ func (w *Writer) eventLocking(code string, data []byte) (capped bool) {
 	return false
 }
 
-// lineLocked encodes one event. Output is bytes; asciicast wants a
-// string, so invalid UTF-8 (a split multi-byte rune, binary) becomes
-// U+FFFD as asciinema itself does.
-func (w *Writer) lineLocked(code string, data []byte) []byte {
+// appendLineLocked appends one event to dst, timed now (never before the
+// previous event).
+func (w *Writer) appendLineLocked(dst []byte, code string, data []byte) []byte {
 	t := w.cfg.Clock.Since(w.start).Seconds()
 	if t < w.last {
 		t = w.last
 	}
 	w.last = t
-	s := string(data)
-	if !utf8.ValidString(s) {
-		s = toValidUTF8(s)
-	}
-	w.scratch = appendEvent(w.scratch[:0], t, code, s)
-	return w.scratch
+	return appendEvent(dst, t, code, data)
 }
 
 // appendEvent appends `[TIME,"CODE","DATA"]\n`: what json.Marshal would
 // write, less its HTML escaping (a terminal's `<` stays one byte), by hand
-// because this runs on every pty read of a recorded session. s must be
-// valid UTF-8.
-func appendEvent(dst []byte, t float64, code, s string) []byte {
+// because this runs on every pty read of a recorded session. Output is
+// bytes and asciicast wants a string, so each byte that is not part of
+// valid UTF-8 (a split multi-byte rune, binary) becomes U+FFFD, as
+// asciinema itself does (and as ranging over a Go string does: recordings
+// written before this fast path are byte for byte the same).
+//
+// Terminal output is mostly printable ASCII, so runs of it are skipped
+// eight bytes at a time (safeWord) and copied in one append.
+func appendEvent(dst []byte, t float64, code string, p []byte) []byte {
 	dst = append(dst, '[')
 	dst = strconv.AppendFloat(dst, t, 'f', 6, 64)
 	dst = append(dst, ',', '"')
 	dst = append(dst, code...)
 	dst = append(dst, '"', ',', '"')
 	start := 0
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' {
+	for i := 0; i < len(p); {
+		if i+8 <= len(p) && safeWord(binary.LittleEndian.Uint64(p[i:])) {
+			i += 8
 			continue
 		}
-		dst = append(dst, s[start:i]...)
+		c := p[i]
+		if safeASCII[c] {
+			i++
+			continue
+		}
+		if c >= utf8.RuneSelf {
+			r, size := utf8.DecodeRune(p[i:])
+			if r != utf8.RuneError || size != 1 {
+				i += size
+				continue
+			}
+			dst = append(dst, p[start:i]...)
+			dst = append(dst, "\ufffd"...)
+			i++
+			start = i
+			continue
+		}
+		dst = append(dst, p[start:i]...)
 		switch c {
 		case '"', '\\':
 			dst = append(dst, '\\', c)
@@ -258,20 +279,39 @@ func appendEvent(dst []byte, t float64, code, s string) []byte {
 		default:
 			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
 		}
-		start = i + 1
+		i++
+		start = i
 	}
-	dst = append(dst, s[start:]...)
+	dst = append(dst, p[start:]...)
 	return append(dst, '"', ']', '\n')
 }
 
 const hexDigits = "0123456789abcdef"
 
-func toValidUTF8(s string) string {
-	out := make([]rune, 0, len(s))
-	for _, r := range s {
-		out = append(out, r)
+// safeASCII[c] says that byte c goes into a JSON string as it is.
+var safeASCII = func() (t [256]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\'
 	}
-	return string(out)
+	return t
+}()
+
+// Word-at-a-time tests (the classic "has a zero byte" trick): lo has 0x01
+// in every byte, hi 0x80.
+const (
+	lo = 0x0101010101010101
+	hi = 0x8080808080808080
+)
+
+// safeWord reports whether all eight bytes of v are safeASCII: none has
+// its high bit set, none is below 0x20, none is '"' or '\\'.
+func safeWord(v uint64) bool {
+	below := (v - 0x20*lo) &^ v      // high bit set where a byte < 0x20 (or >= 0x80)
+	quote := v ^ '"'*lo              // zero where a byte is '"'
+	quote = (quote - lo) &^ quote    // high bit set there
+	bslash := v ^ '\\'*lo            // zero where a byte is '\\'
+	bslash = (bslash - lo) &^ bslash // high bit set there
+	return (v|below|quote|bslash)&hi == 0
 }
 
 func (w *Writer) armLocked() {
@@ -303,7 +343,7 @@ func (w *Writer) flushLocked(final bool) {
 	if len(w.buf) == 0 {
 		// A chunk must decode to whole lines: the final mark rides on a
 		// marker of its own.
-		w.buf = append(w.buf, w.lineLocked("m", []byte("end"))...)
+		w.buf = w.appendLineLocked(w.buf, "m", []byte("end"))
 	}
 	w.queue <- pendingChunk{index: w.index, final: final, data: w.buf}
 	w.index++
@@ -347,7 +387,7 @@ func (w *Writer) Close(exitLabel string) (string, error) {
 	w.mu.Lock()
 	if !w.closed {
 		if exitLabel != "" {
-			w.buf = append(w.buf, w.lineLocked("m", []byte(exitLabel))...)
+			w.buf = w.appendLineLocked(w.buf, "m", []byte(exitLabel))
 		}
 		w.flushLocked(true)
 		w.closed = true

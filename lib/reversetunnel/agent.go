@@ -397,15 +397,12 @@ func (a *Agent) connectAndServe() (connected bool, err error) {
 			continue
 		}
 		go ssh.DiscardRequests(creqs)
-		remote := req.Source
-		if remote == "" {
-			remote = "tunnel"
-		}
+		cc := transportConn(ch, req, nc.LocalAddr())
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer d.end()
-			a.cfg.Handler(newChannelConn(ch, req.Destination, remote))
+			a.cfg.Handler(cc)
 		}()
 	}
 	ka.Close()

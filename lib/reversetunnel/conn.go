@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -106,6 +107,30 @@ func (c *channelConn) SetReadDeadline(t time.Time) error  { return c.SetDeadline
 func (c *channelConn) SetWriteDeadline(t time.Time) error { return c.SetDeadline(t) }
 
 var _ net.Conn = (*channelConn)(nil)
+
+// transportConn is a transport channel as the node's SSH server sees it.
+// Its ends are TCP addresses when they can be, as a direct node's are:
+// the remote end is the client as the proxy saw it (req.Source), the
+// local end is this node's end of the tunnel (tunnelLocal), the socket
+// the bytes really arrive on. The server derives SSH_CLIENT and
+// SSH_CONNECTION (OpenSSH's session environment, which scripts read and
+// which makes bash read ~/.bashrc for a command) and -R's originator
+// from *net.TCPAddr ends: with opaque names a tunnel node's sessions
+// would lack them and behave unlike a direct node's. A Source that is not
+// an IP:port (an older proxy's, or none) stays a name.
+func transportConn(ch ssh.Channel, req TransportRequest, tunnelLocal net.Addr) *channelConn {
+	c := newChannelConn(ch, req.Destination, req.Source)
+	if req.Source == "" {
+		c.remote = chanAddr("tunnel")
+	}
+	if ap, err := netip.ParseAddrPort(req.Source); err == nil {
+		c.remote = net.TCPAddrFromAddrPort(ap)
+	}
+	if la, ok := tunnelLocal.(*net.TCPAddr); ok {
+		c.local = la
+	}
+	return c
+}
 
 // Global requests the proxy sends an agent on its tunnel.
 const (

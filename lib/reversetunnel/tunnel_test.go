@@ -328,3 +328,30 @@ func TestTunnelAuthChannel(t *testing.T) {
 	_, _, err = conn.OpenChannel(ChannelTransport, nil)
 	require.Error(t, err, "a node cannot open transport channels on the proxy")
 }
+
+// TestTransportConnAddrs: a transport channel's ends are TCP addresses
+// when the proxy names an IP:port (the node's SSH server derives
+// SSH_CLIENT and SSH_CONNECTION from *net.TCPAddr ends, as for a direct
+// node), with this node's end of the tunnel as the local end; anything
+// else stays an opaque name.
+func TestTransportConnAddrs(t *testing.T) {
+	tunnelLocal := &net.TCPAddr{IP: net.IPv4(10, 0, 0, 5), Port: 40000}
+	for _, tc := range []struct {
+		source, wantRemote string
+		tcp                bool
+	}{
+		{"203.0.113.7:5555", "203.0.113.7:5555", true},
+		{"[2001:db8::1]:22", "[2001:db8::1]:22", true},
+		{"", "tunnel", false},
+		{"not-an-address", "not-an-address", false},
+	} {
+		c := transportConn(nil, TransportRequest{Source: tc.source, Destination: "web:22"}, tunnelLocal)
+		require.Equal(t, tc.wantRemote, c.RemoteAddr().String(), tc.source)
+		_, isTCP := c.RemoteAddr().(*net.TCPAddr)
+		require.Equal(t, tc.tcp, isTCP, tc.source)
+		require.Equal(t, tunnelLocal, c.LocalAddr(), tc.source)
+	}
+	// Not over TCP (a test's pipe): the destination names the local end.
+	c := transportConn(nil, TransportRequest{Source: "203.0.113.7:5555", Destination: "web:22"}, chanAddr("pipe"))
+	require.Equal(t, "web:22", c.LocalAddr().String())
+}

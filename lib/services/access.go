@@ -241,3 +241,21 @@ func (a *AccessChecker) ReviewRecordings() bool {
 	}
 	return false
 }
+
+// RecordingPolicy is what the holder's roles ask of session recording:
+// RecordingRequire when any role requires it, else RecordingExempt when
+// any role exempts, else "" (follow the cluster setting); role names the
+// first role that decided it, for the audit trail and error messages.
+func (a *AccessChecker) RecordingPolicy() (mode, role string) {
+	for _, r := range a.roles {
+		if r.Spec.SessionRecording == RecordingRequire {
+			return RecordingRequire, r.Metadata.Name
+		}
+	}
+	for _, r := range a.roles {
+		if r.Spec.SessionRecording == RecordingExempt {
+			return RecordingExempt, r.Metadata.Name
+		}
+	}
+	return "", ""
+}

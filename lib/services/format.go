@@ -46,3 +46,17 @@ func EscapeText(s string) string {
 	}
 	return s
 }
+
+// TunnelAddrText is what listings print in the address column of a node
+// behind NAT: it has no address, and a blank column reads like a record
+// that lost one.
+const TunnelAddrText = "(tunnel)"
+
+// NodeAddrText is a node's address column: the address, escaped, or
+// TunnelAddrText for a tunnel node without one.
+func NodeAddrText(addr string, tunnel bool) string {
+	if tunnel && addr == "" {
+		return TunnelAddrText
+	}
+	return EscapeText(addr)
+}

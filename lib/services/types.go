@@ -144,7 +144,21 @@ type RoleSpec struct {
 	// ReviewRecordings lets the holder list and play every user's session
 	// recordings; without it a user sees only their own.
 	ReviewRecordings bool `json:"review_recordings,omitempty"`
+	// SessionRecording overrides the cluster's session_recording for the
+	// holder's sessions: "require" records them even when the cluster says
+	// off (and refuses a session that cannot be recorded), "exempt" leaves
+	// them unrecorded unless another of the user's roles requires it.
+	// Empty follows the cluster setting.
+	SessionRecording string `json:"session_recording,omitempty"`
 }
+
+// Role session_recording options. require beats exempt: a role that
+// demands an audit trail must not be undone by another role the user also
+// holds.
+const (
+	RecordingRequire = "require"
+	RecordingExempt  = "exempt"
+)
 
 // DefaultMaxSessionTTL is the certificate lifetime cap when a role sets none:
 // a working day plus margin, so a morning `psh login` lasts the day.

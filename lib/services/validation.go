@@ -416,6 +416,12 @@ func (r *Role) CheckAndSetDefaults() error {
 	if r.Spec.MaxSessionTTL == 0 {
 		r.Spec.MaxSessionTTL = Duration(DefaultMaxSessionTTL)
 	}
+	switch r.Spec.SessionRecording {
+	case "", RecordingRequire, RecordingExempt:
+	default:
+		return trace.BadParameter("role %q: spec.session_recording: unknown value %q, want %q or %q (or leave it out to follow the cluster's session_recording)",
+			r.Metadata.Name, r.Spec.SessionRecording, RecordingRequire, RecordingExempt)
+	}
 	return nil
 }
 

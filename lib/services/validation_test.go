@@ -58,6 +58,8 @@ func TestRoleCheckAndSetDefaults(t *testing.T) {
 		{"labels", func(r *Role) { r.Spec.NodeLabels = map[string]LabelValues{"*": {"prod"}} }, "spec.node_labels"},
 		{"regexp", func(r *Role) { r.Spec.NodeLabels = map[string]LabelValues{"env": {"^($"}} }, "invalid regular expression"},
 		{"ttl", func(r *Role) { r.Spec.MaxSessionTTL = Duration(-time.Hour) }, "max_session_ttl"},
+		{"session_recording", func(r *Role) { r.Spec.SessionRecording = "off" }, `spec.session_recording: unknown value "off", want "require" or "exempt"`},
+		{"session_recording case", func(r *Role) { r.Spec.SessionRecording = "Require" }, `unknown value "Require"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := &Role{Metadata: Metadata{Name: "dev"}}
@@ -66,6 +68,32 @@ func TestRoleCheckAndSetDefaults(t *testing.T) {
 			require.True(t, trace.IsBadParameter(err), "%v", err)
 			require.ErrorContains(t, err, tc.want)
 		})
+	}
+}
+
+// A role's session_recording is require, exempt or absent; require in any
+// role beats exempt in another.
+func TestRoleSessionRecording(t *testing.T) {
+	for _, v := range []string{"", RecordingRequire, RecordingExempt} {
+		r := &Role{Metadata: Metadata{Name: "dev"}, Spec: RoleSpec{SessionRecording: v}}
+		require.NoError(t, r.CheckAndSetDefaults(), v)
+	}
+	role := func(name, mode string) *Role {
+		return &Role{Metadata: Metadata{Name: name}, Spec: RoleSpec{SessionRecording: mode}}
+	}
+	for _, tc := range []struct {
+		roles      []*Role
+		mode, role string
+	}{
+		{nil, "", ""},
+		{[]*Role{role("a", "")}, "", ""},
+		{[]*Role{role("a", ""), role("b", RecordingExempt)}, RecordingExempt, "b"},
+		{[]*Role{role("a", RecordingExempt), role("b", RecordingRequire)}, RecordingRequire, "b"},
+		{[]*Role{role("a", RecordingRequire), role("b", RecordingExempt)}, RecordingRequire, "a"},
+	} {
+		mode, name := NewAccessChecker(tc.roles, nil).RecordingPolicy()
+		require.Equal(t, tc.mode, mode)
+		require.Equal(t, tc.role, name)
 	}
 }
 

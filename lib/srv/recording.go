@@ -95,12 +95,22 @@ func scpMarker(command string) (string, bool) {
 	return strings.TrimSpace("scp start: " + dir + " " + target), true
 }
 
-// startRecording starts the session's recording when the server records
-// and the cluster setting is not "off". A failure to start is logged and
-// the session runs unrecorded: like the cap, recording never costs the
-// user their session (the missing recording is visible in listings, and
-// the settings error in the node's log).
-func (s *session) startRecording(spec procSpec) *recording.Writer {
+// startRecording decides whether the session is recorded and starts its
+// recording (nil when it is not recorded). The cluster's
+// session_recording decides, unless the user's roles say otherwise:
+// a role with session_recording: require records the session even when
+// the cluster says off, exempt leaves it unrecorded when no role requires
+// it (services.AccessChecker.RecordingPolicy).
+//
+// Without require, a failure to start is logged and the session runs
+// unrecorded: like the cap, recording never costs the user their session
+// (the missing recording is visible in listings, the reason in
+// session.start and the node's log). With require it is the other way
+// round, deny by default: a required recording that cannot be made
+// (a node that does not record, settings that cannot be read, a spool
+// that cannot be written) refuses the session with an error naming the
+// role, because whoever wrote the role chose an audit trail over access.
+func (s *session) startRecording(spec procSpec) (*recording.Writer, error) {
 	command := s.getCommand()
 	kind := recordOutput
 	start := ""
@@ -122,18 +132,60 @@ func (s *session) startRecording(spec procSpec) *recording.Writer {
 	return s.startRecordingKind(spec.pty, kind, start)
 }
 
-func (s *session) startRecordingKind(pty *ptyRequest, kind recordKind, startMarker string) *recording.Writer {
+// recordingPolicy is what the user's roles ask of recording.
+func (s *session) recordingPolicy() (mode, role string) {
+	if s.c.auth == nil || s.c.auth.id == nil || s.c.auth.id.Checker == nil {
+		return "", ""
+	}
+	return s.c.auth.id.Checker.RecordingPolicy()
+}
+
+// notRecorded notes why the session is not recorded, for session.start.
+func (s *session) notRecorded(reason string) {
+	s.mu.Lock()
+	s.recDecided, s.recReason = true, reason
+	s.mu.Unlock()
+}
+
+// requiredRecordingFailed is the refusal of a session whose recording a
+// role requires and that cannot be recorded; it is audited like any other
+// refusal (access.denied) and the user reads why.
+func (s *session) requiredRecordingFailed(role, why string) error {
+	reason := fmt.Sprintf("session recording is required by role %q and %s", role, why)
+	s.c.emitRefused("session", s.getCommand(), reason)
+	return trace.AccessDenied("%s; the session is refused", reason)
+}
+
+func (s *session) startRecordingKind(pty *ptyRequest, kind recordKind, startMarker string) (*recording.Writer, error) {
+	mode, role := s.recordingPolicy()
+	required := mode == services.RecordingRequire
 	r := s.c.cfg.Recorder
 	if r == nil {
-		return nil
+		if required {
+			return nil, s.requiredRecordingFailed(role, "this node does not record sessions")
+		}
+		s.notRecorded("this node does not record sessions")
+		return nil, nil
 	}
 	set, err := r.cfg.Settings(s.ctx)
 	if err != nil {
+		if required {
+			s.log.WithError(err).Warn("Reading the recording settings failed; the session requires recording and is refused.")
+			return nil, s.requiredRecordingFailed(role, "the cluster's recording settings could not be read")
+		}
 		s.log.WithError(err).Warn("Reading the recording settings failed; this session is not recorded.")
-		return nil
+		s.notRecorded("the cluster's recording settings could not be read")
+		return nil, nil
 	}
-	if set.Spec.SessionRecording == services.RecordingOff {
-		return nil
+	switch {
+	case required:
+		// Recorded whatever the cluster says.
+	case mode == services.RecordingExempt:
+		s.notRecorded(fmt.Sprintf("exempt by role %q", role))
+		return nil, nil
+	case set.Spec.SessionRecording == services.RecordingOff:
+		s.notRecorded("cluster session_recording is off")
+		return nil, nil
 	}
 	node := s.c.auth.node
 	h := recording.Header{
@@ -163,20 +215,26 @@ func (s *session) startRecordingKind(pty *ptyRequest, kind recordKind, startMark
 		},
 	})
 	if err != nil {
+		if required {
+			s.log.WithError(err).Warn("Starting the recording failed; the session requires recording and is refused.")
+			return nil, s.requiredRecordingFailed(role, "the recording could not be started")
+		}
 		s.log.WithError(err).Warn("Starting the recording failed; this session is not recorded.")
-		return nil
+		s.notRecorded("the recording could not be started")
+		return nil, nil
 	}
 	if startMarker != "" {
 		w.Marker(startMarker)
 	}
 	s.mu.Lock()
+	s.recDecided, s.recReason = true, ""
 	s.recKind = kind
 	s.recEnd = ""
 	if kind == recordMarkers {
 		s.recEnd = strings.Fields(startMarker)[0] + " end"
 	}
 	s.mu.Unlock()
-	return w
+	return w, nil
 }
 
 // recordsOutput reports whether the session's output goes into its

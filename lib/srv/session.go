@@ -62,6 +62,11 @@ type session struct {
 	recEnd  string
 	// recCols and recRows are the terminal size last recorded.
 	recCols, recRows uint32
+	// recDecided says whether recording was decided for this session (a
+	// proxy subsystem never is); recReason is why it is not recorded,
+	// both for session.start.
+	recDecided bool
+	recReason  string
 }
 
 func (c *conn) handleSession(nch ssh.NewChannel) {
@@ -261,7 +266,11 @@ func (s *session) startCommand(req *ssh.Request, command string, isExec bool) {
 
 // run starts spec, answers req, and sends the exit status when it ends.
 func (s *session) run(req *ssh.Request, spec procSpec) {
-	rec := s.startRecording(spec)
+	rec, err := s.startRecording(spec)
+	if err != nil {
+		s.refuse(req, err)
+		return
+	}
 	s.mu.Lock()
 	s.rec = rec
 	s.mu.Unlock()
@@ -420,6 +429,20 @@ func (s *session) getCommand() string {
 
 // emitStart records session.start; session.end comes from finish, which
 // every way a session ends goes through.
+//
+// A session whose recording was decided says whether it is recorded and,
+// when not, why (an exempting role, the cluster setting, a node that does
+// not record): a session missing from the recordings is explained in the
+// audit trail, never silently absent.
 func (s *session) emitStart(pty bool) {
-	s.c.emit(events.SessionStart, events.Fields{events.FieldSessionID: s.id, events.FieldCommand: s.getCommand(), "pty": pty})
+	fields := events.Fields{events.FieldSessionID: s.id, events.FieldCommand: s.getCommand(), "pty": pty}
+	s.mu.Lock()
+	if s.recDecided {
+		fields[events.FieldRecorded] = s.rec != nil
+		if s.rec == nil {
+			fields[events.FieldRecordingReason] = s.recReason
+		}
+	}
+	s.mu.Unlock()
+	s.c.emit(events.SessionStart, fields)
 }

@@ -124,7 +124,11 @@ func (s *session) startNodeSubsystem(req *ssh.Request, name string) {
 		return
 	}
 	if cred == nil || isCurrentUser(login) {
-		rec := s.startRecording(procSpec{})
+		rec, err := s.startRecording(procSpec{})
+		if err != nil {
+			s.refuse(req, err)
+			return
+		}
 		s.mu.Lock()
 		s.rec = rec
 		s.mu.Unlock()

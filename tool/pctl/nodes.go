@@ -68,7 +68,7 @@ func writeNodesTable(w io.Writer, nodes []services.Node) error {
 	for _, n := range nodes {
 		// Node-supplied text is escaped: a label or hostname must not
 		// drive the admin's terminal.
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", services.EscapeText(n.Hostname), services.EscapeText(n.UUID), services.EscapeText(n.Addr),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", services.EscapeText(n.Hostname), services.EscapeText(n.UUID), services.NodeAddrText(n.Addr, n.Tunnel),
 			services.FormatLabels(n.Labels), n.LastHeartbeat.UTC().Format(time.RFC3339))
 	}
 	return trace.Wrap(tw.Flush())

@@ -140,7 +140,7 @@ function labelText(labels) {
 
 function matches(node, query) {
   if (!query) return true;
-  const hay = [node.hostname, node.uuid, node.addr, ...labelText(node.labels)].join(' ').toLowerCase();
+  const hay = [node.hostname, node.uuid, node.addr, node.tunnel ? 'tunnel' : '', ...labelText(node.labels)].join(' ').toLowerCase();
   return query.toLowerCase().split(/\s+/).filter(Boolean).every((w) => hay.includes(w));
 }
 
@@ -160,7 +160,14 @@ function renderNodes() {
       return td;
     };
     cell(n.hostname, 'hostname');
-    cell(n.addr);
+    // A node behind NAT has no address: the proxy reaches it over its
+    // reverse tunnel, and the column says so instead of staying blank.
+    if (n.tunnel && !n.addr) {
+      const td = cell('(tunnel)', 'addr tunnel');
+      td.title = 'Behind NAT: reached over its reverse tunnel to the proxy';
+    } else {
+      cell(n.addr, 'addr');
+    }
     const labels = cell('');
     for (const l of labelText(n.labels)) {
       const span = document.createElement('span');

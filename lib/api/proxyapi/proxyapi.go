@@ -24,6 +24,10 @@ type NodeEntry struct {
 	Addr     string            `json:"addr"`
 	Labels   map[string]string `json:"labels,omitempty"`
 	Cluster  string            `json:"cluster"`
+	// Tunnel marks a node behind NAT, reached over its reverse tunnel
+	// only (Addr is empty): the listings say so instead of showing a
+	// blank address.
+	Tunnel bool `json:"tunnel,omitempty"`
 	// Logins are the certificate's logins the caller's roles allow on
 	// this node.
 	Logins []string `json:"logins"`
