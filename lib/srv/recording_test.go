@@ -47,8 +47,11 @@ func TestPTYSessionIsRecorded(t *testing.T) {
 	stdin, err := s.StdinPipe()
 	require.NoError(t, err)
 	w := watchOutput(stdout)
-	require.NoError(t, s.Start(`for i in 1 2 3; do echo "count $i"; done; read x; echo after-resize; exit 3`))
+	require.NoError(t, s.Start(`for i in 1 2 3; do echo "count $i"; done; read x; until [ "$(stty size)" = "30 100" ]; do sleep 0.05; done; echo after-resize; exit 3`))
 	w.waitFor(t, "count 3")
+	// The window change and the input travel as separate messages that
+	// the node handles independently, so the shell waits until the pty
+	// has the new size before it ends: the resize is in the recording.
 	require.NoError(t, s.WindowChange(30, 100))
 	_, err = stdin.Write([]byte("secret-input\n"))
 	require.NoError(t, err)
@@ -91,7 +94,7 @@ func TestPTYSessionIsRecorded(t *testing.T) {
 		}
 	}
 	require.Regexp(t, `(?s)count 1.*count 2.*count 3.*after-resize`, out.String())
-	require.Equal(t, "m:exec: "+`for i in 1 2 3; do echo "count $i"; done; read x; echo after-resize; exit 3`, kinds[0])
+	require.Equal(t, "m:exec: "+`for i in 1 2 3; do echo "count $i"; done; read x; until [ "$(stty size)" = "30 100" ]; do sleep 0.05; done; echo after-resize; exit 3`, kinds[0])
 	require.Contains(t, kinds, "r:100x30")
 	require.Equal(t, "m:exit-status 3", kinds[len(kinds)-1])
 }
