@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 
@@ -132,32 +133,26 @@ func TestRecordingSurvivesNodeKill(t *testing.T) {
 	// Restarted with the same data dir: same identity, same spool.
 	node.start(t)
 	sidRe := regexp.MustCompile(`(?m)^([0-9a-f-]{36})\s.*\bvictim\b`)
-	var sid string
-	var text string
-	// Polled by hand, not with require.Eventually (which runs the
-	// condition on a goroutine of its own).
-	deadline := time.Now().Add(40 * time.Second)
-	for {
-		if sid == "" {
-			ls, _, _ := pctl(t, c.dataDir, "", "recordings", "ls")
-			if m := sidRe.FindStringSubmatch(ls); m != nil {
-				sid = m[1]
-			}
+	// The recording as auth holds it: its id from the list, its export,
+	// and whether that export reaches counter want. pctl reports failure
+	// as an error (never t.Fatal), so this may run on Eventually's
+	// goroutine.
+	uploaded := func() (sid, text string, ok bool) {
+		ls, _, _ := pctl(t, c.dataDir, "", "recordings", "ls")
+		m := sidRe.FindStringSubmatch(ls)
+		if m == nil {
+			return "", "", false
 		}
-		if sid != "" {
-			out, _, err := pctl(t, c.dataDir, "", "recordings", "export", sid)
-			text = out
-			if err == nil && strings.Contains(out, fmt.Sprintf(`"counter %d\r\n"`, want)) {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			ls, _, _ := pctl(t, c.dataDir, "", "recordings", "ls")
-			t.Fatalf("the restarted node did not upload the recording up to counter %d (session %q)\nnode: %s\nrecordings:\n%s\nexport tail: %q",
-				want, sid, lastLines(node.stderr.String(), 15), ls, lastLines(text, 3))
-		}
-		time.Sleep(200 * time.Millisecond)
+		out, _, err := pctl(t, c.dataDir, "", "recordings", "export", m[1])
+		return m[1], out, err == nil && strings.Contains(out, fmt.Sprintf(`"counter %d\r\n"`, want))
 	}
+	if !assert.Eventually(t, func() bool { _, _, ok := uploaded(); return ok }, 40*time.Second, 200*time.Millisecond) {
+		sid, text, _ := uploaded()
+		ls, _, _ := pctl(t, c.dataDir, "", "recordings", "ls")
+		t.Fatalf("the restarted node did not upload the recording up to counter %d (session %q)\nnode: %s\nrecordings:\n%s\nexport tail: %q",
+			want, sid, lastLines(node.stderr.String(), 15), ls, lastLines(text, 3))
+	}
+	sid, text, _ := uploaded()
 
 	h, evs, err := recording.Parse([]byte(text))
 	require.NoError(t, err)
@@ -237,23 +232,18 @@ func TestOpenSSHSessionRecorded(t *testing.T) {
 	require.Equal(t, 3, exitErr.ExitCode(), string(out))
 	require.Contains(t, string(out), "counter 20")
 
-	var sid string
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ls := mustPctl(t, c.dataDir, "", "recordings", "ls")
+	complete := regexp.MustCompile(`\btrue\b`)
+	sidOf := func() string {
+		ls, _, _ := pctl(t, c.dataDir, "", "recordings", "ls")
 		for _, line := range strings.Split(ls, "\n") {
-			if strings.Contains(line, "seq 11 20") && regexp.MustCompile(`\btrue\b`).MatchString(line) {
-				sid = strings.Fields(line)[0]
+			if strings.Contains(line, "seq 11 20") && complete.MatchString(line) {
+				return strings.Fields(line)[0]
 			}
 		}
-		if sid != "" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no complete recording of the session:\n%s", ls)
-		}
-		time.Sleep(200 * time.Millisecond)
+		return ""
 	}
+	require.Eventually(t, func() bool { return sidOf() != "" }, 30*time.Second, 200*time.Millisecond, "no complete recording of the session")
+	sid := sidOf()
 	alice := newPshEnv(t, c)
 	alice.login(t, "alice", alicePassword+"\n")
 	require.Contains(t, alice.mustRun(t, "", "recordings", "ls", "--since", "1h", "--user", "alice", "--node", c.hostname), sid)
@@ -304,31 +294,25 @@ func TestRecordingCapStopsRecordingNotSession(t *testing.T) {
 	require.Greater(t, n, int64(300<<20), "all of the output reached the client")
 	t.Logf("%d MB through the session in %v", n>>20, time.Since(start))
 
-	var sid string
-	deadline := time.Now().Add(30 * time.Second)
-	for sid == "" {
+	cappedSID := func() (sid string) {
 		for _, e := range eventsLs(t, c.dataDir) {
 			if e.Type == events.RecordingCapped {
 				sid, _ = e.Fields[events.FieldSessionID].(string)
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("no recording.capped audit event")
-		}
-		time.Sleep(100 * time.Millisecond)
+		return sid
 	}
-	var cast []byte
-	for {
+	require.Eventually(t, func() bool { return cappedSID() != "" }, 30*time.Second, 100*time.Millisecond, "no recording.capped audit event")
+	sid := cappedSID()
+	exportDone := func() []byte {
 		out, _, err := pctl(t, c.dataDir, "", "recordings", "export", sid)
 		if err == nil && strings.Contains(out, "exit-status 7") {
-			cast = []byte(out)
-			break
+			return []byte(out)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the capped recording did not reach auth complete: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
+		return nil
 	}
+	require.Eventually(t, func() bool { return exportDone() != nil }, 30*time.Second, 200*time.Millisecond, "the capped recording did not reach auth complete")
+	cast := exportDone()
 	_, evs, err := recording.Parse(cast)
 	require.NoError(t, err)
 	var marks []string

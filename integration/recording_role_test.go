@@ -44,31 +44,27 @@ func TestRoleRequiresRecordingAcrossTheCluster(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(out), "audited-42")
 
-	var sid string
-	deadline := time.Now().Add(30 * time.Second)
-	for sid == "" {
+	var start *events.Event
+	findStart := func() bool {
 		for _, e := range eventsLs(t, c.dataDir) {
 			if e.Type == events.SessionStart && e.User == "rita" {
-				require.Equal(t, true, e.Fields[events.FieldRecorded], "session.start: %v", e.Fields)
-				sid, _ = e.Fields[events.FieldSessionID].(string)
+				start = &e
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("no session.start of rita's session")
-		}
-		time.Sleep(100 * time.Millisecond)
+		return start != nil
 	}
-	for {
+	require.Eventually(t, findStart, 30*time.Second, 100*time.Millisecond, "no session.start of rita's session")
+	require.Equal(t, true, start.Fields[events.FieldRecorded], "session.start: %v", start.Fields)
+	sid, _ := start.Fields[events.FieldSessionID].(string)
+	exported := func() string {
 		out, _, err := pctl(t, c.dataDir, "", "recordings", "export", sid)
 		if err == nil && strings.Contains(out, "exit-status 0") {
-			require.Contains(t, out, "audited-42")
-			break
+			return out
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the required recording did not reach auth: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
+		return ""
 	}
+	require.Eventually(t, func() bool { return exported() != "" }, 30*time.Second, 200*time.Millisecond, "the required recording did not reach auth")
+	require.Contains(t, exported(), "audited-42")
 	verify := mustPctl(t, c.dataDir, "", "recordings", "verify", sid)
 	t.Logf("verify: %s", strings.TrimSpace(verify))
 }
