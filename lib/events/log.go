@@ -2,7 +2,6 @@ package events
 
 import (
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"sync"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/backend"
 	"github.com/postern-dev/postern/lib/backoff"
+	"github.com/postern-dev/postern/lib/promreg"
 )
 
 // Defaults.
@@ -589,18 +589,11 @@ func newLogMetrics(reg prometheus.Registerer) (*logMetrics, error) {
 		}, []string{"sink"}),
 	}
 	for _, c := range []**prometheus.CounterVec{&m.emitted, &m.dropped, &m.writeErrors} {
-		if err := reg.Register(*c); err != nil {
-			// A second Log on the same registry (a role restarted in
-			// tests) shares the series instead of failing.
-			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
-				return nil, trace.Wrap(err)
-			}
-			existing, ok := are.ExistingCollector.(*prometheus.CounterVec)
-			if !ok {
-				return nil, trace.Wrap(err)
-			}
-			*c = existing
+		// A second Log on the same registry (a role restarted in tests)
+		// shares the series instead of failing.
+		var err error
+		if *c, err = promreg.Register(reg, *c); err != nil {
+			return nil, trace.Wrap(err)
 		}
 	}
 	return m, nil

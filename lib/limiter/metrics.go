@@ -1,10 +1,10 @@
 package limiter
 
 import (
-	"errors"
-
 	"github.com/gravitational/trace"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/postern-dev/postern/lib/promreg"
 )
 
 type metrics struct {
@@ -25,27 +25,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Help: "Connections, sessions and forwarded connections open through a limiter, by listener and kind.",
 	}, []string{"listener", "kind"})
 	var err error
-	if refusals, err = register(reg, refusals); err != nil {
+	if refusals, err = promreg.Register(reg, refusals); err != nil {
 		return nil, trace.Wrap(err)
 	}
-	if active, err = register(reg, active); err != nil {
+	if active, err = promreg.Register(reg, active); err != nil {
 		return nil, trace.Wrap(err)
 	}
 	return &metrics{refusals: refusals, active: active}, nil
-}
-
-// register registers c, or returns the collector already registered under
-// the same name, so that the limiters of several listeners (and a role
-// restarted in tests) share one series set told apart by labels.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
-			}
-		}
-		return c, trace.Wrap(err)
-	}
-	return c, nil
 }

@@ -1,10 +1,9 @@
 package proxy
 
 import (
-	"errors"
-
-	"github.com/gravitational/trace"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/postern-dev/postern/lib/promreg"
 )
 
 type routerMetrics struct {
@@ -52,34 +51,17 @@ func newRouterMetrics(reg prometheus.Registerer) (*routerMetrics, error) {
 		}),
 	}
 	var err error
-	if m.tunnelRouting, err = register(reg, m.tunnelRouting); err != nil {
+	if m.tunnelRouting, err = promreg.Register(reg, m.tunnelRouting); err != nil {
 		return nil, err
 	}
-	m.routeDuration, err = register(reg, m.routeDuration)
+	m.routeDuration, err = promreg.Register(reg, m.routeDuration)
 	if err != nil {
 		return nil, err
 	}
 	for _, c := range []*prometheus.Counter{&m.notFound, &m.ambiguous, &m.dialFailures, &m.tunnelTimeouts} {
-		if *c, err = register(reg, *c); err != nil {
+		if *c, err = promreg.Register(reg, *c); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
-}
-
-// register registers c, or returns the collector already registered under
-// the same name: two Routers in one process (tests, or a restart of the
-// proxy role) share the series instead of failing.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
-			}
-		}
-		var zero C
-		return zero, trace.Wrap(err)
-	}
-	return c, nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/backoff"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/promreg"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -151,12 +152,9 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 		Namespace: "postern", Name: "tunnel_reconnects_total",
 		Help: "Times a tunnel agent reconnected to a proxy after losing or failing to open its tunnel.",
 	})
-	if err := cfg.Metrics.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			return nil, trace.Wrap(err)
-		}
-		c = are.ExistingCollector.(prometheus.Counter)
+	c, err := promreg.Register(cfg.Metrics, c)
+	if err != nil {
+		return nil, trace.Wrap(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Agent{cfg: cfg, reconnects: c, ctx: ctx, cancel: cancel, done: make(chan struct{}), up: make(chan struct{})}, nil

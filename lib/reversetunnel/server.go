@@ -40,6 +40,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/promreg"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -198,12 +199,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		Namespace: "postern", Name: "tunnels",
 		Help: "Reverse tunnels from nodes connected to this proxy.",
 	})
-	if err := cfg.Metrics.Register(g); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			return nil, trace.Wrap(err)
-		}
-		g = are.ExistingCollector.(prometheus.Gauge)
+	g, err := promreg.Register(cfg.Metrics, g)
+	if err != nil {
+		return nil, trace.Wrap(err)
 	}
 	s := &Server{
 		cfg:       cfg,
