@@ -324,7 +324,20 @@ async function main() {
     context = await chromium.launchPersistentContext(profile, launchOptions);
     const page = context.pages()[0] || await context.newPage();
     const consoleErrors = [];
-    page.on('console', (m) => { if (m.type() === 'error') consoleErrors.push(m.text()); });
+    // Each error keeps where it was logged: the drop tests route the
+    // terminal socket through Playwright's in-page WebSocket stand-in,
+    // and when the test cuts the server side, the stand-in's own inner
+    // socket may still be sent to; Chromium logs that against the
+    // stand-in's script, not ours. The same message from app.js (our
+    // code sending on a closed socket) still fails the run.
+    const onConsole = (m) => {
+      if (m.type() !== 'error') return;
+      const at = m.location() || {};
+      const ours = /\/app\.js/.test(at.url || '');
+      if (!ours && /WebSocket is already in CLOSING or CLOSED state/.test(m.text())) return;
+      consoleErrors.push(`${m.text()} (at ${at.url || 'no script'}:${at.lineNumber ?? '?'})`);
+    };
+    page.on('console', onConsole);
 
     await step(page, 'login page loads with a strict CSP', async () => {
       const resp = await page.goto(`${base}/`);
@@ -711,7 +724,7 @@ async function main() {
       // A tab of its own, so that its renderer's memory is the player's.
       const before = rendererPids();
       bigPage = await context.newPage();
-      bigPage.on('console', (m) => { if (m.type() === 'error') consoleErrors.push(m.text()); });
+      bigPage.on('console', onConsole);
       const page = bigPage;
       await page.goto(`${base}/`);
       await page.evaluate(([t, u]) => { sessionStorage.setItem('postern.token', t); sessionStorage.setItem('postern.user', u); },
