@@ -2,7 +2,9 @@ package reversetunnel
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -395,18 +397,73 @@ func (a *Agent) connectAndServe() (connected bool, err error) {
 			continue
 		}
 		go ssh.DiscardRequests(creqs)
-		cc := transportConn(ch, req, nc.LocalAddr())
+		tunnelLocal := nc.LocalAddr()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer d.end()
-			a.cfg.Handler(cc)
+			a.cfg.Handler(a.transport(ch, req, tunnelLocal))
 		}()
 	}
 	ka.Close()
 	_ = sconn.Close()
 	wg.Wait()
 	return true, trace.Wrap(errors.Join(ka.Err(), sconn.Wait()))
+}
+
+// dataConnTimeout bounds opening a data connection (the dial, the token,
+// the proxy's answer) before the agent serves the transport in-band.
+const dataConnTimeout = 5 * time.Second
+
+// transport is what the node's server serves a transport channel on: the
+// data connection the proxy offered (conn.go), else the channel itself,
+// which the proxy is then told (RequestInBand).
+func (a *Agent) transport(ch ssh.Channel, req TransportRequest, tunnelLocal net.Addr) net.Conn {
+	if req.DataToken != "" {
+		nc, err := a.dialData(req.DataToken)
+		if err == nil {
+			local, remote := transportAddrs(req, nc.LocalAddr())
+			return newDataConn(nc, ch, local, remote)
+		}
+		a.cfg.Logger.WithError(err).WithField("proxy", a.cfg.ProxyAddr).Warn("No data connection to the proxy; carrying the connection inside the tunnel.")
+	}
+	if _, err := ch.SendRequest(RequestInBand, false, nil); err != nil {
+		_ = ch.Close()
+	}
+	return transportConn(ch, req, tunnelLocal)
+}
+
+// dialData opens a data connection: the tunnel port again, the magic and
+// the token, and the proxy's one-byte answer that it took the token.
+func (a *Agent) dialData(hexToken string) (net.Conn, error) {
+	token, err := hex.DecodeString(hexToken)
+	if err != nil || len(token) != dataTokenSize {
+		return nil, trace.BadParameter("the proxy offered a malformed data token")
+	}
+	ctx, cancel := context.WithTimeout(a.ctx, dataConnTimeout)
+	defer cancel()
+	nc, err := a.cfg.Dial(ctx, "tcp", a.cfg.ProxyAddr)
+	if err != nil {
+		return nil, trace.ConnectionProblem(err, "dialing %s for a data connection: %v", a.cfg.ProxyAddr, err)
+	}
+	_ = nc.SetDeadline(time.Now().Add(dataConnTimeout))
+	// Closing nc when ctx ends (the agent is closing) interrupts the
+	// wait for the answer.
+	stop := context.AfterFunc(ctx, func() { _ = nc.Close() })
+	defer stop()
+	var ack [1]byte
+	if _, err = nc.Write(append([]byte(dataConnMagic), token...)); err == nil {
+		_, err = io.ReadFull(nc, ack[:])
+	}
+	if err == nil && ack[0] != dataConnAck {
+		err = trace.BadParameter("unexpected answer %#x", ack[0])
+	}
+	if err != nil || !stop() {
+		_ = nc.Close()
+		return nil, trace.ConnectionProblem(err, "the proxy at %s did not take the data connection: %v", a.cfg.ProxyAddr, err)
+	}
+	_ = nc.SetDeadline(time.Time{})
+	return nc, nil
 }
 
 // DialAuth opens a connection to the auth API through the current tunnel

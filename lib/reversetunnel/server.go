@@ -22,9 +22,12 @@ package reversetunnel
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"slices"
 	"strconv"
@@ -158,6 +161,14 @@ type tunnel struct {
 	ka    *utils.SSHKeepAlive
 }
 
+// dataWaiter is a dial waiting for its data connection.
+type dataWaiter struct {
+	uuid string
+	// conn has room for the one connection, so handing it over never
+	// blocks.
+	conn chan net.Conn
+}
+
 // Server is the proxy's tunnel port.
 type Server struct {
 	cfg     ServerConfig
@@ -175,7 +186,11 @@ type Server struct {
 	// changed is closed (and reset) when any tunnel registers or goes;
 	// see Changed in observe.go.
 	changed chan struct{}
-	closing bool
+	// dataWaiters[token] receives the data connection (conn.go) a dial
+	// offered under token; an entry lives while its dial waits and is
+	// taken by the first connection presenting the token.
+	dataWaiters map[string]dataWaiter
+	closing     bool
 	// announcement is the latest Announcement sent (JSON), nil before
 	// the first.
 	announcement []byte
@@ -210,6 +225,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		byUUID:    map[string][]*tunnel{},
 		waiters:   map[string]chan struct{}{},
 		stop:      make(chan struct{}),
+
+		dataWaiters: map[string]dataWaiter{},
 	}
 	s.sshCfg = &ssh.ServerConfig{ServerVersion: "SSH-2.0-postern-tunnel"}
 	s.sshCfg.AddHostKey(cfg.HostSigner)
@@ -458,6 +475,15 @@ func (s *Server) deny(remote net.Addr, reason string) {
 
 func (s *Server) handleConn(nc net.Conn) {
 	_ = nc.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	// A node's data connection, or an SSH client (whose first bytes are
+	// "SSH-2.0-"): the bytes read to tell are replayed to the handshake.
+	var head [len(dataConnMagic)]byte
+	n, _ := io.ReadFull(nc, head[:])
+	if string(head[:n]) == dataConnMagic {
+		s.handleDataConn(nc)
+		return
+	}
+	nc = &prefixConn{Conn: nc, prefix: head[:n]}
 	// Per connection, so that exactly one refusal is audited whether the
 	// peer failed at the key (the callback knows why) or before it.
 	cfg := *s.sshCfg
@@ -618,8 +644,9 @@ func (s *Server) TunnelRegistered(uuid string) <-chan struct{} {
 
 // DialTunnel opens a transport channel to node uuid on its newest tunnel,
 // falling back to older ones when a channel open fails (a tunnel whose
-// keep-alive has not yet noticed it is dead). NotFound when no tunnel
-// from uuid is here.
+// keep-alive has not yet noticed it is dead), and waits for the node to
+// serve it on a data connection (conn.go) or in the channel. NotFound
+// when no tunnel from uuid is here.
 func (s *Server) DialTunnel(ctx context.Context, uuid, source, destination string) (net.Conn, error) {
 	s.mu.Lock()
 	ts := append([]*tunnel(nil), s.byUUID[uuid]...)
@@ -627,24 +654,126 @@ func (s *Server) DialTunnel(ctx context.Context, uuid, source, destination strin
 	if len(ts) == 0 {
 		return nil, trace.NotFound("no tunnel from node %q on this proxy", uuid)
 	}
-	extra, err := json.Marshal(TransportRequest{Source: source, Destination: destination})
-	if err != nil {
-		return nil, trace.Wrap(err)
-	}
 	var last error
 	for _, t := range ts {
 		if err := ctx.Err(); err != nil {
 			return nil, trace.Wrap(err)
 		}
+		token, w, err := s.offerDataConn(uuid)
+		if err != nil {
+			return nil, trace.Wrap(err)
+		}
+		extra, err := json.Marshal(TransportRequest{Source: source, Destination: destination, DataToken: token})
+		if err != nil {
+			s.withdrawDataConn(token, w)
+			return nil, trace.Wrap(err)
+		}
 		ch, reqs, err := t.sconn.OpenChannel(ChannelTransport, extra)
 		if err != nil {
+			s.withdrawDataConn(token, w)
 			last = err
 			continue
 		}
-		go ssh.DiscardRequests(reqs)
-		return newChannelConn(ch, "proxy", "tunnel:"+uuid), nil
+		conn, err := s.awaitTransport(ctx, uuid, ch, reqs, token, w)
+		if err != nil {
+			return nil, trace.Wrap(err)
+		}
+		return conn, nil
 	}
 	return nil, trace.ConnectionProblem(last, "opening a channel on the tunnel from node %q: %v", uuid, last)
+}
+
+// offerDataConn registers a fresh token for a dial to uuid.
+func (s *Server) offerDataConn(uuid string) (string, dataWaiter, error) {
+	var b [dataTokenSize]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", dataWaiter{}, trace.Wrap(err)
+	}
+	token := hex.EncodeToString(b[:])
+	w := dataWaiter{uuid: uuid, conn: make(chan net.Conn, 1)}
+	s.mu.Lock()
+	s.dataWaiters[token] = w
+	s.mu.Unlock()
+	return token, w, nil
+}
+
+// withdrawDataConn ends a dial's offer; a connection that took the token
+// meanwhile is closed.
+func (s *Server) withdrawDataConn(token string, w dataWaiter) {
+	s.mu.Lock()
+	_, waiting := s.dataWaiters[token]
+	delete(s.dataWaiters, token)
+	s.mu.Unlock()
+	if !waiting {
+		_ = (<-w.conn).Close()
+	}
+}
+
+// awaitTransport waits until the node serves the transport channel ch:
+// on the data connection offered under token, or in the channel
+// (RequestInBand). Bounded by HandshakeTimeout and ctx; the channel ends
+// on failure.
+func (s *Server) awaitTransport(ctx context.Context, uuid string, ch ssh.Channel, reqs <-chan *ssh.Request, token string, w dataWaiter) (net.Conn, error) {
+	timeout := s.cfg.Clock.After(s.cfg.HandshakeTimeout)
+	fail := func(err error) (net.Conn, error) {
+		s.withdrawDataConn(token, w)
+		_ = ch.Close()
+		go ssh.DiscardRequests(reqs)
+		return nil, err
+	}
+	for {
+		select {
+		case nc := <-w.conn:
+			go ssh.DiscardRequests(reqs)
+			return newDataConn(nc, ch, chanAddr("proxy"), chanAddr("tunnel:"+uuid)), nil
+		case req, ok := <-reqs:
+			if !ok {
+				return fail(trace.ConnectionProblem(nil, "node %q closed the transport channel before serving it", uuid))
+			}
+			if req.WantReply {
+				_ = req.Reply(false, nil)
+			}
+			if req.Type != RequestInBand {
+				continue
+			}
+			s.withdrawDataConn(token, w)
+			go ssh.DiscardRequests(reqs)
+			return newChannelConn(ch, "proxy", "tunnel:"+uuid), nil
+		case <-timeout:
+			return fail(trace.ConnectionProblem(nil, "node %q did not serve the transport within %v", uuid, s.cfg.HandshakeTimeout))
+		case <-ctx.Done():
+			return fail(trace.Wrap(ctx.Err()))
+		}
+	}
+}
+
+// handleDataConn takes a node's data connection (its magic already read):
+// the token must be one a waiting dial offered, and is then used up.
+// Anything else is refused and audited. The deadline set by handleConn
+// bounds the token's arrival.
+func (s *Server) handleDataConn(nc net.Conn) {
+	var b [dataTokenSize]byte
+	if _, err := io.ReadFull(nc, b[:]); err != nil {
+		s.deny(nc.RemoteAddr(), "data connection without a token: "+err.Error())
+		_ = nc.Close()
+		return
+	}
+	token := hex.EncodeToString(b[:])
+	s.mu.Lock()
+	w, ok := s.dataWaiters[token]
+	delete(s.dataWaiters, token)
+	s.mu.Unlock()
+	if !ok {
+		s.deny(nc.RemoteAddr(), "data connection with a token no dial is waiting for (unknown, used or expired)")
+		_ = nc.Close()
+		return
+	}
+	if _, err := nc.Write([]byte{dataConnAck}); err != nil {
+		// The dial gets a dead connection and fails at its handshake.
+		s.cfg.Logger.WithError(err).WithField("uuid", w.uuid).Debug("Data connection lost at its answer.")
+	}
+	_ = nc.SetDeadline(time.Time{})
+	w.conn <- nc
 }
 
 // spliceAuth connects a node's ChannelAuth to the auth API and copies
