@@ -4,7 +4,9 @@
 // connection open; the proxy's Server registers it under the UUID in that
 // certificate, and the Router opens a ChannelTransport on it for every
 // client connection to the node, which the node serves with its own SSH
-// server in-process.
+// server in-process: on a data connection the node opens to the tunnel
+// port for it (conn.go: the client's bytes are not encrypted a second
+// time by the tunnel), or inside the channel when it cannot.
 //
 // Trust: the tunnel port admits only host certificates of this cluster's
 // host CA whose role is node (and, given Leaves, leaf clusters' proxies
