@@ -143,6 +143,9 @@ type Agent struct {
 	// announced (zero: the config's).
 	kaInterval atomic.Int64
 	kaCount    atomic.Int64
+	// noDataUntil (UnixNano of cfg.Clock) is when the agent next tries
+	// a data connection after one failed: see transport.
+	noDataUntil atomic.Int64
 }
 
 // NewAgent returns an Agent; call Start.
@@ -415,17 +418,25 @@ func (a *Agent) connectAndServe() (connected bool, err error) {
 // the proxy's answer) before the agent serves the transport in-band.
 const dataConnTimeout = 5 * time.Second
 
+// dataConnRetry is how long an agent whose data connection failed serves
+// transports in-band before it tries again. Where the tunnel address
+// cannot take them (a load balancer that spreads connections over
+// proxies: the token is another proxy's), every try would cost a session
+// a round trip, a warning here and a refusal audited there.
+const dataConnRetry = time.Minute
+
 // transport is what the node's server serves a transport channel on: the
 // data connection the proxy offered (conn.go), else the channel itself,
 // which the proxy is then told (RequestInBand).
 func (a *Agent) transport(ch ssh.Channel, req TransportRequest, tunnelLocal net.Addr) net.Conn {
-	if req.DataToken != "" {
+	if req.DataToken != "" && a.cfg.Clock.Now().UnixNano() >= a.noDataUntil.Load() {
 		nc, err := a.dialData(req.DataToken)
 		if err == nil {
 			local, remote := transportAddrs(req, nc.LocalAddr())
 			return newDataConn(nc, ch, local, remote)
 		}
-		a.cfg.Logger.WithError(err).WithField("proxy", a.cfg.ProxyAddr).Warn("No data connection to the proxy; carrying the connection inside the tunnel.")
+		a.noDataUntil.Store(a.cfg.Clock.Now().Add(dataConnRetry).UnixNano())
+		a.cfg.Logger.WithError(err).WithFields(logrus.Fields{"proxy": a.cfg.ProxyAddr, "retry_in": dataConnRetry.String()}).Warn("No data connection to the proxy; carrying connections inside the tunnel for now.")
 	}
 	if _, err := ch.SendRequest(RequestInBand, false, nil); err != nil {
 		_ = ch.Close()

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 
@@ -67,9 +68,10 @@ func (c *tapConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
-func (f *fixture) startTapAgent(t *testing.T, uuid string, d *tapDialer, h ConnHandler) *Agent {
+func (f *fixture) startTapAgent(t *testing.T, uuid string, d *tapDialer, h ConnHandler, clock clockwork.Clock) *Agent {
 	t.Helper()
 	a, err := NewAgent(AgentConfig{
+		Clock:     clock,
 		ProxyAddr: f.addr,
 		Signer:    f.ca.RoleHostSigner(t, srvtest.HostCert{UUID: uuid, Role: RoleNode}),
 		HostCAs:   func() []ssh.PublicKey { return []ssh.PublicKey{f.ca.Signer.PublicKey()} },
@@ -107,7 +109,7 @@ func TestTransportOnDataConnection(t *testing.T) {
 	a := f.startTapAgent(t, "node-1", d, func(nc net.Conn) {
 		local.Store(nc.LocalAddr())
 		echoHandler(remotes)(nc)
-	})
+	}, nil)
 
 	conn, err := f.srv.DialTunnel(context.Background(), "node-1", "203.0.113.7:5555", "web:22")
 	require.NoError(t, err)
@@ -128,20 +130,29 @@ func TestTransportOnDataConnection(t *testing.T) {
 
 // TestTransportInBandWhenNoDataConnection: a node that cannot dial the
 // tunnel port again serves the transport inside the tunnel, and the dial
-// works all the same.
+// works all the same; it stays in-band for dataConnRetry before it tries
+// again.
 func TestTransportInBandWhenNoDataConnection(t *testing.T) {
 	f := newFixture(t, nil)
 	d := &tapDialer{fail: true}
-	remotes := make(chan string, 1)
-	f.startTapAgent(t, "node-1", d, echoHandler(remotes))
+	remotes := make(chan string, 3)
+	clock := clockwork.NewFakeClock()
+	f.startTapAgent(t, "node-1", d, echoHandler(remotes), clock)
 
-	conn, err := f.srv.DialTunnel(context.Background(), "node-1", "203.0.113.7:5555", "web:22")
-	require.NoError(t, err)
-	defer conn.Close()
-	require.Equal(t, "203.0.113.7:5555", <-remotes)
-	require.Equal(t, 1, d.dataDials())
-	require.IsType(t, &channelConn{}, conn)
-	echoOnce(t, conn, "pong")
+	dial := func(wantDataDials int) {
+		t.Helper()
+		conn, err := f.srv.DialTunnel(context.Background(), "node-1", "203.0.113.7:5555", "web:22")
+		require.NoError(t, err)
+		defer conn.Close()
+		require.Equal(t, "203.0.113.7:5555", <-remotes)
+		require.Equal(t, wantDataDials, d.dataDials())
+		require.IsType(t, &channelConn{}, conn)
+		echoOnce(t, conn, "pong")
+	}
+	dial(1)
+	dial(1) // not tried again yet
+	clock.Advance(dataConnRetry)
+	dial(2)
 }
 
 // dataConnAttempt is the attack: a raw TCP connection to the tunnel port
@@ -167,7 +178,7 @@ func dataConnAttempt(t *testing.T, addr string, head []byte) []byte {
 func TestDataConnectionRefusals(t *testing.T) {
 	f := newFixture(t, nil)
 	d := &tapDialer{}
-	f.startTapAgent(t, "node-1", d, echoHandler(make(chan string, 1)))
+	f.startTapAgent(t, "node-1", d, echoHandler(make(chan string, 1)), nil)
 	conn, err := f.srv.DialTunnel(context.Background(), "node-1", "203.0.113.7:5555", "web:22")
 	require.NoError(t, err)
 	defer conn.Close()
