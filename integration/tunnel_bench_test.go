@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"io"
+	"net/http"
 	"testing"
 	"time"
 
@@ -121,6 +122,16 @@ func BenchmarkJumpTunnelVsDirect(b *testing.B) {
 		}
 	}
 	b.StopTimer()
+	// The tunnel arm measures the data path tunnels take (conn.go in
+	// lib/reversetunnel): a node that fell back in-band would be
+	// measured as something else.
+	resp, err := http.Get("http://" + c.p.Addr(service.ListenerDiag).String() + "/metrics")
+	require.NoError(b, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(b, err)
+	require.Equal(b, -1.0, metric(string(body), `postern_tunnel_transports_total{path="in_band"}`), "no transport went in-band")
+	require.Positive(b, metric(string(body), `postern_tunnel_transports_total{path="data_connection"}`))
 	n := float64(b.N)
 	mbps := func(d time.Duration) float64 { return float64(benchPayload) * n / d.Seconds() / (1 << 20) }
 	b.ReportMetric(setupD.Seconds()*1000/n, "direct-setup-ms")

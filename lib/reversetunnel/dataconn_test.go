@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 
@@ -119,10 +120,12 @@ func TestTransportOnDataConnection(t *testing.T) {
 	require.IsType(t, &dataConn{}, conn)
 	require.IsType(t, &net.TCPAddr{}, local.Load(), "the node's end is its data connection's socket")
 	echoOnce(t, conn, "ping")
+	require.Equal(t, 1.0, testutil.ToFloat64(f.srv.transports.WithLabelValues(pathDataConn)))
+	require.Equal(t, 0.0, testutil.ToFloat64(f.srv.transports.WithLabelValues(pathInBand)))
 
 	// The tunnel goes: the data connection goes with it.
 	a.DropTunnel()
-	require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second)) // fails once closed
 	_, err = conn.Read(make([]byte, 1))
 	// The node's hang-up, or this end closed by its lifeline first.
 	require.True(t, errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed), "read after the tunnel went: %v", err)
@@ -153,6 +156,8 @@ func TestTransportInBandWhenNoDataConnection(t *testing.T) {
 	dial(1) // not tried again yet
 	clock.Advance(dataConnRetry)
 	dial(2)
+	require.Equal(t, 3.0, testutil.ToFloat64(f.srv.transports.WithLabelValues(pathInBand)))
+	require.Equal(t, 0.0, testutil.ToFloat64(f.srv.transports.WithLabelValues(pathDataConn)))
 }
 
 // dataConnAttempt is the attack: a raw TCP connection to the tunnel port

@@ -176,6 +176,10 @@ type Server struct {
 	cfg     ServerConfig
 	sshCfg  *ssh.ServerConfig
 	tunnels prometheus.Gauge
+	// transports counts dials served, by path (data_connection, in_band):
+	// a node that keeps going in-band is one whose tunnel address takes
+	// no data connections (see conn.go), at a throughput cost.
+	transports *prometheus.CounterVec
 
 	// mu guards listeners, byUUID, waiters and closing.
 	mu        sync.Mutex
@@ -220,13 +224,21 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
+	tr, err := promreg.Register(cfg.Metrics, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "postern", Name: "tunnel_transports_total",
+		Help: "Connections to tunnel nodes served, by path: data_connection (a TCP connection of its own) or in_band (inside the tunnel).",
+	}, []string{"path"}))
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
 	s := &Server{
-		cfg:       cfg,
-		tunnels:   g,
-		listeners: map[net.Listener]struct{}{},
-		byUUID:    map[string][]*tunnel{},
-		waiters:   map[string]chan struct{}{},
-		stop:      make(chan struct{}),
+		cfg:        cfg,
+		tunnels:    g,
+		transports: tr,
+		listeners:  map[net.Listener]struct{}{},
+		byUUID:     map[string][]*tunnel{},
+		waiters:    map[string]chan struct{}{},
+		stop:       make(chan struct{}),
 
 		dataWaiters: map[string]dataWaiter{},
 	}
@@ -685,6 +697,12 @@ func (s *Server) DialTunnel(ctx context.Context, uuid, source, destination strin
 	return nil, trace.ConnectionProblem(last, "opening a channel on the tunnel from node %q: %v", uuid, last)
 }
 
+// Values of postern_tunnel_transports_total's path label.
+const (
+	pathDataConn = "data_connection"
+	pathInBand   = "in_band"
+)
+
 // offerDataConn registers a fresh token for a dial to uuid.
 func (s *Server) offerDataConn(uuid string) (string, dataWaiter, error) {
 	var b [dataTokenSize]byte
@@ -727,6 +745,7 @@ func (s *Server) awaitTransport(ctx context.Context, uuid string, ch ssh.Channel
 		select {
 		case nc := <-w.conn:
 			go ssh.DiscardRequests(reqs)
+			s.transports.WithLabelValues(pathDataConn).Inc()
 			return newDataConn(nc, ch, chanAddr("proxy"), chanAddr("tunnel:"+uuid)), nil
 		case req, ok := <-reqs:
 			if !ok {
@@ -740,6 +759,7 @@ func (s *Server) awaitTransport(ctx context.Context, uuid string, ch ssh.Channel
 			}
 			s.withdrawDataConn(token, w)
 			go ssh.DiscardRequests(reqs)
+			s.transports.WithLabelValues(pathInBand).Inc()
 			return newChannelConn(ch, "proxy", "tunnel:"+uuid), nil
 		case <-timeout:
 			return fail(trace.ConnectionProblem(nil, "node %q did not serve the transport within %v", uuid, s.cfg.HandshakeTimeout))
