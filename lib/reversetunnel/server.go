@@ -690,7 +690,10 @@ func (s *Server) DialTunnel(ctx context.Context, uuid, source, destination strin
 		}
 		conn, err := s.awaitTransport(ctx, uuid, ch, reqs, token, w)
 		if err != nil {
-			return nil, trace.Wrap(err)
+			// An older tunnel may still serve it, unless the caller
+			// gave up.
+			last = err
+			continue
 		}
 		return conn, nil
 	}
