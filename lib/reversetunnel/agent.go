@@ -375,6 +375,7 @@ func (a *Agent) connectAndServe() (connected bool, err error) {
 	})
 	var wg sync.WaitGroup
 	d := &drainer{conn: sconn}
+	tunnelDone := make(chan struct{})
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -405,11 +406,13 @@ func (a *Agent) connectAndServe() (connected bool, err error) {
 		go func() {
 			defer wg.Done()
 			defer d.end()
-			a.cfg.Handler(a.transport(ch, req, tunnelLocal))
+			a.cfg.Handler(a.transport(ch, req, tunnelLocal, tunnelDone))
 		}()
 	}
 	ka.Close()
 	_ = sconn.Close()
+	// Data connections end with their tunnel, as channels do.
+	close(tunnelDone)
 	wg.Wait()
 	return true, trace.Wrap(errors.Join(ka.Err(), sconn.Wait()))
 }
@@ -428,12 +431,13 @@ const dataConnRetry = time.Minute
 // transport is what the node's server serves a transport channel on: the
 // data connection the proxy offered (conn.go), else the channel itself,
 // which the proxy is then told (RequestInBand).
-func (a *Agent) transport(ch ssh.Channel, req TransportRequest, tunnelLocal net.Addr) net.Conn {
+func (a *Agent) transport(ch ssh.Channel, req TransportRequest, tunnelLocal net.Addr, tunnelDone <-chan struct{}) net.Conn {
 	if req.DataToken != "" && a.cfg.Clock.Now().UnixNano() >= a.noDataUntil.Load() {
 		nc, err := a.dialData(req.DataToken)
 		if err == nil {
 			local, remote := transportAddrs(req, nc.LocalAddr())
-			return newDataConn(nc, ch, local, remote)
+			// The proxy closes the channel (conn.go).
+			return newDataConn(nc, tunnelDone, local, remote)
 		}
 		a.noDataUntil.Store(a.cfg.Clock.Now().Add(dataConnRetry).UnixNano())
 		a.cfg.Logger.WithError(err).WithFields(logrus.Fields{"proxy": a.cfg.ProxyAddr, "retry_in": dataConnRetry.String()}).Warn("No data connection to the proxy; carrying connections inside the tunnel for now.")

@@ -3,12 +3,13 @@ package reversetunnel
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"sync"
+	"syscall"
 	"time"
 
+	"github.com/gravitational/trace"
 	"golang.org/x/crypto/ssh"
 )
 
@@ -62,10 +63,10 @@ type TransportRequest struct {
 // it alone, so the node's identity still comes from the tunnel's
 // certificate. A connection with any other token is refused and audited.
 // Everything the node needs to know about the client (TransportRequest)
-// still comes over the tunnel. The transport channel stays open as the
-// data connection's lifeline: when either ends, both do, so a tunnel that
-// drops (keep-alive, proxy shutdown, agent Close) ends its sessions as
-// before. When the node cannot dial back (a load balancer in front of the
+// still comes over the tunnel. Once the data connection is there, the
+// proxy closes the transport channel; the connection lives no longer
+// than its tunnel, so a tunnel that drops (keep-alive, proxy shutdown,
+// agent Close) ends its sessions as before. When the node cannot dial back (a load balancer in front of the
 // tunnel port that lands elsewhere, a firewall), it says so with
 // RequestInBand and serves the transport in the channel.
 const (
@@ -100,23 +101,27 @@ func (c *prefixConn) Read(p []byte) (int, error) {
 	return c.Conn.Read(p)
 }
 
-// dataConn is a data connection tied to its transport channel: closing
-// it closes the channel, and the channel's end (the peer closed it, or
-// the tunnel went) closes it. Its addresses are the transport's, as for
-// channelConn. One goroutine per connection waits for the channel's
-// end; it returns when either is closed.
+// dataConn is a data connection tied to its tunnel: when the tunnel ends
+// (keep-alive, proxy shutdown, agent Close) so does the connection, as an
+// in-band transport would. A data connection's own end (either side
+// closes it) is TCP's, with every byte sent before it delivered. Its
+// addresses are the transport's, as for channelConn. One goroutine per
+// connection waits for either end.
 type dataConn struct {
 	net.Conn
-	ch            ssh.Channel
 	local, remote net.Addr
+	closeOnce     sync.Once
+	closed        chan struct{}
 }
 
-func newDataConn(nc net.Conn, ch ssh.Channel, local, remote net.Addr) *dataConn {
-	c := &dataConn{Conn: nc, ch: ch, local: local, remote: remote}
+func newDataConn(nc net.Conn, tunnelDone <-chan struct{}, local, remote net.Addr) *dataConn {
+	c := &dataConn{Conn: nc, local: local, remote: remote, closed: make(chan struct{})}
 	go func() {
-		// Nothing is sent on a lifeline; whatever is, is dropped.
-		_, _ = io.Copy(io.Discard, ch)
-		_ = nc.Close()
+		select {
+		case <-tunnelDone:
+			_ = c.Close()
+		case <-c.closed:
+		}
 	}()
 	return c
 }
@@ -125,14 +130,35 @@ func (c *dataConn) LocalAddr() net.Addr  { return c.local }
 func (c *dataConn) RemoteAddr() net.Addr { return c.remote }
 
 func (c *dataConn) Close() error {
-	err := c.Conn.Close()
-	_ = c.ch.Close()
-	return err
+	c.closeOnce.Do(func() { close(c.closed) })
+	return c.Conn.Close()
+}
+
+// CloseWrite half-closes the socket, as a splice does a direct node's
+// (utils.Splice): the other direction keeps flowing.
+func (c *dataConn) CloseWrite() error {
+	cw, ok := c.Conn.(interface{ CloseWrite() error })
+	if !ok {
+		return c.Close()
+	}
+	return cw.CloseWrite()
 }
 
 // Unwrap is the TCP connection, for wrappers that tune the socket
 // (utils.QuickAckConn), as they do a direct node's.
 func (c *dataConn) Unwrap() net.Conn { return c.Conn }
+
+// SyscallConn is the socket's, so that the proxy's splice waits on an
+// idle data connection without holding a buffer (utils.readWaiter), as
+// it does on a direct node's socket.
+func (c *dataConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, trace.NotImplemented("a data connection over %T has no socket", c.Conn)
+	}
+	raw, err := sc.SyscallConn()
+	return raw, trace.Wrap(err)
+}
 
 var _ net.Conn = (*dataConn)(nil)
 

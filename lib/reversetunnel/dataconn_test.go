@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -118,8 +119,18 @@ func TestTransportOnDataConnection(t *testing.T) {
 	require.Equal(t, "203.0.113.7:5555", <-remotes)
 	require.Equal(t, 1, d.dataDials())
 	require.IsType(t, &dataConn{}, conn)
+	_, err = conn.(syscall.Conn).SyscallConn()
+	require.NoError(t, err, "the splice can wait on the socket")
 	require.IsType(t, &net.TCPAddr{}, local.Load(), "the node's end is its data connection's socket")
 	echoOnce(t, conn, "ping")
+	// Half-close: the node sees the end of what the proxy sends, and
+	// what it sends back still arrives.
+	_, err = conn.Write([]byte("half"))
+	require.NoError(t, err)
+	require.NoError(t, conn.(interface{ CloseWrite() error }).CloseWrite())
+	rest, err := io.ReadAll(conn)
+	require.NoError(t, err)
+	require.Equal(t, "half", string(rest))
 	require.Equal(t, 1.0, testutil.ToFloat64(f.srv.transports.WithLabelValues(pathDataConn)))
 	require.Equal(t, 0.0, testutil.ToFloat64(f.srv.transports.WithLabelValues(pathInBand)))
 

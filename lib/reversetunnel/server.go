@@ -161,6 +161,9 @@ type tunnel struct {
 	uuid  string
 	sconn *ssh.ServerConn
 	ka    *utils.SSHKeepAlive
+	// done is closed when the tunnel has ended: its data connections
+	// end with it.
+	done chan struct{}
 }
 
 // dataWaiter is a dial waiting for its data connection.
@@ -539,7 +542,8 @@ func (s *Server) handleConn(nc net.Conn) {
 		s.cfg.Leaves.serveLeaf(sconn, chans, reqs, cluster, cert, ann)
 		return
 	}
-	t := &tunnel{uuid: sconn.Permissions.Extensions[permUUID], sconn: sconn}
+	t := &tunnel{uuid: sconn.Permissions.Extensions[permUUID], sconn: sconn, done: make(chan struct{})}
+	defer close(t.done)
 	log := s.cfg.Logger.WithFields(logrus.Fields{"uuid": t.uuid, "remote_addr": nc.RemoteAddr().String()})
 	// The only channel a node may open is one to the auth API.
 	tunnelCtx, endTunnel := context.WithCancel(context.Background())
@@ -688,7 +692,7 @@ func (s *Server) DialTunnel(ctx context.Context, uuid, source, destination strin
 			last = err
 			continue
 		}
-		conn, err := s.awaitTransport(ctx, uuid, ch, reqs, token, w)
+		conn, err := s.awaitTransport(ctx, t, ch, reqs, token, w)
 		if err != nil {
 			// An older tunnel may still serve it, unless the caller
 			// gave up.
@@ -736,7 +740,8 @@ func (s *Server) withdrawDataConn(token string, w dataWaiter) {
 // on the data connection offered under token, or in the channel
 // (RequestInBand). Bounded by HandshakeTimeout and ctx; the channel ends
 // on failure.
-func (s *Server) awaitTransport(ctx context.Context, uuid string, ch ssh.Channel, reqs <-chan *ssh.Request, token string, w dataWaiter) (net.Conn, error) {
+func (s *Server) awaitTransport(ctx context.Context, t *tunnel, ch ssh.Channel, reqs <-chan *ssh.Request, token string, w dataWaiter) (net.Conn, error) {
+	uuid := t.uuid
 	timeout := s.cfg.Clock.After(s.cfg.HandshakeTimeout)
 	fail := func(err error) (net.Conn, error) {
 		s.withdrawDataConn(token, w)
@@ -747,9 +752,11 @@ func (s *Server) awaitTransport(ctx context.Context, uuid string, ch ssh.Channel
 	for {
 		select {
 		case nc := <-w.conn:
+			// The channel has done its part (conn.go).
+			_ = ch.Close()
 			go ssh.DiscardRequests(reqs)
 			s.transports.WithLabelValues(pathDataConn).Inc()
-			return newDataConn(nc, ch, chanAddr("proxy"), chanAddr("tunnel:"+uuid)), nil
+			return newDataConn(nc, t.done, chanAddr("proxy"), chanAddr("tunnel:"+uuid)), nil
 		case req, ok := <-reqs:
 			if !ok {
 				return fail(trace.ConnectionProblem(nil, "node %q closed the transport channel before serving it", uuid))
