@@ -461,6 +461,7 @@ func (a *Agent) dialData(hexToken string) (net.Conn, error) {
 	if err != nil {
 		return nil, trace.ConnectionProblem(err, "dialing %s for a data connection: %v", a.cfg.ProxyAddr, err)
 	}
+	// A socket deadline is real time (see channelConn.SetDeadline).
 	_ = nc.SetDeadline(time.Now().Add(dataConnTimeout))
 	// Closing nc when ctx ends (the agent is closing) interrupts the
 	// wait for the answer.

@@ -184,7 +184,7 @@ type Server struct {
 	// no data connections (see conn.go), at a throughput cost.
 	transports *prometheus.CounterVec
 
-	// mu guards listeners, byUUID, waiters and closing.
+	// mu guards listeners, byUUID, waiters, dataWaiters and closing.
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
 	// byUUID holds each node's tunnels, newest first.
