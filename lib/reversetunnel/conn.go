@@ -66,9 +66,11 @@ type TransportRequest struct {
 // still comes over the tunnel. Once the data connection is there, the
 // proxy closes the transport channel; the connection lives no longer
 // than its tunnel, so a tunnel that drops (keep-alive, proxy shutdown,
-// agent Close) ends its sessions as before. When the node cannot dial back (a load balancer in front of the
-// tunnel port that lands elsewhere, a firewall), it says so with
-// RequestInBand and serves the transport in the channel.
+// agent Close) ends its sessions as before. When the node cannot dial
+// back (a load balancer in front of the tunnel port that lands
+// elsewhere, a firewall), it says so with RequestInBand and serves the
+// transport in the channel (postern_tunnel_transports_total counts
+// both).
 const (
 	// dataConnMagic opens a data connection in place of the "SSH-2.0-"
 	// an SSH client sends first: the tunnel port tells them apart by
