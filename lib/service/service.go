@@ -101,6 +101,9 @@ type Process struct {
 	// tunnel port. Nil when not running.
 	tunnelAgent  *reversetunnel.Pool
 	tunnelServer *reversetunnel.Server
+	// leaves are the leaf clusters' tunnels on this (root) proxy's
+	// tunnel port (leaf.go); nil when it takes none.
+	leaves *reversetunnel.Leaves
 	proxySSH     *srv.Server
 	nodeWatcher  *services.NodeWatcher
 	router       *proxy.Router
