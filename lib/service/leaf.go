@@ -216,15 +216,15 @@ const leafReconcileInterval = 5 * time.Second
 // per root, started at the proxy its trusted_cluster names). It owns its loop and its agents; Close stops
 // both.
 type leafAgents struct {
-	p      *Process
-	api    clusterTrustAPI
-	log    logrus.FieldLogger
+	p   *Process
+	api clusterTrustAPI
+	log logrus.FieldLogger
 	// transport serves the roots' routing requests with this proxy's
 	// Router.
 	transport *proxy.LeafTransport
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan struct{}
+	ctx       context.Context
+	cancel    context.CancelFunc
+	done      chan struct{}
 
 	// signer is the leaf tunnel certificate's, made on first use (only
 	// the loop goroutine touches it).
