@@ -368,6 +368,12 @@ func TestLeafThroughPeerProxy(t *testing.T) {
 	require.Equal(t, 0.0, metric(getMetrics(t, p2), "postern_leaf_tunnels"), "the second root proxy holds no tunnel from the leaf")
 
 	kh := leafHostCAKnownHosts(t, root, "leaf")
+	// The proxy holding the tunnel reaches the namespace's node, which
+	// nothing on the host can connect to.
+	viaP1 := leafSSHConfig(t, root.p.Addr(service.ListenerProxySSH), root.login, root.keyPath, kh, "leaf")
+	out, err = sshOut(t, viaP1, "leaf-node.leaf", "echo $SSH_POSTERN_CLUSTER_NAME")
+	require.NoError(t, err, out)
+	require.Equal(t, "leaf\n", out)
 	viaP2 := leafSSHConfig(t, p2.Addr(service.ListenerProxySSH), root.login, root.keyPath, kh, "leaf")
 	require.Eventually(t, func() bool {
 		_, err := sshOut(t, viaP2, "leaf-node.leaf", "true")
