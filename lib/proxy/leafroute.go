@@ -58,6 +58,9 @@ type RemoteClusterLister func(ctx context.Context) ([]services.RemoteCluster, er
 // Routing never uses it: every dial is decided by the leaf.
 const leafAccessTTL = 10 * time.Second
 
+// leafAccessTimeout bounds a leaf's answer to a LeafKindAccess request.
+const leafAccessTimeout = 5 * time.Second
+
 // leafAccessCache remembers leaves' LeafKindAccess answers per
 // certificate and leaf.
 type leafAccessCache struct {
@@ -255,6 +258,11 @@ func (r *Router) LeafNodes(ctx context.Context, cluster string, cert *ssh.Certif
 	if reply.Nodes == nil {
 		return []proxyapi.NodeEntry{}, nil
 	}
+	for i := range reply.Nodes {
+		// Whatever the leaf says, its nodes are its own: a leaf cannot
+		// list nodes as the root's or another cluster's.
+		reply.Nodes[i].Cluster = leaf
+	}
 	return reply.Nodes, nil
 }
 
@@ -325,7 +333,13 @@ func (r *Router) leafExchange(ctx context.Context, leaf string, cert *ssh.Certif
 	if err != nil {
 		return nil, reply, trace.Wrap(err)
 	}
-	ctx, cancel := clockwork.WithTimeout(ctx, r.cfg.Clock, DefaultLeafRequestTimeout)
+	timeout := DefaultLeafRequestTimeout
+	if req.Kind == proxyapi.LeafKindAccess {
+		// A listing asks every leaf at once: one that hangs must not
+		// hold the user's proxysites (or cluster picker) for long.
+		timeout = leafAccessTimeout
+	}
+	ctx, cancel := clockwork.WithTimeout(ctx, r.cfg.Clock, timeout)
 	defer cancel()
 	conn, err := r.openLeaf(ctx, leaf, req.Source, req.Target)
 	if err != nil {

@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
 	"strings"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 
@@ -26,6 +29,8 @@ import (
 type pipeLeaves struct {
 	name string
 	h    *LeafTransport
+	// serve, when set, plays the leaf instead of h (a misbehaving one).
+	serve func(net.Conn)
 	wg   sync.WaitGroup
 	// dials counts channels opened.
 	mu    sync.Mutex
@@ -50,7 +55,14 @@ func (p *pipeLeaves) DialLeaf(ctx context.Context, name, _, _ string) (net.Conn,
 	p.mu.Unlock()
 	client, server := net.Pipe()
 	p.wg.Add(1)
-	go func() { defer p.wg.Done(); p.h.Serve(context.Background(), server) }()
+	go func() {
+		defer p.wg.Done()
+		if p.serve != nil {
+			p.serve(server)
+			return
+		}
+		p.h.Serve(context.Background(), server)
+	}()
 	return client, nil
 }
 
@@ -84,6 +96,8 @@ func newLeafRouting(t *testing.T, leafNodeAddr string) (*Router, *pipeLeaves, *e
 	t.Cleanup(leaves.wg.Wait)
 	root := newRouterEnvWith(t, nil, func(c *RouterConfig) {
 		c.ClusterName = "root"
+		// Its own clock: only the root's leaf timeouts wait on it.
+		c.Clock = clockwork.NewFakeClockAt(t0)
 		c.Leaves = leaves
 		c.RemoteClusters = func(context.Context) ([]services.RemoteCluster, error) {
 			return []services.RemoteCluster{{Name: testCluster, LastConnected: t0}, {Name: "gone"}}, nil
@@ -211,4 +225,51 @@ func TestLeafSitesCached(t *testing.T) {
 	leaves.mu.Lock()
 	require.Equal(t, 2, leaves.dials)
 	leaves.mu.Unlock()
+}
+
+// TestRootDistrustsLeafReplies: a leaf decides for its own nodes only. A
+// leaf that lists nodes as another cluster's has them relabelled as its
+// own, an oversized reply is refused, and one that never answers an
+// access question holds a listing for leafAccessTimeout at most.
+func TestRootDistrustsLeafReplies(t *testing.T) {
+	root, leaves, _ := newLeafRouting(t, "127.0.0.1:1")
+	ctx := context.Background()
+	alice := rootUserCert(t, "alice")
+	hang := make(chan struct{})
+	defer close(hang)
+	leaves.mu.Lock()
+	leaves.serve = func(c net.Conn) {
+		defer c.Close()
+		req, err := readLeafRequest(c)
+		if err != nil {
+			return
+		}
+		switch req.Kind {
+		case proxyapi.LeafKindNodes:
+			b, _ := json.Marshal(proxyapi.LeafReply{Nodes: []proxyapi.NodeEntry{{UUID: "u1", Hostname: "evil", Cluster: "root"}}})
+			_, _ = c.Write(append(b, '\n'))
+		case proxyapi.LeafKindAccess:
+			<-hang
+		default:
+			_, _ = c.Write(bytes.Repeat([]byte("x"), proxyapi.MaxLeafRequest+10))
+		}
+	}
+	leaves.mu.Unlock()
+
+	// First, while the root's clock has no other waiter (a fake clock's
+	// timeout stays a waiter until it expires).
+	done := make(chan []proxyapi.Site)
+	go func() { done <- root.Sites(ctx, alice) }()
+	clock := root.cfg.Clock.(*clockwork.FakeClock)
+	require.NoError(t, clock.BlockUntilContext(ctx, 1))
+	clock.Advance(leafAccessTimeout)
+	sites := <-done
+	require.Len(t, sites, 1, "a leaf that does not answer is not listed")
+
+	nodes, err := root.LeafNodes(ctx, testCluster, alice, "")
+	require.NoError(t, err)
+	require.Equal(t, testCluster, nodes[0].Cluster)
+
+	_, _, err = root.DialHost(ctx, RouteRequest{Target: Target{Host: "web", Cluster: testCluster}, Cert: alice})
+	require.ErrorContains(t, err, "leaf reply longer than")
 }
