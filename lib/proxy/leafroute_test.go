@@ -31,7 +31,7 @@ type pipeLeaves struct {
 	h    *LeafTransport
 	// serve, when set, plays the leaf instead of h (a misbehaving one).
 	serve func(net.Conn)
-	wg   sync.WaitGroup
+	wg    sync.WaitGroup
 	// dials counts channels opened.
 	mu    sync.Mutex
 	dials int
