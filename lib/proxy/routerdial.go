@@ -12,6 +12,7 @@ import (
 
 	"github.com/gravitational/trace"
 	"github.com/sirupsen/logrus"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
@@ -32,6 +33,10 @@ type RouteRequest struct {
 	// dialed (the web terminal checks the exact login there). Its error
 	// is returned as is and nothing is dialed.
 	Authorize func(node services.Node) error
+	// Cert is the user's certificate, which a route to a leaf cluster
+	// presents there (the leaf decides from it); nil: leaf clusters are
+	// not found. Local routes ignore it.
+	Cert *ssh.Certificate
 }
 
 // DialHost routes req.Target and dials the chosen node's registered
@@ -42,10 +47,23 @@ type RouteRequest struct {
 // error, for logs and audit.
 func (r *Router) DialHost(ctx context.Context, req RouteRequest) (net.Conn, Route, error) {
 	route, netCfg, err := r.route(ctx, req.Target, req.Access)
+	if err != nil && trace.IsNotFound(err) && req.Cert != nil && r.cfg.Leaves != nil {
+		// A leaf without a live tunnel reads "offline" only to a user it
+		// accepted before; to everyone else, not found.
+		if leaf, ok := r.offlineLeaf(ctx, req.Target, req.Cert); ok {
+			return nil, route, trace.ConnectionProblem(nil, "cluster %q is offline", leaf)
+		}
+	}
 	if err != nil {
 		// Already classified (NotFound, *AmbiguousHostError, ...); not
 		// wrapped again so a miss stays cheap.
 		return nil, route, err
+	}
+	if route.Leaf {
+		// The leaf checks everything (its RBAC, locks, the node's
+		// banner); Authorize's login check happens at the leaf's node.
+		conn, err := r.dialLeaf(ctx, req, route)
+		return conn, route, err
 	}
 	if req.Authorize != nil {
 		if err := req.Authorize(route.Node); err != nil {

@@ -2,6 +2,9 @@ package reversetunnel
 
 import (
 	"context"
+	"encoding/json"
+	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -113,10 +116,15 @@ type leafTunnel struct {
 // served by serveLeaf on the Server's connection goroutine.
 type Leaves struct {
 	cfg LeavesConfig
-	// mu guards byCluster and closed.
-	mu        sync.Mutex
-	byCluster map[string][]*leafTunnel // newest first
-	closed    bool
+	// mu guards byCluster, changed and closed.
+	mu sync.Mutex
+	// byCluster is keyed by the lower-cased cluster name (OpenSSH
+	// lower-cases HOST.LEAF); newest tunnel first.
+	byCluster map[string][]*leafTunnel
+	// changed is closed (and replaced) whenever the set of leaves with a
+	// tunnel here changes: the lease keeper waits on it.
+	changed chan struct{}
+	closed  bool
 }
 
 // NewLeaves returns an empty registry.
@@ -124,7 +132,7 @@ func NewLeaves(cfg LeavesConfig) (*Leaves, error) {
 	if err := cfg.CheckAndSetDefaults(); err != nil {
 		return nil, trace.Wrap(err)
 	}
-	return &Leaves{cfg: cfg, byCluster: map[string][]*leafTunnel{}}, nil
+	return &Leaves{cfg: cfg, byCluster: map[string][]*leafTunnel{}, changed: make(chan struct{})}, nil
 }
 
 // isLeafCert reports whether key claims to be a leaf proxy's certificate
@@ -212,21 +220,61 @@ func (l *Leaves) serveLeaf(sconn *ssh.ServerConn, chans <-chan ssh.NewChannel, r
 	}()
 	go func() {
 		defer wg.Done()
+		// The full re-check (auth is asked) and report run every
+		// ReportInterval; in between, every leafCACheckInterval, the
+		// certificate is checked against the leaf's CA as the access
+		// cache holds it now, so `pctl clusters rm` (which deletes the
+		// leaf's CAs) cuts the tunnel, and routing to the leaf, within
+		// about a second.
+		next := l.cfg.Clock.Now().Add(l.cfg.ReportInterval)
 		for {
+			wait := min(leafCACheckInterval, next.Sub(l.cfg.Clock.Now()))
 			select {
 			case <-stop:
 				return
-			case <-l.cfg.Clock.After(l.cfg.ReportInterval):
-				if !l.report(t, log) {
-					_ = sconn.Close()
-					return
-				}
+			case <-l.cfg.Clock.After(wait):
+			}
+			var ok bool
+			if now := l.cfg.Clock.Now(); !now.Before(next) {
+				ok = l.report(t, log)
+				next = now.Add(l.cfg.ReportInterval)
+			} else {
+				ok = l.stillSigned(t, log)
+			}
+			if !ok {
+				_ = sconn.Close()
+				return
 			}
 		}
 	}()
 	ssh.DiscardRequests(reqs)
 	_ = sconn.Close()
 	log.Info("Leaf cluster tunnel disconnected.")
+}
+
+// leafCACheckInterval is how often a live leaf tunnel's certificate is
+// checked against the leaf's stored host CA between full re-checks.
+const leafCACheckInterval = time.Second
+
+// stillSigned checks t's certificate against the leaf's host CA as the
+// proxy's access cache holds it (no auth call where the cache is
+// in-memory): false once the CA is gone or no longer signs it.
+func (l *Leaves) stillSigned(t *leafTunnel, log logrus.FieldLogger) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), leafCheckTimeout)
+	defer cancel()
+	cas, err := l.cfg.Trust.HostCAs(ctx, t.cluster)
+	switch {
+	case trace.IsNotFound(err):
+		log.Warn("Leaf cluster's CA removed: closing its tunnel.")
+		return false
+	case err != nil:
+		return true
+	}
+	if err := authz.CheckHostCert(cas, t.cert.KeyId, t.cert, l.cfg.Clock); err != nil {
+		log.WithError(err).Warn("Leaf cluster's CA no longer signs its tunnel certificate: closing it.")
+		return false
+	}
+	return true
 }
 
 // report re-checks t's certificate against the leaf's CA as it is now
@@ -257,14 +305,22 @@ func (l *Leaves) register(t *leafTunnel) bool {
 	if l.closed {
 		return false
 	}
-	l.byCluster[t.cluster] = append([]*leafTunnel{t}, l.byCluster[t.cluster]...)
+	k := strings.ToLower(t.cluster)
+	l.byCluster[k] = append([]*leafTunnel{t}, l.byCluster[k]...)
+	l.changedLocked()
 	return true
+}
+
+func (l *Leaves) changedLocked() {
+	close(l.changed)
+	l.changed = make(chan struct{})
 }
 
 func (l *Leaves) unregister(t *leafTunnel) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	ts := l.byCluster[t.cluster]
+	k := strings.ToLower(t.cluster)
+	ts := l.byCluster[k]
 	for i, x := range ts {
 		if x == t {
 			ts = append(ts[:i:i], ts[i+1:]...)
@@ -272,9 +328,10 @@ func (l *Leaves) unregister(t *leafTunnel) {
 		}
 	}
 	if len(ts) == 0 {
-		delete(l.byCluster, t.cluster)
+		delete(l.byCluster, k)
+		l.changedLocked()
 	} else {
-		l.byCluster[t.cluster] = ts
+		l.byCluster[k] = ts
 	}
 }
 
@@ -306,11 +363,86 @@ func (l *Leaves) Count() int {
 	return n
 }
 
-// HasLeaf reports whether a tunnel from leaf cluster name is here.
+// HasLeaf reports whether a tunnel from leaf cluster name (any case) is
+// here. Safe on a nil *Leaves.
 func (l *Leaves) HasLeaf(name string) bool {
+	if l == nil {
+		return false
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.byCluster[name]) > 0
+	return len(l.byCluster[strings.ToLower(name)]) > 0
+}
+
+// LeafName is the cluster name, as its certificate spells it, of the leaf
+// whose tunnel here name (any case) means; false when there is none.
+func (l *Leaves) LeafName(name string) (string, bool) {
+	if l == nil {
+		return "", false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ts := l.byCluster[strings.ToLower(name)]
+	if len(ts) == 0 {
+		return "", false
+	}
+	return ts[0].cluster, true
+}
+
+// TunnelUUIDs are the tunnel IDs (services.LeafTunnelID) of the leaves
+// with a tunnel here: what this proxy leases so that its peers reach the
+// leaves through it. They come from this registry only, so a proxy never
+// leases a leaf tunnel it does not hold.
+func (l *Leaves) TunnelUUIDs() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]string, 0, len(l.byCluster))
+	for _, ts := range l.byCluster {
+		out = append(out, services.LeafTunnelID(ts[0].cluster))
+	}
+	return out
+}
+
+// Changed is closed when the set of leaves with a tunnel here next
+// changes.
+func (l *Leaves) Changed() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.changed
+}
+
+// DialLeaf opens a transport channel to leaf cluster name's proxy over
+// its newest tunnel here (the next one if that fails); NotFound when there
+// is none. The leaf's proxy reads a proxyapi.LeafRequest first
+// (proxy.LeafTransport); source and destination are for its logs.
+func (l *Leaves) DialLeaf(ctx context.Context, name, source, destination string) (net.Conn, error) {
+	if l == nil {
+		return nil, trace.NotFound("no tunnel from leaf cluster %q on this proxy", name)
+	}
+	l.mu.Lock()
+	ts := append([]*leafTunnel(nil), l.byCluster[strings.ToLower(name)]...)
+	l.mu.Unlock()
+	if len(ts) == 0 {
+		return nil, trace.NotFound("no tunnel from leaf cluster %q on this proxy", name)
+	}
+	extra, err := json.Marshal(TransportRequest{Source: source, Destination: destination})
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	var last error
+	for _, t := range ts {
+		if err := ctx.Err(); err != nil {
+			return nil, trace.Wrap(err)
+		}
+		ch, reqs, err := t.sconn.OpenChannel(ChannelTransport, extra)
+		if err != nil {
+			last = err
+			continue
+		}
+		go ssh.DiscardRequests(reqs)
+		return newChannelConn(ch, "proxy", "leaf:"+t.cluster), nil
+	}
+	return nil, trace.ConnectionProblem(last, "opening a channel on the tunnel from leaf cluster %q: %v", name, last)
 }
 
 // closeAll closes every leaf tunnel and refuses new ones (Server.Close;

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/api/authapi"
+	"github.com/postern-dev/postern/lib/services"
 )
 
 // The registry of this proxy's live web sessions: the in-memory half of
@@ -86,7 +87,14 @@ func newLiveSession(priv ed25519.PrivateKey, resp *authapi.SSHLoginResponse) (*l
 		return nil, trace.Wrap(err)
 	}
 	live := &liveSession{user: resp.Username, signer: signer, cert: cert}
+	own := cert.Permissions.Extensions[services.CertExtensionCluster]
 	for _, hs := range resp.HostSigners {
+		if own != "" && hs.ClusterName != "" && hs.ClusterName != own {
+			// A leaf's host CA (host_signers lists every cluster's) must
+			// never vouch for this cluster's nodes; a terminal to a leaf
+			// checks that leaf's CA alone (leafHostKeys).
+			continue
+		}
 		for _, k := range hs.CheckingKeys {
 			ca, _, _, _, err := ssh.ParseAuthorizedKey([]byte(k))
 			if err != nil {

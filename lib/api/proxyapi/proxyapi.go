@@ -40,8 +40,12 @@ type Site struct {
 	LastConnected time.Time `json:"last_connected"`
 }
 
-// SiteOnline is the status of a reachable cluster.
-const SiteOnline = "online"
+// SiteOnline is the status of a reachable cluster; SiteOffline of a leaf
+// cluster without a live tunnel (listed only to users it accepted).
+const (
+	SiteOnline  = "online"
+	SiteOffline = "offline"
+)
 
 // SubsystemRecordings lists the session recordings the caller may see
 // (`psh recordings ls`): a JSON array of RecordingEntry. Like
@@ -79,7 +83,24 @@ type LeafRequest struct {
 	Cert string `json:"cert"`
 	// Source is the client's address, for the leaf's audit log.
 	Source string `json:"source,omitempty"`
+	// Kind is what the root asks: LeafKindDial (also when empty) routes
+	// Target and splices; LeafKindNodes answers the nodes the user may
+	// see in the leaf (LeafReply.Nodes); LeafKindAccess only says whether
+	// the user's roles map to anything there (empty reply, or denied),
+	// so the root lists a leaf only to users who may reach it.
+	Kind string `json:"kind,omitempty"`
 }
+
+// Kinds of LeafRequest.
+const (
+	LeafKindDial   = "dial"
+	LeafKindNodes  = "nodes"
+	LeafKindAccess = "access"
+)
+
+// SubsystemNodesForCluster is SubsystemNodes for another cluster than the
+// proxy's own: "nodes@CLUSTER".
+const SubsystemNodesForCluster = SubsystemNodes + "@"
 
 // LeafReply is the leaf proxy's answer to a LeafRequest: empty on
 // success, else the message the user may be shown (a node the user may
@@ -87,7 +108,13 @@ type LeafRequest struct {
 type LeafReply struct {
 	Error string `json:"error,omitempty"`
 	Kind  string `json:"kind,omitempty"`
+	// Nodes answers a LeafKindNodes request: the nodes the user may see
+	// in the leaf, with their Cluster the leaf's name.
+	Nodes []NodeEntry `json:"nodes,omitempty"`
 }
+
+// MaxLeafReply bounds a LeafReply line (a node list) as the root reads it.
+const MaxLeafReply = 32 << 20
 
 // Kinds of LeafReply errors.
 const (

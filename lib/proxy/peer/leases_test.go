@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postern-dev/postern/lib/api/authapi"
+	"github.com/postern-dev/postern/lib/services"
 )
 
 type fakeTunnelSet struct {
@@ -62,12 +64,13 @@ type leaseCall struct {
 type recordingWriter struct{ calls chan leaseCall }
 
 func (w *recordingWriter) UpsertTunnelConnections(_ context.Context, req authapi.TunnelConnectionsRequest) error {
-	w.calls <- leaseCall{"upsert", req.NodeUUIDs, req.PeerAddr}
+	// A copy: the test sorts it while the keeper still reads its own.
+	w.calls <- leaseCall{"upsert", slices.Clone(req.NodeUUIDs), req.PeerAddr}
 	return nil
 }
 
 func (w *recordingWriter) DeleteTunnelConnections(_ context.Context, req authapi.TunnelConnectionsRequest) error {
-	w.calls <- leaseCall{"delete", req.NodeUUIDs, req.PeerAddr}
+	w.calls <- leaseCall{"delete", slices.Clone(req.NodeUUIDs), req.PeerAddr}
 	return nil
 }
 
@@ -112,4 +115,31 @@ func TestLeaseKeeper(t *testing.T) {
 		t.Fatalf("unexpected call after Close: %+v", c)
 	default:
 	}
+}
+
+// TestLeaseKeeperLeaves: the leaf tunnels this proxy holds are leased
+// with the node tunnels (by their services.LeafTunnelID), as soon as one
+// registers, renewed with the rest, and deleted when it goes: nothing
+// but the registries' contents is ever leased.
+func TestLeaseKeeperLeaves(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	ts := &fakeTunnelSet{uuids: map[string]bool{}}
+	leaves := &fakeTunnelSet{uuids: map[string]bool{}}
+	w := &recordingWriter{calls: make(chan leaseCall, 16)}
+	k, err := NewLeaseKeeper(LeaseKeeperConfig{Tunnels: ts, Leaves: leaves, Writer: w, PeerAddr: "10.0.0.1:3021", Clock: clock})
+	require.NoError(t, err)
+
+	leaves.set(services.LeafTunnelID("Leaf"), true)
+	require.Equal(t, leaseCall{"upsert", []string{"leaf:leaf"}, "10.0.0.1:3021"}, nextCall(t, w))
+	ts.set("n1", true)
+	require.Equal(t, leaseCall{"upsert", []string{"n1"}, "10.0.0.1:3021"}, nextCall(t, w))
+
+	require.NoError(t, clock.BlockUntilContext(context.Background(), 1))
+	clock.Advance(2 * time.Second)
+	require.Equal(t, leaseCall{"upsert", []string{"leaf:leaf", "n1"}, "10.0.0.1:3021"}, nextCall(t, w))
+
+	leaves.set("leaf:leaf", false)
+	require.Equal(t, leaseCall{"delete", []string{"leaf:leaf"}, ""}, nextCall(t, w))
+	require.NoError(t, k.Close(context.Background()))
+	require.Equal(t, leaseCall{"delete", []string{"n1"}, ""}, nextCall(t, w))
 }
