@@ -11,6 +11,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/api/authapi"
+	"github.com/postern-dev/postern/lib/authz"
 )
 
 // The registry of this proxy's live web sessions: the in-memory half of
@@ -24,7 +25,10 @@ type liveSession struct {
 	user    string
 	signer  ssh.Signer
 	cert    *ssh.Certificate
-	hostCAs []ssh.PublicKey
+	// hostCAs are the host CAs of the login's host_signers, each scoped
+	// as psh scopes them: this cluster's for every name, a leaf's only
+	// for *.LEAF (check a leaf's node as authz.ClusterHostName).
+	hostCAs []authz.HostAuthority
 	expires time.Time
 	// ctx ends when the session is logged out or expires; terminals
 	// opened with the session run under it.
@@ -68,7 +72,7 @@ func (r *sessionRegistry) closeAll() {
 	}
 }
 
-func newLiveSession(priv ed25519.PrivateKey, resp *authapi.SSHLoginResponse) (*liveSession, error) {
+func newLiveSession(priv ed25519.PrivateKey, resp *authapi.SSHLoginResponse, localCluster string) (*liveSession, error) {
 	pub, _, _, _, err := ssh.ParseAuthorizedKey(resp.Cert)
 	if err != nil {
 		return nil, trace.Wrap(err)
@@ -92,7 +96,7 @@ func newLiveSession(priv ed25519.PrivateKey, resp *authapi.SSHLoginResponse) (*l
 			if err != nil {
 				return nil, trace.Wrap(err)
 			}
-			live.hostCAs = append(live.hostCAs, ca)
+			live.hostCAs = append(live.hostCAs, authz.HostAuthority{Key: ca, Patterns: authz.HostAuthorityPatterns(hs.ClusterName, localCluster)})
 		}
 	}
 	return live, nil

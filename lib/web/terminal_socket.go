@@ -141,12 +141,14 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) 
 	defer handshakeTimer.Stop()
 	stop := context.AfterFunc(hctx, func() { conn.Close() })
 	// The address given to the handshake is the node's UUID, always one
-	// of its host certificate's principals.
+	// of its host certificate's principals (UUID.LEAF for a leaf's node:
+	// the only names a leaf's host CA vouches for).
 	_, port, _ := net.SplitHostPort(node.Addr)
-	sconn, chans, reqs, err := ssh.NewClientConn(conn, net.JoinHostPort(node.UUID, port), &ssh.ClientConfig{
+	hostName := authz.ClusterHostName(node.UUID, route.Cluster, t.srv.cfg.ClusterName)
+	sconn, chans, reqs, err := ssh.NewClientConn(conn, net.JoinHostPort(hostName, port), &ssh.ClientConfig{
 		User:            p.Login,
 		Auth:            []ssh.AuthMethod{ssh.PublicKeys(t.live.signer)},
-		HostKeyCallback: authz.HostKeyCallback(t.live.hostCAs, t.srv.cfg.Clock),
+		HostKeyCallback: authz.ScopedHostKeyCallback(t.live.hostCAs, t.srv.cfg.Clock),
 		// AES-GCM first: x/crypto has assembly for it, not for chacha20.
 		Config: ssh.Config{Ciphers: []string{"aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com", "aes128-ctr"}},
 	})
