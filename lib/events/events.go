@@ -51,6 +51,11 @@ const (
 	AccessDenied = "access.denied"
 	// RouteAmbiguous: a target matched several nodes.
 	RouteAmbiguous = "route.ambiguous"
+	// RouteLeaf: a root proxy routed a connection (or a node listing)
+	// to a leaf cluster, which accepted it: the root's record of who
+	// went where (remote_cluster, target, kind); the leaf audits the
+	// session itself. A refusal is an access.denied naming the cluster.
+	RouteLeaf = "route.leaf"
 	// PortForward: a -L/-R/direct-tcpip forward connection, emitted when it
 	// ends with its byte counts.
 	PortForward = "port.forward"

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net"
+	"strconv"
 	"time"
 
 	"github.com/gravitational/trace"
@@ -37,6 +38,9 @@ type LeafTransportConfig struct {
 	// Identify checks a root user's certificate and returns the identity
 	// with the leaf roles it maps to (srv.IdentifyRootUser). Required.
 	Identify func(ctx context.Context, cert *ssh.Certificate) (*authz.Identity, error)
+	// Nodes lists this cluster's nodes for a LeafKindNodes request (the
+	// leaf's NodeWatcher); nil refuses such requests as unavailable.
+	Nodes authz.NodeLister
 	// Audit receives access.denied; nil discards.
 	Audit events.Emitter
 	// Logger; nil means component "proxy:leaf".
@@ -84,10 +88,17 @@ func (h *LeafTransport) Serve(ctx context.Context, nc net.Conn) {
 		return
 	}
 	_ = nc.SetReadDeadline(time.Time{})
-	log := h.cfg.Logger.WithFields(logrus.Fields{"target": req.Target, "source": req.Source})
-	target, err := ParseTarget(req.Target)
-	if err != nil {
-		h.reply(nc, proxyapi.LeafReply{Error: trace.UserMessage(err), Kind: proxyapi.LeafBadRequest})
+	log := h.cfg.Logger.WithFields(logrus.Fields{"target": req.Target, "source": req.Source, "kind": req.Kind})
+	var target Target
+	switch req.Kind {
+	case "", proxyapi.LeafKindDial:
+		if target, err = ParseTarget(req.Target); err != nil {
+			h.reply(nc, proxyapi.LeafReply{Error: trace.UserMessage(err), Kind: proxyapi.LeafBadRequest})
+			return
+		}
+	case proxyapi.LeafKindNodes, proxyapi.LeafKindAccess:
+	default:
+		h.reply(nc, proxyapi.LeafReply{Error: "unknown leaf request kind " + strconv.Quote(req.Kind), Kind: proxyapi.LeafBadRequest})
 		return
 	}
 	pub, _, _, _, err := ssh.ParseAuthorizedKey([]byte(req.Cert))
@@ -111,6 +122,24 @@ func (h *LeafTransport) Serve(ctx context.Context, nc net.Conn) {
 		return
 	}
 	log = log.WithField("user", id.User)
+	switch req.Kind {
+	case proxyapi.LeafKindAccess:
+		h.reply(nc, proxyapi.LeafReply{})
+		return
+	case proxyapi.LeafKindNodes:
+		if h.cfg.Nodes == nil {
+			h.reply(nc, proxyapi.LeafReply{Error: "the leaf cluster does not list nodes", Kind: proxyapi.LeafUnavailable})
+			return
+		}
+		entries, err := authz.ListNodes(rctx, h.cfg.Nodes, id, h.cfg.Router.ClusterName())
+		if err != nil {
+			log.WithError(err).Warn("Cannot list nodes for a root user.")
+			h.reply(nc, proxyapi.LeafReply{Error: "the leaf cluster cannot list nodes now", Kind: proxyapi.LeafUnavailable})
+			return
+		}
+		h.reply(nc, proxyapi.LeafReply{Nodes: entries})
+		return
+	}
 	conn, route, err := h.cfg.Router.DialHost(rctx, RouteRequest{Target: target, Access: id.CanReach, Source: req.Source})
 	if err != nil {
 		visible, denied := HideDenied(target, route, err)

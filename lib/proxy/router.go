@@ -25,7 +25,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 
-	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -93,6 +92,15 @@ type RouterConfig struct {
 	// (*peer.Client): a node whose tunnel is on a peer is dialed through
 	// that peer. Nil means no peering: only this proxy's tunnels count.
 	Peers PeerDialer
+	// Leaves, when set, are the tunnels from this cluster's leaf
+	// clusters on this proxy (*reversetunnel.Leaves): a leaf with a
+	// tunnel here, or leased by a peer (Peers), is a cluster targets may
+	// name (`@LEAF`, `HOST.LEAF`), routed by the leaf (leafroute.go). Nil
+	// means this proxy routes to its own cluster only.
+	Leaves LeafTunnels
+	// RemoteClusters lists this cluster's leaves for Sites (status,
+	// last_connected); nil lists the local cluster only.
+	RemoteClusters RemoteClusterLister
 	// Locks, when set, refuses to dial a locked node (`pctl lock --node`)
 	// with the lock's message; *services.LockWatcher is one. Nil means no
 	// node locks.
@@ -181,6 +189,8 @@ func (c *RouterConfig) CheckAndSetDefaults() error {
 type Router struct {
 	cfg     RouterConfig
 	metrics *routerMetrics
+	// access caches leaves' answers for Sites.
+	access leafAccessCache
 }
 
 // NewRouter returns a Router.
@@ -217,6 +227,10 @@ type Route struct {
 	Target Target
 	// Strategy is the routing strategy the decision was made under.
 	Strategy string
+	// Leaf marks a route to a leaf cluster (Cluster): the root decides
+	// nothing more, the leaf's Router picks the node when DialHost asks
+	// it, so Node and Candidates are empty.
+	Leaf bool
 }
 
 // AccessFilter says whether the caller's roles let them reach a node. It
@@ -252,12 +266,21 @@ func (r *Router) route(ctx context.Context, t Target, filter AccessFilter) (Rout
 		route.Cluster = r.cfg.ClusterName
 		route.Target.Cluster = r.cfg.ClusterName
 	}
-	if !r.knowsCluster(route.Cluster) {
+	cluster, ok := r.resolveCluster(route.Cluster)
+	if !ok {
 		r.metrics.notFound.Inc()
-		return Route{}, netCfg, trace.NotFound("cluster %q not found", route.Cluster)
+		return Route{}, netCfg, clusterNotFound(route.Cluster)
 	}
+	route.Cluster, route.Target.Cluster = cluster, cluster
 	if t.Host == "" {
 		return Route{}, netCfg, trace.BadParameter("missing host in target %q", t.String())
+	}
+	if cluster != r.cfg.ClusterName {
+		// A leaf's own Router applies rules 0-6 there (its own
+		// NAME.LEAF included).
+		route.Leaf = true
+		route.Reason = "cluster " + cluster + " is a leaf cluster: its proxy routes " + quoteHost(t.Host) + " with its own inventory and routing_strategy"
+		return route, netCfg, nil
 	}
 
 	var prefix string
@@ -269,6 +292,12 @@ func (r *Router) route(ctx context.Context, t Target, filter AccessFilter) (Rout
 		prefix = t.Host + " resolved to " + name + " in cluster " + cluster + "; "
 		route.Cluster = cluster
 		route.Target.Host, route.Target.Cluster = name, cluster
+	} else if name, leaf, ok := r.splitLeafSuffix(t.Host); ok {
+		route.Cluster, route.Leaf = leaf, true
+		route.Target.Host, route.Target.Cluster = name, leaf
+		route.Reason = t.Host + " resolved to " + name + " in cluster " + leaf + "; cluster " + leaf +
+			" is a leaf cluster: its proxy routes " + quoteHost(name) + " with its own inventory and routing_strategy"
+		return route, netCfg, nil
 	}
 	host := route.Target.Host
 
@@ -396,12 +425,6 @@ func matchRules(matches []services.Node, host, port string, ci bool) ([]services
 	return matches, how
 }
 
-// knowsCluster reports whether the proxy can route to cluster. Only the
-// local cluster today; trusted clusters will add theirs.
-func (r *Router) knowsCluster(cluster string) bool {
-	return cluster == r.cfg.ClusterName
-}
-
 // splitClusterSuffix splits NAME.CLUSTER for a known CLUSTER. The suffix
 // compares case-insensitively: OpenSSH lower-cases the host it is given,
 // so `ssh web.MyCluster` arrives as "web.mycluster".
@@ -496,12 +519,6 @@ func HideDenied(t Target, route Route, err error) (visible error, denied bool) {
 		return nodeNotFound(t.Host, cluster), true
 	}
 	return err, false
-}
-
-// Sites lists the clusters this proxy routes to: the local one, always
-// online (trusted clusters will add theirs with their tunnel state).
-func (r *Router) Sites(ctx context.Context) []proxyapi.Site {
-	return []proxyapi.Site{{Name: r.cfg.ClusterName, Status: proxyapi.SiteOnline, LastConnected: r.cfg.Clock.Now().UTC()}}
 }
 
 // ClusterName is the local cluster's name.

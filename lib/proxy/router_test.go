@@ -426,7 +426,7 @@ func TestDialHostDefaultDialer(t *testing.T) {
 func TestSitesAndExplain(t *testing.T) {
 	env := newRouterEnv(t, routingNodes(), nil)
 	ctx := context.Background()
-	sites := env.router.Sites(ctx)
+	sites := env.router.Sites(ctx, nil)
 	require.Equal(t, []proxyapi.Site{{Name: testCluster, Status: "online", LastConnected: t0}}, sites)
 
 	route, err := env.router.Route(ctx, Target{Host: "cache.c1", Port: "3022"}, nil)

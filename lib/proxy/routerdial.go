@@ -12,6 +12,7 @@ import (
 
 	"github.com/gravitational/trace"
 	"github.com/sirupsen/logrus"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
@@ -32,6 +33,10 @@ type RouteRequest struct {
 	// dialed (the web terminal checks the exact login there). Its error
 	// is returned as is and nothing is dialed.
 	Authorize func(node services.Node) error
+	// Cert is the user's certificate, which a route to a leaf cluster
+	// presents there (the leaf decides from it); nil: leaf clusters are
+	// not found. Local routes ignore it.
+	Cert *ssh.Certificate
 }
 
 // DialHost routes req.Target and dials the chosen node's registered
@@ -46,6 +51,12 @@ func (r *Router) DialHost(ctx context.Context, req RouteRequest) (net.Conn, Rout
 		// Already classified (NotFound, *AmbiguousHostError, ...); not
 		// wrapped again so a miss stays cheap.
 		return nil, route, err
+	}
+	if route.Leaf {
+		// The leaf checks everything (its RBAC, locks, the node's
+		// banner); Authorize's login check happens at the leaf's node.
+		conn, err := r.dialLeaf(ctx, req, route)
+		return conn, route, err
 	}
 	if req.Authorize != nil {
 		if err := req.Authorize(route.Node); err != nil {

@@ -2,6 +2,9 @@ package reversetunnel
 
 import (
 	"context"
+	"encoding/json"
+	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -113,10 +116,15 @@ type leafTunnel struct {
 // served by serveLeaf on the Server's connection goroutine.
 type Leaves struct {
 	cfg LeavesConfig
-	// mu guards byCluster and closed.
-	mu        sync.Mutex
-	byCluster map[string][]*leafTunnel // newest first
-	closed    bool
+	// mu guards byCluster, changed and closed.
+	mu sync.Mutex
+	// byCluster is keyed by the lower-cased cluster name (OpenSSH
+	// lower-cases HOST.LEAF); newest tunnel first.
+	byCluster map[string][]*leafTunnel
+	// changed is closed (and replaced) whenever the set of leaves with a
+	// tunnel here changes: the lease keeper waits on it.
+	changed chan struct{}
+	closed  bool
 }
 
 // NewLeaves returns an empty registry.
@@ -124,7 +132,7 @@ func NewLeaves(cfg LeavesConfig) (*Leaves, error) {
 	if err := cfg.CheckAndSetDefaults(); err != nil {
 		return nil, trace.Wrap(err)
 	}
-	return &Leaves{cfg: cfg, byCluster: map[string][]*leafTunnel{}}, nil
+	return &Leaves{cfg: cfg, byCluster: map[string][]*leafTunnel{}, changed: make(chan struct{})}, nil
 }
 
 // isLeafCert reports whether key claims to be a leaf proxy's certificate
@@ -257,14 +265,22 @@ func (l *Leaves) register(t *leafTunnel) bool {
 	if l.closed {
 		return false
 	}
-	l.byCluster[t.cluster] = append([]*leafTunnel{t}, l.byCluster[t.cluster]...)
+	k := strings.ToLower(t.cluster)
+	l.byCluster[k] = append([]*leafTunnel{t}, l.byCluster[k]...)
+	l.changedLocked()
 	return true
+}
+
+func (l *Leaves) changedLocked() {
+	close(l.changed)
+	l.changed = make(chan struct{})
 }
 
 func (l *Leaves) unregister(t *leafTunnel) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	ts := l.byCluster[t.cluster]
+	k := strings.ToLower(t.cluster)
+	ts := l.byCluster[k]
 	for i, x := range ts {
 		if x == t {
 			ts = append(ts[:i:i], ts[i+1:]...)
@@ -272,9 +288,10 @@ func (l *Leaves) unregister(t *leafTunnel) {
 		}
 	}
 	if len(ts) == 0 {
-		delete(l.byCluster, t.cluster)
+		delete(l.byCluster, k)
+		l.changedLocked()
 	} else {
-		l.byCluster[t.cluster] = ts
+		l.byCluster[k] = ts
 	}
 }
 
@@ -306,11 +323,86 @@ func (l *Leaves) Count() int {
 	return n
 }
 
-// HasLeaf reports whether a tunnel from leaf cluster name is here.
+// HasLeaf reports whether a tunnel from leaf cluster name (any case) is
+// here. Safe on a nil *Leaves.
 func (l *Leaves) HasLeaf(name string) bool {
+	if l == nil {
+		return false
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.byCluster[name]) > 0
+	return len(l.byCluster[strings.ToLower(name)]) > 0
+}
+
+// LeafName is the cluster name, as its certificate spells it, of the leaf
+// whose tunnel here name (any case) means; false when there is none.
+func (l *Leaves) LeafName(name string) (string, bool) {
+	if l == nil {
+		return "", false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ts := l.byCluster[strings.ToLower(name)]
+	if len(ts) == 0 {
+		return "", false
+	}
+	return ts[0].cluster, true
+}
+
+// TunnelUUIDs are the tunnel IDs (services.LeafTunnelID) of the leaves
+// with a tunnel here: what this proxy leases so that its peers reach the
+// leaves through it. They come from this registry only, so a proxy never
+// leases a leaf tunnel it does not hold.
+func (l *Leaves) TunnelUUIDs() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]string, 0, len(l.byCluster))
+	for _, ts := range l.byCluster {
+		out = append(out, services.LeafTunnelID(ts[0].cluster))
+	}
+	return out
+}
+
+// Changed is closed when the set of leaves with a tunnel here next
+// changes.
+func (l *Leaves) Changed() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.changed
+}
+
+// DialLeaf opens a transport channel to leaf cluster name's proxy over
+// its newest tunnel here (the next one if that fails); NotFound when there
+// is none. The leaf's proxy reads a proxyapi.LeafRequest first
+// (proxy.LeafTransport); source and destination are for its logs.
+func (l *Leaves) DialLeaf(ctx context.Context, name, source, destination string) (net.Conn, error) {
+	if l == nil {
+		return nil, trace.NotFound("no tunnel from leaf cluster %q on this proxy", name)
+	}
+	l.mu.Lock()
+	ts := append([]*leafTunnel(nil), l.byCluster[strings.ToLower(name)]...)
+	l.mu.Unlock()
+	if len(ts) == 0 {
+		return nil, trace.NotFound("no tunnel from leaf cluster %q on this proxy", name)
+	}
+	extra, err := json.Marshal(TransportRequest{Source: source, Destination: destination})
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	var last error
+	for _, t := range ts {
+		if err := ctx.Err(); err != nil {
+			return nil, trace.Wrap(err)
+		}
+		ch, reqs, err := t.sconn.OpenChannel(ChannelTransport, extra)
+		if err != nil {
+			last = err
+			continue
+		}
+		go ssh.DiscardRequests(reqs)
+		return newChannelConn(ch, "proxy", "leaf:"+t.cluster), nil
+	}
+	return nil, trace.ConnectionProblem(last, "opening a channel on the tunnel from leaf cluster %q: %v", name, last)
 }
 
 // closeAll closes every leaf tunnel and refuses new ones (Server.Close;

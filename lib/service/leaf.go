@@ -12,8 +12,11 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/reversetunnel"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/srv"
 	"github.com/postern-dev/postern/lib/utils"
 	"github.com/postern-dev/postern/lib/web"
 )
@@ -157,7 +160,51 @@ func (p *Process) newLeaves(id *auth.Identity) (*reversetunnel.Leaves, error) {
 	if err := p.registry.Register(g); err != nil {
 		return nil, trace.Wrap(err)
 	}
+	p.leaves = l
 	return l, nil
+}
+
+// leafTunnels is the Router's view of the leaf tunnels here (nil: none
+// taken, so no leaf is routed to from this proxy except through peers,
+// which also need Leaves to be set: a proxy without auth has neither).
+func (p *Process) leafTunnels() proxy.LeafTunnels {
+	if p.leaves == nil {
+		return nil
+	}
+	return p.leaves
+}
+
+// remoteClusterTTL is how long the proxy reuses its list of leaves for
+// listings (proxysites, /webapi/clusters): status and last_connected are
+// reported every 5s anyway, and routing never reads the list (a leaf is
+// routed to while its tunnel is up).
+const remoteClusterTTL = 3 * time.Second
+
+// remoteClusterLister lists this cluster's leaves, cached
+// remoteClusterTTL; nil when the proxy has no auth server to ask.
+func (p *Process) remoteClusterLister(id *auth.Identity) proxy.RemoteClusterLister {
+	api := p.clusterTrust(id)
+	if api == nil || p.leaves == nil {
+		return nil
+	}
+	var (
+		mu      sync.Mutex
+		cached  []services.RemoteCluster
+		fetched time.Time
+	)
+	return func(ctx context.Context) ([]services.RemoteCluster, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !fetched.IsZero() && p.clock.Since(fetched) < remoteClusterTTL {
+			return cached, nil
+		}
+		rcs, err := api.GetRemoteClusters(ctx)
+		if err != nil {
+			return nil, trace.Wrap(err)
+		}
+		cached, fetched = rcs, p.clock.Now()
+		return rcs, nil
+	}
 }
 
 // leafReconcileInterval is how often a leaf's proxy compares the tunnels
@@ -169,12 +216,15 @@ const leafReconcileInterval = 5 * time.Second
 // per root, started at the proxy its trusted_cluster names). It owns its loop and its agents; Close stops
 // both.
 type leafAgents struct {
-	p      *Process
-	api    clusterTrustAPI
-	log    logrus.FieldLogger
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan struct{}
+	p   *Process
+	api clusterTrustAPI
+	log logrus.FieldLogger
+	// transport serves the roots' routing requests with this proxy's
+	// Router.
+	transport *proxy.LeafTransport
+	ctx       context.Context
+	cancel    context.CancelFunc
+	done      chan struct{}
 
 	// signer is the leaf tunnel certificate's, made on first use (only
 	// the loop goroutine touches it).
@@ -189,19 +239,35 @@ type leafAgent struct {
 	agent     *reversetunnel.Pool
 }
 
-// startLeafAgents runs the leaf side on this proxy.
-func (p *Process) startLeafAgents(id *auth.Identity) {
+// startLeafAgents runs the leaf side on this proxy: the tunnels to its
+// roots, and the routing requests they send over them, served by this
+// proxy's Router (p.router, set before) among the nodes the root user's
+// mapped roles reach here.
+func (p *Process) startLeafAgents(id *auth.Identity) error {
 	api := p.clusterTrust(id)
 	if api == nil {
-		return
+		return nil
+	}
+	transport, err := proxy.NewLeafTransport(proxy.LeafTransportConfig{
+		Router: p.router,
+		Identify: func(ctx context.Context, cert *ssh.Certificate) (*authz.Identity, error) {
+			return srv.IdentifyRootUser(ctx, p.sshAccess, p.clusterName, p.clock, cert)
+		},
+		Nodes:  p.nodeWatcher,
+		Audit:  p.audit,
+		Logger: p.log.WithField("component", "proxy:leaf"),
+	})
+	if err != nil {
+		return trace.Wrap(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &leafAgents{
-		p: p, api: api, log: p.log.WithField("component", "leaf"),
+		p: p, api: api, log: p.log.WithField("component", "leaf"), transport: transport,
 		ctx: ctx, cancel: cancel, done: make(chan struct{}), agents: map[string]*leafAgent{},
 	}
 	go l.run()
 	p.onShutdown(func(context.Context) error { return l.Close() })
+	return nil
 }
 
 func (l *leafAgents) run() {
@@ -358,7 +424,8 @@ func (l *leafAgents) newSigner(ctx context.Context) (ssh.Signer, error) {
 	return s, trace.Wrap(err)
 }
 
-// handle serves a transport channel the root opened on a leaf tunnel.
-// Routing through leaves is not built yet: the root never opens one, and
-// one that arrives is closed.
-func (l *leafAgents) handle(nc net.Conn) { _ = nc.Close() }
+// handle serves a transport channel a root proxy opened on a leaf
+// tunnel: one LeafRequest, decided by this cluster (LeafTransport). It
+// runs on the agent's goroutine for the channel, which the agent waits
+// for when it closes; l.ctx ends the splice at shutdown.
+func (l *leafAgents) handle(nc net.Conn) { l.transport.Serve(l.ctx, nc) }

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"crypto/x509"
+	"net"
 
 	"github.com/gravitational/trace"
 
@@ -61,7 +62,7 @@ func (p *Process) startPeering(id *auth.Identity, ts *reversetunnel.Server) (*pe
 	}
 	srv, err := peer.NewServer(peer.ServerConfig{
 		Identity: ident,
-		Tunnels:  ts,
+		Tunnels:  peerTunnels{ts: ts, leaves: p.leaves},
 		Audit:    p.audit,
 		Clock:    p.clock,
 		Logger:   p.log.WithField("component", "proxy:peer"),
@@ -91,13 +92,17 @@ func (p *Process) startPeering(id *auth.Identity, ts *reversetunnel.Server) (*pe
 	}
 	p.onShutdown(func(context.Context) error { return client.Close() })
 
-	keeper, err := peer.NewLeaseKeeper(peer.LeaseKeeperConfig{
+	kcfg := peer.LeaseKeeperConfig{
 		Tunnels:  ts,
 		Writer:   writer,
 		PeerAddr: addr,
 		Clock:    p.clock,
 		Logger:   p.log.WithField("component", "proxy:leases"),
-	})
+	}
+	if p.leaves != nil {
+		kcfg.Leaves = p.leaves
+	}
+	keeper, err := peer.NewLeaseKeeper(kcfg)
 	if err != nil {
 		return nil, "", trace.Wrap(err)
 	}
@@ -112,4 +117,28 @@ func (p *Process) startPeering(id *auth.Identity, ts *reversetunnel.Server) (*pe
 	}
 	p.onShutdown(keeper.Close)
 	return client, addr, nil
+}
+
+// peerTunnels is what the peer server dials: a node's tunnel by its UUID,
+// a leaf cluster's by services.LeafTunnelID (only one whose tunnel is
+// here: the peer server checks HasTunnel first).
+type peerTunnels struct {
+	ts     *reversetunnel.Server
+	leaves *reversetunnel.Leaves
+}
+
+func (t peerTunnels) HasTunnel(id string) bool {
+	if leaf, ok := services.LeafOfTunnelID(id); ok {
+		return t.leaves.HasLeaf(leaf)
+	}
+	return t.ts.HasTunnel(id)
+}
+
+func (t peerTunnels) DialTunnel(ctx context.Context, id, source, destination string) (net.Conn, error) {
+	if leaf, ok := services.LeafOfTunnelID(id); ok {
+		conn, err := t.leaves.DialLeaf(ctx, leaf, source, destination)
+		return conn, trace.Wrap(err)
+	}
+	conn, err := t.ts.DialTunnel(ctx, id, source, destination)
+	return conn, trace.Wrap(err)
 }

@@ -69,8 +69,6 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		return trace.Wrap(err)
 	}
 	p.tunnelServer = ts
-	// A leaf keeps tunnels to the roots it trusts (leaf.go).
-	p.startLeafAgents(id)
 	peers, peerAddr, err := p.startPeering(id, ts)
 	if err != nil {
 		return trace.Wrap(err)
@@ -86,11 +84,19 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		Logger:      p.log.WithField("component", "router"),
 		Metrics:     p.registry,
 		Locks:       p.locks,
+		// A root routes to its leaves over their tunnels (leaf.go).
+		Leaves:         p.leafTunnels(),
+		RemoteClusters: p.remoteClusterLister(id),
 	})
 	if err != nil {
 		return trace.Wrap(err)
 	}
 	p.router = router
+	// A leaf keeps tunnels to the roots it trusts and serves their
+	// routing requests with this Router (leaf.go).
+	if err := p.startLeafAgents(id); err != nil {
+		return trace.Wrap(err)
+	}
 	handler, err := sshproxy.New(sshproxy.Config{
 		Router:     router,
 		Nodes:      nw,

@@ -101,9 +101,12 @@ type Process struct {
 	// tunnel port. Nil when not running.
 	tunnelAgent  *reversetunnel.Pool
 	tunnelServer *reversetunnel.Server
-	proxySSH     *srv.Server
-	nodeWatcher  *services.NodeWatcher
-	router       *proxy.Router
+	// leaves are the leaf clusters' tunnels on this (root) proxy's
+	// tunnel port (leaf.go); nil when it takes none.
+	leaves      *reversetunnel.Leaves
+	proxySSH    *srv.Server
+	nodeWatcher *services.NodeWatcher
+	router      *proxy.Router
 	// locks is the lock set every server here enforces (locks.go).
 	locks *services.LockWatcher
 	// sshAccess is what the SSH servers check certificates and roles

@@ -79,7 +79,24 @@ type LeafRequest struct {
 	Cert string `json:"cert"`
 	// Source is the client's address, for the leaf's audit log.
 	Source string `json:"source,omitempty"`
+	// Kind is what the root asks: LeafKindDial (also when empty) routes
+	// Target and splices; LeafKindNodes answers the nodes the user may
+	// see in the leaf (LeafReply.Nodes); LeafKindAccess only says whether
+	// the user's roles map to anything there (empty reply, or denied),
+	// so the root lists a leaf only to users who may reach it.
+	Kind string `json:"kind,omitempty"`
 }
+
+// Kinds of LeafRequest.
+const (
+	LeafKindDial   = "dial"
+	LeafKindNodes  = "nodes"
+	LeafKindAccess = "access"
+)
+
+// SubsystemNodesForCluster is SubsystemNodes for another cluster than the
+// proxy's own: "nodes@CLUSTER".
+const SubsystemNodesForCluster = SubsystemNodes + "@"
 
 // LeafReply is the leaf proxy's answer to a LeafRequest: empty on
 // success, else the message the user may be shown (a node the user may
@@ -87,7 +104,13 @@ type LeafRequest struct {
 type LeafReply struct {
 	Error string `json:"error,omitempty"`
 	Kind  string `json:"kind,omitempty"`
+	// Nodes answers a LeafKindNodes request: the nodes the user may see
+	// in the leaf, with their Cluster the leaf's name.
+	Nodes []NodeEntry `json:"nodes,omitempty"`
 }
+
+// MaxLeafReply bounds a LeafReply line (a node list) as the root reads it.
+const MaxLeafReply = 32 << 20
 
 // Kinds of LeafReply errors.
 const (

@@ -32,6 +32,11 @@ type TunnelSet interface {
 type LeaseKeeperConfig struct {
 	// Tunnels is this proxy's tunnel server. Required.
 	Tunnels TunnelSet
+	// Leaves, when set, are the leaf clusters' tunnels on this proxy
+	// (*reversetunnel.Leaves, IDs services.LeafTunnelID): leased like
+	// nodes' so that peers reach those leaves through this proxy. Only
+	// what the registry holds is ever leased.
+	Leaves TunnelSet
 	// Writer writes the leases. Required.
 	Writer LeaseWriter
 	// PeerAddr is where this proxy serves peered dials, written into
@@ -90,18 +95,32 @@ func (k *LeaseKeeper) run(ctx context.Context) {
 	defer ticker.Stop()
 	for {
 		changed := k.cfg.Tunnels.Changed()
-		now := k.cfg.Tunnels.TunnelUUIDs()
+		var leavesChanged <-chan struct{}
+		if k.cfg.Leaves != nil {
+			leavesChanged = k.cfg.Leaves.Changed()
+		}
+		now := k.heldNow()
 		added, gone := diff(k.held, now)
 		k.write(ctx, added, gone)
 		select {
 		case <-changed:
+		case <-leavesChanged:
 		case <-ticker.Chan():
 			// Renew every lease, not just the new ones.
-			k.write(ctx, k.cfg.Tunnels.TunnelUUIDs(), nil)
+			k.write(ctx, k.heldNow(), nil)
 		case <-ctx.Done():
 			return
 		}
 	}
+}
+
+// heldNow is every tunnel ID this proxy holds now: nodes' and leaves'.
+func (k *LeaseKeeper) heldNow() []string {
+	now := k.cfg.Tunnels.TunnelUUIDs()
+	if k.cfg.Leaves != nil {
+		now = append(now, k.cfg.Leaves.TunnelUUIDs()...)
+	}
+	return now
 }
 
 // write upserts up and deletes gone, in batches; held follows what was

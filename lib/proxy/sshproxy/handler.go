@@ -15,6 +15,7 @@ package sshproxy
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -81,7 +82,8 @@ func New(cfg Config) (*Handler, error) {
 // Subsystem serves `proxysites` and `proxy:HOST[:PORT][@CLUSTER]`.
 func (h *Handler) Subsystem(ctx context.Context, id *authz.Identity, name string) (srv.SubsystemFunc, error) {
 	if name == proxyapi.SubsystemSites {
-		sites := h.cfg.Router.Sites(ctx)
+		// Only the clusters this user may reach (each leaf is asked).
+		sites := h.cfg.Router.Sites(ctx, id.Cert)
 		return func(ctx context.Context, ch ssh.Channel) error {
 			data, err := json.Marshal(sites)
 			if err != nil {
@@ -93,6 +95,12 @@ func (h *Handler) Subsystem(ctx context.Context, id *authz.Identity, name string
 	}
 	if name == proxyapi.SubsystemNodes {
 		return h.nodesSubsystem(id)
+	}
+	if cluster, ok := strings.CutPrefix(name, proxyapi.SubsystemNodesForCluster); ok {
+		if cluster == h.cfg.Router.ClusterName() {
+			return h.nodesSubsystem(id)
+		}
+		return h.leafNodesSubsystem(ctx, id, cluster)
 	}
 	if name == proxyapi.SubsystemRecordings {
 		return h.recordingsSubsystem(ctx, id)
@@ -134,8 +142,20 @@ func (h *Handler) dial(ctx context.Context, id *authz.Identity, target proxy.Tar
 		// RBAC first, then routing (SPEC.md "Routing" rule 5): a node
 		// the user may not reach takes no part in the decision.
 		Access: id.CanReach,
+		// A leaf decides from the certificate itself.
+		Cert: id.Cert,
 	})
 	if err != nil {
+		var ld *proxy.LeafDeniedError
+		if errors.As(err, &ld) {
+			// Told "cluster not found", like an unknown cluster; the
+			// leaf's audit log names the unmapped roles.
+			log.WithError(err).WithField("reason", ld.Reason).Warn("Access denied by a leaf cluster.")
+			h.emit(ctx, events.AccessDenied, id, target, via, events.Fields{
+				events.FieldReason: "leaf cluster " + strconv.Quote(ld.Cluster) + " refused the user (" + ld.Reason + ")", events.FieldRemoteCluster: ld.Cluster,
+			})
+			return nil, trace.Wrap(err)
+		}
 		visible, denied := proxy.HideDenied(target, route, err)
 		if denied {
 			// The user is told "not found", as for a node that does not
@@ -158,6 +178,12 @@ func (h *Handler) dial(ctx context.Context, id *authz.Identity, target proxy.Tar
 		}
 		log.WithError(err).Info("Routing failed.")
 		return nil, trace.Wrap(err)
+	}
+	if route.Leaf {
+		// The root's record of the hop; the leaf audits the session.
+		h.emit(ctx, events.RouteLeaf, id, target, via, events.Fields{events.FieldRemoteCluster: route.Cluster, "leaf_target": route.Target.String()})
+		log.WithFields(logrus.Fields{"cluster": route.Cluster, "reason": route.Reason}).Debug("Routed to a leaf cluster.")
+		return conn, nil
 	}
 	log.WithFields(logrus.Fields{"node": route.Node.UUID, "addr": route.Node.Addr, "reason": route.Reason}).Debug("Routed.")
 	return conn, nil

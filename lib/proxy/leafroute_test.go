@@ -1,0 +1,191 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gravitational/trace"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/api/proxyapi"
+	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/services"
+)
+
+// pipeLeaves stands for the leaf tunnels on a root proxy: a leaf named
+// name whose transport channels are served by a real LeafTransport (the
+// leaf's Router over its own inventory) through net.Pipe.
+type pipeLeaves struct {
+	name string
+	h    *LeafTransport
+	wg   sync.WaitGroup
+	// dials counts channels opened.
+	mu    sync.Mutex
+	dials int
+}
+
+func (p *pipeLeaves) LeafName(name string) (string, bool) {
+	if p.name == "" || !strings.EqualFold(name, p.name) {
+		return "", false
+	}
+	return p.name, true
+}
+
+func (p *pipeLeaves) DialLeaf(ctx context.Context, name, _, _ string) (net.Conn, error) {
+	if _, ok := p.LeafName(name); !ok {
+		return nil, trace.NotFound("no tunnel from leaf cluster %q", name)
+	}
+	p.mu.Lock()
+	p.dials++
+	p.mu.Unlock()
+	client, server := net.Pipe()
+	p.wg.Add(1)
+	go func() { defer p.wg.Done(); p.h.Serve(context.Background(), server) }()
+	return client, nil
+}
+
+// newLeafRouting is a root Router ("root") with one leaf (testCluster)
+// whose LeafTransport maps alice to a role reaching env=test nodes and
+// refuses mallory (roles mapping to nothing).
+func newLeafRouting(t *testing.T, leafNodeAddr string) (*Router, *pipeLeaves, *events.Recorder) {
+	t.Helper()
+	leaf := newRouterEnv(t, []services.Node{
+		node("u-web", "web", leafNodeAddr, 0, "env", "test"),
+		node("u-db", "db", leafNodeAddr, 0, "env", "prod"),
+	}, &net.Dialer{})
+	dev := &services.Role{Metadata: services.Metadata{Name: "dev"}, Spec: services.RoleSpec{
+		Logins: []string{"ops"}, NodeLabels: map[string]services.LabelValues{"env": {"test"}},
+	}}
+	audit := events.NewRecorder()
+	h, err := NewLeafTransport(LeafTransportConfig{
+		Router: leaf.router,
+		Nodes:  leaf.watcher,
+		Audit:  audit,
+		Identify: func(_ context.Context, cert *ssh.Certificate) (*authz.Identity, error) {
+			if cert.KeyId == "mallory" {
+				return nil, trace.AccessDenied(`roles [auditor] of user "mallory" of cluster "root" map to no role here`)
+			}
+			return &authz.Identity{User: cert.KeyId, Cluster: "root", Cert: cert, Roles: []string{"dev"},
+				Checker: services.NewAccessChecker([]*services.Role{dev}, nil)}, nil
+		},
+	})
+	require.NoError(t, err)
+	leaves := &pipeLeaves{name: testCluster, h: h}
+	t.Cleanup(leaves.wg.Wait)
+	root := newRouterEnvWith(t, nil, func(c *RouterConfig) {
+		c.ClusterName = "root"
+		c.Leaves = leaves
+		c.RemoteClusters = func(context.Context) ([]services.RemoteCluster, error) {
+			return []services.RemoteCluster{{Name: testCluster, LastConnected: t0}, {Name: "gone"}}, nil
+		}
+	})
+	return root.router, leaves, audit
+}
+
+// TestRootRoutesToLeaf: the root's Router resolves the cluster first and
+// hands a leaf's target to the leaf (whose Router decides among the nodes
+// the user's mapped roles reach there) by every spelling (@LEAF, rule 0
+// HOST.LEAF in any case); what the leaf refuses reads to the user as the
+// leaf says (a hidden node like a missing one), and a user whose roles
+// map to nothing there, a leaf without a tunnel and an unknown cluster
+// all read `cluster "X" not found`.
+func TestRootRoutesToLeaf(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	defer func() { ln.Close(); wg.Wait() }()
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("SSH-2.0-leaf-node\r\n"))
+			c.Close()
+		}
+	})
+	root, _, leafAudit := newLeafRouting(t, ln.Addr().String())
+	ctx := context.Background()
+	alice, mallory := rootUserCert(t, "alice"), rootUserCert(t, "mallory")
+
+	for _, target := range []Target{{Host: "web", Cluster: testCluster}, {Host: "web." + testCluster, Port: "22"}, {Host: "WEB." + strings.ToUpper(testCluster)}} {
+		conn, route, err := root.DialHost(ctx, RouteRequest{Target: target, Cert: alice})
+		require.NoError(t, err, target)
+		require.True(t, route.Leaf)
+		require.Equal(t, testCluster, route.Cluster)
+		banner, err := bufio.NewReader(conn).ReadString('\n')
+		require.NoError(t, err)
+		require.Equal(t, "SSH-2.0-leaf-node\r\n", banner)
+		conn.Close()
+	}
+
+	_, _, err = root.DialHost(ctx, RouteRequest{Target: Target{Host: "db", Cluster: testCluster}, Cert: alice})
+	require.EqualError(t, err, `node "db" not found in cluster "c1"`)
+	require.True(t, trace.IsNotFound(err))
+
+	_, _, err = root.DialHost(ctx, RouteRequest{Target: Target{Host: "web", Cluster: testCluster}, Cert: mallory})
+	require.EqualError(t, err, `cluster "c1" not found`)
+	require.True(t, trace.IsNotFound(err))
+	var ld *LeafDeniedError
+	require.True(t, errors.As(err, &ld))
+	require.Contains(t, ld.Reason, "denied")
+	require.NotEmpty(t, leafAudit.Events(), "the leaf audits the unmapped roles")
+
+	for _, target := range []Target{{Host: "web", Cluster: "gone"}, {Host: "web", Cluster: "nope"}} {
+		_, _, err = root.DialHost(ctx, RouteRequest{Target: target, Cert: alice})
+		require.EqualError(t, err, `cluster "`+target.Cluster+`" not found`)
+	}
+	// No certificate, nothing for the leaf to decide on.
+	_, _, err = root.DialHost(ctx, RouteRequest{Target: Target{Host: "web", Cluster: testCluster}})
+	require.EqualError(t, err, `cluster "c1" not found`)
+	// web.gone is no leaf: a plain (local) miss.
+	_, _, err = root.DialHost(ctx, RouteRequest{Target: Target{Host: "web.gone"}, Cert: alice})
+	require.EqualError(t, err, `node "web.gone" not found in cluster "root"`)
+
+	nodes, err := root.LeafNodes(ctx, testCluster, alice, "")
+	require.NoError(t, err)
+	require.Len(t, nodes, 1)
+	require.Equal(t, "web", nodes[0].Hostname)
+	require.Equal(t, testCluster, nodes[0].Cluster)
+	_, err = root.LeafNodes(ctx, testCluster, mallory, "")
+	require.EqualError(t, err, `cluster "c1" not found`)
+	_, err = root.LeafNodes(ctx, "gone", alice, "")
+	require.EqualError(t, err, `cluster "gone" not found`)
+
+	names := func(sites []proxyapi.Site) []string {
+		var out []string
+		for _, s := range sites {
+			out = append(out, s.Name+"/"+s.Status)
+		}
+		return out
+	}
+	require.Equal(t, []string{"root/online", testCluster + "/online"}, names(root.Sites(ctx, alice)))
+	require.Equal(t, []string{"root/online"}, names(root.Sites(ctx, mallory)), "a leaf the user may not reach is not listed")
+	require.Equal(t, []string{"root/online"}, names(root.Sites(ctx, nil)))
+}
+
+// TestLeafSitesCached: listings reuse a leaf's answer for a while (the
+// picker refreshes often), routing never does.
+func TestLeafSitesCached(t *testing.T) {
+	root, leaves, _ := newLeafRouting(t, "127.0.0.1:1")
+	ctx := context.Background()
+	alice := rootUserCert(t, "alice")
+	root.Sites(ctx, alice)
+	root.Sites(ctx, alice)
+	leaves.mu.Lock()
+	require.Equal(t, 1, leaves.dials)
+	leaves.mu.Unlock()
+	root.cfg.Clock.(interface{ Advance(d time.Duration) }).Advance(leafAccessTTL + time.Second)
+	root.Sites(ctx, alice)
+	leaves.mu.Lock()
+	require.Equal(t, 2, leaves.dials)
+	leaves.mu.Unlock()
+}
