@@ -21,10 +21,10 @@ import (
 // liveSession is a session's in-memory half: the key that authenticates
 // to nodes on the user's behalf.
 type liveSession struct {
-	key     string // hash of the session id: the store key
-	user    string
-	signer  ssh.Signer
-	cert    *ssh.Certificate
+	key    string // hash of the session id: the store key
+	user   string
+	signer ssh.Signer
+	cert   *ssh.Certificate
 	// hostCAs are the host CAs of the login's host_signers, each scoped
 	// as psh scopes them: this cluster's for every name, a leaf's only
 	// for *.LEAF (check a leaf's node as authz.ClusterHostName).
