@@ -18,6 +18,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"slices"
@@ -116,7 +117,9 @@ func (r *Router) splitLeafSuffix(host string) (name, cluster string, ok bool) {
 	return "", "", false
 }
 
-func clusterNotFound(c string) error {
+func clusterNotFound(c string) error { return clusterNotFoundErr(c) }
+
+func clusterNotFoundErr(c string) *trace.NotFoundError {
 	return &trace.NotFoundError{Message: "cluster " + quoteHost(c) + " not found"}
 }
 
@@ -143,6 +146,12 @@ func (r *Router) dialLeaf(ctx context.Context, req RouteRequest, route Route) (n
 	}
 	if err := r.leafReplyError(route.Cluster, req.Cert, reply); err != nil {
 		conn.Close()
+		var ld *LeafDeniedError
+		if errors.As(err, &ld) && req.Target.Cluster == "" {
+			// Reached by rule 0 (HOST.LEAF): an unknown suffix is a
+			// plain local miss, so this must read as one too.
+			ld.visible = nodeNotFound(req.Target.Host, r.cfg.ClusterName).(*trace.NotFoundError)
+		}
 		return nil, err
 	}
 	return conn, nil
@@ -185,7 +194,7 @@ func (r *Router) leafReplyError(cluster string, cert *ssh.Certificate, reply pro
 		return trace.ConnectionProblem(nil, "leaf cluster %q: %s", cluster, reply.Error)
 	case proxyapi.LeafDenied, proxyapi.LeafBadRequest:
 		r.cfg.Logger.WithFields(logrus.Fields{"cluster": cluster, "user": certUser(cert), "kind": reply.Kind, "reply": reply.Error}).Info("Leaf cluster refused the user; telling them it is not found.")
-		return &LeafDeniedError{Cluster: cluster, Reason: reply.Kind + ": " + reply.Error}
+		return &LeafDeniedError{Cluster: cluster, Reason: reply.Kind + ": " + reply.Error, visible: clusterNotFoundErr(cluster)}
 	case proxyapi.LeafNotFound:
 		return &trace.NotFoundError{Message: reply.Error}
 	case proxyapi.LeafAmbiguous:
@@ -196,19 +205,22 @@ func (r *Router) leafReplyError(cluster string, cert *ssh.Certificate, reply pro
 }
 
 // LeafDeniedError is a leaf's refusal of the user as a whole (its
-// role_map gives them nothing). It reads `cluster "X" not found`, exactly
-// like an unknown cluster (also to trace.IsNotFound); Reason is for the
-// root's logs and audit only.
+// role_map gives them nothing). It reads exactly like a cluster that does
+// not exist (also to trace.IsNotFound): `cluster "X" not found` for
+// `@X`, and for `HOST.X` the local miss `node "HOST.X" not found in
+// cluster "ROOT"` that an unknown X gives. Reason is for the root's logs
+// and audit only.
 type LeafDeniedError struct {
 	Cluster string
 	Reason  string
+	visible *trace.NotFoundError
 }
 
-func (e *LeafDeniedError) Error() string { return clusterNotFound(e.Cluster).Error() }
+func (e *LeafDeniedError) Error() string { return e.visible.Error() }
 
-// Unwrap makes trace.IsNotFound (and trace.UserMessage's callers)
-// recognise it as the not-found it reads as.
-func (e *LeafDeniedError) Unwrap() error { return clusterNotFound(e.Cluster) }
+// Unwrap makes trace.IsNotFound recognise it as the not-found it reads
+// as.
+func (e *LeafDeniedError) Unwrap() error { return e.visible }
 
 func certUser(cert *ssh.Certificate) string {
 	if cert == nil {

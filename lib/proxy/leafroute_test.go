@@ -138,6 +138,10 @@ func TestRootRoutesToLeaf(t *testing.T) {
 	require.True(t, errors.As(err, &ld))
 	require.Contains(t, ld.Reason, "denied")
 	require.NotEmpty(t, leafAudit.Events(), "the leaf audits the unmapped roles")
+	// By rule 0, the same refusal reads like a suffix that is no cluster.
+	_, _, err = root.DialHost(ctx, RouteRequest{Target: Target{Host: "web." + testCluster}, Cert: mallory})
+	require.EqualError(t, err, `node "web.c1" not found in cluster "root"`)
+	require.True(t, errors.As(err, &ld))
 
 	for _, target := range []Target{{Host: "web", Cluster: "gone"}, {Host: "web", Cluster: "nope"}} {
 		_, _, err = root.DialHost(ctx, RouteRequest{Target: target, Cert: alice})

@@ -1,0 +1,270 @@
+package integration
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/postern-dev/postern/lib/api/proxyapi"
+	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/service"
+)
+
+// leafKnownHosts is a known_hosts for a root user reaching leaf nodes
+// through the root: the root's host CA line from `pctl auth sign` and
+// the leaf's host CA (from the leaf's own `pctl auth sign` file),
+// scoped to `*.LEAF` names as psh writes it.
+func leafKnownHosts(t *testing.T, root, leaf *allInOne, leafName string) string {
+	t.Helper()
+	rootKH, err := os.ReadFile(root.keyPath + ".known_hosts")
+	require.NoError(t, err)
+	leafKH, err := os.ReadFile(leaf.keyPath + ".known_hosts")
+	require.NoError(t, err)
+	var b strings.Builder
+	b.Write(rootKH)
+	for _, line := range strings.Split(strings.TrimSpace(string(leafKH)), "\n") {
+		f := strings.Fields(line)
+		require.GreaterOrEqual(t, len(f), 4, "known_hosts line %q", line)
+		require.Equal(t, "@cert-authority", f[0])
+		fmt.Fprintf(&b, "@cert-authority *.%s %s %s\n", leafName, f[2], f[3])
+	}
+	path := filepath.Join(t.TempDir(), "known_hosts")
+	require.NoError(t, os.WriteFile(path, []byte(b.String()), 0o600))
+	return path
+}
+
+// leafSSHConfig is an ssh_config for stock OpenSSH: `proxy` is the root
+// proxy, `*.LEAF` jumps through it; the identity is keyPath's.
+func leafSSHConfig(t *testing.T, proxyAddr net.Addr, login, keyPath, knownHosts, leafName string) string {
+	t.Helper()
+	port := proxyAddr.(*net.TCPAddr).Port
+	cfg := fmt.Sprintf(`Host proxy
+  HostName 127.0.0.1
+  Port %d
+Host *.%s
+  ProxyJump proxy
+Host *
+  User %s
+  IdentityFile %s
+  CertificateFile %s-cert.pub
+  IdentitiesOnly yes
+  UserKnownHostsFile %s
+  GlobalKnownHostsFile /dev/null
+  StrictHostKeyChecking yes
+  BatchMode yes
+  LogLevel ERROR
+`, port, leafName, login, keyPath, keyPath, knownHosts)
+	path := filepath.Join(t.TempDir(), "ssh_config")
+	require.NoError(t, os.WriteFile(path, []byte(cfg), 0o600))
+	return path
+}
+
+func sshOut(t *testing.T, cfg string, args ...string) (string, error) {
+	t.Helper()
+	out, err := exec.Command("ssh", append([]string{"-F", cfg}, args...)...).CombinedOutput()
+	return string(out), err
+}
+
+// jumpRefusal is what OpenSSH prints when the root proxy refuses the
+// jump to host (the direct-tcpip open failure, as `ssh -J` sends it; the
+// jump hop's own process prints it, so it is run directly with -W).
+func jumpRefusal(t *testing.T, cfg, host string) string {
+	t.Helper()
+	out, err := exec.Command("ssh", "-F", cfg, "-o", "LogLevel=INFO", "-W", host+":22", "proxy").CombinedOutput()
+	require.Error(t, err, string(out))
+	return string(out)
+}
+
+// findEvent waits for an event of typ matching ok in dataDir's audit log.
+func findEvent(t *testing.T, dataDir, typ string, ok func(events.Event) bool) events.Event {
+	t.Helper()
+	var found events.Event
+	require.Eventually(t, func() bool {
+		for _, e := range eventsLs(t, dataDir) {
+			if e.Type == typ && ok(e) {
+				found = e
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 100*time.Millisecond, "no %s event", typ)
+	return found
+}
+
+// TestLeafRoutingThroughRoot: a root user reaches a leaf cluster's node
+// through the root proxy with stock OpenSSH, host keys checked
+// (StrictHostKeyChecking=yes) against the leaf's host CA scoped to
+// *.leaf: `ssh -J root node-1.leaf`, the subsystem `proxy:HOST:PORT@leaf`,
+// scp and -A; `nodes@leaf` shows what the leaf's RBAC lets each user see
+// (a leaf role's node_labels limits a root user); `proxysites` lists the
+// leaf only to users whose roles map to something there; a root user
+// whose roles map to nothing is told `cluster "leaf" not found`, with the
+// unmapped roles in the leaf's audit log; the root audits every route to
+// the leaf. Removing trust on the leaf fails new sessions within 5s, and
+// trust re-established with a new token works again.
+func TestLeafRoutingThroughRoot(t *testing.T) {
+	requireOpenSSH(t, "ssh", "scp", "ssh-agent", "ssh-add")
+	root := newNamedCluster(t, "root")
+	leaf := newNamedCluster(t, "leaf")
+	mustPctl(t, root.dataDir, "", "create", "-f", writeRole(t, "auditor"))
+	mustPctl(t, root.dataDir, "", "create", "-f", writeRole(t, "dev"))
+	limited := filepath.Join(t.TempDir(), "limited.yaml")
+	require.NoError(t, os.WriteFile(limited, []byte("kind: role\nmetadata: {name: limited}\nspec: {logins: ['{{internal.logins}}'], node_labels: {env: [elsewhere]}}\n"), 0o600))
+	mustPctl(t, leaf.dataDir, "", "create", "-f", limited)
+	roleMap := "[{remote: access, local: [access]}, {remote: dev, local: [limited]}]"
+	establishTrust(t, root, leaf, roleMap)
+	require.Eventually(t, func() bool { return clusterStatus(t, root, "leaf") == "online" }, 30*time.Second, 100*time.Millisecond)
+
+	proxyAddr := root.p.Addr(service.ListenerProxySSH)
+	kh := leafKnownHosts(t, root, leaf, "leaf")
+	alice := leafSSHConfig(t, proxyAddr, root.login, root.keyPath, kh, "leaf")
+
+	t.Run("ssh -J", func(t *testing.T) {
+		out, err := sshOut(t, alice, "node-1.leaf", "echo $SSH_POSTERN_USER $SSH_POSTERN_CLUSTER_NAME")
+		require.NoError(t, err, out)
+		require.Equal(t, "alice leaf\n", out)
+		// The local node by the same name is the root's own.
+		out, err = sshOut(t, alice, "-J", "proxy", "node-1.root", "echo $SSH_POSTERN_CLUSTER_NAME")
+		require.NoError(t, err, out)
+		require.Equal(t, "root\n", out)
+		e := findEvent(t, root.dataDir, events.RouteLeaf, func(e events.Event) bool { return e.User == "alice" })
+		require.Equal(t, "leaf", e.Fields[events.FieldRemoteCluster])
+		require.Equal(t, "node-1.leaf:22", e.Fields[events.FieldTarget])
+		require.Equal(t, "direct-tcpip", e.Fields[events.FieldKind])
+	})
+	t.Run("host key of another cluster's CA refused", func(t *testing.T) {
+		// The root's CA alone does not vouch for a leaf node.
+		kh, err := os.ReadFile(root.keyPath + ".known_hosts")
+		require.NoError(t, err)
+		scoped := filepath.Join(t.TempDir(), "kh")
+		require.NoError(t, os.WriteFile(scoped, bytes.Replace(kh, []byte("@cert-authority * "), []byte("@cert-authority 127.0.0.1,*.root "), 1), 0o600))
+		rootOnly := leafSSHConfig(t, proxyAddr, root.login, root.keyPath, scoped, "leaf")
+		out, err := sshOut(t, rootOnly, "node-1.leaf", "true")
+		require.Error(t, err, out)
+		require.Contains(t, out, "Host key verification failed")
+	})
+	t.Run("proxy subsystem @leaf", func(t *testing.T) {
+		pc := fmt.Sprintf("ProxyCommand=ssh -F %s proxy -s proxy:node-1:%%p@leaf", alice)
+		out, err := sshOut(t, alice, "-o", "ProxyJump=none", "-o", pc, "node-1.leaf", "echo subsystem")
+		require.NoError(t, err, out)
+		require.Equal(t, "subsystem\n", out)
+		out, err = sshOut(t, alice, "proxy", "-s", "proxy:ghost:0@leaf")
+		require.Error(t, err)
+		require.Contains(t, out, `node "ghost" not found in cluster "leaf"`)
+	})
+	t.Run("scp", func(t *testing.T) {
+		dir := t.TempDir()
+		src := filepath.Join(dir, "src.bin")
+		data := bytes.Repeat([]byte("leaf-"), 200*1024)
+		require.NoError(t, os.WriteFile(src, data, 0o600))
+		remote := filepath.Join(dir, "remote.bin")
+		out, err := exec.Command("scp", "-F", alice, src, "node-1.leaf:"+remote).CombinedOutput()
+		require.NoError(t, err, string(out))
+		got, err := os.ReadFile(remote)
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(data, got), "scp copy differs")
+	})
+	t.Run("agent forwarding", func(t *testing.T) {
+		sock := filepath.Join(t.TempDir(), "agent.sock")
+		agent := exec.Command("ssh-agent", "-D", "-a", sock)
+		require.NoError(t, agent.Start())
+		t.Cleanup(func() { agent.Process.Kill(); agent.Wait() })
+		env := append(os.Environ(), "SSH_AUTH_SOCK="+sock)
+		require.Eventually(t, func() bool { _, err := os.Stat(sock); return err == nil }, 10*time.Second, 20*time.Millisecond)
+		add := exec.Command("ssh-add", root.keyPath)
+		add.Env = env
+		out, err := add.CombinedOutput()
+		require.NoError(t, err, string(out))
+		cmd := exec.Command("ssh", "-F", alice, "-A", "node-1.leaf", "ssh-add -l")
+		cmd.Env = env
+		out, err = cmd.CombinedOutput()
+		require.NoError(t, err, string(out))
+		require.Contains(t, string(out), "(ED25519-CERT)")
+	})
+	t.Run("nodes@leaf and proxysites", func(t *testing.T) {
+		out, err := exec.Command("ssh", "-F", alice, "proxy", "-s", proxyapi.SubsystemNodes+"@leaf").Output()
+		require.NoError(t, err)
+		var nodes []proxyapi.NodeEntry
+		require.NoError(t, json.Unmarshal(out, &nodes), string(out))
+		require.Len(t, nodes, 1)
+		require.Equal(t, "node-1", nodes[0].Hostname)
+		require.Equal(t, "leaf", nodes[0].Cluster)
+
+		bob := leafSSHConfig(t, proxyAddr, root.login, signedUser(t, root, "bob", "dev"), kh, "leaf")
+		out, err = exec.Command("ssh", "-F", bob, "proxy", "-s", proxyapi.SubsystemNodes+"@leaf").Output()
+		require.NoError(t, err)
+		require.JSONEq(t, "[]", string(out), "the leaf's node_labels keep node-1 from bob")
+		_, err = sshOut(t, bob, "node-1.leaf", "true")
+		require.Error(t, err)
+		require.Contains(t, jumpRefusal(t, bob, "node-1.leaf"), `node "node-1" not found in cluster "leaf"`)
+
+		out, err = exec.Command("ssh", "-F", alice, "proxy", "-s", proxyapi.SubsystemSites).Output()
+		require.NoError(t, err)
+		var sites []proxyapi.Site
+		require.NoError(t, json.Unmarshal(out, &sites), string(out))
+		require.Len(t, sites, 2)
+		require.Equal(t, "root", sites[0].Name)
+		require.Equal(t, "leaf", sites[1].Name)
+		require.Equal(t, "online", sites[1].Status)
+		require.False(t, sites[1].LastConnected.IsZero())
+	})
+	t.Run("roles mapping to nothing", func(t *testing.T) {
+		carol := leafSSHConfig(t, proxyAddr, root.login, signedUser(t, root, "carol", "auditor"), kh, "leaf")
+		_, err := sshOut(t, carol, "node-1.leaf", "true")
+		require.Error(t, err)
+		// Exactly what a cluster that does not exist gives (rule 0 then
+		// does not apply: a plain miss).
+		out := jumpRefusal(t, carol, "node-1.leaf")
+		require.Contains(t, out, `node "node-1.leaf" not found in cluster "root"`)
+		require.NotContains(t, out, "auditor")
+		require.Contains(t, jumpRefusal(t, carol, "node-1.nowhere"), `node "node-1.nowhere" not found in cluster "root"`)
+		o, err := sshOut(t, carol, "proxy", "-s", "proxy:node-1:0@nowhere")
+		require.Error(t, err)
+		require.Contains(t, o, `cluster "nowhere" not found`)
+		o, err = sshOut(t, carol, "proxy", "-s", "proxy:node-1:0@leaf")
+		require.Error(t, err)
+		require.Contains(t, o, `cluster "leaf" not found`)
+		o, err = sshOut(t, carol, "proxy", "-s", proxyapi.SubsystemNodes+"@leaf")
+		require.Error(t, err)
+		require.Contains(t, o, `cluster "leaf" not found`)
+		sitesOut, err := exec.Command("ssh", "-F", carol, "proxy", "-s", proxyapi.SubsystemSites).Output()
+		require.NoError(t, err)
+		var sites []proxyapi.Site
+		require.NoError(t, json.Unmarshal(sitesOut, &sites))
+		require.Len(t, sites, 1, "a leaf carol may not reach is not listed")
+
+		denied := findEvent(t, leaf.dataDir, events.AccessDenied, func(e events.Event) bool { return e.User == "carol" })
+		require.Contains(t, denied.Fields[events.FieldReason], `roles [auditor] of user "carol" of cluster "root" map to no role here`)
+		rootDenied := findEvent(t, root.dataDir, events.AccessDenied, func(e events.Event) bool { return e.User == "carol" })
+		require.Equal(t, "leaf", rootDenied.Fields[events.FieldRemoteCluster])
+	})
+	t.Run("removing and re-adding trust", func(t *testing.T) {
+		mustPctl(t, leaf.dataDir, "", "rm", "trusted_cluster/root")
+		start := time.Now()
+		require.Eventually(t, func() bool {
+			_, err := sshOut(t, alice, "node-1.leaf", "true")
+			return err != nil
+		}, 5*time.Second, 50*time.Millisecond, "removing trust must fail new sessions within 5s")
+		t.Logf("new sessions fail %v after pctl rm", time.Since(start))
+		require.Contains(t, jumpRefusal(t, alice, "node-1.leaf"), `node "node-1.leaf" not found in cluster "root"`)
+		o, err := sshOut(t, alice, "proxy", "-s", "proxy:node-1:0@leaf")
+		require.Error(t, err)
+		require.Contains(t, o, `cluster "leaf" not found`)
+
+		mustPctl(t, root.dataDir, "", "clusters", "rm", "leaf")
+		establishTrust(t, root, leaf, roleMap)
+		require.Eventually(t, func() bool {
+			_, err := sshOut(t, alice, "node-1.leaf", "true")
+			return err == nil
+		}, 30*time.Second, 200*time.Millisecond, "trust re-established with a new token reaches the leaf again")
+	})
+}
