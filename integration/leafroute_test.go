@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postern-dev/postern/lib/api/proxyapi"
+	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/service"
 )
@@ -267,4 +268,94 @@ func TestLeafRoutingThroughRoot(t *testing.T) {
 			return err == nil
 		}, 30*time.Second, 200*time.Millisecond, "trust re-established with a new token reaches the leaf again")
 	})
+}
+
+// leafHostCAKnownHosts is known_hosts for root users: the root's CA line
+// from `pctl auth sign` and leaf's host CA (as the root stored it at the
+// exchange) scoped to *.LEAF.
+func leafHostCAKnownHosts(t *testing.T, root *allInOne, leafName string) string {
+	t.Helper()
+	cas, err := adminClient(t, root.dataDir, root.p).GetCertAuthorities(t.Context(), "host", false)
+	require.NoError(t, err)
+	rootKH, err := os.ReadFile(root.keyPath + ".known_hosts")
+	require.NoError(t, err)
+	b := string(rootKH)
+	found := false
+	for _, ca := range cas {
+		if ca.ClusterName != leafName {
+			continue
+		}
+		for _, k := range ca.SSHPublicKeys {
+			b += "@cert-authority *." + leafName + " " + strings.TrimSpace(k) + "\n"
+			found = true
+		}
+	}
+	require.True(t, found, "the root holds the host CA of %q", leafName)
+	path := filepath.Join(t.TempDir(), "known_hosts")
+	require.NoError(t, os.WriteFile(path, []byte(b), 0o600))
+	return path
+}
+
+// TestLeafThroughPeerProxy: the root has two proxies; the leaf (a
+// process in a network namespace, no inbound route) can reach only the
+// first one's tunnel port (the second's listens on loopback, which the
+// namespace cannot reach), so it keeps one tunnel, to the first. A user
+// on the second proxy still reaches the leaf's node: the second proxy
+// finds the first's lease for the leaf's tunnel and dials through it
+// (peering), with stock OpenSSH and the leaf's host CA.
+func TestLeafThroughPeerProxy(t *testing.T) {
+	requireOpenSSH(t, "ssh")
+	ns := newNetNS(t)
+	root := newAllInOneWith(t, func(cfg *config.Config) {
+		cfg.ClusterName = "root"
+		cfg.WebAddr = net.JoinHostPort(ns.hostIP, "0")
+		cfg.TunnelAddr = net.JoinHostPort(ns.hostIP, "0")
+		cfg.PublicAddrs = []string{ns.hostIP}
+	})
+	m := joinRe.FindStringSubmatch(mustPctl(t, root.dataDir, "", "tokens", "add", "--type", "proxy"))
+	require.NotNil(t, m)
+	cfg2 := procConfig(t.TempDir(), config.RoleProxy)
+	cfg2.ClusterName = "root"
+	cfg2.AuthServer, cfg2.Token, cfg2.CAPin, cfg2.NodeName = root.p.Addr(service.ListenerAuth).String(), m[1], m[2], "edge-2"
+	p2 := startProcess(t, cfg2)
+	waitProxies(t, adminClient(t, root.dataDir, root.p), 2)
+
+	dir := t.TempDir()
+	leaf := &nsNode{dataDir: dir, stderr: &syncBuffer{}}
+	leaf.start(t, ns, []string{"start", "--roles", "auth,proxy,node", "--cluster-name", "leaf", "--data-dir", dir,
+		"--nodename", "leaf-node", "--diag-addr", "127.0.0.1:0"})
+	nsPctl := func(args ...string) (string, error) {
+		out, err := ns.command(bin("pctl"), append([]string{"--data-dir", dir}, args...)...).CombinedOutput()
+		return string(out), err
+	}
+	require.Eventually(t, func() bool {
+		out, err := nsPctl("nodes", "ls")
+		return err == nil && strings.Contains(out, "leaf-node")
+	}, 30*time.Second, 200*time.Millisecond, "the leaf never came up:\n%s", leaf.stderr)
+	path := filepath.Join(t.TempDir(), "trusted_cluster.yaml")
+	_, webPort, err := net.SplitHostPort(root.p.Addr(service.ListenerWeb).String())
+	require.NoError(t, err)
+	body := "kind: trusted_cluster\nmetadata: {name: root}\nspec:\n  enabled: true\n  proxy_addr: " +
+		net.JoinHostPort(ns.hostIP, webPort) + "\n  token: " + trustToken(t, root) + "\n  role_map: [{remote: access, local: [access]}]\n"
+	require.NoError(t, os.WriteFile(path, []byte(body), 0o644))
+	out, err := nsPctl("create", "-f", path)
+	require.NoError(t, err, out)
+	require.Eventually(t, func() bool { return metric(getMetrics(t, root.p), "postern_leaf_tunnels") == 1 }, 30*time.Second, 200*time.Millisecond,
+		"the leaf's tunnel never reached the first root proxy; its log:\n%s", leaf.stderr)
+	require.Equal(t, 0.0, metric(getMetrics(t, p2), "postern_leaf_tunnels"), "the second root proxy holds no tunnel from the leaf")
+
+	kh := leafHostCAKnownHosts(t, root, "leaf")
+	viaP2 := leafSSHConfig(t, p2.Addr(service.ListenerProxySSH), root.login, root.keyPath, kh, "leaf")
+	require.Eventually(t, func() bool {
+		_, err := sshOut(t, viaP2, "leaf-node.leaf", "true")
+		return err == nil
+	}, 10*time.Second, 100*time.Millisecond, "the second proxy learns the first one's lease")
+	out, err = sshOut(t, viaP2, "leaf-node.leaf", "echo $SSH_POSTERN_USER $SSH_POSTERN_CLUSTER_NAME")
+	require.NoError(t, err, out)
+	require.Equal(t, "alice leaf\n", out)
+	nodes, err := exec.Command("ssh", "-F", viaP2, "proxy", "-s", "nodes@leaf").Output()
+	require.NoError(t, err)
+	require.Contains(t, string(nodes), `"hostname":"leaf-node"`)
+	require.Equal(t, 0.0, metric(getMetrics(t, p2), "postern_leaf_tunnels"), "through peering, not a tunnel of its own")
+	require.False(t, strings.Contains(leaf.stderr.String(), "panic"))
 }
