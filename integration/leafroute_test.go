@@ -2,22 +2,32 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/stretchr/testify/require"
 
 	"github.com/postern-dev/postern/lib/api/proxyapi"
+	"github.com/postern-dev/postern/lib/api/webapi"
+	"github.com/postern-dev/postern/lib/api/webterm"
 	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/service"
+	"github.com/postern-dev/postern/lib/web"
 )
 
 // leafKnownHosts is a known_hosts for a root user reaching leaf nodes
@@ -358,4 +368,117 @@ func TestLeafThroughPeerProxy(t *testing.T) {
 	require.Contains(t, string(nodes), `"hostname":"leaf-node"`)
 	require.Equal(t, 0.0, metric(getMetrics(t, p2), "postern_leaf_tunnels"), "through peering, not a tunnel of its own")
 	require.False(t, strings.Contains(leaf.stderr.String(), "panic"))
+}
+
+// openLeafTerm opens a web terminal with params on wc's proxy, types
+// input and reads until the screen matches re (or a terminal error).
+func openLeafTerm(t *testing.T, ctx context.Context, wc *webTermClient, params webterm.TerminalParams, input string, re *regexp.Regexp) (string, error) {
+	t.Helper()
+	p, err := json.Marshal(params)
+	require.NoError(t, err)
+	ws, _, err := websocket.Dial(ctx, "wss://"+wc.addr+"/webapi/terminal?params="+url.QueryEscape(string(p)), &websocket.DialOptions{
+		HTTPClient:   wc.hc,
+		HTTPHeader:   http.Header{"Cookie": {web.SessionCookieName + "=" + wc.cookie.Value}},
+		Subprotocols: []string{webterm.TerminalSubprotocol},
+	})
+	require.NoError(t, err)
+	defer ws.CloseNow()
+	ws.SetReadLimit(1 << 20)
+	ack := uint64(0)
+	first, err := json.Marshal(webterm.AuthMessage{Token: wc.token, Ack: &ack})
+	require.NoError(t, err)
+	require.NoError(t, ws.Write(ctx, websocket.MessageText, first))
+	_, msg, err := ws.Read(ctx)
+	require.NoError(t, err)
+	require.JSONEq(t, `{"status":"ok"}`, string(msg))
+	require.NoError(t, ws.Write(ctx, websocket.MessageBinary, webterm.EncodeFrame(webterm.FrameData, []byte(input))))
+	var screen strings.Builder
+	for {
+		_, msg, err := ws.Read(ctx)
+		if err != nil {
+			return screen.String(), err
+		}
+		f, err := webterm.DecodeFrame(msg)
+		require.NoError(t, err)
+		switch f.Type {
+		case webterm.FrameError:
+			return screen.String(), errors.New(string(f.Payload))
+		case webterm.FrameData:
+			_, data, err := webterm.DecodeSeq(f.Payload)
+			require.NoError(t, err)
+			screen.Write(data)
+		}
+		if re.MatchString(screen.String()) {
+			return screen.String(), nil
+		}
+	}
+}
+
+// webGet GETs path on wc's proxy with its session.
+func webGet(t *testing.T, wc *webTermClient, path string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, "https://"+wc.addr+path, nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+wc.token)
+	req.AddCookie(wc.cookie)
+	resp, err := wc.hc.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, body
+}
+
+// TestLeafWebBackend: a root user's browser session on the root proxy
+// lists the clusters it may reach (GET /webapi/clusters, the proxysites
+// set), a leaf's nodes as the leaf shows them (GET
+// /webapi/nodes?cluster=leaf; an unknown cluster is 404 `cluster "X" not
+// found`), and opens a terminal on a leaf node (params cluster=leaf), its
+// host certificate checked against the leaf's host CA; the root audits
+// the route.
+func TestLeafWebBackend(t *testing.T) {
+	root := newNamedCluster(t, "root")
+	leaf := newNamedCluster(t, "leaf")
+	establishTrust(t, root, leaf, "[{remote: access, local: [access]}]")
+	require.Eventually(t, func() bool { return clusterStatus(t, root, "leaf") == "online" }, 30*time.Second, 100*time.Millisecond)
+	wc := webTermLogin(t, root)
+
+	code, body := webGet(t, wc, "/webapi/clusters")
+	require.Equal(t, http.StatusOK, code, string(body))
+	var clusters webapi.ClustersResponse
+	require.NoError(t, json.Unmarshal(body, &clusters))
+	require.Len(t, clusters.Items, 2, string(body))
+	require.Equal(t, webapi.ClusterEntry{Name: "root", Status: "online", Local: true}, webapi.ClusterEntry{Name: clusters.Items[0].Name, Status: clusters.Items[0].Status, Local: clusters.Items[0].Local})
+	require.Equal(t, "leaf", clusters.Items[1].Name)
+	require.Equal(t, "online", clusters.Items[1].Status)
+	require.False(t, clusters.Items[1].Local)
+	require.False(t, clusters.Items[1].LastConnected.IsZero())
+
+	code, body = webGet(t, wc, "/webapi/nodes?cluster=leaf")
+	require.Equal(t, http.StatusOK, code, string(body))
+	var nodes webapi.NodesResponse
+	require.NoError(t, json.Unmarshal(body, &nodes))
+	require.Len(t, nodes.Items, 1)
+	require.Equal(t, "node-1", nodes.Items[0].Hostname)
+	require.Equal(t, "leaf", nodes.Items[0].Cluster)
+	code, body = webGet(t, wc, "/webapi/nodes?cluster=nowhere")
+	require.Equal(t, http.StatusNotFound, code)
+	require.Contains(t, string(body), `cluster \"nowhere\" not found`)
+	code, body = webGet(t, wc, "/webapi/nodes?cluster=root")
+	require.Equal(t, http.StatusOK, code, string(body))
+	require.Contains(t, string(body), `"cluster":"root"`)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	screen, err := openLeafTerm(t, ctx, wc, webterm.TerminalParams{Host: nodes.Items[0].UUID, Login: root.login, Cols: 80, Rows: 24, Cluster: "leaf"},
+		"echo in-$SSH_POSTERN_CLUSTER_NAME-$SSH_POSTERN_USER\n", regexp.MustCompile(`in-leaf-alice`))
+	require.NoError(t, err, screen)
+	e := findEvent(t, root.dataDir, events.RouteLeaf, func(e events.Event) bool { return e.Fields[events.FieldKind] == "terminal" })
+	require.Equal(t, "leaf", e.Fields[events.FieldRemoteCluster])
+	require.Equal(t, "alice", e.User)
+
+	_, err = openLeafTerm(t, ctx, wc, webterm.TerminalParams{Host: "ghost", Login: root.login, Cols: 80, Rows: 24, Cluster: "leaf"}, "", regexp.MustCompile(`never`))
+	require.ErrorContains(t, err, `node "ghost" not found in cluster "leaf"`)
+	_, err = openLeafTerm(t, ctx, wc, webterm.TerminalParams{Host: "node-1", Login: root.login, Cols: 80, Rows: 24, Cluster: "nowhere"}, "", regexp.MustCompile(`never`))
+	require.ErrorContains(t, err, `cluster "nowhere" not found`)
 }

@@ -174,6 +174,27 @@ func (p *Process) leafTunnels() proxy.LeafTunnels {
 	return p.leaves
 }
 
+// leafHostCAs reads a leaf's host CA keys (from the access cache when
+// it is here) for the web terminal's host check; nil when this proxy
+// takes no leaf tunnels.
+func (p *Process) leafHostCAs(id *auth.Identity) func(ctx context.Context, cluster string) ([]ssh.PublicKey, error) {
+	api := p.clusterTrust(id)
+	if api == nil || p.leaves == nil {
+		return nil
+	}
+	var cas caGetter = api
+	if p.sshAccess != nil {
+		cas = p.sshAccess
+	}
+	lt := leafTrust{api: api, cas: cas}
+	return func(ctx context.Context, cluster string) ([]ssh.PublicKey, error) {
+		if err := lt.IsLeaf(ctx, cluster); err != nil {
+			return nil, trace.Wrap(err)
+		}
+		return lt.HostCAs(ctx, cluster)
+	}
+}
+
 // remoteClusterTTL is how long the proxy reuses its list of leaves for
 // listings (proxysites, /webapi/clusters): status and last_connected are
 // reported every 5s anyway, and routing never reads the list (a leaf is

@@ -195,6 +195,8 @@ func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string, id *auth.Identit
 	// otherwise, so that any proxy serves any browser and a logout on one
 	// ends the session on all (lib/web/sessionshared.go).
 	wcfg.WebSessions = web.WebSessionsConfig{Router: p.router, Nodes: p.nodeWatcher, Locks: p.locks, Audit: p.audit}
+	// Leaf clusters in the web UI (leaf.go).
+	wcfg.WebSessions.Clusters, wcfg.WebSessions.LeafHostCAs = p.router, p.leafHostCAs(id)
 	if src, ok := recordings.(web.RecordingSource); ok {
 		wcfg.WebSessions.Recordings = src
 	}

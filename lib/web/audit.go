@@ -2,7 +2,9 @@ package web
 
 import (
 	"context"
+	"errors"
 	"net/http"
+	"strconv"
 
 	"github.com/gravitational/trace"
 
@@ -43,7 +45,17 @@ func (t *termSocket) auditRoute(ctx context.Context, p *TerminalParams, route pr
 		events.FieldRemoteAddr: t.remoteAddr,
 	}
 	typ := events.AccessDenied
+	var ld *proxy.LeafDeniedError
 	switch {
+	case err == nil && route.Leaf:
+		// The root's record of a terminal routed to a leaf.
+		typ = events.RouteLeaf
+		fields[events.FieldRemoteCluster] = route.Cluster
+	case errors.As(err, &ld):
+		fields[events.FieldReason] = "leaf cluster " + strconv.Quote(ld.Cluster) + " refused the user (" + ld.Reason + ")"
+		fields[events.FieldRemoteCluster] = ld.Cluster
+	case err == nil:
+		return
 	case trace.IsAccessDenied(err):
 		fields[events.FieldReason] = err.Error()
 		if route.Node.UUID != "" {

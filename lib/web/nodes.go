@@ -29,6 +29,10 @@ func (s *Server) identity(ctx context.Context, live *liveSession) (*authz.Identi
 // the proxy's `nodes` subsystem (psh ls), so both show the same nodes
 // with the same logins.
 func (s *Server) listNodes(w http.ResponseWriter, r *http.Request, live *liveSession) {
+	if c := r.URL.Query().Get("cluster"); c != "" && c != s.cfg.ClusterName {
+		s.listLeafNodes(w, r, live, c)
+		return
+	}
 	id, err := s.identity(r.Context(), live)
 	if err != nil {
 		internalError(w, s.cfg.Logger.WithField("user", live.user), "Could not resolve a web session's roles.", err)

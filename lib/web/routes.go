@@ -9,6 +9,7 @@ import (
 
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/events"
@@ -72,6 +73,16 @@ type WebSessionsConfig struct {
 	// Recordings serves /webapi/recordings* (recordings.go); nil means
 	// those endpoints answer 501.
 	Recordings RecordingSource
+	// Clusters, when set, lists the clusters a session user may reach
+	// (GET /webapi/clusters) and a leaf cluster's nodes
+	// (GET /webapi/nodes?cluster=LEAF): the proxy's Router. Nil means
+	// the local cluster only.
+	Clusters ClusterRouter
+	// LeafHostCAs returns the host CA keys stored for leaf cluster name
+	// at the trust exchange: a terminal to a leaf node checks the node's
+	// host certificate against them, for the principal NAME.LEAF only.
+	// Nil means no terminals to leaf clusters.
+	LeafHostCAs func(ctx context.Context, cluster string) ([]ssh.PublicKey, error)
 }
 
 func (c *WebSessionsConfig) enabled() bool { return c.Router != nil }
@@ -206,6 +217,7 @@ func (s *Server) registerWebRoutes(mux *http.ServeMux) error {
 	mux.HandleFunc("POST /webapi/sessions", s.createSession)
 	mux.HandleFunc("DELETE /webapi/sessions", s.requireSession(s.deleteSession))
 	mux.HandleFunc("GET /webapi/nodes", s.requireSession(s.listNodes))
+	mux.HandleFunc("GET /webapi/clusters", s.requireSession(s.listClusters))
 	mux.HandleFunc("GET /webapi/terminal", s.terminal)
 	mux.HandleFunc("GET /webapi/terminals", s.requireSession(s.listTerminals))
 	mux.HandleFunc("DELETE /webapi/terminals/{id}", s.requireSession(s.endTerminal))

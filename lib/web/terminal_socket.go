@@ -121,6 +121,9 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) 
 		Authorize: func(node services.Node) error {
 			return id.CheckLogin(&node, p.Login)
 		},
+		// A leaf cluster decides from the session's certificate (its
+		// node then checks the login).
+		Cert: t.live.cert,
 	})
 	if err != nil {
 		t.auditRoute(ctx, p, route, err)
@@ -131,8 +134,30 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) 
 		}
 		return nil, nil, nil, trace.Wrap(visible)
 	}
+	if route.Leaf {
+		t.auditRoute(ctx, p, route, nil)
+	}
 	node := route.Node
 	out.nodeHostname, out.nodeUUID, out.cluster = node.Hostname, node.UUID, route.Cluster
+	// The address given to the handshake is the node's UUID, always one
+	// of its host certificate's principals, checked against this
+	// cluster's host CA: the login's host CAs are scoped (a leaf's
+	// vouches only for *.LEAF names, never for a local node's UUID).
+	_, port, _ := net.SplitHostPort(node.Addr)
+	hostAddr, hostKeys := net.JoinHostPort(node.UUID, port), authz.ScopedHostKeyCallback(t.live.hostCAs, t.srv.cfg.Clock)
+	if route.Leaf {
+		// The leaf's Router chose the node: the root knows only what the
+		// user asked for, and a leaf node's certificate is checked
+		// against that leaf's host CA alone, for NAME.LEAF (a leaf's CA
+		// vouches for its own names only).
+		out.nodeHostname, out.nodeUUID = route.Target.Host, route.Target.Host
+		if hostKeys, err = t.leafHostKeys(ctx, route); err != nil {
+			conn.Close()
+			return nil, nil, nil, trace.Wrap(err)
+		}
+		hostAddr = route.Target.Host + "." + route.Cluster
+		node.Hostname = hostAddr
+	}
 	hctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	handshakeTimer := t.srv.cfg.Clock.AfterFunc(sshHandshakeTimeout, func() {
@@ -140,15 +165,10 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) 
 	})
 	defer handshakeTimer.Stop()
 	stop := context.AfterFunc(hctx, func() { conn.Close() })
-	// The address given to the handshake is the node's UUID, always one
-	// of its host certificate's principals (UUID.LEAF for a leaf's node:
-	// the only names a leaf's host CA vouches for).
-	_, port, _ := net.SplitHostPort(node.Addr)
-	hostName := authz.ClusterHostName(node.UUID, route.Cluster, t.srv.cfg.ClusterName)
-	sconn, chans, reqs, err := ssh.NewClientConn(conn, net.JoinHostPort(hostName, port), &ssh.ClientConfig{
+	sconn, chans, reqs, err := ssh.NewClientConn(conn, hostAddr, &ssh.ClientConfig{
 		User:            p.Login,
 		Auth:            []ssh.AuthMethod{ssh.PublicKeys(t.live.signer)},
-		HostKeyCallback: authz.ScopedHostKeyCallback(t.live.hostCAs, t.srv.cfg.Clock),
+		HostKeyCallback: hostKeys,
 		// AES-GCM first: x/crypto has assembly for it, not for chacha20.
 		Config: ssh.Config{Ciphers: []string{"aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com", "aes128-ctr"}},
 	})
@@ -306,4 +326,26 @@ func (t *termSocket) writeData(seq uint64, p []byte) error {
 		return t.write(FrameData, p)
 	}
 	return t.c.Write(t.srv.web.ctx, websocket.MessageBinary, webterm.EncodeSeqFrame(FrameData, seq, p))
+}
+
+// leafHostKeys checks a leaf node's host certificate: signed by the host
+// CA stored for route.Cluster, naming HOST.LEAF, whatever address the
+// handshake was given.
+func (t *termSocket) leafHostKeys(ctx context.Context, route proxy.Route) (ssh.HostKeyCallback, error) {
+	get := t.srv.cfg.WebSessions.LeafHostCAs
+	if get == nil {
+		return nil, trace.NotFound("cluster %q not found", route.Cluster)
+	}
+	cas, err := get(ctx, route.Cluster)
+	if err != nil {
+		return nil, trace.Wrap(err, "reading the host CA of leaf cluster %q", route.Cluster)
+	}
+	if len(cas) == 0 {
+		return nil, trace.NotFound("no host CA stored for leaf cluster %q", route.Cluster)
+	}
+	principal := route.Target.Host + "." + route.Cluster
+	clock := t.srv.cfg.Clock
+	return func(_ string, _ net.Addr, key ssh.PublicKey) error {
+		return authz.CheckHostCert(cas, principal, key, clock)
+	}, nil
 }

@@ -73,3 +73,18 @@ type CreateSessionResponse struct {
 type NodesResponse struct {
 	Items []proxyapi.NodeEntry `json:"items"`
 }
+
+// ClustersResponse is GET /webapi/clusters: the clusters the session user
+// may reach (the proxy's own first), the set `proxysites` lists.
+type ClustersResponse struct {
+	Items []ClusterEntry `json:"items"`
+}
+
+// ClusterEntry is one cluster of ClustersResponse.
+type ClusterEntry struct {
+	Name          string    `json:"name"`
+	Status        string    `json:"status"`
+	LastConnected time.Time `json:"last_connected"`
+	// Local marks the proxy's own cluster.
+	Local bool `json:"local"`
+}
