@@ -27,7 +27,8 @@ type liveSession struct {
 	cert   *ssh.Certificate
 	// hostCAs are the host CAs of the login's host_signers, each scoped
 	// as psh scopes them: this cluster's for every name, a leaf's only
-	// for *.LEAF (check a leaf's node as authz.ClusterHostName).
+	// for *.LEAF, so a leaf's CA never vouches for a local node (a leaf
+	// node's terminal is checked against that leaf's stored CA alone).
 	hostCAs []authz.HostAuthority
 	expires time.Time
 	// ctx ends when the session is logged out or expires; terminals
