@@ -898,6 +898,11 @@ async function main() {
       // An unknown cluster is one plain error, no list.
       const res = await webapi(page, '/webapi/nodes?cluster=nope');
       if (res.status !== 404 || !/cluster "nope" not found/.test(res.body.error || '')) throw new Error(`/webapi/nodes?cluster=nope: ${res.status} ${JSON.stringify(res.body)}`);
+      // A terminal link into an unknown cluster says so plainly.
+      await page.goto(`${base}/web/cluster/nope/node/${uuid}/${encodeURIComponent(login)}`);
+      await page.locator('#term-error', { hasText: 'cluster "nope" not found' }).waitFor({ timeout: 15000 });
+      await page.click('#term-back');
+      await row.waitFor();
       await page.locator('#cluster-select').selectOption('');
       await page.locator(`tr[data-hostname="${nodename}"]`).waitFor();
     });

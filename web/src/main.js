@@ -365,8 +365,12 @@ function openTerminal(target) {
   $('term-title').textContent = `${target.login}@${known ? known.hostname : target.uuid}`;
   if (!known) {
     // A deep link opened directly: name the node once the list is in.
-    api('GET', nodesPath(target.cluster === clusterName ? '' : target.cluster)).then((r) => {
-      const n = (r.items || []).find((x) => x.uuid === target.uuid);
+    // A leaf's list is asked for only when the leaf is one this user may
+    // reach (the terminal itself reports an unknown cluster).
+    const leaf = target.cluster === clusterName ? '' : target.cluster;
+    const listed = leaf ? api('GET', '/webapi/clusters').then((r) => (r.items || []).some((c) => !c.local && c.name === leaf)) : Promise.resolve(true);
+    listed.then((ok) => (ok ? api('GET', nodesPath(leaf)) : null)).then((r) => {
+      const n = r && (r.items || []).find((x) => x.uuid === target.uuid);
       if (n && term && term.target === target) $('term-title').textContent = `${target.login}@${n.hostname}`;
     }).catch(() => {});
   }
