@@ -30,7 +30,7 @@ import (
 
 // newAllInOneWith is newAllInOne with a hook to change the config (the
 // backend, say) before the process starts.
-func newAllInOneWith(t *testing.T, mutate func(*config.Config)) *allInOne {
+func newAllInOneWith(t testing.TB, mutate func(*config.Config)) *allInOne {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := procConfig(dir, config.RoleAuth, config.RoleProxy, config.RoleNode)

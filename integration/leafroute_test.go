@@ -152,6 +152,19 @@ func TestLeafRoutingThroughRoot(t *testing.T) {
 		require.Equal(t, "node-1.leaf:22", e.Fields[events.FieldTarget])
 		require.Equal(t, "direct-tcpip", e.Fields[events.FieldKind])
 	})
+	t.Run("pctl route --cluster", func(t *testing.T) {
+		// The root decides only the tunnel; the leaf's Router the node.
+		for _, args := range [][]string{{"route", "--cluster", "leaf", "node-1"}, {"route", "node-1.leaf"}} {
+			out := mustPctl(t, root.dataDir, "", args...)
+			require.Contains(t, out, "cluster:    leaf\n", out)
+			require.Contains(t, out, "decided in the leaf cluster by its own Router", out)
+			require.Contains(t, out, "via:        the leaf's tunnel on proxy "+root.p.HostUUID(), out)
+			require.Regexp(t, `leaf:       leaf is a leaf cluster of root, online \(last connected \d{4}-`, out)
+		}
+		_, errOut, err := pctl(t, root.dataDir, "", "route", "--cluster", "nowhere", "node-1")
+		require.Error(t, err)
+		require.Contains(t, errOut, "no route to node-1@nowhere")
+	})
 	t.Run("host key of another cluster's CA refused", func(t *testing.T) {
 		// The root's CA alone does not vouch for a leaf node.
 		kh, err := os.ReadFile(root.keyPath + ".known_hosts")
@@ -355,6 +368,12 @@ func TestLeafThroughPeerProxy(t *testing.T) {
 	require.Equal(t, 0.0, metric(getMetrics(t, p2), "postern_leaf_tunnels"), "the second root proxy holds no tunnel from the leaf")
 
 	kh := leafHostCAKnownHosts(t, root, "leaf")
+	// The proxy holding the tunnel reaches the namespace's node, which
+	// nothing on the host can connect to.
+	viaP1 := leafSSHConfig(t, root.p.Addr(service.ListenerProxySSH), root.login, root.keyPath, kh, "leaf")
+	out, err = sshOut(t, viaP1, "leaf-node.leaf", "echo $SSH_POSTERN_CLUSTER_NAME")
+	require.NoError(t, err, out)
+	require.Equal(t, "leaf\n", out)
 	viaP2 := leafSSHConfig(t, p2.Addr(service.ListenerProxySSH), root.login, root.keyPath, kh, "leaf")
 	require.Eventually(t, func() bool {
 		_, err := sshOut(t, viaP2, "leaf-node.leaf", "true")

@@ -20,7 +20,7 @@ import (
 )
 
 // newNamedCluster is an all-in-one cluster (auth, proxy, node) named name.
-func newNamedCluster(t *testing.T, name string) *allInOne {
+func newNamedCluster(t testing.TB, name string) *allInOne {
 	t.Helper()
 	return newAllInOneWith(t, func(cfg *config.Config) { cfg.ClusterName = name })
 }
@@ -29,7 +29,7 @@ var trustTokenRe = regexp.MustCompile(`token: (\S+@sha256:[0-9a-f]{64})\n`)
 
 // trustToken runs `pctl tokens add --type trusted_cluster` on the root and
 // returns the token from the resource it prints.
-func trustToken(t *testing.T, root *allInOne) string {
+func trustToken(t testing.TB, root *allInOne) string {
 	t.Helper()
 	out := mustPctl(t, root.dataDir, "", "tokens", "add", "--type", "trusted_cluster")
 	m := trustTokenRe.FindStringSubmatch(out)
@@ -136,7 +136,7 @@ func TestTrustedClusterLifecycle(t *testing.T) {
 }
 
 // establishTrust makes leaf a leaf of root with roleMap (YAML flow list).
-func establishTrust(t *testing.T, root, leaf *allInOne, roleMap string) {
+func establishTrust(t testing.TB, root, leaf *allInOne, roleMap string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "trusted_cluster.yaml")
 	body := "kind: trusted_cluster\nmetadata: {name: " + clusterNameOf(t, root) + "}\nspec:\n  enabled: true\n  proxy_addr: " +
@@ -145,7 +145,7 @@ func establishTrust(t *testing.T, root, leaf *allInOne, roleMap string) {
 	mustPctl(t, leaf.dataDir, "", "create", "-f", path)
 }
 
-func clusterNameOf(t *testing.T, c *allInOne) string {
+func clusterNameOf(t testing.TB, c *allInOne) string {
 	t.Helper()
 	id, err := auth.ReadIdentity(config.AdminIdentityDir(c.dataDir))
 	require.NoError(t, err)
@@ -277,7 +277,7 @@ func writeRole(t *testing.T, name string) string {
 
 // clusterStatus is the STATUS column of name in the root's
 // `pctl clusters ls` ("" when not listed).
-func clusterStatus(t *testing.T, root *allInOne, name string) string {
+func clusterStatus(t testing.TB, root *allInOne, name string) string {
 	t.Helper()
 	out := mustPctl(t, root.dataDir, "", "clusters", "ls")
 	for _, line := range strings.Split(out, "\n") {

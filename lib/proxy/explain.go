@@ -31,6 +31,9 @@ type Explanation struct {
 	Via string `json:"via,omitempty"`
 	// Error is what a connection would fail with.
 	Error string `json:"error,omitempty"`
+	// Leaf marks a target in a leaf cluster: this cluster decides only
+	// which tunnel it goes over (Via); the leaf's Router picks the node.
+	Leaf bool `json:"leaf,omitempty"`
 }
 
 // NewExplanation describes a successful Route.
@@ -80,8 +83,24 @@ func (r *Router) ExplainTarget(ctx context.Context, t Target) Explanation {
 		e.Reason = ""
 	} else if e.Chosen != nil {
 		e.Via = r.Via(*e.Chosen)
+	} else if route.Leaf {
+		e.Leaf = true
+		e.Via = r.leafVia(route.Cluster)
 	}
 	return e
+}
+
+// leafVia says over which tunnel a leaf is reached from here.
+func (r *Router) leafVia(leaf string) string {
+	if r.cfg.Leaves == nil {
+		// pctl route: no tunnels of its own.
+	} else if _, ok := r.cfg.Leaves.LeafName(leaf); ok {
+		return "the leaf's tunnel on this proxy"
+	}
+	if holders := r.peerHolders(services.LeafTunnelID(leaf)); len(holders) > 0 {
+		return "the leaf's tunnel on proxy " + strings.Join(holders, ", ")
+	}
+	return "the leaf's tunnel (none is up now)"
 }
 
 // String renders the explanation as a few aligned lines.
@@ -96,7 +115,9 @@ func (e Explanation) String() string {
 		b.WriteString("\nstrategy:   " + e.Strategy)
 	}
 	b.WriteString("\ncandidates: ")
-	if len(e.Candidates) == 0 {
+	if e.Leaf {
+		b.WriteString("decided in the leaf cluster by its own Router, inventory, RBAC and routing_strategy (`pctl route` there explains it)")
+	} else if len(e.Candidates) == 0 {
 		b.WriteString("none")
 	}
 	for _, n := range e.Candidates {
@@ -105,6 +126,10 @@ func (e Explanation) String() string {
 			mark = "* "
 		}
 		b.WriteString("\n  " + mark + services.EscapeText(n.Hostname) + " " + CandidateLine(n))
+	}
+	if e.Leaf {
+		b.WriteString("\nreason:     " + e.Reason)
+		b.WriteString("\nvia:        " + e.Via)
 	}
 	if e.Chosen != nil {
 		b.WriteString("\nchosen:     " + services.EscapeText(e.Chosen.UUID) + " (" + services.EscapeText(e.Chosen.Hostname) + ", " + services.EscapeText(addrOrTunnel(*e.Chosen)) + ")")

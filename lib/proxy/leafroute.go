@@ -75,6 +75,79 @@ type leafAccessEntry struct {
 	exp time.Time
 }
 
+// leafSeenTTL is how long a leaf's acceptance of a certificate is
+// remembered for telling its holder `cluster "X" is offline` (instead of
+// not found) while no tunnel from the leaf is up: only users the leaf
+// itself accepted learn that it exists.
+const leafSeenTTL = time.Hour
+
+// leafSeen remembers the leaves that accepted a certificate (a dial, a
+// node list, an access answer), and when.
+type leafSeen struct {
+	mu sync.Mutex
+	m  map[leafAccessKey]time.Time
+}
+
+func leafKey(cert *ssh.Certificate, leaf string) leafAccessKey {
+	return leafAccessKey{cert: sha256.Sum256(cert.Marshal()), leaf: strings.ToLower(leaf)}
+}
+
+// saw records the leaf's answer for cert: accepted, or refused (which
+// forgets an earlier acceptance).
+func (r *Router) saw(cert *ssh.Certificate, leaf string, accepted bool) {
+	if cert == nil {
+		return
+	}
+	k := leafKey(cert, leaf)
+	r.seen.mu.Lock()
+	defer r.seen.mu.Unlock()
+	if !accepted {
+		delete(r.seen.m, k)
+		return
+	}
+	if r.seen.m == nil || len(r.seen.m) > 10000 {
+		r.seen.m = map[leafAccessKey]time.Time{}
+	}
+	r.seen.m[k] = r.cfg.Clock.Now()
+}
+
+func (r *Router) seenRecently(cert *ssh.Certificate, leaf string) bool {
+	if cert == nil {
+		return false
+	}
+	r.seen.mu.Lock()
+	defer r.seen.mu.Unlock()
+	at, ok := r.seen.m[leafKey(cert, leaf)]
+	return ok && r.cfg.Clock.Since(at) < leafSeenTTL
+}
+
+// offlineLeaf returns the leaf cluster a failed route meant, when that
+// leaf exists, has no live tunnel here or on a peer, and accepted cert
+// recently: the one case a user is told `cluster "X" is offline`.
+func (r *Router) offlineLeaf(ctx context.Context, t Target, cert *ssh.Certificate) (string, bool) {
+	if cert == nil || r.cfg.Leaves == nil || r.cfg.RemoteClusters == nil {
+		return "", false
+	}
+	rcs, err := r.cfg.RemoteClusters(ctx)
+	if err != nil {
+		return "", false
+	}
+	for _, rc := range rcs {
+		named := strings.EqualFold(t.Cluster, rc.Name)
+		if t.Cluster == "" || t.Cluster == r.cfg.ClusterName {
+			lh, lc := strings.ToLower(t.Host), "."+strings.ToLower(rc.Name)
+			named = strings.HasSuffix(lh, lc) && len(lh) > len(lc)
+		}
+		if !named {
+			continue
+		}
+		if _, live := r.leafName(rc.Name); !live && r.seenRecently(cert, rc.Name) {
+			return rc.Name, true
+		}
+	}
+	return "", false
+}
+
 // resolveCluster returns the cluster name c means: the local cluster
 // (exactly), or a leaf reachable from this proxy (any case: a tunnel
 // here or on a peer). false: not a cluster this proxy routes to.
@@ -147,13 +220,15 @@ func (r *Router) dialLeaf(ctx context.Context, req RouteRequest, route Route) (n
 	if err := r.leafReplyError(route.Cluster, req.Cert, reply); err != nil {
 		conn.Close()
 		var ld *LeafDeniedError
-		if errors.As(err, &ld) && req.Target.Cluster == "" {
+		r.saw(req.Cert, route.Cluster, !errors.As(err, &ld))
+		if ld != nil && req.Target.Cluster == "" {
 			// Reached by rule 0 (HOST.LEAF): an unknown suffix is a
 			// plain local miss, so this must read as one too.
 			ld.visible = nodeNotFound(req.Target.Host, r.cfg.ClusterName).(*trace.NotFoundError)
 		}
 		return nil, err
 	}
+	r.saw(req.Cert, route.Cluster, true)
 	return conn, nil
 }
 
@@ -172,8 +247,11 @@ func (r *Router) LeafNodes(ctx context.Context, cluster string, cert *ssh.Certif
 	}
 	conn.Close()
 	if err := r.leafReplyError(leaf, cert, reply); err != nil {
+		var ld *LeafDeniedError
+		r.saw(cert, leaf, !errors.As(err, &ld))
 		return nil, err
 	}
+	r.saw(cert, leaf, true)
 	if reply.Nodes == nil {
 		return []proxyapi.NodeEntry{}, nil
 	}
@@ -338,7 +416,7 @@ func readLeafReply(r io.Reader, max int64, buffered bool) (proxyapi.LeafReply, e
 // leafMayReach asks leaf whether cert's roles map to anything there,
 // cached leafAccessTTL. An unreachable leaf answers no.
 func (r *Router) leafMayReach(ctx context.Context, leaf string, cert *ssh.Certificate) bool {
-	key := leafAccessKey{cert: sha256.Sum256(cert.Marshal()), leaf: strings.ToLower(leaf)}
+	key := leafKey(cert, leaf)
 	now := r.cfg.Clock.Now()
 	r.access.mu.Lock()
 	if e, ok := r.access.m[key]; ok && now.Before(e.exp) {
@@ -353,6 +431,9 @@ func (r *Router) leafMayReach(ctx context.Context, leaf string, cert *ssh.Certif
 	}
 	conn.Close()
 	ok := reply.Kind == "" && reply.Error == ""
+	if ok || reply.Kind == proxyapi.LeafDenied {
+		r.saw(cert, leaf, ok)
+	}
 	r.access.mu.Lock()
 	defer r.access.mu.Unlock()
 	if r.access.m == nil || len(r.access.m) > 10000 {
@@ -365,7 +446,8 @@ func (r *Router) leafMayReach(ctx context.Context, leaf string, cert *ssh.Certif
 // Sites lists the clusters the holder of cert may reach (proxysites,
 // GET /webapi/clusters): the local one first, always online, then every
 // leaf with a live tunnel here or on a peer whose role_map gives cert
-// something, by name. A leaf the user may not reach is not listed, so
+// something, by name, and, as offline, a leaf without a tunnel that
+// accepted cert within leafSeenTTL. A leaf the user may not reach is not listed, so
 // the list reveals nothing the user could not find by routing. A nil
 // cert lists the local cluster only.
 func (r *Router) Sites(ctx context.Context, cert *ssh.Certificate) []proxyapi.Site {
@@ -387,6 +469,10 @@ func (r *Router) Sites(ctx context.Context, cert *ssh.Certificate) []proxyapi.Si
 	for i, rc := range rcs {
 		leaf, ok := r.leafName(rc.Name)
 		if !ok {
+			// No tunnel up: listed offline only to a user it accepted.
+			if r.seenRecently(cert, rc.Name) {
+				results[i] = result{proxyapi.Site{Name: rc.Name, Status: proxyapi.SiteOffline, LastConnected: rc.LastConnected.UTC()}, true}
+			}
 			continue
 		}
 		wg.Add(1)

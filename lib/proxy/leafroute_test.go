@@ -33,6 +33,8 @@ type pipeLeaves struct {
 }
 
 func (p *pipeLeaves) LeafName(name string) (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.name == "" || !strings.EqualFold(name, p.name) {
 		return "", false
 	}
@@ -112,7 +114,7 @@ func TestRootRoutesToLeaf(t *testing.T) {
 			c.Close()
 		}
 	})
-	root, _, leafAudit := newLeafRouting(t, ln.Addr().String())
+	root, leaves, leafAudit := newLeafRouting(t, ln.Addr().String())
 	ctx := context.Background()
 	alice, mallory := rootUserCert(t, "alice"), rootUserCert(t, "mallory")
 
@@ -174,6 +176,23 @@ func TestRootRoutesToLeaf(t *testing.T) {
 	require.Equal(t, []string{"root/online", testCluster + "/online"}, names(root.Sites(ctx, alice)))
 	require.Equal(t, []string{"root/online"}, names(root.Sites(ctx, mallory)), "a leaf the user may not reach is not listed")
 	require.Equal(t, []string{"root/online"}, names(root.Sites(ctx, nil)))
+
+	// The leaf's tunnel goes: offline, said only to a user the leaf
+	// accepted; to anyone else it does not exist.
+	leaves.mu.Lock()
+	leaves.name = ""
+	leaves.mu.Unlock()
+	for _, target := range []Target{{Host: "web", Cluster: testCluster}, {Host: "web." + testCluster}} {
+		_, _, err = root.DialHost(ctx, RouteRequest{Target: target, Cert: alice})
+		require.EqualError(t, err, `cluster "c1" is offline`, target)
+		require.True(t, trace.IsConnectionProblem(err))
+	}
+	_, _, err = root.DialHost(ctx, RouteRequest{Target: Target{Host: "web", Cluster: testCluster}, Cert: mallory})
+	require.EqualError(t, err, `cluster "c1" not found`)
+	_, _, err = root.DialHost(ctx, RouteRequest{Target: Target{Host: "web", Cluster: testCluster}, Cert: rootUserCert(t, "alice")})
+	require.EqualError(t, err, `cluster "c1" not found`, "another certificate the leaf never saw")
+	require.Equal(t, []string{"root/online", testCluster + "/offline"}, names(root.Sites(ctx, alice)))
+	require.Equal(t, []string{"root/online"}, names(root.Sites(ctx, mallory)))
 }
 
 // TestLeafSitesCached: listings reuse a leaf's answer for a while (the

@@ -189,8 +189,10 @@ func (c *RouterConfig) CheckAndSetDefaults() error {
 type Router struct {
 	cfg     RouterConfig
 	metrics *routerMetrics
-	// access caches leaves' answers for Sites.
+	// access caches leaves' answers for Sites; seen remembers which
+	// leaves accepted a certificate (leafroute.go).
 	access leafAccessCache
+	seen   leafSeen
 }
 
 // NewRouter returns a Router.

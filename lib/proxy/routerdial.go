@@ -47,6 +47,13 @@ type RouteRequest struct {
 // error, for logs and audit.
 func (r *Router) DialHost(ctx context.Context, req RouteRequest) (net.Conn, Route, error) {
 	route, netCfg, err := r.route(ctx, req.Target, req.Access)
+	if err != nil && trace.IsNotFound(err) && req.Cert != nil && r.cfg.Leaves != nil {
+		// A leaf without a live tunnel reads "offline" only to a user it
+		// accepted before; to everyone else, not found.
+		if leaf, ok := r.offlineLeaf(ctx, req.Target, req.Cert); ok {
+			return nil, route, trace.ConnectionProblem(nil, "cluster %q is offline", leaf)
+		}
+	}
 	if err != nil {
 		// Already classified (NotFound, *AmbiguousHostError, ...); not
 		// wrapped again so a miss stays cheap.

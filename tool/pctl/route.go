@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
+	"time"
 
 	"github.com/gravitational/trace"
 	"github.com/sirupsen/logrus"
@@ -50,16 +52,47 @@ func (c *cli) route(ctx context.Context, cluster, target string) error {
 		Networking:  clt,
 		Logger:      quiet.WithField("component", "router"),
 		Peers:       leaseView(leases),
+		// A leaf whose tunnel a proxy leases resolves as a cluster; pctl
+		// holds no tunnel of its own.
+		Leaves: noLeafTunnels{},
 	})
 	if err != nil {
 		return trace.Wrap(err)
 	}
 	e := router.ExplainTarget(ctx, t)
 	fmt.Fprint(c.stdout, e.String())
+	// What the root knows of a leaf: its record (an offline leaf, whose
+	// tunnel no proxy holds, is not routed to at all).
+	cluster = e.Cluster
+	if e.Error != "" && t.Cluster != "" && t.Cluster != id.ClusterName {
+		cluster = t.Cluster
+	}
+	if cluster != id.ClusterName {
+		if rcs, err := clt.GetRemoteClusters(ctx); err == nil {
+			for _, rc := range rcs {
+				if strings.EqualFold(rc.Name, cluster) {
+					last := "never"
+					if !rc.LastConnected.IsZero() {
+						last = rc.LastConnected.UTC().Format(time.RFC3339)
+					}
+					fmt.Fprintf(c.stdout, "leaf:       %s is a leaf cluster of %s, %s (last connected %s)\n", rc.Name, id.ClusterName, rc.StatusNow, last)
+				}
+			}
+		}
+	}
 	if e.Error != "" {
 		return trace.NotFound("no route to %s", t.String())
 	}
 	return nil
+}
+
+// noLeafTunnels: pctl holds no leaf tunnel; leases say where they are.
+type noLeafTunnels struct{}
+
+func (noLeafTunnels) LeafName(string) (string, bool) { return "", false }
+
+func (noLeafTunnels) DialLeaf(context.Context, string, string, string) (net.Conn, error) {
+	return nil, trace.NotImplemented("pctl route explains routes; it does not dial")
 }
 
 // leaseView answers the Router's PeerHolders from a snapshot of the

@@ -40,8 +40,12 @@ type Site struct {
 	LastConnected time.Time `json:"last_connected"`
 }
 
-// SiteOnline is the status of a reachable cluster.
-const SiteOnline = "online"
+// SiteOnline is the status of a reachable cluster; SiteOffline of a leaf
+// cluster without a live tunnel (listed only to users it accepted).
+const (
+	SiteOnline  = "online"
+	SiteOffline = "offline"
+)
 
 // SubsystemRecordings lists the session recordings the caller may see
 // (`psh recordings ls`): a JSON array of RecordingEntry. Like
