@@ -19,7 +19,8 @@ import (
 // node-1: every answer must come from the leaf's. An unknown cluster is
 // one plain line. The leaf's host CA vouches only for *.leaf: OpenSSH
 // checking the leaf node's certificate (whose principals include the bare
-// "node-1") under the root name node-1 refuses it.
+// "node-1") under the root name node-1 refuses it. `pctl auth sign`
+// writes the same scoped lines.
 func TestPshLeafCluster(t *testing.T) {
 	requireOpenSSH(t, "ssh")
 	root := newNamedCluster(t, "root")
@@ -36,6 +37,15 @@ func TestPshLeafCluster(t *testing.T) {
 	require.True(t, strings.HasPrefix(lines[0], "@cert-authority * "), lines[0])
 	require.True(t, strings.HasPrefix(lines[1], "@cert-authority *.leaf "), lines[1])
 	require.Contains(t, e.mustRun(t, "", "status"), "Leaves:      leaf")
+
+	t.Run("pctl auth sign", func(t *testing.T) {
+		// A robot's known_hosts carries the leaf's host CA, scoped too.
+		out := filepath.Join(t.TempDir(), "robot")
+		mustPctl(t, root.dataDir, "", "auth", "sign", "--user", "alice", "--out", out)
+		kh, err := os.ReadFile(out + ".known_hosts")
+		require.NoError(t, err)
+		require.Equal(t, string(known), string(kh), "the same lines psh login wrote")
+	})
 
 	t.Run("ls --cluster", func(t *testing.T) {
 		var nodes []map[string]any
