@@ -290,6 +290,16 @@ func TestLeafRoutingThroughRoot(t *testing.T) {
 			_, err := sshOut(t, alice, "node-1.leaf", "true")
 			return err == nil
 		}, 30*time.Second, 200*time.Millisecond, "trust re-established with a new token reaches the leaf again")
+
+		// Removed on the root this time: the root proxy cuts the leaf's
+		// tunnel at its next CA check.
+		mustPctl(t, root.dataDir, "", "clusters", "rm", "leaf")
+		start = time.Now()
+		require.Eventually(t, func() bool {
+			_, err := sshOut(t, alice, "node-1.leaf", "true")
+			return err != nil
+		}, 5*time.Second, 50*time.Millisecond, "pctl clusters rm must fail new sessions within 5s")
+		t.Logf("new sessions fail %v after pctl clusters rm", time.Since(start))
 	})
 }
 

@@ -220,21 +220,61 @@ func (l *Leaves) serveLeaf(sconn *ssh.ServerConn, chans <-chan ssh.NewChannel, r
 	}()
 	go func() {
 		defer wg.Done()
+		// The full re-check (auth is asked) and report run every
+		// ReportInterval; in between, every leafCACheckInterval, the
+		// certificate is checked against the leaf's CA as the access
+		// cache holds it now, so `pctl clusters rm` (which deletes the
+		// leaf's CAs) cuts the tunnel, and routing to the leaf, within
+		// about a second.
+		next := l.cfg.Clock.Now().Add(l.cfg.ReportInterval)
 		for {
+			wait := min(leafCACheckInterval, next.Sub(l.cfg.Clock.Now()))
 			select {
 			case <-stop:
 				return
-			case <-l.cfg.Clock.After(l.cfg.ReportInterval):
-				if !l.report(t, log) {
-					_ = sconn.Close()
-					return
-				}
+			case <-l.cfg.Clock.After(wait):
+			}
+			var ok bool
+			if now := l.cfg.Clock.Now(); !now.Before(next) {
+				ok = l.report(t, log)
+				next = now.Add(l.cfg.ReportInterval)
+			} else {
+				ok = l.stillSigned(t, log)
+			}
+			if !ok {
+				_ = sconn.Close()
+				return
 			}
 		}
 	}()
 	ssh.DiscardRequests(reqs)
 	_ = sconn.Close()
 	log.Info("Leaf cluster tunnel disconnected.")
+}
+
+// leafCACheckInterval is how often a live leaf tunnel's certificate is
+// checked against the leaf's stored host CA between full re-checks.
+const leafCACheckInterval = time.Second
+
+// stillSigned checks t's certificate against the leaf's host CA as the
+// proxy's access cache holds it (no auth call where the cache is
+// in-memory): false once the CA is gone or no longer signs it.
+func (l *Leaves) stillSigned(t *leafTunnel, log logrus.FieldLogger) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), leafCheckTimeout)
+	defer cancel()
+	cas, err := l.cfg.Trust.HostCAs(ctx, t.cluster)
+	switch {
+	case trace.IsNotFound(err):
+		log.Warn("Leaf cluster's CA removed: closing its tunnel.")
+		return false
+	case err != nil:
+		return true
+	}
+	if err := authz.CheckHostCert(cas, t.cert.KeyId, t.cert, l.cfg.Clock); err != nil {
+		log.WithError(err).Warn("Leaf cluster's CA no longer signs its tunnel certificate: closing it.")
+		return false
+	}
+	return true
 }
 
 // report re-checks t's certificate against the leaf's CA as it is now

@@ -114,12 +114,22 @@ func TestLeafTunnels(t *testing.T) {
 	clock.Advance(DefaultLeafReportInterval)
 	require.Eventually(t, func() bool { return trust.touched("leaf") == 2 }, 10*time.Second, 5*time.Millisecond)
 
-	// pctl clusters rm on the root: the next re-check closes the tunnel
-	// (the agent reconnects and is refused from then on).
+	// Between reports the certificate is checked against the CA in
+	// memory every second, without asking auth.
 	require.NoError(t, clock.BlockUntilContext(ctx, 1))
+	asked := trust.askedCount()
+	clock.Advance(leafCACheckInterval)
+	require.NoError(t, clock.BlockUntilContext(ctx, 1))
+	require.Equal(t, asked, trust.askedCount())
+	require.Equal(t, 2, trust.touched("leaf"))
+	require.True(t, leaves.HasLeaf("leaf"))
+
+	// pctl clusters rm on the root (the leaf's CAs go with its record):
+	// the next CA check, within a second, closes the tunnel (the agent
+	// reconnects and is refused from then on).
 	n := len(f.audit.Events())
 	trust.remove("leaf")
-	clock.Advance(DefaultLeafReportInterval)
+	clock.Advance(leafCACheckInterval)
 	waitLeaf(t, leaves, "leaf", false)
 	require.Eventually(t, func() bool {
 		for _, e := range f.audit.Events()[n:] {
