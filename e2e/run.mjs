@@ -10,7 +10,7 @@
 // /usr/bin/chromium), E2E_KEEP=1 keeps the data dir.
 import { chromium } from 'playwright-core';
 import { spawn, execFileSync } from 'node:child_process';
-import { mkdtempSync, mkdirSync, rmSync, createWriteStream, readFileSync, readdirSync } from 'node:fs';
+import { mkdtempSync, mkdirSync, rmSync, createWriteStream, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir, userInfo, hostname } from 'node:os';
 import { join, dirname, resolve } from 'node:path';
@@ -30,6 +30,11 @@ const nodename = 'e2e-node';
 // listening port, no route to auth.
 const tunnelName = 'e2e-tunnel';
 const userB = 'e2e-b';
+// leafName is a second all-in-one `postern start` on loopback that trusts
+// this cluster as its root (a leaf cluster): its node is reached through
+// this proxy, picked in the nodes view's cluster picker.
+const leafName = 'e2e-leaf';
+const leafNode = 'e2e-leaf-node';
 
 let passed = 0;
 let failed = 0;
@@ -145,6 +150,17 @@ async function tryResume(page, token, resume) {
     ws.onopen = () => ws.send(JSON.stringify({ token: t, resume: r, ack: 0 }));
     ws.onclose = (ev) => resolve({ code: ev.code, reason: ev.reason });
   }), [token, resume]);
+}
+
+// webapi GETs path with the page's web session (its cookie and bearer
+// token) through Playwright's request context: not from the page, whose
+// console would log an expected 404 as an error.
+async function webapi(page, path) {
+  const tok = await page.evaluate(() => sessionStorage.getItem('postern.token'));
+  const r = await page.request.get(new URL(path, page.url()).href, { headers: { Authorization: `Bearer ${tok}` } });
+  let body = null;
+  try { body = await r.json(); } catch { /* not JSON */ }
+  return { status: r.status(), body };
 }
 
 async function typeInTerminal(page, text) {
@@ -284,6 +300,24 @@ async function main() {
   let tunnelExited = false;
   const tunnelDir = mkdtempSync(join(tmpdir(), 'postern-e2e-tunnel-'));
 
+  // The leaf cluster starts now, beside the root, so that it is up by
+  // the time trust is set up; every one of its ports on loopback too.
+  const leafDir = mkdtempSync(join(tmpdir(), 'postern-e2e-leaf-'));
+  const leafPorts = await Promise.all([1, 2, 3, 4, 5, 6, 7].map(freePort));
+  const leafLog = createWriteStream(join(artifacts, 'postern-leaf.log'));
+  const leafDaemon = spawn(join(buildDir, 'postern'), [
+    'start', '--data-dir', leafDir, '--cluster-name', leafName, '--roles', 'auth,proxy,node',
+    '--nodename', leafNode, '--labels', 'env=e2e,team=leaf',
+    '--node-addr', `127.0.0.1:${leafPorts[0]}`, '--ssh-addr', `127.0.0.1:${leafPorts[1]}`,
+    '--web-addr', `127.0.0.1:${leafPorts[2]}`, '--auth-addr', `127.0.0.1:${leafPorts[3]}`,
+    '--diag-addr', `127.0.0.1:${leafPorts[4]}`, '--tunnel-addr', `127.0.0.1:${leafPorts[5]}`,
+    '--peer-addr', `127.0.0.1:${leafPorts[6]}`,
+  ], { stdio: ['ignore', 'pipe', 'pipe'] });
+  leafDaemon.stdout.pipe(leafLog);
+  leafDaemon.stderr.pipe(leafLog);
+  let leafExited = false;
+  leafDaemon.on('exit', () => { leafExited = true; });
+
   let context;
   let profile;
   let contextB;
@@ -358,6 +392,31 @@ async function main() {
       await page.click('#login-submit');
       await page.locator('#view-nodes').waitFor({ state: 'visible' });
     });
+
+    await step(page, 'without leaf clusters the cluster picker stays hidden', async () => {
+      const clusters = await webapi(page, '/webapi/clusters');
+      if (clusters.status !== 200) throw new Error(`/webapi/clusters: ${clusters.status} ${JSON.stringify(clusters.body)}`);
+      const names = (clusters.body.items || []).map((c) => `${c.name}${c.local ? '(local)' : ''}`);
+      if (names.join(',') !== 'e2e(local)') throw new Error(`/webapi/clusters lists ${names.join(',')}`);
+      if (await page.locator('#cluster-picker').isVisible()) throw new Error('the cluster picker is shown without leaves');
+    });
+
+    // Trust: a trusted_cluster token on this (root) cluster, a
+    // trusted_cluster resource on the leaf naming it, as an operator
+    // does; the leaf's tunnel to this proxy comes up while the steps
+    // below run.
+    const leafPctl = (args, input) => execFileSync(join(buildDir, 'pctl'), ['--data-dir', leafDir, ...args],
+      { input, stdio: ['pipe', 'pipe', 'pipe'] }).toString();
+    await waitFor('the leaf cluster to start', () => {
+      if (leafExited) throw new Error('the leaf exited; see e2e/artifacts/postern-leaf.log');
+      leafPctl(['users', 'ls']);
+      return true;
+    });
+    const trustTok = pctl(['tokens', 'add', '--type', 'trusted_cluster']).match(/token: (\S+@sha256:[0-9a-f]{64})\n/);
+    if (!trustTok) throw new Error('no token in `pctl tokens add --type trusted_cluster`');
+    const trustFile = join(leafDir, 'trusted_cluster.yaml');
+    writeFileSync(trustFile, `kind: trusted_cluster\nmetadata: {name: e2e}\nspec:\n  enabled: true\n  proxy_addr: 127.0.0.1:${webPort}\n  token: ${trustTok[1]}\n  role_map: [{remote: access, local: [access]}]\n`, { mode: 0o600 });
+    leafPctl(['create', '-f', trustFile]);
 
     await step(page, 'see the node and search', async () => {
       // The node registers with its first heartbeat, shortly after start.
@@ -800,6 +859,54 @@ async function main() {
       await waitFor('the output', async () => (await rowsText(page)).split('\n').some((l) => l.trim() === `tunnel-42 ${uuid}`), 30000);
     });
 
+    await step(page, 'a leaf cluster: picked in the cluster picker, its node listed, its terminal works', async () => {
+      await page.click('#nav-nodes');
+      await page.locator('#view-nodes').waitFor({ state: 'visible' });
+      await waitFor('the leaf in the cluster picker', async () => {
+        if (leafExited) throw new Error('the leaf exited; see e2e/artifacts/postern-leaf.log');
+        if (await page.locator(`#cluster-select option[value="${leafName}"]:not([data-status="offline"])`).count()) return true;
+        await page.reload();
+        await page.locator('#view-nodes').waitFor({ state: 'visible' });
+        return false;
+      }, 30000, 1000);
+      await page.locator('#cluster-picker').waitFor({ state: 'visible' });
+      const local = await page.locator('#cluster-select option').first().innerText();
+      if (local.trim() !== 'e2e') throw new Error(`the first cluster is ${JSON.stringify(local)}, not the local one`);
+      await page.locator('#cluster-select').selectOption(leafName);
+      const row = page.locator(`tr[data-hostname="${leafNode}"]`);
+      await waitFor('the leaf node in the list', async () => {
+        if (await row.count()) return true;
+        await page.reload();
+        await page.locator('#view-nodes').waitFor({ state: 'visible' });
+        return false;
+      }, 30000, 1000);
+      if (await page.locator(`tr[data-hostname="${nodename}"]`).count()) throw new Error('the root\'s node is listed under the leaf');
+      const uuid = (await row.locator('td.uuid').innerText()).trim();
+      await row.locator('select.login').selectOption(login);
+      const href = await row.locator('a.connect').getAttribute('href');
+      const want = `/web/cluster/${leafName}/node/${uuid}/${encodeURIComponent(login)}`;
+      if (href !== want) throw new Error(`link ${href}, want ${want}`);
+      await row.locator('a.connect').click();
+      await page.waitForURL((u) => u.pathname === want);
+      await page.locator('#term-status[data-status="connected"]').waitFor({ timeout: 30000 });
+      await waitFor('a shell prompt', async () => (await rowsText(page)).trim().length > 0, 60000);
+      await typeInTerminal(page, 'echo "leaf-$((6*7)) $SSH_POSTERN_CLUSTER_NAME $SSH_POSTERN_HOST_UUID"\n');
+      await waitFor('the output', async () => (await rowsText(page)).split('\n').some((l) => l.trim() === `leaf-42 ${leafName} ${uuid}`), 30000);
+      // Back to the list: the picked leaf is still the one shown.
+      await page.click('#term-back');
+      await row.waitFor();
+      // An unknown cluster is one plain error, no list.
+      const res = await webapi(page, '/webapi/nodes?cluster=nope');
+      if (res.status !== 404 || !/cluster "nope" not found/.test(res.body.error || '')) throw new Error(`/webapi/nodes?cluster=nope: ${res.status} ${JSON.stringify(res.body)}`);
+      // A terminal link into an unknown cluster says so plainly.
+      await page.goto(`${base}/web/cluster/nope/node/${uuid}/${encodeURIComponent(login)}`);
+      await page.locator('#term-error', { hasText: 'cluster "nope" not found' }).waitFor({ timeout: 15000 });
+      await page.click('#term-back');
+      await row.waitFor();
+      await page.locator('#cluster-select').selectOption('');
+      await page.locator(`tr[data-hostname="${nodename}"]`).waitFor();
+    });
+
     await step(page, 'no console errors', async () => {
       // The refused login's 401 is logged by chromium as a failed resource load.
       const real = consoleErrors.filter((e) => !/status of 401/.test(e));
@@ -818,6 +925,11 @@ async function main() {
       await waitFor('the tunnel node to exit', () => tunnelExited, 15000).catch(() => tunnelNode.kill('SIGKILL'));
     }
     if (!process.env.E2E_KEEP) rmSync(tunnelDir, { recursive: true, force: true });
+    if (!leafExited) {
+      leafDaemon.kill('SIGTERM');
+      await waitFor('the leaf to exit', () => leafExited, 15000).catch(() => leafDaemon.kill('SIGKILL'));
+    }
+    if (!process.env.E2E_KEEP) rmSync(leafDir, { recursive: true, force: true });
     daemon.kill('SIGTERM');
     await waitFor('postern to exit', () => daemonExited, 15000).catch(() => daemon.kill('SIGKILL'));
     if (!process.env.E2E_KEEP) rmSync(dataDir, { recursive: true, force: true });

@@ -424,3 +424,34 @@ func nonNil[T any](s []T) []T {
 	}
 	return slices.Clip(s)
 }
+
+// hostSigners is what a login hands psh to check host certificates with:
+// this cluster's host CA first, then the stored host CA of every leaf
+// (sorted by name), one entry per cluster. psh scopes a leaf's keys to
+// `*.LEAF` names, so a leaf's CA never vouches for a root host. Only
+// leaves (a `remote_cluster` record) count: a leaf's copy of its root's
+// host CA is not listed to the leaf's own users, whose certificates the
+// root never accepts. A leaf whose CA is missing (being removed right now)
+// is skipped rather than failing the login.
+func (s *Server) hostSigners(ctx context.Context) ([]authapi.HostSigner, error) {
+	out := []authapi.HostSigner{{ClusterName: s.cfg.ClusterName, CheckingKeys: s.HostCAKeys()}}
+	rcs, err := s.store.GetRemoteClusters(ctx)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	slices.SortFunc(rcs, func(a, b services.RemoteCluster) int { return strings.Compare(a.Name, b.Name) })
+	for _, rc := range rcs {
+		if rc.Name == s.cfg.ClusterName {
+			continue
+		}
+		ca, err := s.store.GetCertAuthority(ctx, rc.Name, services.HostCA, false)
+		if trace.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, trace.Wrap(err)
+		}
+		out = append(out, authapi.HostSigner{ClusterName: rc.Name, CheckingKeys: slices.Clone(ca.SSHPublicKeys)})
+	}
+	return out, nil
+}

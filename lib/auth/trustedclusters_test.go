@@ -2,6 +2,8 @@ package auth
 
 import (
 	"context"
+	"crypto/sha256"
+	"fmt"
 	"net"
 	"path/filepath"
 	"strings"
@@ -394,4 +396,58 @@ func TestLeafTunnelCert(t *testing.T) {
 	rcs, err = root.adminClient(t).GetRemoteClusters(ctx)
 	require.NoError(t, err)
 	require.Len(t, rcs, 1)
+}
+
+// TestHostSignersListLeaves: every certificate response (the password
+// login and a web session's certificate) carries the root's host CA first,
+// then each leaf's stored host CA, one entry per cluster, sorted; the
+// root's CA is never listed to a leaf's own users; a removed leaf's CA is
+// gone from the next login.
+func TestHostSignersListLeaves(t *testing.T) {
+	ctx := context.Background()
+	root := newClusterEnv(t, "root")
+	leafB := newClusterEnv(t, "zeta")
+	leafA := newClusterEnv(t, "alpha")
+	for _, leaf := range []*clusterEnv{leafB, leafA} {
+		_, err := leaf.adminClient(t).UpsertTrustedCluster(ctx, trustedCluster(root, root.trustToken(t, services.TokenTypeTrustedCluster)))
+		require.NoError(t, err)
+	}
+	logins := 0
+	login := func(env *clusterEnv) []authapi.HostSigner {
+		t.Helper()
+		logins++
+		_, err := env.auth.CreateUser(ctx, "alice", []byte("pw"), []string{"alice"}, nil, false)
+		if !trace.IsAlreadyExists(err) {
+			require.NoError(t, err)
+		}
+		_, pub, err := utils.GenerateKeyPair()
+		require.NoError(t, err)
+		sid, token := fmt.Sprintf("sid-%d", logins), "token"
+		th := sha256.Sum256([]byte(token))
+		resp, err := env.auth.AuthenticateSSHUser(ctx, authapi.SSHLoginRequest{
+			AuthRequest: authapi.AuthRequest{User: "alice", Password: "pw"}, PublicKey: pub, TTL: time.Hour,
+			WebSession: &authapi.WebSessionInit{Key: webSessionKeyOf(sid), TokenHash: th[:]},
+		})
+		require.NoError(t, err)
+		web, err := env.auth.WebSessionCerts(ctx, authapi.WebSessionCertRequest{SessionID: sid, Token: token, PublicKey: pub})
+		require.NoError(t, err)
+		require.Equal(t, resp.HostSigners, web.HostSigners, "the web session's certificate carries the same host signers")
+		return resp.HostSigners
+	}
+
+	require.Equal(t, []authapi.HostSigner{
+		{ClusterName: "root", CheckingKeys: root.auth.HostCAKeys()},
+		{ClusterName: "alpha", CheckingKeys: leafA.auth.HostCAKeys()},
+		{ClusterName: "zeta", CheckingKeys: leafB.auth.HostCAKeys()},
+	}, login(root))
+	require.NotEqual(t, root.auth.HostCAKeys(), leafA.auth.HostCAKeys())
+
+	// A leaf stores its root's host CA, but its own users never get it.
+	require.Equal(t, []authapi.HostSigner{{ClusterName: "alpha", CheckingKeys: leafA.auth.HostCAKeys()}}, login(leafA))
+
+	require.NoError(t, root.adminClient(t).DeleteRemoteCluster(ctx, "zeta"))
+	require.Equal(t, []authapi.HostSigner{
+		{ClusterName: "root", CheckingKeys: root.auth.HostCAKeys()},
+		{ClusterName: "alpha", CheckingKeys: leafA.auth.HostCAKeys()},
+	}, login(root))
 }

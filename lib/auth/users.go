@@ -280,9 +280,13 @@ func (s *Server) AuthenticateSSHUser(ctx context.Context, req authapi.SSHLoginRe
 			return nil, trace.Wrap(err)
 		}
 	}
+	signers, err := s.hostSigners(ctx)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
 	return &authapi.SSHLoginResponse{
 		Username:    user.Name,
 		Cert:        cert,
-		HostSigners: []authapi.HostSigner{{ClusterName: s.cfg.ClusterName, CheckingKeys: s.HostCAKeys()}},
+		HostSigners: signers,
 	}, nil
 }

@@ -125,10 +125,14 @@ func (s *Server) WebSessionCerts(ctx context.Context, req authapi.WebSessionCert
 		return nil, trace.Wrap(err)
 	}
 	s.log.WithField("user", user.Name).Debug("Certified a proxy's key for a web session created elsewhere.")
+	signers, err := s.hostSigners(ctx)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
 	return &authapi.SSHLoginResponse{
 		Username:    user.Name,
 		Cert:        cert,
-		HostSigners: []authapi.HostSigner{{ClusterName: s.cfg.ClusterName, CheckingKeys: s.HostCAKeys()}},
+		HostSigners: signers,
 	}, nil
 }
 

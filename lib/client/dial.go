@@ -17,6 +17,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -392,7 +393,9 @@ func DialNode(ctx context.Context, creds *Credentials, target proxy.Target, logi
 	if port == "" || port == "0" {
 		port = "22"
 	}
-	addr := net.JoinHostPort(target.Host, port)
+	// A leaf's node is checked as HOST.LEAF, the only names the leaf's
+	// host CA vouches for.
+	addr := net.JoinHostPort(creds.HostKeyName(target), port)
 	conn := &channelConn{Channel: ch, local: pc.LocalAddr(), remote: pc.RemoteAddr()}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
@@ -406,6 +409,9 @@ func DialNode(ctx context.Context, creds *Credentials, target proxy.Target, logi
 		if msg != "" {
 			return nil, trace.BadParameter("%s", msg)
 		}
+		if leaf := creds.leafOf(target); leaf != "" && !slices.Contains(creds.Profile.Clusters, leaf) {
+			return nil, trace.AccessDenied("node %s of cluster %q could not be verified: your login holds no host CA for that cluster (added since you logged in?): run `psh login` again", target.Host, leaf)
+		}
 		return nil, handshakeError("node "+target.Host, err)
 	}
 	nc := &NodeClient{Client: ssh.NewClient(sconn, chans, reqs), proxy: pc, host: target.Host, clock: ka.Clock, sub: ch}
@@ -413,6 +419,33 @@ func DialNode(ctx context.Context, creds *Credentials, target proxy.Target, logi
 	nc.kaProxy = utils.StartSSHKeepAlive(pc, "the proxy at "+creds.Profile.ProxySSH, ka)
 	nc.kaNode = utils.StartSSHKeepAlive(nc.Client, target.Host, ka)
 	return nc, nil
+}
+
+// leafOf is the leaf cluster target names, by --cluster or as HOST.LEAF
+// of a leaf in the profile; "" for the proxy's own cluster.
+func (c *Credentials) leafOf(target proxy.Target) string {
+	if target.Cluster != "" {
+		if strings.EqualFold(target.Cluster, c.Profile.Cluster) {
+			return ""
+		}
+		return target.Cluster
+	}
+	for _, leaf := range c.Profile.Clusters {
+		if authz.HasClusterSuffix(target.Host, leaf) {
+			return leaf
+		}
+	}
+	return ""
+}
+
+// ClusterTarget writes a target with a cluster as the proxy best routes
+// it: HOST.CLUSTER with that same cluster (what `psh config`'s
+// ProxyCommand sends, %h being HOST.CLUSTER) becomes HOST in CLUSTER.
+func ClusterTarget(t proxy.Target) proxy.Target {
+	if authz.HasClusterSuffix(t.Host, t.Cluster) {
+		t.Host = t.Host[:len(t.Host)-len(t.Cluster)-1]
+	}
+	return t
 }
 
 // channelConn makes an SSH channel a net.Conn for ssh.NewClientConn.

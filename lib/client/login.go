@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,6 +18,8 @@ import (
 
 	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/api/webapi"
+	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
 
@@ -126,18 +129,16 @@ func Login(ctx context.Context, cfg LoginConfig) (*LoginResult, error) {
 	if err != nil || !ok {
 		return nil, trace.BadParameter("proxy %s returned an invalid certificate", wc.Addr())
 	}
-	var known []string
-	for _, hs := range resp.HostSigners {
-		known = append(known, authapi.KnownHostsLines(hs.CheckingKeys)...)
-	}
-	if len(known) == 0 {
-		return nil, trace.BadParameter("proxy %s returned no host CA: refusing to log in without a way to verify hosts", wc.Addr())
+	known, leaves, err := knownHostsOf(resp.HostSigners, ping.ClusterName)
+	if err != nil {
+		return nil, trace.Wrap(err, "proxy %s", wc.Addr())
 	}
 	profile := Profile{
 		Proxy:    wc.Addr(),
 		ProxySSH: proxySSHAddr(wc.Addr(), ping.ProxySSHAddr),
 		User:     resp.Username,
 		Cluster:  ping.ClusterName,
+		Clusters: leaves,
 	}
 	if err := cfg.Store.Save(&StoredLogin{Profile: profile, Key: priv, Pub: pub, Cert: []byte(resp.Cert + "\n"), KnownHosts: known}); err != nil {
 		return nil, trace.Wrap(err)
@@ -191,4 +192,38 @@ func addToAgent(sock string, keyPEM []byte, cert *ssh.Certificate, now time.Time
 		}
 	}
 	return nil
+}
+
+// knownHostsOf turns a login's host_signers into known_hosts lines: the
+// local cluster's CA for every name ("*"), each leaf's only for
+// "*.LEAF" (a leaf's CA must never vouch for a root host, nor for another
+// leaf's), and returns the leaves, sorted. A login without the local
+// cluster's host CA is refused: psh could verify no host.
+func knownHostsOf(signers []authapi.HostSigner, local string) (known, leaves []string, err error) {
+	var localLines []string
+	seen := map[string]bool{}
+	for _, hs := range signers {
+		if err := services.CheckClusterName(hs.ClusterName); err != nil {
+			return nil, nil, trace.BadParameter("returned a host CA for an invalid cluster name %q", hs.ClusterName)
+		}
+		name := strings.ToLower(hs.ClusterName)
+		if seen[name] {
+			return nil, nil, trace.BadParameter("returned two host CA entries for cluster %q", hs.ClusterName)
+		}
+		seen[name] = true
+		if len(hs.CheckingKeys) == 0 {
+			continue
+		}
+		if strings.EqualFold(hs.ClusterName, local) {
+			localLines = authapi.KnownHostsLines(hs.CheckingKeys)
+			continue
+		}
+		known = append(known, authapi.ScopedKnownHostsLines(strings.Join(authz.HostAuthorityPatterns(hs.ClusterName, local), ","), hs.CheckingKeys)...)
+		leaves = append(leaves, hs.ClusterName)
+	}
+	if len(localLines) == 0 {
+		return nil, nil, trace.BadParameter("returned no host CA for cluster %q: refusing to log in without a way to verify hosts", local)
+	}
+	slices.Sort(leaves)
+	return append(localLines, known...), leaves, nil
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -37,10 +38,17 @@ func hostSigner(t *testing.T, ca *testCA, principals ...string) ssh.Signer {
 // the subsystem channel, as the real proxy's splice to a node looks to psh.
 func startJumpProxy(t *testing.T, ca *testCA) string {
 	t.Helper()
+	return startJumpProxyWith(t, hostSigner(t, ca, "127.0.0.1"), hostSigner(t, ca, "node1"), nil)
+}
+
+// startJumpProxyWith is startJumpProxy with the proxy's and the node's
+// host keys given; onSub, when set, sees each subsystem name requested.
+func startJumpProxyWith(t *testing.T, proxyKey, nodeKey ssh.Signer, onSub func(string)) string {
+	t.Helper()
 	proxyCfg := &ssh.ServerConfig{NoClientAuth: true}
-	proxyCfg.AddHostKey(hostSigner(t, ca, "127.0.0.1"))
+	proxyCfg.AddHostKey(proxyKey)
 	nodeCfg := &ssh.ServerConfig{NoClientAuth: true}
-	nodeCfg.AddHostKey(hostSigner(t, ca, "node1"))
+	nodeCfg.AddHostKey(nodeKey)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	var wg sync.WaitGroup
@@ -93,7 +101,10 @@ func startJumpProxy(t *testing.T, ca *testCA) string {
 						}
 						_ = req.Reply(true, nil)
 						spawn(func() { ssh.DiscardRequests(creqs) })
-						if sub.Name == "nodes" {
+						if onSub != nil {
+							onSub(sub.Name)
+						}
+						if strings.HasPrefix(sub.Name, "nodes") {
 							// As the proxy ends a subsystem (srv
 							// session.finish), but the channel is
 							// closed only after psh closed its side.
@@ -157,7 +168,7 @@ func TestListNodesWaits(t *testing.T) {
 	ca := newTestCA(t)
 	creds := jumpCreds(t, ca, startJumpProxy(t, ca))
 	for range 5 {
-		nodes, err := ListNodes(context.Background(), creds)
+		nodes, err := ListNodes(context.Background(), creds, "")
 		require.NoError(t, err)
 		require.Empty(t, nodes)
 		require.Empty(t, clientGoroutines("openSubsystem", true), "goroutines of ListNodes are still running")

@@ -19,6 +19,8 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/proxy"
+	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
 
@@ -52,6 +54,10 @@ type Profile struct {
 	User string `yaml:"user"`
 	// Cluster is the proxy's cluster.
 	Cluster string `yaml:"cluster"`
+	// Clusters are the leaf clusters whose host CAs the login received
+	// (sorted): `psh config` writes a block for each. Empty for a login
+	// to a cluster without leaves, and for profiles written before leaves.
+	Clusters []string `yaml:"clusters,omitempty"`
 }
 
 func (p *Profile) check() error {
@@ -65,6 +71,14 @@ func (p *Profile) check() error {
 	}
 	if err := safePathElem(p.User); err != nil {
 		return trace.BadParameter("user: %v", err)
+	}
+	// Cluster names go into known_hosts patterns and an OpenSSH config:
+	// only the names Postern itself accepts, so nothing can add a pattern
+	// or a config keyword.
+	for _, c := range append([]string{p.Cluster}, p.Clusters...) {
+		if err := services.CheckClusterName(c); err != nil {
+			return trace.BadParameter("cluster %q: %v", c, err)
+		}
 	}
 	return nil
 }
@@ -119,7 +133,8 @@ type StoredLogin struct {
 	// Key is the private key (OpenSSH PEM), Pub its public half and Cert
 	// the certificate (both authorized_keys format).
 	Key, Pub, Cert []byte
-	// KnownHosts are "@cert-authority * KEY" lines.
+	// KnownHosts are "@cert-authority * KEY" lines for the local cluster's
+	// host CA and "@cert-authority *.LEAF KEY" for each leaf's.
 	KnownHosts []string
 }
 
@@ -197,10 +212,18 @@ type Credentials struct {
 	Cert   *ssh.Certificate
 	// KeyPEM is the private key file's content (for the agent).
 	KeyPEM []byte
-	// HostKeyCallback checks hosts against the host CA lines only.
+	// HostKeyCallback checks hosts against the host CA lines only, each
+	// CA for the names its line's patterns allow.
 	HostKeyCallback ssh.HostKeyCallback
-	// HostCAs are the host CA keys from known_hosts.
-	HostCAs []ssh.PublicKey
+	// HostAuthorities are the host CA lines of known_hosts.
+	HostAuthorities []authz.HostAuthority
+}
+
+// HostKeyName is the name target's host certificate is checked under:
+// HOST.LEAF for a leaf's node (only that name is vouched for by the
+// leaf's host CA), the host itself in the proxy's cluster.
+func (c *Credentials) HostKeyName(target proxy.Target) string {
+	return authz.ClusterHostName(target.Host, target.Cluster, c.Profile.Cluster)
 }
 
 // Expires is when the certificate stops being valid.
@@ -246,11 +269,11 @@ func (s *Store) Credentials(now time.Time) (*Credentials, error) {
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	cas, err := readHostCAs(s.KnownHostsPath())
+	auths, err := readHostCAs(s.KnownHostsPath())
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	return &Credentials{Profile: p, Signer: signer, Cert: cert, KeyPEM: keyPEM, HostCAs: cas, HostKeyCallback: authz.HostKeyCallback(cas, nil)}, nil
+	return &Credentials{Profile: p, Signer: signer, Cert: cert, KeyPEM: keyPEM, HostAuthorities: auths, HostKeyCallback: authz.ScopedHostKeyCallback(auths, nil)}, nil
 }
 
 // readPrivateFile reads a private key after checking that only its owner
@@ -270,8 +293,9 @@ func readPrivateFile(path string) ([]byte, error) {
 	return data, trace.ConvertSystemError(err)
 }
 
-// readHostCAs reads the "@cert-authority * KEY" lines psh wrote.
-func readHostCAs(path string) ([]ssh.PublicKey, error) {
+// readHostCAs reads the "@cert-authority PATTERNS KEY" lines psh wrote,
+// each CA with the host patterns it vouches for.
+func readHostCAs(path string) ([]authz.HostAuthority, error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, trace.NotFound("no %s in %s: %s", KnownHostsFile, filepath.Dir(path), loginHint)
@@ -279,14 +303,14 @@ func readHostCAs(path string) ([]ssh.PublicKey, error) {
 	if err != nil {
 		return nil, trace.ConvertSystemError(err)
 	}
-	var cas []ssh.PublicKey
+	var cas []authz.HostAuthority
 	for rest := data; len(bytes.TrimSpace(rest)) > 0; {
-		marker, _, key, _, next, err := ssh.ParseKnownHosts(rest)
+		marker, hosts, key, _, next, err := ssh.ParseKnownHosts(rest)
 		if err != nil {
 			return nil, trace.BadParameter("%s is damaged (%v): %s", path, oneLine(err), loginHint)
 		}
 		if marker == "cert-authority" {
-			cas = append(cas, key)
+			cas = append(cas, authz.HostAuthority{Key: key, Patterns: hosts})
 		}
 		rest = next
 	}

@@ -104,7 +104,7 @@ func TestStoreSaveAndLoad(t *testing.T) {
 	creds, err := st.Credentials(time.Now())
 	require.NoError(t, err)
 	require.Equal(t, "alice", creds.DefaultLogin())
-	require.Len(t, creds.HostCAs, 1)
+	require.Len(t, creds.HostAuthorities, 1)
 	s := StatusOf(creds)
 	require.Equal(t, []string{"access"}, s.Roles)
 	require.Equal(t, []string{"alice", "root"}, s.Logins)

@@ -42,8 +42,8 @@ func TestLiveSessionHostCAsAreOwnCluster(t *testing.T) {
 			{ClusterName: "root", CheckingKeys: []string{string(ssh.MarshalAuthorizedKey(rootCA))}},
 			{ClusterName: "leaf", CheckingKeys: []string{string(ssh.MarshalAuthorizedKey(leafCA))}},
 		},
-	})
+	}, "root")
 	require.NoError(t, err)
 	require.Len(t, live.hostCAs, 1)
-	require.Equal(t, rootCA.Marshal(), live.hostCAs[0].Marshal())
+	require.Equal(t, rootCA.Marshal(), live.hostCAs[0].Key.Marshal())
 }

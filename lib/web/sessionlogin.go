@@ -111,7 +111,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	live, err := newLiveSession(priv, resp)
+	live, err := newLiveSession(priv, resp, s.cfg.ClusterName)
 	if err != nil {
 		internalError(w, log, "Web login: unusable certificate from auth.", err)
 		return

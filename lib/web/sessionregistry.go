@@ -11,6 +11,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/api/authapi"
+	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -21,11 +22,15 @@ import (
 // liveSession is a session's in-memory half: the key that authenticates
 // to nodes on the user's behalf.
 type liveSession struct {
-	key     string // hash of the session id: the store key
-	user    string
-	signer  ssh.Signer
-	cert    *ssh.Certificate
-	hostCAs []ssh.PublicKey
+	key    string // hash of the session id: the store key
+	user   string
+	signer ssh.Signer
+	cert   *ssh.Certificate
+	// hostCAs are the host CAs of the login's host_signers, each scoped
+	// as psh scopes them: this cluster's for every name, a leaf's only
+	// for *.LEAF, so a leaf's CA never vouches for a local node (a leaf
+	// node's terminal is checked against that leaf's stored CA alone).
+	hostCAs []authz.HostAuthority
 	expires time.Time
 	// ctx ends when the session is logged out or expires; terminals
 	// opened with the session run under it.
@@ -69,7 +74,7 @@ func (r *sessionRegistry) closeAll() {
 	}
 }
 
-func newLiveSession(priv ed25519.PrivateKey, resp *authapi.SSHLoginResponse) (*liveSession, error) {
+func newLiveSession(priv ed25519.PrivateKey, resp *authapi.SSHLoginResponse, localCluster string) (*liveSession, error) {
 	pub, _, _, _, err := ssh.ParseAuthorizedKey(resp.Cert)
 	if err != nil {
 		return nil, trace.Wrap(err)
@@ -87,7 +92,13 @@ func newLiveSession(priv ed25519.PrivateKey, resp *authapi.SSHLoginResponse) (*l
 		return nil, trace.Wrap(err)
 	}
 	live := &liveSession{user: resp.Username, signer: signer, cert: cert}
-	own := cert.Permissions.Extensions[services.CertExtensionCluster]
+	// This proxy's cluster; the certificate's own extension names the
+	// same cluster for a login here, and stands in when the caller has no
+	// name (tests of the registry alone).
+	own := localCluster
+	if own == "" {
+		own = cert.Permissions.Extensions[services.CertExtensionCluster]
+	}
 	for _, hs := range resp.HostSigners {
 		if own != "" && hs.ClusterName != "" && hs.ClusterName != own {
 			// A leaf's host CA (host_signers lists every cluster's) must
@@ -100,7 +111,7 @@ func newLiveSession(priv ed25519.PrivateKey, resp *authapi.SSHLoginResponse) (*l
 			if err != nil {
 				return nil, trace.Wrap(err)
 			}
-			live.hostCAs = append(live.hostCAs, ca)
+			live.hostCAs = append(live.hostCAs, authz.HostAuthority{Key: ca, Patterns: authz.HostAuthorityPatterns(hs.ClusterName, localCluster)})
 		}
 	}
 	return live, nil

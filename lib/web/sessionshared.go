@@ -109,7 +109,7 @@ func (s *Server) adoptSession(ctx context.Context, key, sid, token string, rec *
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	live, err := newLiveSession(priv, resp)
+	live, err := newLiveSession(priv, resp, s.cfg.ClusterName)
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}

@@ -141,9 +141,10 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) 
 	out.nodeHostname, out.nodeUUID, out.cluster = node.Hostname, node.UUID, route.Cluster
 	// The address given to the handshake is the node's UUID, always one
 	// of its host certificate's principals, checked against this
-	// cluster's host CAs.
+	// cluster's host CA: the login's host CAs are scoped (a leaf's
+	// vouches only for *.LEAF names, never for a local node's UUID).
 	_, port, _ := net.SplitHostPort(node.Addr)
-	hostAddr, hostKeys := net.JoinHostPort(node.UUID, port), authz.HostKeyCallback(t.live.hostCAs, t.srv.cfg.Clock)
+	hostAddr, hostKeys := net.JoinHostPort(node.UUID, port), authz.ScopedHostKeyCallback(t.live.hostCAs, t.srv.cfg.Clock)
 	if route.Leaf {
 		// The leaf's Router chose the node: the root knows only what the
 		// user asked for, and a leaf node's certificate is checked

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/gravitational/trace"
 
 	"github.com/postern-dev/postern/lib/api/authapi"
+	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -46,7 +48,25 @@ func (c *cli) authSign(ctx context.Context, user string, ttl time.Duration, out 
 	if err != nil {
 		return trace.Wrap(err)
 	}
-	knownHosts := strings.Join(authapi.KnownHostsLines(hostCA.SSHPublicKeys), "\n") + "\n"
+	lines := authapi.KnownHostsLines(hostCA.SSHPublicKeys)
+	// Each leaf's host CA too, as psh writes it: scoped to *.LEAF, so
+	// that a leaf's CA never vouches for this cluster's hosts.
+	leaves, err := clt.GetRemoteClusters(ctx)
+	if err != nil {
+		return trace.Wrap(err, "listing leaf clusters")
+	}
+	slices.SortFunc(leaves, func(a, b services.RemoteCluster) int { return strings.Compare(a.Name, b.Name) })
+	for _, rc := range leaves {
+		ca, err := clt.GetCertAuthority(ctx, rc.Name, services.HostCA, false)
+		if trace.IsNotFound(err) {
+			continue // being removed right now
+		}
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		lines = append(lines, authapi.ScopedKnownHostsLines(strings.Join(authz.HostAuthorityPatterns(rc.Name, id.ClusterName), ","), ca.SSHPublicKeys)...)
+	}
+	knownHosts := strings.Join(lines, "\n") + "\n"
 	// All four files or none: a key without its certificate is useless,
 	// and the temporaries are created O_EXCL (see utils.WriteFilesAtomic).
 	if err := utils.WriteFilesAtomic([]utils.File{

@@ -55,6 +55,9 @@ func (c *cli) printStatus(s client.Status) {
 	fmt.Fprintf(c.stdout, "  Proxy:       %s (ssh %s)\n", s.Proxy, s.ProxySSH)
 	fmt.Fprintf(c.stdout, "  User:        %s\n", s.User)
 	fmt.Fprintf(c.stdout, "  Cluster:     %s\n", s.Cluster)
+	if len(s.Leaves) > 0 {
+		fmt.Fprintf(c.stdout, "  Leaves:      %s\n", strings.Join(s.Leaves, ", "))
+	}
 	fmt.Fprintf(c.stdout, "  Logins:      %s\n", strings.Join(s.Logins, ", "))
 	fmt.Fprintf(c.stdout, "  Roles:       %s\n", strings.Join(s.Roles, ", "))
 	fmt.Fprintf(c.stdout, "  Valid until: %s\n", s.Expires)
@@ -86,7 +89,7 @@ func (c *cli) doLs(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, client.DialTimeout*2)
 	defer cancel()
-	nodes, err := client.ListNodes(ctx, creds)
+	nodes, err := client.ListNodes(ctx, creds, c.ls.cluster)
 	if err != nil {
 		return trace.Wrap(err)
 	}
@@ -121,6 +124,7 @@ func (c *cli) doSSH(ctx context.Context) error {
 		target.Port = c.ssh.port
 	}
 	target.Cluster = c.ssh.cluster
+	target = client.ClusterTarget(target)
 	if c.ssh.tty && c.ssh.noTTY {
 		return trace.BadParameter("-t and -T cannot be used together")
 	}
@@ -184,6 +188,7 @@ func (c *cli) doProxySSH(ctx context.Context) error {
 		return trace.Wrap(err)
 	}
 	target.Cluster = c.proxySSH.cluster
+	target = client.ClusterTarget(target)
 	return trace.Wrap(client.ProxyStdio(ctx, creds, target.SubsystemString(), c.stdin, os.Stdout, c.stderr))
 }
 

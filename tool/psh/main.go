@@ -49,7 +49,7 @@ type cli struct {
 		ttl                          time.Duration
 		insecure, otp                bool
 	}
-	ls  struct{ format string }
+	ls  struct{ format, cluster string }
 	ssh struct {
 		forwardAgent, tty, noTTY bool
 		local, remote            []string
@@ -100,6 +100,7 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 
 	ls := app.Command("ls", "List the nodes you may reach.")
 	ls.Flag("format", "Output format: text or json.").Default("text").EnumVar(&c.ls.format, "text", "json")
+	ls.Flag("cluster", "Cluster whose nodes to list (default: the proxy's).").StringVar(&c.ls.cluster)
 	add(ls, c.doLs)
 
 	sshCmd := app.Command("ssh", "Run a shell or a command on a node through the proxy.")

@@ -23,9 +23,16 @@ const PONG_TIMEOUT_MS = 12000;
 // either is sent as one frame, which must stay under the server's 64 KiB.
 const INPUT_KEEP = 32 << 10;
 const TERM_KEY = 'postern.term:';
+// The cluster picked on the nodes view ('' or absent: the proxy's own).
+const CLUSTER_KEY = 'postern.cluster';
 
 let token = sessionStorage.getItem(TOKEN_KEY);
 let nodes = [];
+// clusters: GET /webapi/clusters, the proxy's own first, then the leaves
+// this user may reach. nodesSeq drops a node list that arrives after the
+// user already picked another cluster.
+let clusters = [];
+let nodesSeq = 0;
 let term = null; // the open terminal: {xterm, fit, ws, observer, pinger}
 
 // ---- API -----------------------------------------------------------------
@@ -118,21 +125,79 @@ $('logout').addEventListener('click', async () => {
 
 // ---- node list -----------------------------------------------------------
 
+// pickedCluster is the leaf picked on the nodes view, '' for the proxy's
+// own cluster.
+function pickedCluster() { return sessionStorage.getItem(CLUSTER_KEY) || ''; }
+
+function nodesPath(cluster) {
+  return cluster ? `/webapi/nodes?cluster=${encodeURIComponent(cluster)}` : '/webapi/nodes';
+}
+
 async function showNodes() {
   closeTerminal();
   if (location.pathname !== '/') history.pushState(null, '', '/');
   show('nodes');
   $('nodes-error').textContent = '';
   try {
-    nodes = (await api('GET', '/webapi/nodes')).items || [];
+    clusters = (await api('GET', '/webapi/clusters')).items || [];
   } catch (err) {
     if (err.status === 401) return showLogin('Your session ended; log in again.');
-    $('nodes-error').textContent = err.message;
-    nodes = [];
+    // A proxy without leaf clusters support: only its own cluster.
+    clusters = [];
   }
-  renderNodes();
+  renderClusterPicker();
+  await loadNodes();
   $('node-search').focus();
 }
+
+// renderClusterPicker fills the picker; it stays hidden while the user
+// may reach no leaf (the proxy's own cluster is the only choice). A
+// picked leaf that is no longer listed falls back to the proxy's own.
+function renderClusterPicker() {
+  const leaves = clusters.filter((c) => !c.local);
+  const select = $('cluster-select');
+  select.replaceChildren();
+  for (const c of clusters) {
+    const label = c.status === 'offline' ? `${c.name} (offline)` : c.name;
+    const opt = new Option(label, c.local ? '' : c.name);
+    opt.dataset.status = c.status || '';
+    select.append(opt);
+  }
+  let picked = pickedCluster();
+  if (picked && !leaves.some((c) => c.name === picked)) {
+    picked = '';
+    sessionStorage.removeItem(CLUSTER_KEY);
+  }
+  select.value = picked;
+  $('cluster-picker').hidden = leaves.length === 0;
+  document.body.dataset.cluster = picked || clusterName;
+}
+
+async function loadNodes() {
+  const seq = ++nodesSeq;
+  const cluster = pickedCluster();
+  let items = [];
+  let error = '';
+  try {
+    items = (await api('GET', nodesPath(cluster))).items || [];
+  } catch (err) {
+    if (err.status === 401) return showLogin('Your session ended; log in again.');
+    error = err.message;
+  }
+  if (seq !== nodesSeq) return;
+  nodes = items;
+  $('nodes-error').textContent = error;
+  renderNodes();
+}
+
+$('cluster-select').addEventListener('change', () => {
+  const v = $('cluster-select').value;
+  if (v) sessionStorage.setItem(CLUSTER_KEY, v); else sessionStorage.removeItem(CLUSTER_KEY);
+  document.body.dataset.cluster = v || clusterName;
+  nodes = [];
+  renderNodes();
+  loadNodes();
+});
 
 function labelText(labels) {
   return Object.entries(labels || {}).sort().map(([k, v]) => `${k}=${v}`);
@@ -187,7 +252,7 @@ function renderNodes() {
     const link = document.createElement('a');
     link.className = 'connect button';
     link.textContent = 'Connect';
-    const setHref = () => { link.href = terminalPath(n.cluster || clusterName, n.uuid, select.value); };
+    const setHref = () => { link.href = terminalPath(n.cluster || pickedCluster() || clusterName, n.uuid, select.value); };
     setHref();
     select.addEventListener('change', setHref);
     link.addEventListener('click', (ev) => {
@@ -300,8 +365,12 @@ function openTerminal(target) {
   $('term-title').textContent = `${target.login}@${known ? known.hostname : target.uuid}`;
   if (!known) {
     // A deep link opened directly: name the node once the list is in.
-    api('GET', '/webapi/nodes').then((r) => {
-      const n = (r.items || []).find((x) => x.uuid === target.uuid);
+    // A leaf's list is asked for only when the leaf is one this user may
+    // reach (the terminal itself reports an unknown cluster).
+    const leaf = target.cluster === clusterName ? '' : target.cluster;
+    const listed = leaf ? api('GET', '/webapi/clusters').then((r) => (r.items || []).some((c) => !c.local && c.name === leaf)) : Promise.resolve(true);
+    listed.then((ok) => (ok ? api('GET', nodesPath(leaf)) : null)).then((r) => {
+      const n = r && (r.items || []).find((x) => x.uuid === target.uuid);
       if (n && term && term.target === target) $('term-title').textContent = `${target.login}@${n.hostname}`;
     }).catch(() => {});
   }

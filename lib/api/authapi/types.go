@@ -204,11 +204,18 @@ type WatchEvent struct {
 
 // KnownHostsLines formats host CA keys (HostSigner.CheckingKeys) as
 // known_hosts lines ("@cert-authority * KEY"), for psh and `pctl auth
-// sign`.
+// sign`: the local cluster's host CA, which vouches for every name.
 func KnownHostsLines(hostCAKeys []string) []string {
+	return ScopedKnownHostsLines("*", hostCAKeys)
+}
+
+// ScopedKnownHostsLines formats host CA keys as known_hosts lines that
+// vouch only for names matching patterns (comma-separated OpenSSH host
+// patterns): "*.LEAF" for a leaf cluster's host CA.
+func ScopedKnownHostsLines(patterns string, hostCAKeys []string) []string {
 	out := make([]string, 0, len(hostCAKeys))
 	for _, k := range hostCAKeys {
-		out = append(out, fmt.Sprintf("@cert-authority * %s", k))
+		out = append(out, fmt.Sprintf("@cert-authority %s %s", patterns, k))
 	}
 	return out
 }
