@@ -124,38 +124,36 @@ func (d DirStorage) putChunk(session string, c Chunk, sync bool) (string, error)
 	return path, nil
 }
 
-// ChunkIndexes lists the chunk indexes stored for session, ascending.
-// A session with no directory is NotFound.
+// ChunkIndexes lists the chunk indexes stored for session, ascending:
+// chunk files and the whole lines of segments (spool.go). A session with
+// no directory is NotFound.
 func (d DirStorage) ChunkIndexes(_ context.Context, session string) ([]int, error) {
-	if err := CheckSessionID(session); err != nil {
+	out, segs, err := d.sessionFiles(session)
+	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	ents, err := os.ReadDir(filepath.Join(d.Dir, session))
-	if err != nil {
-		return nil, trace.ConvertSystemError(err)
-	}
-	var out []int
-	for _, e := range ents {
-		name, ok := strings.CutSuffix(e.Name(), ".chunk")
-		if !ok {
-			continue
-		}
-		n, err := strconv.Atoi(name)
+	for _, first := range segs {
+		idx, err := d.segmentIndexes(session, first)
 		if err != nil {
-			continue
+			return nil, trace.Wrap(err)
 		}
-		out = append(out, n)
+		out = append(out, idx...)
 	}
 	sort.Ints(out)
 	return out, nil
 }
 
-// GetChunk reads one chunk file; its stored index must match its name.
+// GetChunk reads one chunk, from its chunk file or its segment; its
+// stored index must match where it was found.
 func (d DirStorage) GetChunk(_ context.Context, session string, i int) (*Chunk, error) {
 	if err := CheckSessionID(session); err != nil {
 		return nil, trace.Wrap(err)
 	}
 	data, err := os.ReadFile(filepath.Join(d.Dir, session, chunkName(i)))
+	if os.IsNotExist(err) {
+		c, err := d.segmentChunk(session, i)
+		return c, trace.Wrap(err)
+	}
 	if err != nil {
 		return nil, trace.ConvertSystemError(err)
 	}
