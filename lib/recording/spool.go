@@ -176,6 +176,7 @@ type SpoolSink struct {
 	// Clock paces the batched fsync; nil means the real clock.
 	Clock clockwork.Clock
 
+	lock   *os.File // the session's lock file, held while writing
 	f      *os.File // the segment being appended to
 	size   int64    // its length
 	chunks int      // chunks in it
@@ -261,13 +262,17 @@ func (s *SpoolSink) openSegment(first int) error {
 	dir := filepath.Join(s.Storage.Dir, s.Session)
 	path := filepath.Join(dir, segmentName(first))
 	const flags = os.O_WRONLY | os.O_CREATE | os.O_EXCL | os.O_APPEND
-	f, err := os.OpenFile(path, flags, 0o600)
-	if os.IsNotExist(err) {
+	if s.lock == nil {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return trace.ConvertSystemError(err)
 		}
-		f, err = os.OpenFile(path, flags, 0o600)
+		lock, err := createLock(dir)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		s.lock = lock
 	}
+	f, err := os.OpenFile(path, flags, 0o600)
 	if err != nil {
 		return trace.ConvertSystemError(err)
 	}
@@ -372,7 +377,56 @@ func (s *SpoolSink) Close() error {
 	}
 	s.noteErr(syncFiles(s.dirty, s.retired, dir))
 	s.dirty, s.retired, s.dirNew = nil, nil, false
+	if s.lock != nil {
+		// The recording is done: the uploader may treat what is left as
+		// a dead writer's.
+		_ = s.lock.Close()
+		s.lock = nil
+	}
 	return trace.Wrap(s.firstErr)
+}
+
+// lockName is a spooled session's lock file. Its writer (a SpoolSink)
+// holds an flock on it from the first chunk to Close; a session whose
+// lock file is there and not held was left by a writer that is gone (a
+// killed node), so nothing more will be appended to it.
+const lockName = ".lock"
+
+// createLock makes dir's lock file, locked before it appears under its
+// name (made under a temporary name and renamed), so that the uploader
+// never finds it unheld while its writer lives.
+func createLock(dir string) (*os.File, error) {
+	f, err := os.CreateTemp(dir, ".lock-*")
+	if err != nil {
+		return nil, trace.ConvertSystemError(err)
+	}
+	if _, err := tryLock(f); err != nil {
+		f.Close()
+		_ = os.Remove(f.Name())
+		return nil, trace.Wrap(err)
+	}
+	if err := os.Rename(f.Name(), filepath.Join(dir, lockName)); err != nil {
+		f.Close()
+		_ = os.Remove(f.Name())
+		return nil, trace.ConvertSystemError(err)
+	}
+	return f, nil
+}
+
+// writerGone reports whether session's writer is gone: its lock file is
+// there and can be locked. The lock taken is returned to be closed after
+// the session is removed.
+func (d DirStorage) writerGone(session string) (*os.File, bool) {
+	f, err := os.Open(filepath.Join(d.Dir, session, lockName))
+	if err != nil {
+		return nil, false
+	}
+	ok, err := tryLock(f)
+	if err != nil || !ok {
+		f.Close()
+		return nil, false
+	}
+	return f, true
 }
 
 // segmentReader is the uploader's place in a session's segments, so that

@@ -50,9 +50,6 @@ type Uploader struct {
 	mu sync.Mutex
 	// cursors: how far each session's segments are shipped.
 	cursors map[string]*segmentReader
-	// orphans: sessions already spooled when the uploader started, left
-	// by an earlier run whose writers are gone.
-	orphans map[string]bool
 }
 
 // NewUploader starts the upload loop; Close stops it.
@@ -76,16 +73,7 @@ func NewUploader(cfg UploaderConfig) (*Uploader, error) {
 		return nil, trace.ConvertSystemError(err)
 	}
 	u := &Uploader{cfg: cfg, kick: make(chan struct{}, 1), done: make(chan struct{}),
-		cursors: map[string]*segmentReader{}, orphans: map[string]bool{}}
-	ents, err := os.ReadDir(cfg.Spool.Dir)
-	if err != nil {
-		return nil, trace.ConvertSystemError(err)
-	}
-	for _, e := range ents {
-		if e.IsDir() && CheckSessionID(e.Name()) == nil {
-			u.orphans[e.Name()] = true
-		}
-	}
+		cursors: map[string]*segmentReader{}}
 	u.ctx, u.cancel = context.WithCancel(context.Background())
 	go u.run()
 	return u, nil
@@ -147,9 +135,8 @@ func (u *Uploader) Flush(ctx context.Context) error {
 // node's spool) are deleted one by one once auth has them; segments are
 // read on from where the last scan stopped and deleted once auth has all
 // of them and the writer has moved on to a later segment (or the final
-// chunk is shipped, which removes the session). A session left by an
-// earlier run of the node (its writer is gone) is removed once all of it
-// is shipped.
+// chunk is shipped, which removes the session). A session whose writer
+// is gone (spool.go, lockName) is removed once all of it is shipped.
 func (u *Uploader) flushSession(ctx context.Context, session string) error {
 	chunks, segs, err := u.cfg.Spool.sessionFiles(session)
 	if trace.IsNotFound(err) {
@@ -163,7 +150,6 @@ func (u *Uploader) flushSession(ctx context.Context, session string) error {
 		// Nothing follows a final chunk: the session is done here.
 		_ = os.RemoveAll(filepath.Join(u.cfg.Spool.Dir, session))
 		delete(u.cursors, session)
-		delete(u.orphans, session)
 	}
 	for _, i := range chunks {
 		c, err := u.cfg.Spool.GetChunk(ctx, session, i)
@@ -227,10 +213,12 @@ func (u *Uploader) flushSession(ctx context.Context, session string) error {
 			}
 		}
 	}
-	if u.orphans[session] {
-		// An earlier run's session: what it spooled is all shipped, and
-		// nothing more will come (the recording stays incomplete).
+	if lock, gone := u.cfg.Spool.writerGone(session); gone {
+		// A dead writer's session (a killed node's, found after its
+		// restart): all it spooled is shipped, and nothing more will come
+		// (the recording stays incomplete).
 		done()
+		lock.Close()
 	}
 	return nil
 }
