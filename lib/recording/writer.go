@@ -494,6 +494,10 @@ func (w *Writer) Close(exitLabel string) (string, error) {
 	return w.finalHex, trace.Wrap(w.sinkErr)
 }
 
+// MaxBytes is the cap in effect (Config.MaxBytes, or DefaultMaxBytes when
+// that was zero).
+func (w *Writer) MaxBytes() int64 { return w.cfg.MaxBytes }
+
 // Capped reports whether MaxBytes stopped the recording (as far as the
 // store goroutine has got; final once Close has returned).
 func (w *Writer) Capped() bool { return w.capped.Load() }
