@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/bits"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -288,7 +289,8 @@ var eventCodes = [256]string{codeOutput: "o", codeInput: "i", codeResize: "r", c
 // written before this fast path are byte for byte the same).
 //
 // Terminal output is mostly printable ASCII, so runs of it are skipped
-// eight bytes at a time (safeWord) and copied in one append.
+// eight bytes at a time (unsafeBytes), straight to the next byte that
+// needs a look, and copied in one append.
 func appendEvent(dst []byte, t float64, code string, p []byte) []byte {
 	dst = append(dst, '[')
 	dst = strconv.AppendFloat(dst, t, 'f', 6, 64)
@@ -297,9 +299,14 @@ func appendEvent(dst []byte, t float64, code string, p []byte) []byte {
 	dst = append(dst, '"', ',', '"')
 	start := 0
 	for i := 0; i < len(p); {
-		if i+8 <= len(p) && safeWord(binary.LittleEndian.Uint64(p[i:])) {
-			i += 8
-			continue
+		if i+8 <= len(p) {
+			if m := unsafeBytes(binary.LittleEndian.Uint64(p[i:])); m == 0 {
+				i += 8
+				continue
+			} else {
+				// Straight to the first byte that is not plain ASCII.
+				i += bits.TrailingZeros64(m) >> 3
+			}
 		}
 		c := p[i]
 		if safeASCII[c] {
@@ -355,15 +362,17 @@ const (
 	hi = 0x8080808080808080
 )
 
-// safeWord reports whether all eight bytes of v are safeASCII: none has
-// its high bit set, none is below 0x20, none is '"' or '\\'.
-func safeWord(v uint64) bool {
+// unsafeBytes flags the bytes of v (eight, little-endian) that are not
+// safeASCII: its lowest set bit is the high bit of the first such byte.
+// (Above that one, a borrow may flag a safe byte too: only the first
+// flag is exact, and only the first is used.)
+func unsafeBytes(v uint64) uint64 {
 	below := (v - 0x20*lo) &^ v      // high bit set where a byte < 0x20 (or >= 0x80)
 	quote := v ^ '"'*lo              // zero where a byte is '"'
 	quote = (quote - lo) &^ quote    // high bit set there
 	bslash := v ^ '\\'*lo            // zero where a byte is '\\'
 	bslash = (bslash - lo) &^ bslash // high bit set there
-	return (v|below|quote|bslash)&hi == 0
+	return (v | below | quote | bslash) & hi
 }
 
 func (w *Writer) armLocked() {
