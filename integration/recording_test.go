@@ -66,7 +66,7 @@ func TestSessionRecordedEndToEnd(t *testing.T) {
 	// No cap configured: the default, 256 MiB, is the one in effect on
 	// the node (from auth's networking config through the node's recorder
 	// to the session's writer).
-	require.EqualValues(t, 256<<20, maxBytes, "session.start's max_recording_bytes")
+	require.Equal(t, "268435456", fmt.Sprint(maxBytes), "session.start's max_recording_bytes")
 
 	out := mustPctl(t, c.dataDir, "", "recordings", "verify", sid)
 	require.Contains(t, out, "OK")

@@ -190,7 +190,6 @@ func New(cfg Config) (*Writer, error) {
 	h.Version = 2
 	w := &Writer{cfg: cfg, start: cfg.Clock.Now(), queue: make(chan batch, storeQueue), stored: make(chan struct{})}
 	w.rawBatch = max(1, cfg.ChunkBytes-cfg.ChunkBytes/8)
-	w.raw = rawPool.Get().([]byte)[:0]
 	h.Timestamp = w.start.Unix()
 	line, err := json.Marshal(h)
 	if err != nil {
@@ -227,6 +226,10 @@ func (w *Writer) event(code byte, data []byte) {
 	defer w.mu.Unlock()
 	if w.closed {
 		return
+	}
+	if w.raw == nil {
+		// A buffer only while events wait: an idle session holds none.
+		w.raw = rawPool.Get().([]byte)[:0]
 	}
 	w.raw = appendRaw(w.raw, w.nowLocked(), code, data)
 	w.atLeast += int64(len(data)) + minEncodedEvent
@@ -274,8 +277,13 @@ func nextRaw(b []byte) (t float64, code byte, data, rest []byte) {
 	return t, code, b[rawHeader : rawHeader+n], b[rawHeader+n:]
 }
 
-// rawPool recycles batch buffers between the writer and store.
-var rawPool = sync.Pool{New: func() any { return make([]byte, 0, DefaultChunkBytes+64<<10) }}
+// rawPool recycles batch buffers between the writer and store, chunkPool
+// store's chunk buffers. Both are taken only while there are events, so
+// that the thousand idle sessions of a busy node hold no buffers.
+var (
+	rawPool   = sync.Pool{New: func() any { return make([]byte, 0, DefaultChunkBytes+64<<10) }}
+	chunkPool = sync.Pool{New: func() any { return make([]byte, 0, DefaultChunkBytes+64<<10) }}
+)
 
 // eventCodes are the asciicast codes of the raw ones.
 var eventCodes = [256]string{codeOutput: "o", codeInput: "i", codeResize: "r", codeMarker: "m"}
@@ -399,7 +407,7 @@ func (w *Writer) handOffLocked(b batch) {
 	}
 	b.raw = w.raw
 	w.queue <- b
-	w.raw = rawPool.Get().([]byte)[:0]
+	w.raw = nil
 }
 
 // store turns batches into chunks, in order: it encodes each event into
@@ -410,7 +418,7 @@ func (w *Writer) handOffLocked(b batch) {
 func (w *Writer) store(header []byte) {
 	defer close(w.stored)
 	var (
-		chunk   = append(make([]byte, 0, w.cfg.ChunkBytes+64<<10), header...)
+		chunk   []byte // from chunkPool while a batch is encoded
 		index   int
 		written int64 // event bytes recorded so far
 		capped  bool
@@ -434,6 +442,10 @@ func (w *Writer) store(header []byte) {
 		}
 	}
 	for b := range w.queue {
+		chunk = chunkPool.Get().([]byte)[:0]
+		if index == 0 {
+			chunk = append(chunk, header...)
+		}
 		for rest := b.raw; len(rest) > 0 && !capped; {
 			var t float64
 			var code byte
@@ -475,6 +487,13 @@ func (w *Writer) store(header []byte) {
 		case len(chunk) > 0:
 			closeChunk(false)
 		}
+		// Every batch ends a chunk: between batches (an idle session)
+		// store holds no buffer.
+		if cap(chunk) <= DefaultChunkBytes+64<<10 {
+			//lint:ignore SA6002 one slice header per batch is cheap
+			chunkPool.Put(chunk[:0])
+		}
+		chunk = nil
 	}
 	w.finalHex = prev
 	// A sink with files open (SpoolSink) syncs and closes them now: the
