@@ -102,7 +102,7 @@ func TestAppendEventRoundTrips(t *testing.T) {
 // of every byte that needs escaping or replacing, so a recording's bytes
 // and hashes do not depend on the Postern version that made it.
 func TestAppendEventMatchesEarlierEncoder(t *testing.T) {
-	special := []string{"\x00", "\x1b", "\x1f", " ", "\"", "\\", "\n", "\r", "\t", "\x7f", "\x80", "\xff", "é", "漢", "\U0001F600", "\xe6\xbc", "\uFFFD", "\u2028"}
+	special := []string{"\r\n", "\r\r\n", "\x00", "\x1b", "\x1f", " ", "\"", "\\", "\n", "\r", "\t", "\x7f", "\x80", "\xff", "é", "漢", "\U0001F600", "\xe6\xbc", "\uFFFD", "\u2028"}
 	for _, sp := range special {
 		for pre := 0; pre < 17; pre++ {
 			for post := 0; post < 10; post++ {

@@ -334,19 +334,14 @@ func appendEvent(dst []byte, t float64, code string, p []byte) []byte {
 			continue
 		}
 		dst = append(dst, p[start:i]...)
-		switch c {
-		case '"', '\\':
-			dst = append(dst, '\\', c)
-		case '\n':
-			dst = append(dst, '\\', 'n')
-		case '\r':
-			dst = append(dst, '\\', 'r')
-		case '\t':
-			dst = append(dst, '\\', 't')
-		default:
-			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+		if c == '\r' && i+1 < len(p) && p[i+1] == '\n' {
+			// A terminal's line end, the most common escape by far.
+			dst = append(dst, `\r\n`...)
+			i += 2
+		} else {
+			dst = append(dst, jsonEscapes[c]...)
+			i++
 		}
-		i++
 		start = i
 	}
 	dst = append(dst, p[start:]...)
@@ -354,6 +349,16 @@ func appendEvent(dst []byte, t float64, code string, p []byte) []byte {
 }
 
 const hexDigits = "0123456789abcdef"
+
+// jsonEscapes[c] is how byte c (below 0x20, '"' or '\\') is written in a
+// JSON string, as encoding/json writes it.
+var jsonEscapes = func() (t [256]string) {
+	for c := 0; c < 0x20; c++ {
+		t[c] = `\u00` + string(hexDigits[c>>4]) + string(hexDigits[c&0xf])
+	}
+	t['"'], t['\\'], t['\n'], t['\r'], t['\t'] = `\"`, `\\`, `\n`, `\r`, `\t`
+	return t
+}()
 
 // safeASCII[c] says that byte c goes into a JSON string as it is.
 var safeASCII = func() (t [256]bool) {
