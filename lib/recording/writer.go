@@ -474,7 +474,7 @@ func (w *Writer) store(header []byte) {
 				w.cfg.OnCap()
 			}
 		}
-		if cap(b.raw) <= DefaultChunkBytes+64<<10 {
+		if c := cap(b.raw); c > 0 && c <= DefaultChunkBytes+64<<10 {
 			//lint:ignore SA6002 one slice header per batch is cheap
 			rawPool.Put(b.raw[:0])
 		}
