@@ -400,11 +400,10 @@ func createLock(dir string) (*os.File, error) {
 	if err != nil {
 		return nil, trace.ConvertSystemError(err)
 	}
-	if _, err := tryLock(f); err != nil {
-		f.Close()
-		_ = os.Remove(f.Name())
-		return nil, trace.Wrap(err)
-	}
+	// A file system without flock (some network ones) still records: the
+	// lock then only fails the uploader's test too, and it leaves a dead
+	// writer's shipped remains in the spool rather than risk a live one.
+	_, _ = tryLock(f)
 	if err := os.Rename(f.Name(), filepath.Join(dir, lockName)); err != nil {
 		f.Close()
 		_ = os.Remove(f.Name())
