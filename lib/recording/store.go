@@ -49,9 +49,11 @@ type Storage interface {
 	List(ctx context.Context) ([]Meta, error)
 }
 
-// DirStorage keeps one directory per session, one file per chunk
-// (NNNNNNNN.chunk, the Chunk as JSON). It is both the node's spool
-// (DATA_DIR/recordings) and the auth server's store.
+// DirStorage keeps one directory per session. The auth server's store
+// has one file per chunk (NNNNNNNN.chunk, the Chunk as JSON); the node's
+// spool (DATA_DIR/recordings) has segment files of many chunks
+// (spool.go), and an older node's spool chunk files. DirStorage reads
+// both layouts.
 type DirStorage struct{ Dir string }
 
 var (
@@ -283,8 +285,10 @@ func HeaderOf(gz []byte) (*Header, error) {
 	return &h, nil
 }
 
-// DirSink writes one session's chunks to a DirStorage and tells Notify
-// (the uploader) that a chunk is ready.
+// DirSink writes one session's chunks to a DirStorage, one file per chunk
+// (the auth server's layout: tools and tests that write a store directly
+// use it; a node's recordings go through SpoolSink), and tells Notify that
+// a chunk is ready.
 //
 // Durability. A chunk is in the file system (renamed into place) before
 // WriteChunk returns, so a node process killed with SIGKILL loses nothing
