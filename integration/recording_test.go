@@ -43,10 +43,12 @@ func TestSessionRecordedEndToEnd(t *testing.T) {
 	require.Equal(t, 3, exitErr.ExitStatus())
 
 	var sid, hash string
+	var maxBytes any
 	require.Eventually(t, func() bool {
 		for _, e := range eventsLs(t, c.dataDir) {
 			if e.Type == events.SessionStart && e.Fields[events.FieldCommand] == cmd {
 				sid, _ = e.Fields[events.FieldSessionID].(string)
+				maxBytes = e.Fields["max_recording_bytes"]
 			}
 		}
 		for _, e := range eventsLs(t, c.dataDir) {
@@ -60,6 +62,11 @@ func TestSessionRecordedEndToEnd(t *testing.T) {
 		ls, _, err := pctl(t, c.dataDir, "", "recordings", "ls")
 		return err == nil && regexp.MustCompile(sid+`.*\btrue\b`).MatchString(ls)
 	}, 30*time.Second, 100*time.Millisecond, "the recording reaches auth, complete")
+
+	// No cap configured: the default, 256 MiB, is the one in effect on
+	// the node (from auth's networking config through the node's recorder
+	// to the session's writer).
+	require.Equal(t, "268435456", fmt.Sprint(maxBytes), "session.start's max_recording_bytes")
 
 	out := mustPctl(t, c.dataDir, "", "recordings", "verify", sid)
 	require.Contains(t, out, "OK")

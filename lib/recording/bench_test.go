@@ -11,17 +11,17 @@ import (
 )
 
 // BenchmarkWriter: the writer alone (asciicast encoding, gzip, the hash
-// chain, the chunk files with their fsync) on terminal-like output in
-// 32 KiB reads, as a pty copy delivers it. cpu-ms/MB is the process's
-// CPU (the caller's encoding and the store goroutine's gzip, hashing and
-// file writes) per recorded MB; ns/op is wall time, in which the store
-// goroutine overlaps the caller on a second core.
+// chain, the spool's segment files with their fsync) on terminal-like
+// output in 32 KiB reads, as a pty copy delivers it. cpu-ms/MB is the
+// process's CPU (the caller's copy and the store goroutine's encoding,
+// gzip, hashing and file writes) per recorded MB; ns/op is wall time, in
+// which the store goroutine overlaps the caller on a second core.
 func BenchmarkWriter(b *testing.B) {
 	line := []byte("\x1b[32m  CC\x1b[0m      lib/recording/writer.o -O2 -Wall -fstack-protector-strong [ok]\r\n")
 	read := bytes.Repeat(line, (32<<10)/len(line))
 	w, err := New(Config{
 		Header:   Header{SessionID: testSession, Width: 200, Height: 50},
-		Sink:     &DirSink{Storage: DirStorage{Dir: b.TempDir()}, Session: testSession},
+		Sink:     &SpoolSink{Storage: DirStorage{Dir: b.TempDir()}, Session: testSession},
 		Clock:    clockwork.NewFakeClock(),
 		MaxBytes: 1 << 40,
 	})

@@ -3,6 +3,7 @@ package recording
 import (
 	"bytes"
 	"encoding/binary"
+	"math/bits"
 	"strconv"
 	"strings"
 	"testing"
@@ -101,7 +102,7 @@ func TestAppendEventRoundTrips(t *testing.T) {
 // of every byte that needs escaping or replacing, so a recording's bytes
 // and hashes do not depend on the Postern version that made it.
 func TestAppendEventMatchesEarlierEncoder(t *testing.T) {
-	special := []string{"\x00", "\x1b", "\x1f", " ", "\"", "\\", "\n", "\r", "\t", "\x7f", "\x80", "\xff", "é", "漢", "\U0001F600", "\xe6\xbc", "\uFFFD", "\u2028"}
+	special := []string{"\r\n", "\r\r\n", "\x00", "\x1b", "\x1f", " ", "\"", "\\", "\n", "\r", "\t", "\x7f", "\x80", "\xff", "é", "漢", "\U0001F600", "\xe6\xbc", "\uFFFD", "\u2028"}
 	for _, sp := range special {
 		for pre := 0; pre < 17; pre++ {
 			for post := 0; post < 10; post++ {
@@ -110,13 +111,39 @@ func TestAppendEventMatchesEarlierEncoder(t *testing.T) {
 			}
 		}
 	}
+	// unsafeBytes' first flag is the first byte that is not safeASCII,
+	// wherever it is and whatever follows it (a borrow only flags bytes
+	// above a real one).
+	first := func(w []byte) int {
+		m := unsafeBytes(binary.LittleEndian.Uint64(w))
+		if m == 0 {
+			return 8
+		}
+		return bits.TrailingZeros64(m) >> 3
+	}
 	for c := 0; c < 256; c++ {
-		v := bytes.Repeat([]byte{byte(c)}, 8)
-		require.Equal(t, c >= 0x20 && c < 0x80 && c != '"' && c != '\\', safeWord(binary.LittleEndian.Uint64(v)), "byte %#x", c)
+		want := 8
+		if !safeASCII[c] {
+			want = 0
+		}
+		require.Equal(t, want, first(bytes.Repeat([]byte{byte(c)}, 8)), "byte %#x", c)
 		for i := 0; i < 8; i++ {
-			w := []byte("abcdefgh")
-			w[i] = byte(c)
-			require.Equal(t, safeASCII[c], safeWord(binary.LittleEndian.Uint64(w)), "byte %#x at %d", c, i)
+			for d := 0; d < 256; d++ {
+				for j := i + 1; j < 8; j++ {
+					w := []byte("abcdefgh")
+					w[i], w[j] = byte(c), byte(d)
+					want := 8
+					switch {
+					case !safeASCII[c]:
+						want = i
+					case !safeASCII[d]:
+						want = j
+					}
+					if got := first(w); got != want {
+						t.Fatalf("%q: first unsafe byte at %d, flagged %d", w, want, got)
+					}
+				}
+			}
 		}
 	}
 }

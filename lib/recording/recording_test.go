@@ -314,3 +314,52 @@ func TestChunkFileIsJSONMarshal(t *testing.T) {
 		require.Equal(t, "prefix"+string(want), string(got))
 	}
 }
+
+// A writer left at the default cap records exactly 256 MiB of event
+// lines, then the cap's marker, then (after Close) the exit status: the
+// default is in effect, not only a configured cap.
+func TestWriterCapsAtTheDefault(t *testing.T) {
+	if raceEnabled {
+		// 256 MiB through instrumented byte loops takes half a minute of
+		// a shared machine; the writer's concurrency is covered by the
+		// other tests, this one is about the number.
+		t.Skip("runs without -race (256 MiB of events)")
+	}
+	var decoded int64
+	var tail []byte // the last two chunks
+	sink := sinkFunc(func(c Chunk) error {
+		b, err := DecodeChunk(c.Data)
+		if err != nil {
+			return err
+		}
+		decoded += int64(len(b))
+		if len(b) < 64<<10 {
+			tail = append(tail, b...)
+		} else {
+			tail = nil
+		}
+		return nil
+	})
+	capped := make(chan struct{}, 1)
+	w := newTestWriter(t, clockwork.NewFakeClock(), sink, func(c *Config) {
+		c.OnCap = func() { capped <- struct{}{} }
+	})
+	require.EqualValues(t, 256<<20, w.MaxBytes())
+	read := bytes.Repeat([]byte("a"), 1<<20)
+	for i := 0; i < 260; i++ {
+		w.Output(read)
+	}
+	<-capped
+	require.True(t, w.Capped())
+	_, err := w.Close("exit-status 0")
+	require.NoError(t, err)
+	// 255 whole 1 MiB events fit (each line is 1 MiB and a few bytes);
+	// the 256th would pass the cap.
+	require.Greater(t, decoded, int64(255<<20))
+	require.Less(t, decoded, int64(256<<20)+4096)
+	require.Regexp(t, `^\[[0-9.]+,"m","recording stopped: max_recording_bytes \(268435456\) reached"\]\n\[[0-9.]+,"m","exit-status 0"\]\n$`, string(tail))
+}
+
+type sinkFunc func(Chunk) error
+
+func (f sinkFunc) WriteChunk(c Chunk) error { return f(c) }

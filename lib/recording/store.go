@@ -49,9 +49,11 @@ type Storage interface {
 	List(ctx context.Context) ([]Meta, error)
 }
 
-// DirStorage keeps one directory per session, one file per chunk
-// (NNNNNNNN.chunk, the Chunk as JSON). It is both the node's spool
-// (DATA_DIR/recordings) and the auth server's store.
+// DirStorage keeps one directory per session. The auth server's store
+// has one file per chunk (NNNNNNNN.chunk, the Chunk as JSON); the node's
+// spool (DATA_DIR/recordings) has segment files of many chunks
+// (spool.go), and an older node's spool chunk files. DirStorage reads
+// both layouts.
 type DirStorage struct{ Dir string }
 
 var (
@@ -124,38 +126,36 @@ func (d DirStorage) putChunk(session string, c Chunk, sync bool) (string, error)
 	return path, nil
 }
 
-// ChunkIndexes lists the chunk indexes stored for session, ascending.
-// A session with no directory is NotFound.
+// ChunkIndexes lists the chunk indexes stored for session, ascending:
+// chunk files and the whole lines of segments (spool.go). A session with
+// no directory is NotFound.
 func (d DirStorage) ChunkIndexes(_ context.Context, session string) ([]int, error) {
-	if err := CheckSessionID(session); err != nil {
+	out, segs, err := d.sessionFiles(session)
+	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	ents, err := os.ReadDir(filepath.Join(d.Dir, session))
-	if err != nil {
-		return nil, trace.ConvertSystemError(err)
-	}
-	var out []int
-	for _, e := range ents {
-		name, ok := strings.CutSuffix(e.Name(), ".chunk")
-		if !ok {
-			continue
-		}
-		n, err := strconv.Atoi(name)
+	for _, first := range segs {
+		idx, err := d.segmentIndexes(session, first)
 		if err != nil {
-			continue
+			return nil, trace.Wrap(err)
 		}
-		out = append(out, n)
+		out = append(out, idx...)
 	}
 	sort.Ints(out)
 	return out, nil
 }
 
-// GetChunk reads one chunk file; its stored index must match its name.
+// GetChunk reads one chunk, from its chunk file or its segment; its
+// stored index must match where it was found.
 func (d DirStorage) GetChunk(_ context.Context, session string, i int) (*Chunk, error) {
 	if err := CheckSessionID(session); err != nil {
 		return nil, trace.Wrap(err)
 	}
 	data, err := os.ReadFile(filepath.Join(d.Dir, session, chunkName(i)))
+	if os.IsNotExist(err) {
+		c, err := d.segmentChunk(session, i)
+		return c, trace.Wrap(err)
+	}
 	if err != nil {
 		return nil, trace.ConvertSystemError(err)
 	}
@@ -285,8 +285,10 @@ func HeaderOf(gz []byte) (*Header, error) {
 	return &h, nil
 }
 
-// DirSink writes one session's chunks to a DirStorage and tells Notify
-// (the uploader) that a chunk is ready.
+// DirSink writes one session's chunks to a DirStorage, one file per chunk
+// (the auth server's layout: tools and tests that write a store directly
+// use it; a node's recordings go through SpoolSink), and tells Notify that
+// a chunk is ready.
 //
 // Durability. A chunk is in the file system (renamed into place) before
 // WriteChunk returns, so a node process killed with SIGKILL loses nothing

@@ -2,6 +2,7 @@ package recording
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"sync"
@@ -44,8 +45,11 @@ type Uploader struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
-	// mu serialises scans (Run's loop only; Flush in tests).
+	// mu serialises scans (Run's loop only; Flush in tests) and guards
+	// what follows.
 	mu sync.Mutex
+	// cursors: how far each session's segments are shipped.
+	cursors map[string]*segmentReader
 }
 
 // NewUploader starts the upload loop; Close stops it.
@@ -68,7 +72,8 @@ func NewUploader(cfg UploaderConfig) (*Uploader, error) {
 	if err := os.MkdirAll(cfg.Spool.Dir, 0o700); err != nil {
 		return nil, trace.ConvertSystemError(err)
 	}
-	u := &Uploader{cfg: cfg, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	u := &Uploader{cfg: cfg, kick: make(chan struct{}, 1), done: make(chan struct{}),
+		cursors: map[string]*segmentReader{}}
 	u.ctx, u.cancel = context.WithCancel(context.Background())
 	go u.run()
 	return u, nil
@@ -126,12 +131,27 @@ func (u *Uploader) Flush(ctx context.Context) error {
 	return nil
 }
 
+// flushSession ships a session's chunks in order: chunk files (an older
+// node's spool) are deleted one by one once auth has them; segments are
+// read on from where the last scan stopped and deleted once auth has all
+// of them and the writer has moved on to a later segment (or the final
+// chunk is shipped, which removes the session). A session whose writer
+// is gone (spool.go, lockName) is removed once all of it is shipped.
 func (u *Uploader) flushSession(ctx context.Context, session string) error {
-	idx, err := u.cfg.Spool.ChunkIndexes(ctx, session)
+	chunks, segs, err := u.cfg.Spool.sessionFiles(session)
+	if trace.IsNotFound(err) {
+		delete(u.cursors, session)
+		return nil
+	}
 	if err != nil {
 		return trace.Wrap(err)
 	}
-	for _, i := range idx {
+	done := func() {
+		// Nothing follows a final chunk: the session is done here.
+		_ = os.RemoveAll(filepath.Join(u.cfg.Spool.Dir, session))
+		delete(u.cursors, session)
+	}
+	for _, i := range chunks {
 		c, err := u.cfg.Spool.GetChunk(ctx, session, i)
 		if err != nil {
 			return trace.Wrap(err)
@@ -143,9 +163,62 @@ func (u *Uploader) flushSession(ctx context.Context, session string) error {
 			return trace.Wrap(err)
 		}
 		if c.Final {
-			// Nothing follows a final chunk: the session is done here.
-			_ = os.RemoveAll(filepath.Join(u.cfg.Spool.Dir, session))
+			done()
+			return nil
 		}
+	}
+	cur := u.cursors[session]
+	for k, first := range segs {
+		if cur != nil && first < cur.first {
+			// Shipped already; its removal failed last time.
+			_ = os.Remove(filepath.Join(u.cfg.Spool.Dir, session, segmentName(first)))
+			continue
+		}
+		if cur == nil || first > cur.first {
+			cur = &segmentReader{first: first}
+			u.cursors[session] = cur
+		}
+		data, err := u.cfg.Spool.readSegmentFrom(session, first, cur.off)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		final := false
+		n, err := wholeLines(data, func(line []byte) error {
+			var c Chunk
+			if err := json.Unmarshal(line, &c); err != nil {
+				return trace.BadParameter("spooled segment %s of %s is unreadable at byte %d: %v", segmentName(first), session, cur.off, err)
+			}
+			if err := u.cfg.Upload.PutRecordingChunk(ctx, session, c); err != nil {
+				return trace.Wrap(err, "uploading chunk %d of %s", c.Index, session)
+			}
+			cur.off += int64(len(line)) + 1
+			final = final || c.Final
+			return nil
+		})
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		if final {
+			done()
+			return nil
+		}
+		if k < len(segs)-1 {
+			// The writer has moved on: nothing more comes to this one
+			// (a torn tail can only be the last segment's).
+			if n < len(data) {
+				u.cfg.Logger.WithField("session_id", session).Warnf("Spooled segment %s ends in a torn chunk; skipped.", segmentName(first))
+			}
+			if err := os.Remove(filepath.Join(u.cfg.Spool.Dir, session, segmentName(first))); err != nil {
+				return trace.ConvertSystemError(err)
+			}
+		}
+	}
+	if lock, gone := u.cfg.Spool.writerGone(session); gone {
+		// A dead writer's session (a killed node's, found after its
+		// restart): all it spooled is shipped, and nothing more will come
+		// (the recording stays incomplete).
+		done()
+		lock.Close()
 	}
 	return nil
 }

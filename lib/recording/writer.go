@@ -4,8 +4,12 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
+	"math"
+	"math/bits"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -46,7 +50,9 @@ type Header struct {
 	Cluster      string `json:"cluster"`
 }
 
-// Sink stores closed chunks; DirSink writes them to disk.
+// Sink stores closed chunks: SpoolSink into the node's spool, DirSink one
+// file per chunk. A Sink that is also an io.Closer is closed after the
+// final chunk.
 type Sink interface {
 	WriteChunk(c Chunk) error
 }
@@ -70,8 +76,8 @@ type Config struct {
 	// typed at prompts are input.
 	RecordInput bool
 	// OnCap is called once when MaxBytes is reached (the session emits an
-	// audit event), from the goroutine whose event hit the cap, without the
-	// writer's lock held. Nil means nothing is called.
+	// audit event), from the writer's store goroutine, before Close
+	// returns. Nil means nothing is called.
 	OnCap func()
 	// Logger: nil means component=recording.
 	Logger logrus.FieldLogger
@@ -105,127 +111,182 @@ func (c *Config) CheckAndSetDefaults() error {
 
 // Writer records one session. Its methods are safe for concurrent use
 // (the pty copy, the request loop and the flush timer call them).
+//
+// The session's output copy calls Output on every pty read, so the work
+// done there is kept to a copy of the bytes: each event is appended raw
+// (time, code, data) to a batch, and one goroutine per recording (store)
+// encodes the batches as asciicast lines, cuts them into chunks,
+// compresses, chains and stores them. The chunks are what they were when
+// the copy encoded them itself: a chunk closes at ChunkBytes of encoded
+// lines or FlushInterval after its first event, whichever comes first.
 type Writer struct {
 	cfg   Config
 	start time.Time
 
-	// mu guards everything below; held while a chunk is compressed and
-	// handed to the sink (a disk write), never while waiting on the network.
-	mu       sync.Mutex
-	buf      []byte
-	last     float64 // last event time, so times never go back
-	index    int
-	written  int64 // event bytes recorded so far
-	capped   bool
-	closed   bool
-	timer    clockwork.Timer // flush timer, armed while buf holds events
-	finalHex string
+	// mu guards the batch being filled; never held while waiting on the
+	// disk or the network, only while handing a full batch to store.
+	mu     sync.Mutex
+	raw    []byte  // events since the last hand-off (appendRaw)
+	last   float64 // last event time, so times never go back
+	closed bool
+	timer  clockwork.Timer // flush timer, armed while raw holds events
+	// atLeast is a lower bound of the encoded event bytes so far: past
+	// MaxBytes, the cap is certainly reached, and capSeen says that the
+	// batch was handed over for store to notice.
+	atLeast int64
+	capSeen bool
+	// rawBatch is when a batch is handed over by size: a little under
+	// ChunkBytes, because encoding only adds bytes (escapes), so that a
+	// batch of text becomes one chunk.
+	rawBatch int
 
-	// Closed chunks are compressed, hashed and stored by one goroutine
-	// (store), in order, so that the session's output copy never waits
-	// on gzip or fsync; queue bounds how far it may fall behind (then the
-	// copy waits: memory stays bounded).
-	queue  chan pendingChunk
+	// capped is set by store when MaxBytes is reached: from then on the
+	// copy does not even append.
+	capped atomic.Bool
+
+	// queue bounds how far store may fall behind. When it is full the
+	// copy waits (backpressure): a recorder that fell behind slows the
+	// session's output rather than losing it, because output dropped
+	// silently would let a flood of output hide what followed it. store
+	// encodes and compresses far faster than a pty delivers, so in
+	// practice the queue never fills; the memory it holds stays bounded.
+	queue  chan batch
 	stored chan struct{} // closed when store has returned
-	// sinkErr is the first storing error; read after stored is closed.
-	sinkErr error
+	// finalHex and sinkErr (the first storing error) are read after
+	// stored is closed.
+	finalHex string
+	sinkErr  error
 }
 
-// pendingChunk is a closed chunk on its way to the sink.
-type pendingChunk struct {
-	index int
+// batch is a run of raw events on its way to store. Every batch ends a
+// chunk: it is handed over at rawBatch bytes or by the flush timer.
+type batch struct {
+	raw   []byte
 	final bool
-	data  []byte
+	// The last markers of a final batch: exit (when set) and, when the
+	// last chunk would otherwise be empty, "end", both timed at.
+	exit string
+	at   float64
 }
 
-// storeQueue is how many closed chunks may wait for the store goroutine:
-// with DefaultChunkBytes, about a MiB.
+// storeQueue is how many batches may wait for the store goroutine: with
+// DefaultChunkBytes, under a MiB.
 const storeQueue = 4
+
+// Raw event codes; each is one byte in a batch.
+const (
+	codeOutput = 'o'
+	codeInput  = 'i'
+	codeResize = 'r'
+	codeMarker = 'm'
+)
 
 // New starts a recording: the header goes into the first chunk.
 func New(cfg Config) (*Writer, error) {
 	if err := cfg.CheckAndSetDefaults(); err != nil {
 		return nil, trace.Wrap(err)
 	}
-	w := &Writer{cfg: cfg, start: cfg.Clock.Now(), queue: make(chan pendingChunk, storeQueue), stored: make(chan struct{})}
-	go w.store()
 	h := cfg.Header
 	h.Version = 2
+	w := &Writer{cfg: cfg, start: cfg.Clock.Now(), queue: make(chan batch, storeQueue), stored: make(chan struct{})}
+	w.rawBatch = max(1, cfg.ChunkBytes-cfg.ChunkBytes/8)
 	h.Timestamp = w.start.Unix()
 	line, err := json.Marshal(h)
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.buf = append(append(w.buf, line...), '\n')
-	w.armLocked()
+	go w.store(append(line, '\n'))
 	return w, nil
 }
 
 // Output records terminal output.
-func (w *Writer) Output(p []byte) { w.event("o", p) }
+func (w *Writer) Output(p []byte) { w.event(codeOutput, p) }
 
 // Input records terminal input when RecordInput is on.
 func (w *Writer) Input(p []byte) {
 	if w.cfg.RecordInput {
-		w.event("i", p)
+		w.event(codeInput, p)
 	}
 }
 
 // Resize records a terminal size change.
 func (w *Writer) Resize(cols, rows uint32) {
-	w.event("r", []byte(fmt.Sprintf("%dx%d", cols, rows)))
+	w.event(codeResize, []byte(fmt.Sprintf("%dx%d", cols, rows)))
 }
 
 // Marker records a named point (exec command, sftp, agent, exit status).
-func (w *Writer) Marker(label string) { w.event("m", []byte(label)) }
+func (w *Writer) Marker(label string) { w.event(codeMarker, []byte(label)) }
 
-func (w *Writer) event(code string, data []byte) {
-	if w.eventLocking(code, data) && w.cfg.OnCap != nil {
-		w.cfg.OnCap()
+// event appends one raw event to the batch: a copy, no encoding.
+func (w *Writer) event(code byte, data []byte) {
+	if w.capped.Load() {
+		return
 	}
-}
-
-// eventLocking records one event and reports whether it hit the cap.
-// The event is encoded straight into the chunk buffer (no copy of the
-// pty read, no scratch line): this runs on every read of a recorded
-// session's output.
-func (w *Writer) eventLocking(code string, data []byte) (capped bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.closed || w.capped {
-		return false
+	if w.closed {
+		return
 	}
-	n0 := len(w.buf)
-	w.buf = w.appendLineLocked(w.buf, code, data)
-	n := int64(len(w.buf) - n0)
-	if w.written+n > w.cfg.MaxBytes {
-		w.buf = w.buf[:n0]
-		w.capped = true
-		w.buf = w.appendLineLocked(w.buf, "m", []byte("recording stopped: max_recording_bytes ("+strconv.FormatInt(w.cfg.MaxBytes, 10)+") reached"))
-		w.flushLocked(false)
-		return true
+	if w.raw == nil {
+		// A buffer only while events wait: an idle session holds none.
+		w.raw = rawPool.Get().([]byte)[:0]
 	}
-	w.written += n
-	if len(w.buf) >= w.cfg.ChunkBytes {
-		w.flushLocked(false)
-		return false
+	w.raw = appendRaw(w.raw, w.nowLocked(), code, data)
+	w.atLeast += int64(len(data)) + minEncodedEvent
+	if len(w.raw) >= w.rawBatch || (w.atLeast > w.cfg.MaxBytes && !w.capSeen) {
+		// At the cap, at once: the cap's marker and audit event come
+		// when the event that hit it is recorded, not a second later.
+		w.capSeen = w.atLeast > w.cfg.MaxBytes
+		w.handOffLocked(batch{})
+		return
 	}
 	w.armLocked()
-	return false
 }
 
-// appendLineLocked appends one event to dst, timed now (never before the
-// previous event).
-func (w *Writer) appendLineLocked(dst []byte, code string, data []byte) []byte {
+// minEncodedEvent is the least an event's line adds to its data:
+// `[0.000000,"o",""]` and a newline.
+const minEncodedEvent = 18
+
+// nowLocked is the time of an event in the recording, never before the
+// previous event's.
+func (w *Writer) nowLocked() float64 {
 	t := w.cfg.Clock.Since(w.start).Seconds()
 	if t < w.last {
 		t = w.last
 	}
 	w.last = t
-	return appendEvent(dst, t, code, data)
+	return t
 }
+
+// rawHeader is a raw event's header: the time (float64 bits), the code,
+// the data's length.
+const rawHeader = 8 + 1 + 4
+
+func appendRaw(dst []byte, t float64, code byte, data []byte) []byte {
+	dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(t))
+	dst = append(dst, code)
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(data)))
+	return append(dst, data...)
+}
+
+// nextRaw splits the first raw event off b.
+func nextRaw(b []byte) (t float64, code byte, data, rest []byte) {
+	t = math.Float64frombits(binary.LittleEndian.Uint64(b))
+	code = b[8]
+	n := int(binary.LittleEndian.Uint32(b[9:]))
+	return t, code, b[rawHeader : rawHeader+n], b[rawHeader+n:]
+}
+
+// rawPool recycles batch buffers between the writer and store, chunkPool
+// store's chunk buffers. Both are taken only while there are events, so
+// that the thousand idle sessions of a busy node hold no buffers.
+var (
+	rawPool   = sync.Pool{New: func() any { return make([]byte, 0, DefaultChunkBytes+64<<10) }}
+	chunkPool = sync.Pool{New: func() any { return make([]byte, 0, DefaultChunkBytes+64<<10) }}
+)
+
+// eventCodes are the asciicast codes of the raw ones.
+var eventCodes = [256]string{codeOutput: "o", codeInput: "i", codeResize: "r", codeMarker: "m"}
 
 // appendEvent appends `[TIME,"CODE","DATA"]\n`: what json.Marshal would
 // write, less its HTML escaping (a terminal's `<` stays one byte), by hand
@@ -236,7 +297,8 @@ func (w *Writer) appendLineLocked(dst []byte, code string, data []byte) []byte {
 // written before this fast path are byte for byte the same).
 //
 // Terminal output is mostly printable ASCII, so runs of it are skipped
-// eight bytes at a time (safeWord) and copied in one append.
+// eight bytes at a time (unsafeBytes), straight to the next byte that
+// needs a look, and copied in one append.
 func appendEvent(dst []byte, t float64, code string, p []byte) []byte {
 	dst = append(dst, '[')
 	dst = strconv.AppendFloat(dst, t, 'f', 6, 64)
@@ -245,9 +307,14 @@ func appendEvent(dst []byte, t float64, code string, p []byte) []byte {
 	dst = append(dst, '"', ',', '"')
 	start := 0
 	for i := 0; i < len(p); {
-		if i+8 <= len(p) && safeWord(binary.LittleEndian.Uint64(p[i:])) {
-			i += 8
-			continue
+		if i+8 <= len(p) {
+			if m := unsafeBytes(binary.LittleEndian.Uint64(p[i:])); m == 0 {
+				i += 8
+				continue
+			} else {
+				// Straight to the first byte that is not plain ASCII.
+				i += bits.TrailingZeros64(m) >> 3
+			}
 		}
 		c := p[i]
 		if safeASCII[c] {
@@ -267,19 +334,14 @@ func appendEvent(dst []byte, t float64, code string, p []byte) []byte {
 			continue
 		}
 		dst = append(dst, p[start:i]...)
-		switch c {
-		case '"', '\\':
-			dst = append(dst, '\\', c)
-		case '\n':
-			dst = append(dst, '\\', 'n')
-		case '\r':
-			dst = append(dst, '\\', 'r')
-		case '\t':
-			dst = append(dst, '\\', 't')
-		default:
-			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+		if c == '\r' && i+1 < len(p) && p[i+1] == '\n' {
+			// A terminal's line end, the most common escape by far.
+			dst = append(dst, `\r\n`...)
+			i += 2
+		} else {
+			dst = append(dst, jsonEscapes[c]...)
+			i++
 		}
-		i++
 		start = i
 	}
 	dst = append(dst, p[start:]...)
@@ -287,6 +349,16 @@ func appendEvent(dst []byte, t float64, code string, p []byte) []byte {
 }
 
 const hexDigits = "0123456789abcdef"
+
+// jsonEscapes[c] is how byte c (below 0x20, '"' or '\\') is written in a
+// JSON string, as encoding/json writes it.
+var jsonEscapes = func() (t [256]string) {
+	for c := 0; c < 0x20; c++ {
+		t[c] = `\u00` + string(hexDigits[c>>4]) + string(hexDigits[c&0xf])
+	}
+	t['"'], t['\\'], t['\n'], t['\r'], t['\t'] = `\"`, `\\`, `\n`, `\r`, `\t`
+	return t
+}()
 
 // safeASCII[c] says that byte c goes into a JSON string as it is.
 var safeASCII = func() (t [256]bool) {
@@ -303,19 +375,21 @@ const (
 	hi = 0x8080808080808080
 )
 
-// safeWord reports whether all eight bytes of v are safeASCII: none has
-// its high bit set, none is below 0x20, none is '"' or '\\'.
-func safeWord(v uint64) bool {
+// unsafeBytes flags the bytes of v (eight, little-endian) that are not
+// safeASCII: its lowest set bit is the high bit of the first such byte.
+// (Above that one, a borrow may flag a safe byte too: only the first
+// flag is exact, and only the first is used.)
+func unsafeBytes(v uint64) uint64 {
 	below := (v - 0x20*lo) &^ v      // high bit set where a byte < 0x20 (or >= 0x80)
 	quote := v ^ '"'*lo              // zero where a byte is '"'
 	quote = (quote - lo) &^ quote    // high bit set there
 	bslash := v ^ '\\'*lo            // zero where a byte is '\\'
 	bslash = (bslash - lo) &^ bslash // high bit set there
-	return (v|below|quote|bslash)&hi == 0
+	return (v | below | quote | bslash) & hi
 }
 
 func (w *Writer) armLocked() {
-	if w.timer == nil && len(w.buf) > 0 {
+	if w.timer == nil && len(w.raw) > 0 {
 		w.timer = w.cfg.Clock.AfterFunc(w.cfg.FlushInterval, w.onTimer)
 	}
 }
@@ -324,84 +398,139 @@ func (w *Writer) onTimer() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.timer = nil
-	if !w.closed {
-		w.flushLocked(false)
+	if !w.closed && len(w.raw) > 0 {
+		w.handOffLocked(batch{})
 	}
 }
 
-// flushLocked closes the buffered events into a chunk and hands it to the
-// sink. A final flush writes a chunk even when nothing is buffered, so the
-// final mark always exists.
-func (w *Writer) flushLocked(final bool) {
+// handOffLocked hands the batch (with b's final fields) to store, which
+// ends a chunk with it.
+func (w *Writer) handOffLocked(b batch) {
 	if w.timer != nil {
 		w.timer.Stop()
 		w.timer = nil
 	}
-	if len(w.buf) == 0 && !final {
-		return
-	}
-	if len(w.buf) == 0 {
-		// A chunk must decode to whole lines: the final mark rides on a
-		// marker of its own.
-		w.buf = w.appendLineLocked(w.buf, "m", []byte("end"))
-	}
-	w.queue <- pendingChunk{index: w.index, final: final, data: w.buf}
-	w.index++
-	w.buf = bufPool.Get().([]byte)[:0]
+	b.raw = w.raw
+	w.queue <- b
+	w.raw = nil
 }
 
-// bufPool recycles chunk buffers between the writer and store.
-var bufPool = sync.Pool{New: func() any { return make([]byte, 0, DefaultChunkBytes+64<<10) }}
-
-// store compresses, chains and stores the closed chunks in order. After a
-// storing error it keeps chaining (the hashes stay right for what was
-// stored before) but reports the first error at Close.
-func (w *Writer) store() {
+// store turns batches into chunks, in order: it encodes each event into
+// the chunk, closes the chunk at ChunkBytes and at the end of every
+// batch, and stops recording at MaxBytes with a marker. After a storing
+// error it keeps chaining (the hashes stay right for what was stored
+// before) but reports the first error at Close.
+func (w *Writer) store(header []byte) {
 	defer close(w.stored)
-	prev := ""
-	for p := range w.queue {
-		gz, err := compress(p.data)
-		if cap(p.data) <= DefaultChunkBytes+64<<10 {
-			//lint:ignore SA6002 one slice header per 256 KiB chunk is cheap
-			bufPool.Put(p.data[:0])
-		}
+	var (
+		chunk   []byte // from chunkPool while a batch is encoded
+		index   int
+		written int64 // event bytes recorded so far
+		capped  bool
+		prev    string
+	)
+	closeChunk := func(final bool) {
+		gz, err := compress(chunk)
+		chunk = chunk[:0]
 		if err == nil {
 			var h string
 			h, err = ChainHash(prev, gz)
 			if err == nil {
-				err = w.cfg.Sink.WriteChunk(Chunk{Index: p.index, Hash: h, Final: p.final, Data: gz})
+				err = w.cfg.Sink.WriteChunk(Chunk{Index: index, Hash: h, Final: final, Data: gz})
 				prev = h
 			}
 		}
+		index++
 		if err != nil && w.sinkErr == nil {
 			w.sinkErr = err
 			w.cfg.Logger.WithError(err).WithField("session_id", w.cfg.Header.SessionID).Warn("Storing a recording chunk failed.")
 		}
-		w.finalHex = prev
+	}
+	for b := range w.queue {
+		chunk = chunkPool.Get().([]byte)[:0]
+		if index == 0 {
+			chunk = append(chunk, header...)
+		}
+		for rest := b.raw; len(rest) > 0 && !capped; {
+			var t float64
+			var code byte
+			var data []byte
+			t, code, data, rest = nextRaw(rest)
+			n0 := len(chunk)
+			chunk = appendEvent(chunk, t, eventCodes[code], data)
+			if n := int64(len(chunk) - n0); written+n <= w.cfg.MaxBytes {
+				written += n
+				if len(chunk) >= w.cfg.ChunkBytes {
+					closeChunk(false)
+				}
+				continue
+			}
+			chunk = chunk[:n0]
+			capped = true
+			w.capped.Store(true)
+			chunk = appendEvent(chunk, t, "m", []byte("recording stopped: max_recording_bytes ("+strconv.FormatInt(w.cfg.MaxBytes, 10)+") reached"))
+			closeChunk(false)
+			if w.cfg.OnCap != nil {
+				w.cfg.OnCap()
+			}
+		}
+		if c := cap(b.raw); c > 0 && c <= DefaultChunkBytes+64<<10 {
+			//lint:ignore SA6002 one slice header per batch is cheap
+			rawPool.Put(b.raw[:0])
+		}
+		switch {
+		case b.final:
+			if b.exit != "" {
+				chunk = appendEvent(chunk, b.at, "m", []byte(b.exit))
+			}
+			if len(chunk) == 0 {
+				// A chunk must decode to whole lines: the final mark
+				// rides on a marker of its own.
+				chunk = appendEvent(chunk, b.at, "m", []byte("end"))
+			}
+			closeChunk(true)
+		case len(chunk) > 0:
+			closeChunk(false)
+		}
+		// Every batch ends a chunk: between batches (an idle session)
+		// store holds no buffer.
+		if cap(chunk) <= DefaultChunkBytes+64<<10 {
+			//lint:ignore SA6002 one slice header per batch is cheap
+			chunkPool.Put(chunk[:0])
+		}
+		chunk = nil
+	}
+	w.finalHex = prev
+	// A sink with files open (SpoolSink) syncs and closes them now: the
+	// final chunk is written, and Close must not return before it is
+	// durable.
+	if c, ok := w.cfg.Sink.(io.Closer); ok {
+		if err := c.Close(); err != nil && w.sinkErr == nil {
+			w.sinkErr = err
+			w.cfg.Logger.WithError(err).WithField("session_id", w.cfg.Header.SessionID).Warn("Syncing a recording failed.")
+		}
 	}
 }
 
-// Close ends the recording with exitLabel as a last marker (empty: none)
-// and returns the final hash.
+// Close ends the recording with exitLabel as a last marker (empty: none;
+// it is recorded even after the cap) and returns the final hash once
+// every chunk is stored.
 func (w *Writer) Close(exitLabel string) (string, error) {
 	w.mu.Lock()
 	if !w.closed {
-		if exitLabel != "" {
-			w.buf = w.appendLineLocked(w.buf, "m", []byte(exitLabel))
-		}
-		w.flushLocked(true)
+		w.handOffLocked(batch{final: true, exit: exitLabel, at: w.nowLocked()})
 		w.closed = true
 		close(w.queue)
 	}
 	w.mu.Unlock()
-	// Every chunk is stored (or failed) once store returns.
 	<-w.stored
 	return w.finalHex, trace.Wrap(w.sinkErr)
 }
 
-// Capped reports whether MaxBytes stopped the recording.
-func (w *Writer) Capped() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.capped
-}
+// MaxBytes is the cap in effect (Config.MaxBytes, or DefaultMaxBytes when
+// that was zero).
+func (w *Writer) MaxBytes() int64 { return w.cfg.MaxBytes }
+
+// Capped reports whether MaxBytes stopped the recording (as far as the
+// store goroutine has got; final once Close has returned).
+func (w *Writer) Capped() bool { return w.capped.Load() }

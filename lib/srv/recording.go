@@ -204,7 +204,7 @@ func (s *session) startRecordingKind(pty *ptyRequest, kind recordKind, startMark
 	}
 	w, err := recording.New(recording.Config{
 		Header:      h,
-		Sink:        &recording.DirSink{Storage: r.cfg.Spool, Session: s.id, Notify: r.cfg.Notify},
+		Sink:        &recording.SpoolSink{Storage: r.cfg.Spool, Session: s.id, Notify: r.cfg.Notify, Clock: r.cfg.Clock},
 		Clock:       r.cfg.Clock,
 		MaxBytes:    set.Spec.MaxRecordingBytes,
 		RecordInput: set.Spec.RecordInput && kind == recordTerminal,

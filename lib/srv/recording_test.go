@@ -117,3 +117,50 @@ func TestRecordingOffAndNoPTY(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, list)
 }
+
+// The per-session cap is 256 MiB unless the cluster sets one, whichever
+// way the node gets its settings: the defaults auth answers with when no
+// networking config was ever stored, and a config whose cap is left at
+// zero. session.start says the cap the session's recording has in
+// effect (TestWriterCapsAtTheDefault in lib/recording shows a writer with
+// that default stops at exactly 256 MiB; the integration test
+// TestRecordingCapStopsRecordingNotSession a configured cap through a
+// real session).
+func TestRecordingCapDefaultIs256MiB(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		settings func() *services.ClusterNetworkingConfig
+		want     int64
+	}{
+		{"cluster defaults", services.DefaultClusterNetworkingConfig, 256 << 20},
+		{"cap left at zero", func() *services.ClusterNetworkingConfig {
+			return &services.ClusterNetworkingConfig{Spec: services.ClusterNetworkingConfigSpec{SessionRecording: services.RecordingNode}}
+		}, 256 << 20},
+		{"configured", func() *services.ClusterNetworkingConfig {
+			return &services.ClusterNetworkingConfig{Spec: services.ClusterNetworkingConfigSpec{MaxRecordingBytes: 4 << 20}}
+		}, 4 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			audit := events.NewRecorder()
+			e := newTestEnv(t, func(c *Config) {
+				r, err := NewRecorder(RecorderConfig{Spool: recording.DirStorage{Dir: t.TempDir()}, Settings: func(context.Context) (*services.ClusterNetworkingConfig, error) {
+					return tc.settings(), nil
+				}})
+				require.NoError(t, err)
+				c.Recorder = r
+				c.Audit = audit
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			s, err := e.dial().NewSession()
+			require.NoError(t, err)
+			require.NoError(t, s.RequestPty("xterm", 24, 80, ssh.TerminalModes{}))
+			_, err = s.Output("echo hi")
+			require.NoError(t, err)
+			start, err := audit.Wait(ctx, events.SessionStart, nil)
+			require.NoError(t, err)
+			require.Equal(t, true, start.Fields[events.FieldRecorded])
+			require.Equal(t, tc.want, start.Fields["max_recording_bytes"], "session.start: %v", start.Fields)
+		})
+	}
+}

@@ -433,7 +433,8 @@ func (s *session) getCommand() string {
 // A session whose recording was decided says whether it is recorded and,
 // when not, why (an exempting role, the cluster setting, a node that does
 // not record): a session missing from the recordings is explained in the
-// audit trail, never silently absent.
+// audit trail, never silently absent. A recorded session says the
+// recording's size cap (max_recording_bytes).
 func (s *session) emitStart(pty bool) {
 	fields := events.Fields{events.FieldSessionID: s.id, events.FieldCommand: s.getCommand(), "pty": pty}
 	s.mu.Lock()
@@ -441,6 +442,10 @@ func (s *session) emitStart(pty bool) {
 		fields[events.FieldRecorded] = s.rec != nil
 		if s.rec == nil {
 			fields[events.FieldRecordingReason] = s.recReason
+		} else {
+			// The cap in effect, as the writer has it: an auditor reads
+			// how much of the session the recording may hold.
+			fields["max_recording_bytes"] = s.rec.MaxBytes()
 		}
 	}
 	s.mu.Unlock()

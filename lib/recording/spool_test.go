@@ -1,0 +1,152 @@
+package recording
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/stretchr/testify/require"
+)
+
+// countingNotify counts the chunks a SpoolSink reports written.
+type countingNotify chan struct{}
+
+func (n countingNotify) notify() { n <- struct{}{} }
+
+func (n countingNotify) wait(t *testing.T, count int) {
+	t.Helper()
+	for i := 0; i < count; i++ {
+		<-n
+	}
+}
+
+func spoolEntries(t *testing.T, spool DirStorage) []string {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(spool.Dir, testSession))
+	if os.IsNotExist(err) {
+		return nil
+	}
+	require.NoError(t, err)
+	var names []string
+	for _, e := range ents {
+		if e.Name() != lockName {
+			names = append(names, e.Name())
+		}
+	}
+	return names
+}
+
+// The node's spool: chunks go into segment files (a new one every
+// segmentChunks chunks), DirStorage reads them like chunk files, and the
+// uploader ships a running session's chunks as they come, deleting each
+// segment once auth has all of it and the writer has moved on, and the
+// session once its final chunk is shipped.
+func TestSpoolSinkSegmentsAndUploader(t *testing.T) {
+	ctx := context.Background()
+	spool := DirStorage{Dir: t.TempDir()}
+	written := make(countingNotify, 1000)
+	w := newTestWriter(t, clockwork.NewFakeClock(), &SpoolSink{Storage: spool, Session: testSession, Notify: written.notify, Clock: clockwork.NewFakeClock()},
+		func(c *Config) { c.ChunkBytes = 256 })
+	// Each 300-byte output is a chunk of its own (the first with the
+	// header): three segments and a bit.
+	const events = 3*segmentChunks + 5
+	for i := 0; i < events; i++ {
+		w.Output(bytes.Repeat([]byte{'a' + byte(i%26)}, 300))
+	}
+	written.wait(t, events)
+	require.Equal(t, []string{segmentName(0), segmentName(segmentChunks), segmentName(2 * segmentChunks), segmentName(3 * segmentChunks)}, spoolEntries(t, spool))
+	idx, err := spool.ChunkIndexes(ctx, testSession)
+	require.NoError(t, err)
+	require.Len(t, idx, events)
+	for i, n := range idx {
+		require.Equal(t, i, n)
+	}
+	c, err := spool.GetChunk(ctx, testSession, segmentChunks+3)
+	require.NoError(t, err)
+	require.Equal(t, segmentChunks+3, c.Index)
+	_, err = spool.GetChunk(ctx, testSession, events+10)
+	require.Error(t, err)
+
+	dst := DirStorage{Dir: t.TempDir()}
+	u, err := NewUploader(UploaderConfig{Spool: spool, Upload: uploadTo{dst}, Clock: clockwork.NewFakeClock()})
+	require.NoError(t, err)
+	defer u.Close()
+	require.NoError(t, u.Flush(ctx))
+	got, err := dst.ChunkIndexes(ctx, testSession)
+	require.NoError(t, err)
+	require.Len(t, got, events, "auth has every chunk written so far")
+	require.Equal(t, []string{segmentName(3 * segmentChunks)}, spoolEntries(t, spool),
+		"shipped segments are deleted; the one being written stays")
+
+	// Chunks appended to the last segment after the scan are shipped from
+	// where the last scan stopped.
+	w.Output([]byte("more"))
+	final, err := w.Close("exit-status 0")
+	require.NoError(t, err)
+	require.NoError(t, u.Flush(ctx))
+	chunks, err := GetChunks(ctx, dst, testSession)
+	require.NoError(t, err)
+	res, err := Verify(chunks, final)
+	require.NoError(t, err)
+	require.True(t, res.Complete)
+	require.Nil(t, spoolEntries(t, spool), "a shipped session leaves nothing in the spool")
+	_, evs := castOf(t, chunks)
+	require.Len(t, evs, events+2)
+	require.Equal(t, Event{0, "o", "more"}, evs[events])
+}
+
+// A node killed with SIGKILL leaves its segment with a torn last line
+// and a session that will never end. After the restart, the uploader
+// ships every whole chunk (again, from the start of the segment: auth
+// takes an identical chunk twice), ignores the torn one, and removes the
+// session from the spool once it is all shipped.
+func TestUploaderShipsWhatAKilledNodeSpooled(t *testing.T) {
+	ctx := context.Background()
+	mem := newMemSink()
+	w := newTestWriter(t, clockwork.NewFakeClock(), mem, func(c *Config) { c.ChunkBytes = 256 })
+	for i := 0; i < 10; i++ {
+		w.Output(bytes.Repeat([]byte{'0' + byte(i)}, 300))
+	}
+	_, err := w.Close("exit-status 0")
+	require.NoError(t, err)
+	chunks := mem.all()
+	require.Len(t, chunks, 11)
+
+	// The dead process's spool: chunks 0-7 written, chunk 8 torn.
+	spool := DirStorage{Dir: t.TempDir()}
+	sink := &SpoolSink{Storage: spool, Session: testSession}
+	for _, c := range chunks[:8] {
+		require.NoError(t, sink.WriteChunk(c))
+	}
+	require.NoError(t, sink.Close())
+	torn, err := appendChunkJSON(nil, chunks[8])
+	require.NoError(t, err)
+	f, err := os.OpenFile(filepath.Join(spool.Dir, testSession, segmentName(0)), os.O_WRONLY|os.O_APPEND, 0)
+	require.NoError(t, err)
+	_, err = f.Write(torn[:len(torn)/2])
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	idx, err := spool.ChunkIndexes(ctx, testSession)
+	require.NoError(t, err)
+	require.Equal(t, []int{0, 1, 2, 3, 4, 5, 6, 7}, idx, "a torn line is not a chunk")
+
+	// Auth already had chunks 0-4 from before the kill.
+	dst := DirStorage{Dir: t.TempDir()}
+	for _, c := range chunks[:5] {
+		require.NoError(t, dst.PutChunk(ctx, testSession, c))
+	}
+	u, err := NewUploader(UploaderConfig{Spool: spool, Upload: uploadTo{dst}, Clock: clockwork.NewFakeClock()})
+	require.NoError(t, err)
+	defer u.Close()
+	require.NoError(t, u.Flush(ctx))
+	got, err := GetChunks(ctx, dst, testSession)
+	require.NoError(t, err)
+	require.Equal(t, chunks[:8], got)
+	res, err := Verify(got, "")
+	require.NoError(t, err)
+	require.False(t, res.Complete)
+	require.Nil(t, spoolEntries(t, spool), "an earlier run's session is removed once shipped")
+}
