@@ -323,7 +323,7 @@ func TestWriterCapsAtTheDefault(t *testing.T) {
 		// 256 MiB through instrumented byte loops takes half a minute of
 		// a shared machine; the writer's concurrency is covered by the
 		// other tests, this one is about the number.
-		t.Skip("runs without -race (256 MiB of events)")
+		t.Skip("runs without -race (256 MiB of events): make test runs it plain")
 	}
 	var decoded int64
 	var tail []byte // the last two chunks
