@@ -184,9 +184,14 @@ func TestLeafRoutingThroughRoot(t *testing.T) {
 			require.Contains(t, out, "\n  chosen:     "+m[1]+" (node-1, ", out)
 			require.Contains(t, out, "\n  reason:     matched hostname", out)
 		}
+		// The local cluster as alice: the root's own node-1, among what
+		// her roles reach.
+		out := mustPctl(t, root.dataDir, "", "route", "--user", "alice", "node-1")
+		require.Contains(t, out, "cluster:    root\nstrategy:   unambiguous_match\ncandidates: \n  * node-1 ", out)
+		require.NotContains(t, out, "in leaf cluster", out)
 		// bob's leaf role (node_labels env=elsewhere) hides node-1: the
 		// leaf explains a miss, naming no node.
-		out, errOut, err := pctl(t, root.dataDir, "", "route", "--cluster", "leaf", "--user", "bob", "node-1")
+		out, errOut, err = pctl(t, root.dataDir, "", "route", "--cluster", "leaf", "--user", "bob", "node-1")
 		require.Error(t, err)
 		require.Contains(t, out, "in leaf cluster leaf:\n", out)
 		require.Contains(t, out, "  candidates: none\n", out)

@@ -212,7 +212,9 @@ func (e Explanation) String() string {
 		b.WriteString(" (resolved to " + e.Resolved + ")")
 	}
 	b.WriteString("\ncluster:    " + e.Cluster)
-	if e.Strategy != "" {
+	if e.Strategy != "" && !e.Leaf {
+		// A leaf's target is routed under the leaf's strategy, not
+		// this cluster's.
 		b.WriteString("\nstrategy:   " + e.Strategy)
 	}
 	b.WriteString("\ncandidates: ")

@@ -232,6 +232,7 @@ func TestRootExplainsLeafRoute(t *testing.T) {
 		require.Contains(t, out, "cluster:    "+testCluster+"\n", out)
 		require.Contains(t, out, "via:        the leaf's tunnel on this proxy", out)
 		require.Contains(t, out, "in leaf cluster "+testCluster+":\n", out)
+		require.NotContains(t, out[:strings.Index(out, "in leaf cluster")], "strategy:", "the root's strategy decides nothing in a leaf")
 		require.Contains(t, out, "\n  candidates: \n    * web u-web ", out)
 		require.Contains(t, out, "\n  chosen:     u-web (web, 127.0.0.1:1)\n", out)
 		require.NotContains(t, out, "u-secret-web", "a node the leaf hides from alice is not named")
