@@ -138,6 +138,7 @@ func TestLeafRoutingThroughRoot(t *testing.T) {
 	proxyAddr := root.p.Addr(service.ListenerProxySSH)
 	kh := leafKnownHosts(t, root, leaf, "leaf")
 	alice := leafSSHConfig(t, proxyAddr, root.login, root.keyPath, kh, "leaf")
+	bobKey, carolKey := signedUser(t, root, "bob", "dev"), signedUser(t, root, "carol", "auditor")
 
 	t.Run("ssh -J", func(t *testing.T) {
 		out, err := sshOut(t, alice, "node-1.leaf", "echo $SSH_POSTERN_USER $SSH_POSTERN_CLUSTER_NAME")
@@ -153,17 +154,63 @@ func TestLeafRoutingThroughRoot(t *testing.T) {
 		require.Equal(t, "direct-tcpip", e.Fields[events.FieldKind])
 	})
 	t.Run("pctl route --cluster", func(t *testing.T) {
-		// The root decides only the tunnel; the leaf's Router the node.
+		// Without --user: the root's part (the tunnel, the leaf's
+		// record), then a clear error: only a root user's view of the
+		// leaf exists.
 		for _, args := range [][]string{{"route", "--cluster", "leaf", "node-1"}, {"route", "node-1.leaf"}} {
-			out := mustPctl(t, root.dataDir, "", args...)
+			out, errOut, err := pctl(t, root.dataDir, "", args...)
+			require.Error(t, err)
 			require.Contains(t, out, "cluster:    leaf\n", out)
 			require.Contains(t, out, "decided in the leaf cluster by its own Router", out)
 			require.Contains(t, out, "via:        the leaf's tunnel on proxy "+root.p.HostUUID(), out)
 			require.Regexp(t, `leaf:       leaf is a leaf cluster of root, online \(last connected \d{4}-`, out)
+			require.Contains(t, errOut, "add --user NAME")
 		}
 		_, errOut, err := pctl(t, root.dataDir, "", "route", "--cluster", "nowhere", "node-1")
 		require.Error(t, err)
 		require.Contains(t, errOut, "no route to node-1@nowhere")
+
+		// As alice: the leaf's Router explains, with its inventory.
+		leafUUID := regexp.MustCompile(`(?m)^\s+\* node-1 (\S+) addr=`)
+		for _, args := range [][]string{{"route", "--cluster", "leaf", "--user", "alice", "node-1"}, {"route", "--user", "alice", "node-1.leaf:22"}} {
+			out := mustPctl(t, root.dataDir, "", args...)
+			require.Contains(t, out, "as user:    alice (a 1m0s certificate, asked of proxy ", out)
+			require.Contains(t, out, "via:        the leaf's tunnel on this proxy", out)
+			require.Contains(t, out, "in leaf cluster leaf:\n", out)
+			require.Contains(t, out, "\n  cluster:    leaf\n  strategy:   unambiguous_match\n  candidates: \n", out)
+			m := leafUUID.FindStringSubmatch(out)
+			require.NotNil(t, m, out)
+			require.NotEqual(t, root.p.HostUUID(), m[1])
+			require.Contains(t, out, "\n  chosen:     "+m[1]+" (node-1, ", out)
+			require.Contains(t, out, "\n  reason:     matched hostname", out)
+		}
+		// The local cluster as alice: the root's own node-1, among what
+		// her roles reach.
+		out := mustPctl(t, root.dataDir, "", "route", "--user", "alice", "node-1")
+		require.Contains(t, out, "cluster:    root\nstrategy:   unambiguous_match\ncandidates: \n  * node-1 ", out)
+		require.NotContains(t, out, "in leaf cluster", out)
+		// bob's leaf role (node_labels env=elsewhere) hides node-1: the
+		// leaf explains a miss, naming no node.
+		out, errOut, err = pctl(t, root.dataDir, "", "route", "--cluster", "leaf", "--user", "bob", "node-1")
+		require.Error(t, err)
+		require.Contains(t, out, "in leaf cluster leaf:\n", out)
+		require.Contains(t, out, "  candidates: none\n", out)
+		require.Contains(t, out, `  error:      node "node-1" not found in cluster "leaf"`, out)
+		require.NotRegexp(t, `addr=|chosen:`, out)
+		require.Contains(t, errOut, `no route to node-1@leaf as user "bob"`)
+		// carol's roles map to nothing in the leaf: an unknown cluster's
+		// answer, and nothing of the leaf.
+		for _, cluster := range []string{"leaf", "nowhere"} {
+			out, errOut, err := pctl(t, root.dataDir, "", "route", "--cluster", cluster, "--user", "carol", "node-1")
+			require.Error(t, err)
+			require.Empty(t, out)
+			require.Contains(t, errOut, `as user "carol": cluster "`+cluster+`" not found`)
+		}
+		e := findEvent(t, root.dataDir, events.AccessDenied, func(e events.Event) bool { return e.User == "carol" && e.Fields[events.FieldKind] == "route" })
+		require.Equal(t, "leaf", e.Fields[events.FieldRemoteCluster])
+		_, errOut, err = pctl(t, root.dataDir, "", "route", "--cluster", "leaf", "--user", "nobody", "node-1")
+		require.Error(t, err)
+		require.NotEmpty(t, errOut)
 	})
 	t.Run("host key of another cluster's CA refused", func(t *testing.T) {
 		// The root's CA alone does not vouch for a leaf node.
@@ -223,7 +270,7 @@ func TestLeafRoutingThroughRoot(t *testing.T) {
 		require.Equal(t, "node-1", nodes[0].Hostname)
 		require.Equal(t, "leaf", nodes[0].Cluster)
 
-		bob := leafSSHConfig(t, proxyAddr, root.login, signedUser(t, root, "bob", "dev"), kh, "leaf")
+		bob := leafSSHConfig(t, proxyAddr, root.login, bobKey, kh, "leaf")
 		out, err = exec.Command("ssh", "-F", bob, "proxy", "-s", proxyapi.SubsystemNodes+"@leaf").Output()
 		require.NoError(t, err)
 		require.JSONEq(t, "[]", string(out), "the leaf's node_labels keep node-1 from bob")
@@ -242,7 +289,7 @@ func TestLeafRoutingThroughRoot(t *testing.T) {
 		require.False(t, sites[1].LastConnected.IsZero())
 	})
 	t.Run("roles mapping to nothing", func(t *testing.T) {
-		carol := leafSSHConfig(t, proxyAddr, root.login, signedUser(t, root, "carol", "auditor"), kh, "leaf")
+		carol := leafSSHConfig(t, proxyAddr, root.login, carolKey, kh, "leaf")
 		_, err := sshOut(t, carol, "node-1.leaf", "true")
 		require.Error(t, err)
 		// Exactly what a cluster that does not exist gives (rule 0 then

@@ -2,11 +2,14 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"strings"
 
 	"github.com/gravitational/trace"
 
+	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // Explanation is a routing decision in a form `pctl route` prints (String)
@@ -34,6 +37,12 @@ type Explanation struct {
 	// Leaf marks a target in a leaf cluster: this cluster decides only
 	// which tunnel it goes over (Via); the leaf's Router picks the node.
 	Leaf bool `json:"leaf,omitempty"`
+	// LeafRoute is the leaf's own explanation, as text, for the user
+	// who asked (ExplainRequest); empty when the leaf was not asked.
+	// It is the leaf's word: escaped when printed.
+	LeafRoute string `json:"leaf_route,omitempty"`
+	// LeafFailed: the leaf says the route would fail there.
+	LeafFailed bool `json:"leaf_failed,omitempty"`
 }
 
 // NewExplanation describes a successful Route.
@@ -65,7 +74,32 @@ func Explain(route Route) string {
 // or not: the body of `pctl route`. It is the admin view: every node takes
 // part, whoever may reach it.
 func (r *Router) ExplainTarget(ctx context.Context, t Target) Explanation {
-	route, err := r.Route(ctx, t, nil)
+	e, _, _ := r.explain(ctx, t, nil)
+	return e
+}
+
+// ExplainFor is ExplainTarget as a caller whose access is filter sees it:
+// only nodes filter lets through take part or are named (as Route's
+// candidates), and a route that fails because of what filter hid reads
+// like a node that does not exist (HideDenied). It is what a leaf answers
+// a root user's LeafKindRoute request with.
+func (r *Router) ExplainFor(ctx context.Context, t Target, filter AccessFilter) Explanation {
+	if filter == nil {
+		// nil would be the admin view: a caller without access sees
+		// nothing.
+		filter = func(services.Node) bool { return false }
+	}
+	e, _, _ := r.explain(ctx, t, filter)
+	return e
+}
+
+// explain routes t for filter (nil: the admin view) and explains it; the
+// route and the (visible) routing error are returned too.
+func (r *Router) explain(ctx context.Context, t Target, filter AccessFilter) (Explanation, Route, error) {
+	route, err := r.Route(ctx, t, filter)
+	if filter != nil {
+		err, _ = HideDenied(t, route, err)
+	}
 	e := NewExplanation(route)
 	e.Target = t.String()
 	if e.Cluster == "" {
@@ -87,8 +121,75 @@ func (r *Router) ExplainTarget(ctx context.Context, t Target) Explanation {
 		e.Leaf = true
 		e.Via = r.leafVia(route.Cluster)
 	}
-	return e
+	return e, route, err
 }
+
+// ExplainRequest explains how req would route for its caller (the
+// `route:` subsystem): the local cluster among the nodes req.Access lets
+// the caller reach (ExplainFor); a leaf cluster with the root's part
+// (over which tunnel) and the leaf's own explanation for req.Cert, asked
+// over the leaf's tunnel (LeafKindRoute: the leaf's Router, inventory and
+// routing_strategy, among what the leaf's RBAC lets the mapped roles
+// see). It dials no node.
+//
+// Which clusters exist is told exactly as routing tells it: an unknown
+// cluster, and a leaf that refuses the caller, are the error `cluster
+// "X" not found` for `@X`; for HOST.X the local miss's explanation
+// (what an unknown suffix gives). A leaf without a live tunnel is
+// `cluster "X" is offline` only to a certificate it accepted recently.
+func (r *Router) ExplainRequest(ctx context.Context, req RouteRequest) (Explanation, error) {
+	access := req.Access
+	if access == nil {
+		access = func(services.Node) bool { return false }
+	}
+	e, route, err := r.explain(ctx, req.Target, access)
+	if err != nil && trace.IsNotFound(err) && req.Cert != nil {
+		if leaf, ok := r.offlineLeaf(ctx, req.Target, req.Cert); ok {
+			return Explanation{}, trace.ConnectionProblem(nil, "cluster %q is offline", leaf)
+		}
+	}
+	if err != nil && route.Cluster == "" {
+		// The cluster did not resolve: no explanation of a cluster that
+		// is not one (the same refusal as a leaf's, below).
+		return Explanation{}, trace.Wrap(err)
+	}
+	if !e.Leaf {
+		return e, nil
+	}
+	src := req.Source
+	if src == "" {
+		src = utils.ClientAddr(ctx)
+	}
+	conn, reply, err := r.leafExchange(ctx, route.Cluster, req.Cert, proxyapi.LeafRequest{
+		Target: leafTarget(route.Target), Source: src, Kind: proxyapi.LeafKindRoute,
+	})
+	if err != nil {
+		return Explanation{}, trace.Wrap(err)
+	}
+	conn.Close()
+	if err := r.leafReplyError(route.Cluster, req.Cert, reply); err != nil {
+		var ld *LeafDeniedError
+		r.saw(req.Cert, route.Cluster, !errors.As(err, &ld))
+		if ld != nil && req.Target.Cluster == "" {
+			// Rule 0 (HOST.LEAF): explained as the local miss an
+			// unknown suffix gives, which is what routing says too.
+			miss := Route{Cluster: r.cfg.ClusterName, Target: Target{Host: req.Target.Host, Port: req.Target.Port, Cluster: r.cfg.ClusterName}, Strategy: e.Strategy}
+			me := NewExplanation(miss)
+			me.Target = req.Target.String()
+			me.Error = nodeNotFound(req.Target.Host, r.cfg.ClusterName).Error()
+			return me, nil
+		}
+		return Explanation{}, err
+	}
+	r.saw(req.Cert, route.Cluster, true)
+	e.LeafRoute = reply.Explanation
+	e.LeafFailed = reply.RouteFailed
+	return e, nil
+}
+
+// Failed reports whether the explained route would fail (here or, for a
+// leaf, in the leaf).
+func (e Explanation) Failed() bool { return e.Error != "" || e.LeafFailed }
 
 // leafVia says over which tunnel a leaf is reached from here.
 func (r *Router) leafVia(leaf string) string {
@@ -111,12 +212,16 @@ func (e Explanation) String() string {
 		b.WriteString(" (resolved to " + e.Resolved + ")")
 	}
 	b.WriteString("\ncluster:    " + e.Cluster)
-	if e.Strategy != "" {
+	if e.Strategy != "" && !e.Leaf {
+		// A leaf's target is routed under the leaf's strategy, not
+		// this cluster's.
 		b.WriteString("\nstrategy:   " + e.Strategy)
 	}
 	b.WriteString("\ncandidates: ")
-	if e.Leaf {
-		b.WriteString("decided in the leaf cluster by its own Router, inventory, RBAC and routing_strategy (`pctl route` there explains it)")
+	if e.Leaf && e.LeafRoute != "" {
+		b.WriteString("decided in the leaf cluster by its own Router, inventory, RBAC and routing_strategy (its explanation below)")
+	} else if e.Leaf {
+		b.WriteString("decided in the leaf cluster by its own Router, inventory, RBAC and routing_strategy (`pctl route --user NAME` explains it for that user)")
 	} else if len(e.Candidates) == 0 {
 		b.WriteString("none")
 	}
@@ -142,6 +247,14 @@ func (e Explanation) String() string {
 		b.WriteString("\nerror:      " + strings.ReplaceAll(e.Error, "\n", "\n            "))
 	}
 	b.WriteString("\n")
+	if e.Leaf && e.LeafRoute != "" {
+		// The leaf's text, escaped line by line: a leaf must not drive
+		// the root user's terminal.
+		b.WriteString("in leaf cluster " + services.EscapeText(e.Cluster) + ":\n")
+		for _, line := range strings.Split(strings.TrimRight(e.LeafRoute, "\n"), "\n") {
+			b.WriteString("  " + services.EscapeText(line) + "\n")
+		}
+	}
 	return b.String()
 }
 

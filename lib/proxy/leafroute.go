@@ -350,9 +350,14 @@ func (r *Router) leafExchange(ctx context.Context, leaf string, cert *ssh.Certif
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	_, err = conn.Write(append(line, '\n'))
 	if err == nil {
-		max, buffered := int64(proxyapi.MaxLeafRequest), req.Kind == proxyapi.LeafKindNodes
-		if buffered {
+		max, buffered := int64(proxyapi.MaxLeafRequest), req.Kind == proxyapi.LeafKindNodes || req.Kind == proxyapi.LeafKindRoute
+		switch req.Kind {
+		case proxyapi.LeafKindNodes:
 			max = proxyapi.MaxLeafReply
+		case proxyapi.LeafKindRoute:
+			// The text, JSON-escaped (at most 6 bytes per byte, as
+			// \u003c), and the rest of the reply.
+			max = 6*proxyapi.MaxLeafExplanation + proxyapi.MaxLeafRequest
 		}
 		reply, err = readLeafReply(conn, max, buffered)
 	}

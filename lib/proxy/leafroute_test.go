@@ -74,6 +74,9 @@ func newLeafRouting(t *testing.T, leafNodeAddr string) (*Router, *pipeLeaves, *e
 	leaf := newRouterEnv(t, []services.Node{
 		node("u-web", "web", leafNodeAddr, 0, "env", "test"),
 		node("u-db", "db", leafNodeAddr, 0, "env", "prod"),
+		// The same name as web, hidden from alice: it must neither
+		// make "web" ambiguous nor be named to her.
+		node("u-secret-web", "web", leafNodeAddr, 0, "env", "prod"),
 	}, &net.Dialer{})
 	dev := &services.Role{Metadata: services.Metadata{Name: "dev"}, Spec: services.RoleSpec{
 		Logins: []string{"ops"}, NodeLabels: map[string]services.LabelValues{"env": {"test"}},
@@ -209,6 +212,63 @@ func TestRootRoutesToLeaf(t *testing.T) {
 	require.Equal(t, []string{"root/online"}, names(root.Sites(ctx, mallory)))
 }
 
+// TestRootExplainsLeafRoute: the `route:` subsystem's body for a leaf
+// target is the root's part (which tunnel) and the leaf's own
+// explanation for the user's mapped roles, by every spelling; a node the
+// leaf hides from the user is never a candidate nor named, and reads like
+// a missing one; a user whose roles map to nothing there gets exactly
+// what an unknown cluster (or, for HOST.LEAF, an unknown suffix) gives.
+func TestRootExplainsLeafRoute(t *testing.T) {
+	root, _, _ := newLeafRouting(t, "127.0.0.1:1")
+	ctx := context.Background()
+	alice, mallory := rootUserCert(t, "alice"), rootUserCert(t, "mallory")
+
+	for _, target := range []Target{{Host: "web", Cluster: testCluster}, {Host: "web." + testCluster, Port: "22"}, {Host: "WEB." + strings.ToUpper(testCluster)}} {
+		e, err := root.ExplainRequest(ctx, RouteRequest{Target: target, Cert: alice})
+		require.NoError(t, err, target)
+		require.True(t, e.Leaf)
+		require.False(t, e.Failed())
+		out := e.String()
+		require.Contains(t, out, "cluster:    "+testCluster+"\n", out)
+		require.Contains(t, out, "via:        the leaf's tunnel on this proxy", out)
+		require.Contains(t, out, "in leaf cluster "+testCluster+":\n", out)
+		require.NotContains(t, out[:strings.Index(out, "in leaf cluster")], "strategy:", "the root's strategy decides nothing in a leaf")
+		require.Contains(t, out, "\n  candidates: \n    * web u-web ", out)
+		require.Contains(t, out, "\n  chosen:     u-web (web, 127.0.0.1:1)\n", out)
+		require.NotContains(t, out, "u-secret-web", "a node the leaf hides from alice is not named")
+		require.NotContains(t, out, "env=prod")
+	}
+
+	// Hidden and missing read the same, but for the name.
+	hidden, err := root.ExplainRequest(ctx, RouteRequest{Target: Target{Host: "db", Cluster: testCluster}, Cert: alice})
+	require.NoError(t, err)
+	missing, err := root.ExplainRequest(ctx, RouteRequest{Target: Target{Host: "ghost", Cluster: testCluster}, Cert: alice})
+	require.NoError(t, err)
+	require.True(t, hidden.Failed())
+	require.Contains(t, hidden.String(), `error:      node "db" not found in cluster "c1"`)
+	require.NotContains(t, hidden.String(), "u-db")
+	require.Equal(t, strings.ReplaceAll(missing.String(), "ghost", "db"), hidden.String())
+
+	// Roles mapping to nothing: an unknown cluster's answer.
+	_, err = root.ExplainRequest(ctx, RouteRequest{Target: Target{Host: "web", Cluster: testCluster}, Cert: mallory})
+	require.EqualError(t, err, `cluster "c1" not found`)
+	var ld *LeafDeniedError
+	require.True(t, errors.As(err, &ld))
+	_, err = root.ExplainRequest(ctx, RouteRequest{Target: Target{Host: "web", Cluster: "nope"}, Cert: mallory})
+	require.EqualError(t, err, `cluster "nope" not found`)
+	// No certificate: nothing for the leaf to decide on.
+	_, err = root.ExplainRequest(ctx, RouteRequest{Target: Target{Host: "web", Cluster: testCluster}})
+	require.EqualError(t, err, `cluster "c1" not found`)
+	// By rule 0: the local miss of a suffix that is no cluster.
+	denied, err := root.ExplainRequest(ctx, RouteRequest{Target: Target{Host: "web." + testCluster}, Cert: mallory})
+	require.NoError(t, err)
+	unknown, err := root.ExplainRequest(ctx, RouteRequest{Target: Target{Host: "web.nope"}, Cert: mallory})
+	require.NoError(t, err)
+	require.True(t, unknown.Failed())
+	require.Equal(t, strings.ReplaceAll(unknown.String(), "web.nope", "web."+testCluster), denied.String())
+	require.Contains(t, denied.String(), `node "web.c1" not found in cluster "root"`)
+}
+
 // TestLeafSitesCached: listings reuse a leaf's answer for a while (the
 // picker refreshes often), routing never does.
 func TestLeafSitesCached(t *testing.T) {
@@ -250,6 +310,9 @@ func TestRootDistrustsLeafReplies(t *testing.T) {
 			_, _ = c.Write(append(b, '\n'))
 		case proxyapi.LeafKindAccess:
 			<-hang
+		case proxyapi.LeafKindRoute:
+			b, _ := json.Marshal(proxyapi.LeafReply{Explanation: "target: web\n\x1b]0;owned\x07chosen: evil\n"})
+			_, _ = c.Write(append(b, '\n'))
 		default:
 			_, _ = c.Write(bytes.Repeat([]byte("x"), proxyapi.MaxLeafRequest+10))
 		}
@@ -272,4 +335,11 @@ func TestRootDistrustsLeafReplies(t *testing.T) {
 
 	_, _, err = root.DialHost(ctx, RouteRequest{Target: Target{Host: "web", Cluster: testCluster}, Cert: alice})
 	require.ErrorContains(t, err, "leaf reply longer than")
+
+	// A leaf's explanation cannot drive the root user's terminal.
+	e, err := root.ExplainRequest(ctx, RouteRequest{Target: Target{Host: "web", Cluster: testCluster}, Cert: alice})
+	require.NoError(t, err)
+	require.NotContains(t, e.String(), "\x1b")
+	require.NotContains(t, e.String(), "\x07")
+	require.Contains(t, e.String(), `\x1b]0;owned\achosen: evil`)
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gravitational/trace"
@@ -91,7 +92,7 @@ func (h *LeafTransport) Serve(ctx context.Context, nc net.Conn) {
 	log := h.cfg.Logger.WithFields(logrus.Fields{"target": req.Target, "source": req.Source, "kind": req.Kind})
 	var target Target
 	switch req.Kind {
-	case "", proxyapi.LeafKindDial:
+	case "", proxyapi.LeafKindDial, proxyapi.LeafKindRoute:
 		if target, err = ParseTarget(req.Target); err != nil {
 			h.reply(nc, proxyapi.LeafReply{Error: trace.UserMessage(err), Kind: proxyapi.LeafBadRequest})
 			return
@@ -138,6 +139,19 @@ func (h *LeafTransport) Serve(ctx context.Context, nc net.Conn) {
 			return
 		}
 		h.reply(nc, proxyapi.LeafReply{Nodes: entries})
+		return
+	}
+	if req.Kind == proxyapi.LeafKindRoute {
+		// As `pctl route` here would explain it, but among the nodes
+		// the mapped roles may reach only: a node the user may not see
+		// is neither a candidate nor named in an error.
+		e := h.cfg.Router.ExplainFor(rctx, target, id.CanReach)
+		text := e.String()
+		if len(text) > proxyapi.MaxLeafExplanation {
+			text = strings.ToValidUTF8(text[:proxyapi.MaxLeafExplanation], "") + "\n... (cut at " + strconv.Itoa(proxyapi.MaxLeafExplanation) + " bytes)\n"
+		}
+		log.WithField("route_failed", e.Failed()).Debug("Explained a route for a root user.")
+		h.reply(nc, proxyapi.LeafReply{Explanation: text, RouteFailed: e.Failed()})
 		return
 	}
 	conn, route, err := h.cfg.Router.DialHost(rctx, RouteRequest{Target: target, Access: id.CanReach, Source: req.Source})

@@ -139,6 +139,27 @@ func TestLeafTransport(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, ev.Fields[events.FieldReason], "map to no role here")
 
+	// Kind route: the leaf's Router explains among the nodes the mapped
+	// roles reach; db (which alice may not reach) reads like ghost.
+	route := func(target string, cert *ssh.Certificate) proxyapi.LeafReply {
+		b, err := json.Marshal(proxyapi.LeafRequest{Target: target, Cert: string(ssh.MarshalAuthorizedKey(cert)), Kind: proxyapi.LeafKindRoute})
+		require.NoError(t, err)
+		r, _, _ := leafRoundTrip(t, h, string(b))
+		return r
+	}
+	web := route("web", alice)
+	require.Empty(t, web.Error)
+	require.False(t, web.RouteFailed)
+	require.Contains(t, web.Explanation, "candidates: \n  * web u-web ")
+	require.Contains(t, web.Explanation, "chosen:     u-web")
+	require.NotContains(t, web.Explanation, "u-db")
+	hiddenRoute, missingRoute := route("db", alice), route("ghost", alice)
+	require.True(t, hiddenRoute.RouteFailed)
+	require.Contains(t, hiddenRoute.Explanation, `error:      node "db" not found in cluster "c1"`)
+	require.NotContains(t, hiddenRoute.Explanation, "u-db")
+	require.Equal(t, strings.ReplaceAll(missingRoute.Explanation, "ghost", "db"), hiddenRoute.Explanation)
+	require.Equal(t, proxyapi.LeafReply{Error: "access denied", Kind: proxyapi.LeafDenied}, route("web", rootUserCert(t, "mallory")))
+
 	for name, line := range map[string]string{
 		"not JSON":      "hello",
 		"unknown field": `{"target":"web","cert":"x","extra":1}`,

@@ -27,11 +27,12 @@ func (c *cli) registerNodes(app *kingpin.Application, add adder) {
 	nr.Arg("uuid", "Node UUID.").Required().StringVar(&uuid)
 	add(nr, func(ctx context.Context) error { return c.nodesRm(ctx, uuid) })
 
-	var cluster, target string
+	var cluster, target, user string
 	rt := app.Command("route", "Explain how the proxy routes HOST[:PORT]: the candidates, the choice and why. Dials nothing.")
 	rt.Flag("cluster", "Cluster (default the local one).").StringVar(&cluster)
+	rt.Flag("user", "Explain it as this user sees it, through a root proxy with a 1-minute certificate of theirs: needed for a leaf cluster, whose Router explains its part for that user only.").StringVar(&user)
 	rt.Arg("target", "HOST[:PORT]").Required().StringVar(&target)
-	add(rt, func(ctx context.Context) error { return c.route(ctx, cluster, target) })
+	add(rt, func(ctx context.Context) error { return c.route(ctx, cluster, user, target) })
 }
 
 func (c *cli) nodesLs(ctx context.Context, format string) error {

@@ -87,7 +87,10 @@ type LeafRequest struct {
 	// Target and splices; LeafKindNodes answers the nodes the user may
 	// see in the leaf (LeafReply.Nodes); LeafKindAccess only says whether
 	// the user's roles map to anything there (empty reply, or denied),
-	// so the root lists a leaf only to users who may reach it.
+	// so the root lists a leaf only to users who may reach it;
+	// LeafKindRoute explains how the leaf's Router would route Target
+	// for the user, among the nodes the user may see there only
+	// (LeafReply.Explanation).
 	Kind string `json:"kind,omitempty"`
 }
 
@@ -96,7 +99,23 @@ const (
 	LeafKindDial   = "dial"
 	LeafKindNodes  = "nodes"
 	LeafKindAccess = "access"
+	LeafKindRoute  = "route"
 )
+
+// SubsystemRoutePrefix + HOST[:PORT][@CLUSTER] explains, as text, how the
+// proxy would route that target for the caller (`pctl route --cluster
+// LEAF --user NAME`): the candidates and the choice among the nodes the
+// caller may see only, and for a leaf cluster the leaf's own explanation
+// (its Router, inventory and routing_strategy, its RBAC for the caller's
+// mapped roles). It dials nothing. A cluster that is unknown or refuses
+// the caller is refused like `proxy:`: `cluster "X" not found`. The
+// grammar is the proxy subsystem's (a port is required with @CLUSTER; 0
+// means any). Exit status 1 when the route would fail.
+const SubsystemRoutePrefix = "route:"
+
+// MaxLeafExplanation bounds LeafReply.Explanation: the leaf cuts a longer
+// one (a host matching thousands of nodes) and says so.
+const MaxLeafExplanation = 256 << 10
 
 // SubsystemNodesForCluster is SubsystemNodes for another cluster than the
 // proxy's own: "nodes@CLUSTER".
@@ -111,6 +130,12 @@ type LeafReply struct {
 	// Nodes answers a LeafKindNodes request: the nodes the user may see
 	// in the leaf, with their Cluster the leaf's name.
 	Nodes []NodeEntry `json:"nodes,omitempty"`
+	// Explanation answers a LeafKindRoute request: the leaf's routing
+	// explanation as text (at most MaxLeafExplanation bytes), and
+	// RouteFailed when that route would fail there (not found,
+	// ambiguous).
+	Explanation string `json:"explanation,omitempty"`
+	RouteFailed bool   `json:"route_failed,omitempty"`
 }
 
 // MaxLeafReply bounds a LeafReply line (a node list) as the root reads it.

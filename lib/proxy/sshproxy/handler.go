@@ -79,7 +79,9 @@ func New(cfg Config) (*Handler, error) {
 	return &Handler{cfg: cfg}, nil
 }
 
-// Subsystem serves `proxysites` and `proxy:HOST[:PORT][@CLUSTER]`.
+// Subsystem serves `proxysites`, `nodes[@CLUSTER]`, `recordings`,
+// `recording:ID`, `route:HOST[:PORT][@CLUSTER]` and
+// `proxy:HOST[:PORT][@CLUSTER]`.
 func (h *Handler) Subsystem(ctx context.Context, id *authz.Identity, name string) (srv.SubsystemFunc, error) {
 	if name == proxyapi.SubsystemSites {
 		// Only the clusters this user may reach (each leaf is asked).
@@ -101,6 +103,9 @@ func (h *Handler) Subsystem(ctx context.Context, id *authz.Identity, name string
 			return h.nodesSubsystem(id)
 		}
 		return h.leafNodesSubsystem(ctx, id, cluster)
+	}
+	if strings.HasPrefix(name, proxyapi.SubsystemRoutePrefix) {
+		return h.routeSubsystem(ctx, id, name)
 	}
 	if name == proxyapi.SubsystemRecordings {
 		return h.recordingsSubsystem(ctx, id)
