@@ -80,9 +80,11 @@ func (a *APIServer) registerRoutes() {
 	a.handle("PUT /v1/roles", allow(admin), a.upsertRole)
 	a.handle("DELETE /v1/roles/{name}", allow(admin), a.deleteRole)
 	// Networking (routing strategy): the proxy's router reads it.
-	// Nodes read it too: session_recording and record_input live there.
+	// Nodes read and watch it too: session_recording and record_input
+	// live there, and a node serves them from a watcher (no read per
+	// session).
 	a.handle("GET /v1/networking", allow(node, proxy, admin), a.getNetworking)
-	a.handleStream("GET /v1/watch/networking", allow(proxy), a.watchNetworking)
+	a.handleStream("GET /v1/watch/networking", allow(node, proxy), a.watchNetworking)
 	a.handle("PUT /v1/networking", allow(admin), a.setNetworking)
 	// Users and tokens: administration only.
 	a.handle("GET /v1/users", allow(admin), a.getUsers)

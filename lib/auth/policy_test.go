@@ -65,7 +65,7 @@ var wantPolicy = map[string][]string{
 	"DELETE /v1/roles/{name}": {RoleAdmin},
 
 	"GET /v1/networking":       {RoleNode, RoleProxy, RoleAdmin},
-	"GET /v1/watch/networking": {RoleProxy},
+	"GET /v1/watch/networking": {RoleNode, RoleProxy},
 	"PUT /v1/networking":       {RoleAdmin},
 
 	"GET /v1/users":                   {RoleAdmin},

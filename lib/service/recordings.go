@@ -60,9 +60,13 @@ func (p *Process) startRecordingUploads(nodeID *auth.Identity, ap accessPoint) (
 		_ = u.Flush(ctx)
 		return u.Close()
 	})
+	settings, err := p.nodeNetworking(ap)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
 	r, err := srv.NewRecorder(srv.RecorderConfig{
 		Spool:    spool,
-		Settings: ap.GetClusterNetworkingConfig,
+		Settings: settings,
 		Notify:   u.Notify,
 		Clock:    p.clock,
 	})

@@ -89,6 +89,9 @@ func (n *NetworkingWatcher) GetClusterNetworkingConfig(ctx context.Context) (*Cl
 	return &c, nil
 }
 
+// Synced is closed once the first load is done.
+func (n *NetworkingWatcher) Synced() <-chan struct{} { return n.w.Synced() }
+
 // Healthy is nil while the watch is live.
 func (n *NetworkingWatcher) Healthy() error { return n.w.Healthy() }
 
