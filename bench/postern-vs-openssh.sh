@@ -142,15 +142,41 @@ wait_for() { # tries cmd...
 }
 
 start_postern() {
-	log "Postern cluster (auth+proxy process, node process) in $W"
-	read -r PA PS PW PD PN PD2 PT <<<"$(free_ports 7)"
-	"$BIN/postern" start --data-dir "$W/auth" --roles auth,proxy --cluster-name bench \
-		--auth-addr "127.0.0.1:$PA" --ssh-addr "127.0.0.1:$PS" --web-addr "127.0.0.1:$PW" --tunnel-addr "127.0.0.1:$PT" \
-		--diag-addr "127.0.0.1:$PD" --nodename bench-proxy ${POSTERN_CONFIG:+--config "$POSTERN_CONFIG"} >"$W/proxy.log" 2>&1 &
-	PROXY_PID=$!
-	PIDS_POSTERN+=("$PROXY_PID")
-	wait_for 150 pctl users ls || { tail -20 "$W/proxy.log"; die "auth+proxy did not start"; }
+	# SPLIT_AUTH=1 (the default): auth in a process of its own, so that
+	# the proxy's CPU and memory are the jump host's alone, as a bare
+	# x/crypto hop's or sshd's are (auth's work per session, writing the
+	# proxy's and the node's audit events and recordings, is measured on
+	# its own: AUTH_PID). SPLIT_AUTH=0: one auth+proxy process, as before.
+	local split=${SPLIT_AUTH:-1}
+	log "Postern cluster ($([ "$split" = 1 ] && echo "auth process, proxy process" || echo "auth+proxy process"), node process) in $W"
+	read -r PA PS PW PD PN PD2 PT PD3 <<<"$(free_ports 8)"
 	local out token pin
+	if [ "$split" = 1 ]; then
+		"$BIN/postern" start --data-dir "$W/auth" --roles auth --cluster-name bench \
+			--auth-addr "127.0.0.1:$PA" --diag-addr "127.0.0.1:$PD3" --nodename bench-auth \
+			${POSTERN_CONFIG:+--config "$POSTERN_CONFIG"} >"$W/auth.log" 2>&1 &
+		AUTH_PID=$!
+		PIDS_POSTERN+=("$AUTH_PID")
+		wait_for 150 pctl users ls || { tail -20 "$W/auth.log"; die "auth did not start"; }
+		out=$(pctl tokens add --type proxy) || die "pctl tokens add --type proxy"
+		token=$(grep -oE -- '--token [^ ]+' <<<"$out" | head -1 | cut -d' ' -f2)
+		pin=$(grep -oE -- '--ca-pin sha256:[0-9a-f]+' <<<"$out" | head -1 | cut -d' ' -f2)
+		"$BIN/postern" start --data-dir "$W/proxy" --roles proxy --nodename bench-proxy \
+			--auth-server "127.0.0.1:$PA" --token "$token" --ca-pin "$pin" \
+			--ssh-addr "127.0.0.1:$PS" --web-addr "127.0.0.1:$PW" --tunnel-addr "127.0.0.1:$PT" \
+			--diag-addr "127.0.0.1:$PD" ${POSTERN_CONFIG:+--config "$POSTERN_CONFIG"} >"$W/proxy.log" 2>&1 &
+		PROXY_PID=$!
+		PIDS_POSTERN+=("$PROXY_PID")
+		wait_for 150 curl -sf "http://127.0.0.1:$PD/readyz" || { tail -20 "$W/proxy.log"; die "proxy did not start"; }
+	else
+		"$BIN/postern" start --data-dir "$W/auth" --roles auth,proxy --cluster-name bench \
+			--auth-addr "127.0.0.1:$PA" --ssh-addr "127.0.0.1:$PS" --web-addr "127.0.0.1:$PW" --tunnel-addr "127.0.0.1:$PT" \
+			--diag-addr "127.0.0.1:$PD" --nodename bench-proxy ${POSTERN_CONFIG:+--config "$POSTERN_CONFIG"} >"$W/proxy.log" 2>&1 &
+		PROXY_PID=$!
+		AUTH_PID=$PROXY_PID
+		PIDS_POSTERN+=("$PROXY_PID")
+		wait_for 150 pctl users ls || { tail -20 "$W/proxy.log"; die "auth+proxy did not start"; }
+	fi
 	out=$(pctl tokens add --type node) || die "pctl tokens add"
 	# head -1: pctl prints the join command twice (direct and through the
 	# proxy), with the same token and pin.
@@ -165,7 +191,7 @@ start_postern() {
 	pctl auth sign --user alice --ttl 3h --out "$W/alice" >/dev/null || die "pctl auth sign"
 	wait_for 150 sh -c "'$BIN/pctl' --data-dir '$W/auth' nodes ls | grep -q $NODENAME" ||
 		{ tail -20 "$W/node.log"; die "node did not register"; }
-	echo "  proxy pid $PROXY_PID ssh 127.0.0.1:$PS; node pid $NODE_PID ssh 127.0.0.1:$PN"
+	echo "  proxy pid $PROXY_PID ssh 127.0.0.1:$PS; auth pid $AUTH_PID; node pid $NODE_PID ssh 127.0.0.1:$PN"
 }
 
 user_ca_line() { # the CA that signed the certificate, as an authorized_keys cert-authority line
@@ -276,13 +302,13 @@ latency() {
 	# audit events of proxy and node) is counted in. What each process
 	# spends idle (heartbeats, watchers, GC), measured over IDLE_CPU_S
 	# seconds first, is taken out for the time the rounds took.
-	local t0 t1 pi0 si0 pidle sidle
-	pi0=$(proc_cpu_ticks "$PROXY_PID"); si0=$(proc_cpu_ticks "$(cat "$P/sshd_bastion.pid")")
+	local t0 t1 pi0 si0 ai0 pidle sidle aidle ac0 ac1
+	pi0=$(proc_cpu_ticks "$PROXY_PID"); si0=$(proc_cpu_ticks "$(cat "$P/sshd_bastion.pid")"); ai0=$(proc_cpu_ticks "$AUTH_PID")
 	sleep "${IDLE_CPU_S:-5}"
-	pidle=$(( $(proc_cpu_ticks "$PROXY_PID") - pi0 )); sidle=$(( $(proc_cpu_ticks "$(cat "$P/sshd_bastion.pid")") - si0 ))
-	echo "  idle CPU over ${IDLE_CPU_S:-5} s: postern $pidle ticks, sshd $sidle ticks (hz $hz)"
+	pidle=$(( $(proc_cpu_ticks "$PROXY_PID") - pi0 )); sidle=$(( $(proc_cpu_ticks "$(cat "$P/sshd_bastion.pid")") - si0 )); aidle=$(( $(proc_cpu_ticks "$AUTH_PID") - ai0 ))
+	echo "  idle CPU over ${IDLE_CPU_S:-5} s: postern $pidle ticks, sshd $sidle ticks, postern auth $aidle ticks (hz $hz)"
 	t0=$(date +%s%N)
-	pc0=$(proc_cpu_ticks "$PROXY_PID"); sc0=$(proc_cpu_ticks "$(cat "$P/sshd_bastion.pid")")
+	pc0=$(proc_cpu_ticks "$PROXY_PID"); sc0=$(proc_cpu_ticks "$(cat "$P/sshd_bastion.pid")"); ac0=$(proc_cpu_ticks "$AUTH_PID")
 	for r in $(seq "$ROUNDS"); do
 		local a=(-n sshd "ssh -F $CFG via-sshd true" -n postern "ssh -F $CFG via-postern true")
 		[ $((r % 2)) = 0 ] && a=(-n postern "ssh -F $CFG via-postern true" -n sshd "ssh -F $CFG via-sshd true")
@@ -291,7 +317,7 @@ latency() {
 			-n sshd-x25519 "ssh -F $CFG_X25519 via-sshd true" -n postern-x25519 "ssh -F $CFG_X25519 via-postern true" \
 			2>&1 | grep -E '^(Benchmark|  Time)'
 	done
-	pc1=$(proc_cpu_ticks "$PROXY_PID"); sc1=$(proc_cpu_ticks "$(cat "$P/sshd_bastion.pid")")
+	pc1=$(proc_cpu_ticks "$PROXY_PID"); sc1=$(proc_cpu_ticks "$(cat "$P/sshd_bastion.pid")"); ac1=$(proc_cpu_ticks "$AUTH_PID")
 	t1=$(date +%s%N)
 	setups=$((ROUNDS * 2 * (RUNS + 2)))
 	per_setup() { # before after idle-ticks -> ms per setup, idle rate taken out
@@ -300,7 +326,10 @@ latency() {
 	}
 	record cpu_setup_ms postern "$(per_setup "$pc0" "$pc1" "$pidle")"
 	record cpu_setup_ms sshd "$(per_setup "$sc0" "$sc1" "$sidle")"
-	echo "  hop CPU per setup ($setups setups per arm over $(( (t1 - t0) / 1000000 )) ms): postern $(per_setup "$pc0" "$pc1" "$pidle") ms, sshd $(per_setup "$sc0" "$sc1" "$sidle") ms"
+	# The direct arm's sessions also cost auth (the node's audit events
+	# and recordings), so this is an upper bound of a -J setup's.
+	[ "$AUTH_PID" != "$PROXY_PID" ] && record cpu_setup_ms_auth postern "$(per_setup "$ac0" "$ac1" "$aidle")"
+	echo "  hop CPU per setup ($setups setups per arm over $(( (t1 - t0) / 1000000 )) ms): postern $(per_setup "$pc0" "$pc1" "$pidle") ms, sshd $(per_setup "$sc0" "$sc1" "$sidle") ms; postern auth $(per_setup "$ac0" "$ac1" "$aidle") ms"
 	python3 - "$W" "$ROUNDS" >>"$RES" <<'PY'
 import json, statistics, sys
 w, rounds = sys.argv[1], int(sys.argv[2])

@@ -65,6 +65,7 @@ for r in range(1, runs + 1):
 rows = [
     ("ssh -J setup, ms (median)", "setup_ms"),
     ("hop CPU per setup, ms", "cpu_setup_ms"),
+    ("Postern auth CPU per setup, ms (own process)", "cpu_setup_ms_auth"),
     ("setup, ms, curve25519 forced", "setup_ms_x25519"),
     ("upload MB/s", "tp_upload_default"),
     ("download MB/s", "tp_download_default"),
@@ -150,8 +151,11 @@ with open(out, "w") as f:
             "figures move by +-25% between runs; the ratios, taken within a run with the arms "
             "interleaved, are what to compare.\n")
     f.write("- Hop CPU per setup is the jump host's utime+stime over the setup rounds divided by the setups "
-            "through it. Postern's proxy process also runs auth here, so auth's work per setup (writing the "
-            "proxy's and the node's audit events) is included; sshd's includes its per-connection processes.\n")
+            "through it; sshd's includes its per-connection processes. Postern's auth runs in a process of "
+            "its own (SPLIT_AUTH=1, the default since issue 17's second step; before, the proxy process ran "
+            "auth and the figure included auth's work): its CPU over the same rounds, divided by the -J "
+            "setups, is the auth row, an upper bound since the direct arm's sessions (their audit events "
+            "and recordings) cost auth too.\n")
     f.write("- Memory is PSS (smaps_rollup) of the jump host's processes before and with MEM_N idle "
             "`ssh -J ... sleep` sessions, divided by MEM_N.\n")
 print(f"wrote {out}")
