@@ -105,6 +105,11 @@ type Config struct {
 	Name string
 	// MaxConnections caps connections held through the limiter in total.
 	MaxConnections int
+	// MaxConnectionsReason, when set, says in the refusal why
+	// MaxConnections is what it is (the daemon lowers it to what its file
+	// descriptor limit holds), so that a refused client and the operator
+	// learn which limit to raise.
+	MaxConnectionsReason string
 	// MaxConnectionsPerIP caps concurrent connections from one source
 	// address (IPv4 address, or IPv6 /64: see ipKey).
 	MaxConnectionsPerIP int
@@ -219,6 +224,10 @@ func (l *ConnectionLimiter) acquireIP(addr net.Addr) (release func(), capName st
 	l.mu.Lock()
 	if max := l.cfg.MaxConnections; max > 0 && l.total >= max {
 		l.mu.Unlock()
+		if why := l.cfg.MaxConnectionsReason; why != "" {
+			return nil, CapConnections, l.refuse(CapConnections, "", trace.LimitExceeded(
+				"too many connections to %s: limit %d (%s)", l.cfg.Name, max, why))
+		}
 		return nil, CapConnections, l.refuse(CapConnections, "", trace.LimitExceeded(
 			"too many connections to %s: limit %d", l.cfg.Name, max))
 	}

@@ -34,3 +34,13 @@ func raiseFileLimit(log logrus.FieldLogger) {
 	log.WithFields(logrus.Fields{"from": before, "to": lim.Cur, "hard": lim.Max}).
 		Info("File descriptor limit (RLIMIT_NOFILE) raised to the hard limit; raise the hard limit (LimitNOFILE= in the systemd unit) to hold more sessions.")
 }
+
+// fileLimit is the process's RLIMIT_NOFILE (soft, hard); ok is false when
+// it cannot be read or is unlimited.
+func fileLimit() (soft, hard uint64, ok bool) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur > 1<<40 { // RLIM_INFINITY is all ones
+		return 0, 0, false
+	}
+	return lim.Cur, lim.Max, true
+}
