@@ -92,17 +92,44 @@ var gzipWriters = sync.Pool{New: func() any {
 // compress gzips a chunk with klauspost/compress at its fastest level:
 // standard gzip (any reader, old Postern included, reads it), about three
 // times faster than compress/gzip's BestSpeed, which matters because every
-// recorded byte passes through here.
+// recorded byte is compressed so (the writer's store feeds a
+// chunkCompressor as it encodes; compress is the whole-chunk form).
 func compress(b []byte) ([]byte, error) {
-	buf := bytes.NewBuffer(make([]byte, 0, len(b)/4+512))
-	zw := gzipWriters.Get().(*kgzip.Writer)
-	defer gzipWriters.Put(zw)
-	zw.Reset(buf)
-	if _, err := zw.Write(b); err != nil {
-		return nil, trace.Wrap(err)
+	c := newChunkCompressor()
+	c.write(b)
+	return c.close()
+}
+
+// chunkCompressor gzips one chunk in pieces, as the writer's store
+// encodes it, with a compressor from the pool.
+type chunkCompressor struct {
+	zw  *kgzip.Writer
+	buf *bytes.Buffer
+	err error
+}
+
+func newChunkCompressor() *chunkCompressor {
+	c := &chunkCompressor{zw: gzipWriters.Get().(*kgzip.Writer), buf: bytes.NewBuffer(make([]byte, 0, 16<<10))}
+	c.zw.Reset(c.buf)
+	return c
+}
+
+func (c *chunkCompressor) write(p []byte) {
+	if c.err == nil {
+		_, c.err = c.zw.Write(p)
 	}
-	if err := zw.Close(); err != nil {
-		return nil, trace.Wrap(err)
+}
+
+// close ends the gzip stream, returns the compressor to the pool and
+// the chunk's compressed bytes.
+func (c *chunkCompressor) close() ([]byte, error) {
+	if c.err == nil {
+		c.err = c.zw.Close()
 	}
-	return buf.Bytes(), nil
+	gzipWriters.Put(c.zw)
+	c.zw = nil
+	if c.err != nil {
+		return nil, trace.Wrap(c.err)
+	}
+	return c.buf.Bytes(), nil
 }

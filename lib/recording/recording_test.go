@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -363,3 +364,49 @@ func TestWriterCapsAtTheDefault(t *testing.T) {
 type sinkFunc func(Chunk) error
 
 func (f sinkFunc) WriteChunk(c Chunk) error { return f(c) }
+
+// store compresses a chunk as it encodes it, a few KiB at a time: the
+// chunks must still hold every line, in order, each line whole, and close
+// at ChunkBytes (the default here, so that a chunk takes several writes
+// into its compressor, and one event is larger than a write).
+func TestWriterStreamedChunksHoldEveryLine(t *testing.T) {
+	sink := newMemSink()
+	w := newTestWriter(t, clockwork.NewFakeClock(), sink, func(c *Config) { c.MaxBytes = 1 << 30 })
+	var want []byte
+	for i := 0; i < 400; i++ {
+		p := bytes.Repeat([]byte(fmt.Sprintf("line %d \"q\" \\ \x1b[1m\r\n", i)), 1+i%300)
+		if i%97 == 0 {
+			p = bytes.Repeat([]byte{0xff, 'x', '\t'}, 20000) // one event over encFlushBytes
+		}
+		w.Output(p)
+		want = appendEvent(want, 0, "o", p)
+		if i%50 == 0 {
+			w.Resize(uint32(80+i), 24)
+			want = appendEvent(want, 0, "r", []byte(fmt.Sprintf("%dx24", 80+i)))
+		}
+	}
+	final, err := w.Close("exit-status 0")
+	require.NoError(t, err)
+	want = appendEvent(want, 0, "m", []byte("exit-status 0"))
+	chunks := sink.all()
+	_, err = Verify(chunks, final)
+	require.NoError(t, err)
+	require.Greater(t, len(chunks), 4)
+	var got []byte
+	for i, c := range chunks {
+		b, err := DecodeChunk(c.Data)
+		require.NoError(t, err)
+		require.True(t, bytes.HasSuffix(b, []byte("\n")), "chunk %d ends inside a line", i)
+		if i == 0 {
+			header, rest, ok := bytes.Cut(b, []byte("\n"))
+			require.True(t, ok)
+			require.Contains(t, string(header), `"version":2`)
+			b = rest
+		}
+		// At most ChunkBytes, plus the line that crossed it.
+		lines := bytes.SplitAfter(b, []byte("\n"))
+		require.LessOrEqual(t, len(b)-len(lines[len(lines)-2]), DefaultChunkBytes, "chunk %d", i)
+		got = append(got, b...)
+	}
+	require.Equal(t, string(want), string(got))
+}

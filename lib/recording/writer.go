@@ -277,12 +277,21 @@ func nextRaw(b []byte) (t float64, code byte, data, rest []byte) {
 	return t, code, b[rawHeader : rawHeader+n], b[rawHeader+n:]
 }
 
-// rawPool recycles batch buffers between the writer and store, chunkPool
-// store's chunk buffers. Both are taken only while there are events, so
-// that the thousand idle sessions of a busy node hold no buffers.
+// rawPool recycles batch buffers between the writer and store, encPool
+// store's encoding buffers. Both are taken only while there are events,
+// so that the thousand idle sessions of a busy node hold no buffers.
 var (
-	rawPool   = sync.Pool{New: func() any { return make([]byte, 0, DefaultChunkBytes+64<<10) }}
-	chunkPool = sync.Pool{New: func() any { return make([]byte, 0, DefaultChunkBytes+64<<10) }}
+	rawPool = sync.Pool{New: func() any { return make([]byte, 0, DefaultChunkBytes+64<<10) }}
+	encPool = sync.Pool{New: func() any { return make([]byte, 0, encPoolCap) }}
+)
+
+// encFlushBytes is how much encoded output store collects before it
+// feeds the chunk's compressor: small enough to be in the cache still,
+// large enough that the compressor is called a few times per chunk.
+// encPoolCap holds that plus one event of a 32 KiB read, escaped.
+const (
+	encFlushBytes = 32 << 10
+	encPoolCap    = 3 * encFlushBytes
 )
 
 // eventCodes are the asciicast codes of the raw ones.
@@ -423,20 +432,42 @@ func (w *Writer) handOffLocked(b batch) {
 func (w *Writer) store(header []byte) {
 	defer close(w.stored)
 	var (
-		chunk   []byte // from chunkPool while a batch is encoded
-		index   int
-		written int64 // event bytes recorded so far
-		capped  bool
-		prev    string
+		// enc holds the lines encoded since the last write into the
+		// chunk's compressor: the chunk is compressed as it is
+		// encoded, a few KiB at a time while the lines are still in
+		// the cache, rather than encoded whole and then read again.
+		enc      []byte
+		gz       *chunkCompressor // the open chunk's, nil between chunks
+		chunkLen int              // the open chunk's encoded bytes
+		index    int
+		written  int64 // event bytes recorded so far
+		capped   bool
+		prev     string
 	)
+	open := func() {
+		if gz == nil {
+			gz = newChunkCompressor()
+			if index == 0 {
+				gz.write(header)
+				chunkLen = len(header)
+			}
+		}
+	}
+	flush := func() {
+		if len(enc) > 0 {
+			gz.write(enc)
+			enc = enc[:0]
+		}
+	}
 	closeChunk := func(final bool) {
-		gz, err := compress(chunk)
-		chunk = chunk[:0]
+		flush()
+		data, err := gz.close()
+		gz, chunkLen = nil, 0
 		if err == nil {
 			var h string
-			h, err = ChainHash(prev, gz)
+			h, err = ChainHash(prev, data)
 			if err == nil {
-				err = w.cfg.Sink.WriteChunk(Chunk{Index: index, Hash: h, Final: final, Data: gz})
+				err = w.cfg.Sink.WriteChunk(Chunk{Index: index, Hash: h, Final: final, Data: data})
 				prev = h
 			}
 		}
@@ -447,28 +478,30 @@ func (w *Writer) store(header []byte) {
 		}
 	}
 	for b := range w.queue {
-		chunk = chunkPool.Get().([]byte)[:0]
-		if index == 0 {
-			chunk = append(chunk, header...)
-		}
+		enc = encPool.Get().([]byte)[:0]
 		for rest := b.raw; len(rest) > 0 && !capped; {
 			var t float64
 			var code byte
 			var data []byte
 			t, code, data, rest = nextRaw(rest)
-			n0 := len(chunk)
-			chunk = appendEvent(chunk, t, eventCodes[code], data)
-			if n := int64(len(chunk) - n0); written+n <= w.cfg.MaxBytes {
+			open()
+			n0 := len(enc)
+			enc = appendEvent(enc, t, eventCodes[code], data)
+			if n := int64(len(enc) - n0); written+n <= w.cfg.MaxBytes {
 				written += n
-				if len(chunk) >= w.cfg.ChunkBytes {
+				chunkLen += int(n)
+				switch {
+				case chunkLen >= w.cfg.ChunkBytes:
 					closeChunk(false)
+				case len(enc) >= encFlushBytes:
+					flush()
 				}
 				continue
 			}
-			chunk = chunk[:n0]
+			enc = enc[:n0]
 			capped = true
 			w.capped.Store(true)
-			chunk = appendEvent(chunk, t, "m", []byte("recording stopped: max_recording_bytes ("+strconv.FormatInt(w.cfg.MaxBytes, 10)+") reached"))
+			enc = appendEvent(enc, t, "m", []byte("recording stopped: max_recording_bytes ("+strconv.FormatInt(w.cfg.MaxBytes, 10)+") reached"))
 			closeChunk(false)
 			if w.cfg.OnCap != nil {
 				w.cfg.OnCap()
@@ -480,25 +513,27 @@ func (w *Writer) store(header []byte) {
 		}
 		switch {
 		case b.final:
+			open()
 			if b.exit != "" {
-				chunk = appendEvent(chunk, b.at, "m", []byte(b.exit))
+				enc = appendEvent(enc, b.at, "m", []byte(b.exit))
+				chunkLen++
 			}
-			if len(chunk) == 0 {
+			if chunkLen == 0 {
 				// A chunk must decode to whole lines: the final mark
 				// rides on a marker of its own.
-				chunk = appendEvent(chunk, b.at, "m", []byte("end"))
+				enc = appendEvent(enc, b.at, "m", []byte("end"))
 			}
 			closeChunk(true)
-		case len(chunk) > 0:
+		case gz != nil:
 			closeChunk(false)
 		}
 		// Every batch ends a chunk: between batches (an idle session)
 		// store holds no buffer.
-		if cap(chunk) <= DefaultChunkBytes+64<<10 {
+		if cap(enc) <= encPoolCap {
 			//lint:ignore SA6002 one slice header per batch is cheap
-			chunkPool.Put(chunk[:0])
+			encPool.Put(enc[:0])
 		}
-		chunk = nil
+		enc = nil
 	}
 	w.finalHex = prev
 	// A sink with files open (SpoolSink) syncs and closes them now: the

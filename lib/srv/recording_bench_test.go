@@ -31,7 +31,9 @@ var recBenchRounds = flag.Int("recbench.rounds", 1, "BenchmarkRecordingThroughpu
 // ratio is logged, and their min, median and max at the end.
 // cpu-ms/MB is this process's CPU (node and client both) per MB through
 // the session; the difference between the arms is recording's cost per
-// recorded MB. The recorder is the node's own: the spool sink, its
+// recorded MB. reads/MB (read system calls) and ctxsw/MB (context
+// switches) show whether recording changes how the copy runs: smaller
+// pty reads, or extra wakeups from handing batches over. The recorder is the node's own: the spool sink, its
 // segment files and fsyncs.
 //
 //	go test -run '^$' -bench RecordingThroughput -benchtime 64x ./lib/srv/ -recbench.rounds 5
@@ -81,7 +83,7 @@ func recordingThroughputArm(b *testing.B, record bool) float64 {
 	require.NoError(b, s.Start(`exec yes "  CC      lib/recording/writer.o -O2 -Wall -fstack-protector-strong [ok]"`))
 	_, err = io.CopyN(io.Discard, out, benchChunk)
 	require.NoError(b, err)
-	cpu0, r0 := cpuTime(), readSyscalls()
+	cpu0, r0, cs0 := cpuTime(), readSyscalls(), contextSwitches()
 	b.SetBytes(benchChunk)
 	b.ResetTimer()
 	start := time.Now()
@@ -92,6 +94,7 @@ func recordingThroughputArm(b *testing.B, record bool) float64 {
 	mb := float64(n) / (1 << 20)
 	b.ReportMetric(float64((cpuTime()-cpu0).Milliseconds())/mb, "cpu-ms/MB")
 	b.ReportMetric(float64(readSyscalls()-r0)/mb, "reads/MB")
+	b.ReportMetric(float64(contextSwitches()-cs0)/mb, "ctxsw/MB")
 	return float64(n) / elapsed.Seconds()
 }
 
@@ -100,6 +103,16 @@ func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// contextSwitches is this process's context switches so far, voluntary
+// (a thread blocking: an idle runtime thread parking, a read waiting)
+// and involuntary (preempted): more per MB with recording on would mean
+// that handing batches to the store goroutine costs wakeups.
+func contextSwitches() int64 {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return ru.Nvcsw + ru.Nivcsw
 }
 
 // readSyscalls is this process's read system calls so far (the pty's,
