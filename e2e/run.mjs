@@ -11,7 +11,6 @@
 import { chromium } from 'playwright-core';
 import { spawn, execFileSync } from 'node:child_process';
 import { mkdtempSync, mkdirSync, rmSync, createWriteStream, readFileSync, readdirSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir, userInfo, hostname } from 'node:os';
 import { join, dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -41,14 +40,27 @@ let failed = 0;
 let stepNo = 0;
 let broken = null; // first failure: later steps depend on earlier ones
 
-function freePort() {
+// servingAddr resolves to the address a `postern start` child logs for
+// one of its listeners ("Web server is serving." addr=...). Every
+// listener binds port 0: a port picked here and released could be taken
+// meanwhile (by any process's outgoing connection, too) before the
+// daemon binds it.
+function servingAddr(child, msg) {
+  const re = new RegExp(`msg="${msg.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}"[^\n]*? addr="?([0-9a-f.:\\[\\]]+)"?`);
   return new Promise((res, rej) => {
-    const srv = createServer();
-    srv.once('error', rej);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address();
-      srv.close(() => res(port));
-    });
+    let buf = '';
+    const on = (d) => {
+      buf += d.toString();
+      const m = buf.match(re);
+      if (m) {
+        child.stdout.off('data', on);
+        child.stderr.off('data', on);
+        res(m[1]);
+      } else if (buf.length > 1 << 20) buf = buf.slice(-65536);
+    };
+    child.stdout.on('data', on);
+    child.stderr.on('data', on);
+    child.once('exit', () => rej(new Error(`postern exited before logging "${msg}"`)));
   });
 }
 
@@ -278,19 +290,19 @@ async function main() {
   rmSync(artifacts, { recursive: true, force: true });
   mkdirSync(artifacts, { recursive: true });
   const dataDir = mkdtempSync(join(tmpdir(), 'postern-e2e-'));
-  const [nodePort, sshPort, webPort, authPort, diagPort, tunnelPort, peerPort, tunnelDiagPort] = await Promise.all([1, 2, 3, 4, 5, 6, 7, 8].map(freePort));
-  const base = `https://127.0.0.1:${webPort}`;
   const log = createWriteStream(join(artifacts, 'postern.log'));
+  // Every listener on loopback port 0 (read back from the log): the
+  // defaults (e.g. the peering port's 0.0.0.0:3021) may be taken by
+  // another cluster on the machine.
+  const anyPort = '127.0.0.1:0';
   const daemon = spawn(join(buildDir, 'postern'), [
     'start', '--data-dir', dataDir, '--cluster-name', 'e2e', '--roles', 'auth,proxy,node',
     '--nodename', nodename, '--labels', 'env=e2e,team=web',
-    '--node-addr', `127.0.0.1:${nodePort}`, '--ssh-addr', `127.0.0.1:${sshPort}`,
-    '--web-addr', `127.0.0.1:${webPort}`, '--auth-addr', `127.0.0.1:${authPort}`,
-    '--diag-addr', `127.0.0.1:${diagPort}`, '--tunnel-addr', `127.0.0.1:${tunnelPort}`,
-    // Every port on loopback and picked here: the peering port's default
-    // (0.0.0.0:3021) may be taken by another cluster on the machine.
-    '--peer-addr', `127.0.0.1:${peerPort}`,
+    '--node-addr', anyPort, '--ssh-addr', anyPort, '--web-addr', anyPort, '--auth-addr', anyPort,
+    '--diag-addr', anyPort, '--tunnel-addr', anyPort, '--peer-addr', anyPort,
   ], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const webAddrP = servingAddr(daemon, 'Web server is serving.');
+  webAddrP.catch(() => {}); // awaited below, where its failure is reported
   daemon.stdout.pipe(log);
   daemon.stderr.pipe(log);
   let daemonExited = false;
@@ -303,15 +315,12 @@ async function main() {
   // The leaf cluster starts now, beside the root, so that it is up by
   // the time trust is set up; every one of its ports on loopback too.
   const leafDir = mkdtempSync(join(tmpdir(), 'postern-e2e-leaf-'));
-  const leafPorts = await Promise.all([1, 2, 3, 4, 5, 6, 7].map(freePort));
   const leafLog = createWriteStream(join(artifacts, 'postern-leaf.log'));
   const leafDaemon = spawn(join(buildDir, 'postern'), [
     'start', '--data-dir', leafDir, '--cluster-name', leafName, '--roles', 'auth,proxy,node',
     '--nodename', leafNode, '--labels', 'env=e2e,team=leaf',
-    '--node-addr', `127.0.0.1:${leafPorts[0]}`, '--ssh-addr', `127.0.0.1:${leafPorts[1]}`,
-    '--web-addr', `127.0.0.1:${leafPorts[2]}`, '--auth-addr', `127.0.0.1:${leafPorts[3]}`,
-    '--diag-addr', `127.0.0.1:${leafPorts[4]}`, '--tunnel-addr', `127.0.0.1:${leafPorts[5]}`,
-    '--peer-addr', `127.0.0.1:${leafPorts[6]}`,
+    '--node-addr', anyPort, '--ssh-addr', anyPort, '--web-addr', anyPort, '--auth-addr', anyPort,
+    '--diag-addr', anyPort, '--tunnel-addr', anyPort, '--peer-addr', anyPort,
   ], { stdio: ['ignore', 'pipe', 'pipe'] });
   leafDaemon.stdout.pipe(leafLog);
   leafDaemon.stderr.pipe(leafLog);
@@ -338,6 +347,9 @@ async function main() {
       pctl(['users', 'ls']);
       return true;
     });
+    const webAddr = await webAddrP;
+    const webPort = webAddr.slice(webAddr.lastIndexOf(':') + 1);
+    const base = `https://127.0.0.1:${webPort}`;
     pctl(['users', 'add', user, '--logins', login], `${password}\n`);
 
     // The node behind NAT joins now, so that it is up by the time its
@@ -348,7 +360,7 @@ async function main() {
     tunnelNode = spawn(join(buildDir, 'postern'), [
       'start', '--data-dir', tunnelDir, '--roles', 'node', '--nodename', tunnelName, '--labels', 'env=e2e,team=nat',
       '--proxy-server', `127.0.0.1:${webPort}`, '--token', joinCmd[1], '--ca-pin', joinCmd[2],
-      '--diag-addr', `127.0.0.1:${tunnelDiagPort}`,
+      '--diag-addr', anyPort,
     ], { stdio: ['ignore', 'pipe', 'pipe'] });
     tunnelNode.stdout.pipe(tunnelLog);
     tunnelNode.stderr.pipe(tunnelLog);
