@@ -80,9 +80,13 @@ type parkedRead struct {
 
 // fire takes the direction out of the poller and runs it again in a new
 // goroutine: its socket is readable, or Splice closed it. Once.
-func (p *parkedRead) fire() {
+func (p *parkedRead) fire() { p.fireFrom(false) }
+
+// fireFrom is fire; fromLoop says the poller's loop calls it (and needs no
+// wake-up to notice an empty set).
+func (p *parkedRead) fireFrom(fromLoop bool) {
 	p.once.Do(func() {
-		thePoller.remove(p.id)
+		thePoller.remove(p.id, !fromLoop)
 		p.h.mu.Lock()
 		p.h.parked = nil
 		p.h.mu.Unlock()
@@ -193,7 +197,7 @@ func (p *poller) park(h *half, raw syscall.RawConn) bool {
 	resumed := true
 	pr.once.Do(func() {
 		resumed = false
-		p.remove(pr.id)
+		p.remove(pr.id, true)
 		h.mu.Lock()
 		h.parked = nil
 		h.mu.Unlock()
@@ -201,26 +205,29 @@ func (p *poller) park(h *half, raw syscall.RawConn) bool {
 	return resumed
 }
 
-// remove forgets a parked direction and, when none is left, wakes the
-// loop so that it ends.
-func (p *poller) remove(id uint64) {
+// remove forgets a parked direction and, when none is left and wake is
+// set, wakes the loop so that it can end.
+func (p *poller) remove(id uint64, wake bool) {
 	p.mu.Lock()
 	delete(p.parked, id)
 	empty := len(p.parked) == 0 && p.running
 	p.mu.Unlock()
-	if empty {
+	if empty && wake {
 		var one = [8]byte{1, 0, 0, 0, 0, 0, 0, 0}
 		_, _ = unix.Write(p.wakefd, one[:])
 	}
 }
 
-// loop resumes directions whose sockets became readable, until none is
-// parked.
+// loop resumes directions whose sockets became readable, until none has
+// been parked for loopLinger: a proxy setting up sessions one at a time
+// parks and resumes a direction a few times per handshake, and would
+// otherwise start and end this goroutine each time.
 func (p *poller) loop() {
 	events := make([]unix.EpollEvent, 64)
 	var drain [8]byte
+	timeout := -1
 	for {
-		n, err := unix.EpollWait(p.epfd, events, -1)
+		n, err := unix.EpollWait(p.epfd, events, timeout)
 		if err != nil && !errors.Is(err, unix.EINTR) {
 			// Not expected to happen: stop parking (directions block
 			// in Read from now on) and resume every parked one.
@@ -246,11 +253,18 @@ func (p *poller) loop() {
 			pr := p.parked[id]
 			p.mu.Unlock()
 			if pr != nil {
-				pr.fire()
+				pr.fireFrom(true)
 			}
 		}
 		p.mu.Lock()
-		if len(p.parked) == 0 {
+		switch {
+		case len(p.parked) > 0:
+			timeout = -1
+		case timeout == -1 || n > 0:
+			// Empty: linger a little for the next park.
+			timeout = loopLingerMillis
+		default:
+			// Empty for a whole linger.
 			p.running = false
 			p.mu.Unlock()
 			return
@@ -258,3 +272,8 @@ func (p *poller) loop() {
 		p.mu.Unlock()
 	}
 }
+
+// loopLingerMillis is how long the loop outlives the last parked
+// direction: short, so that a test's leak check finds no goroutine once
+// its splices ended.
+const loopLingerMillis = 100
