@@ -154,9 +154,11 @@ type half struct {
 
 	mu     sync.Mutex
 	parked *parkedRead // set while in the poller
-	// polled says src is registered in the poller (parkRead's state;
-	// touched only by the goroutine running the direction).
-	polled bool
+	// polled says src is registered in the poller (parkRead's state),
+	// woken that the poller has just resumed the direction (no readiness
+	// check needed before its Read); both touched only by the goroutine
+	// running the direction.
+	polled, woken bool
 
 	small, big *[]byte
 	n          int64
@@ -180,7 +182,9 @@ func (h *half) run() {
 	for {
 		if h.big == nil && h.small == nil {
 			if h.park != nil {
-				if h.park(h) {
+				if h.woken {
+					h.woken = false // the poller saw it readable: read
+				} else if h.park(h) {
 					return
 				}
 			} else if h.wait != nil {
