@@ -10,6 +10,9 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
+
+	"github.com/jonboulle/clockwork"
 )
 
 // spliceBufferSize is the copy buffer of a busy splice direction. 32 KiB is
@@ -27,6 +30,22 @@ const spliceBufferSize = 32 * 1024
 // direction that fills it switches to a full buffer until it goes quiet
 // again.
 const idleBufferSize = 1024
+
+// SpliceParkAfter is how long a splice direction reading a socket must
+// have moved no data before it leaves its goroutine for the poller
+// (parkRead, splice_linux.go). Until then it blocks in Read like any
+// goroutine, so a session being set up or in use pays no readiness
+// syscall and no hand-off per message (a handshake's gaps are tens of
+// milliseconds; an `ssh -J ... true` never parks at all); only a session
+// that has gone idle is parked. It is measured with one read deadline per
+// period, not per read. Benchmarks of idle sessions wait this long (twice)
+// before they count goroutines.
+const SpliceParkAfter = 250 * time.Millisecond
+
+// spliceClock dates the idle deadlines (a socket deadline is wall-clock
+// time: a fake clock cannot drive it, which is why tests await the
+// parking itself rather than advance a clock).
+var spliceClock = clockwork.NewRealClock()
 
 // Buffer pools: a proxy carries thousands of long-lived pipes, so
 // allocating buffers per direction per connection would be the dominant
@@ -63,10 +82,12 @@ type closeWriter interface {
 // closes both sides too, and Splice returns ctx's error.
 //
 // Goroutines: the direction that reads a socket (b, or a when only a is
-// one) runs apart from the caller, and while its socket is quiet it runs
-// nowhere at all: it is parked in the process's one socket poller
-// (parkRead, splice_linux.go) with no goroutine and no buffer, and a fresh
-// goroutine takes it up when data, an EOF or an error arrives. The caller
+// one) runs apart from the caller, and once its socket has been quiet for
+// SpliceParkAfter it runs nowhere at all: it is parked in the process's
+// one socket poller (parkRead, splice_linux.go) with no goroutine and no
+// buffer, and a fresh goroutine takes it up when data, an EOF or an error
+// arrives. Splice owns that socket's read deadline while it runs (it
+// measures the quiet with it): a caller's deadline must be cleared first. The caller
 // runs the other direction. An idle `ssh -J` at the proxy thus costs one
 // goroutine here (blocked reading the SSH channel) instead of two. Where
 // parking is not available the direction gets a goroutine of its own as
@@ -99,7 +120,10 @@ func Splice(ctx context.Context, a, b io.ReadWriteCloser) (aToB, bToA int64, err
 		}
 		close(done)
 	}
-	apart.park = parkerFor(apart.src)
+	if ds, ok := apart.src.(interface{ SetReadDeadline(time.Time) error }); ok {
+		apart.park = parkerFor(apart.src)
+		apart.deadline = ds.SetReadDeadline
+	}
 	apart.wait = readWaiter(apart.src)
 	go apart.run()
 	own.wait = readWaiter(own.src)
@@ -149,16 +173,18 @@ type half struct {
 	wait func()
 	// park, when set, hands the direction to the poller while src is
 	// quiet: false means src is readable now (or closed), go on reading.
-	park   func(h *half) (parked bool)
-	onDone func() // called once when the direction has ended
+	park func(h *half) (parked bool)
+	// deadline sets src's read deadline (with park): the idle clock.
+	deadline func(time.Time) error
+	onDone   func() // called once when the direction has ended
 
 	mu     sync.Mutex
 	parked *parkedRead // set while in the poller
 	// polled says src is registered in the poller (parkRead's state),
-	// woken that the poller has just resumed the direction (no readiness
-	// check needed before its Read); both touched only by the goroutine
-	// running the direction.
-	polled, woken bool
+	// armed that src has an idle deadline set, moved that data was read
+	// since it was set; all touched only by the goroutine running the
+	// direction.
+	polled, armed, moved bool
 
 	small, big *[]byte
 	n          int64
@@ -176,16 +202,24 @@ func (h *half) unpark() {
 	}
 }
 
-// run copies until the stream ends, or until src is quiet and the
-// direction is parked (then a new goroutine runs it again later).
+// run copies until the stream ends, or until src has been quiet for
+// SpliceParkAfter and the direction is parked (then a new goroutine runs
+// it again later).
+//
+// A parkable direction blocks in Read with its small buffer, exactly like
+// an unparkable one, under a read deadline set once per SpliceParkAfter:
+// when the deadline passes and data moved meanwhile (or the direction is
+// busy), it is set again; when nothing moved for a whole period, the
+// direction gives its buffer back and parks. The hot path (a handshake,
+// a busy copy) thus costs no syscall beyond the Read and the Write.
 func (h *half) run() {
 	for {
 		if h.big == nil && h.small == nil {
 			if h.park != nil {
-				if h.woken {
-					h.woken = false // the poller saw it readable: read
-				} else if h.park(h) {
-					return
+				if !h.armed {
+					// An error here (src closed) is the Read's to report.
+					_ = h.deadline(spliceClock.Now().Add(SpliceParkAfter))
+					h.armed, h.moved = true, false
 				}
 			} else if h.wait != nil {
 				h.wait() // quiet: no buffer until there is data
@@ -200,6 +234,7 @@ func (h *half) run() {
 		}
 		n, rerr := h.src.Read(buf)
 		if n > 0 {
+			h.moved = true
 			wn, werr := h.dst.Write(buf[:n])
 			h.n += int64(wn)
 			if werr != nil {
@@ -214,6 +249,26 @@ func (h *half) run() {
 		if rerr == io.EOF {
 			break
 		}
+		if rerr != nil && h.armed && errors.Is(rerr, os.ErrDeadlineExceeded) {
+			// Our idle deadline, not a failure: nothing was read.
+			if h.moved || h.big != nil {
+				// Data in the last period: not idle yet.
+				_ = h.deadline(spliceClock.Now().Add(SpliceParkAfter))
+				h.moved = false
+				continue
+			}
+			// Quiet for a whole period: park, without a buffer.
+			h.armed = false
+			_ = h.deadline(time.Time{})
+			if h.small != nil {
+				idleBufferPool.Put(h.small)
+				h.small = nil
+			}
+			if h.park(h) {
+				return
+			}
+			continue // readable (or closed) already: read
+		}
 		if rerr != nil {
 			h.finish(rerr)
 			return
@@ -226,9 +281,10 @@ func (h *half) run() {
 			h.big = nil
 		}
 		// The small buffer is held across a Read only where nothing else
-		// can wait: busy directions use the big one, and a socket is
-		// waited on without one.
-		if h.small != nil && (h.big != nil || h.wait != nil || h.park != nil) {
+		// can wait: busy directions use the big one, a socket that cannot
+		// park is waited on without one, and one that can park gives it
+		// back when it does.
+		if h.small != nil && (h.big != nil || (h.wait != nil && h.park == nil)) {
 			idleBufferPool.Put(h.small)
 			h.small = nil
 		}

@@ -90,7 +90,6 @@ func (p *parkedRead) fireFrom(fromLoop bool) {
 		p.h.mu.Lock()
 		p.h.parked = nil
 		p.h.mu.Unlock()
-		p.h.woken = true
 		go p.h.run()
 	})
 }
