@@ -23,9 +23,10 @@ const spliceBufferSize = 32 * 1024
 // idleBufferSize is the buffer a quiet direction reads with. Most of a
 // proxy's pipes are idle most of the time (an interactive shell, a held
 // `ssh -J`), and a buffer held across a blocked Read is memory the process
-// pays per connection. A socket source is waited on without any buffer
-// (waitReadable), and the buffer is taken from the pool only once data is
-// there; an ssh.Channel source (which has no such wait) blocks with this
+// pays per connection. A socket source that idles past SpliceParkAfter
+// is parked without any buffer (one that cannot park is waited on without
+// one, readWaiter), and the buffer is taken from the pool only once data
+// is there; an ssh.Channel source (which has no such wait) blocks with this
 // one. 1 KiB holds keystrokes, their echo and a few lines of screen, and a
 // direction that fills it switches to a full buffer until it goes quiet
 // again.
@@ -161,10 +162,10 @@ func Splice(ctx context.Context, a, b io.ReadWriteCloser) (aToB, bToA int64, err
 //
 // It reads into a small buffer while the stream is quiet and a full-size
 // pooled one while it is busy (a Read filled the small one), giving the big
-// one back as soon as a Read comes back short, before blocking again; a
-// quiet socket is waited on with no buffer at all: in the poller (park)
-// when the direction may leave its goroutine, else in the runtime's
-// netpoller (wait). (Our own loop rather than io.CopyBuffer, which would
+// one back as soon as a Read comes back short, before blocking again. A
+// socket waits with no buffer at all: in the poller (park) once it has
+// been quiet for SpliceParkAfter, when the direction may leave its
+// goroutine, else in the runtime's netpoller (wait). (Our own loop rather than io.CopyBuffer, which would
 // also bypass any buffer when *net.TCPConn's ReaderFrom/WriterTo are
 // visible.)
 type half struct {
