@@ -145,7 +145,8 @@ with open(out, "w") as f:
             f.write("\nLimits in force:\n\n```\n" + open(f"{collect}/hold_limits.txt").read() + "```\n")
         f.write("\nThe proxy holds two sockets per held session (client and node), so its descriptor limit "
                 "caps a proxy at about half of it: with a hard RLIMIT_NOFILE of 20,000 (which only "
-                "CAP_SYS_RESOURCE can raise) that is about 9,950 sessions, whatever the memory.\n")
+                "CAP_SYS_RESOURCE can raise) the proxy caps its SSH port at (20,000 - 256) / 2 = 9,872 "
+                "connections, says so once at start, and refuses the next one with that reason.\n")
     f.write("\n## Notes\n\n")
     f.write("- The machine is shared (other engineers' builds and tests ran at the same time): absolute "
             "figures move by +-25% between runs; the ratios, taken within a run with the arms "

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // helperEnv, when set to a credentials directory, turns the test binary
@@ -115,6 +117,10 @@ func idleCost(dir, proxyAddr, nodeAddr string) (heapPerConn, goroutinesPerConn, 
 	if rerr != nil || line != "ready\n" {
 		return 0, 0, 0, fmt.Errorf("client helper did not get ready: %q %v", line, rerr)
 	}
+	// An idle splice direction leaves its goroutine only after
+	// utils.SpliceParkAfter without data: count what an idle session
+	// settles at, not one still in its linger.
+	time.Sleep(2 * utils.SpliceParkAfter)
 	h1, g1, s1 := heapInUse()
 	if path := os.Getenv("POSTERN_BENCH_HEAPPROFILE"); path != "" && proxyAddr != "" {
 		if err := writeHeapProfile(path); err != nil {

@@ -96,6 +96,15 @@ func (c *replayConn) Read(p []byte) (int, error) {
 	return c.Conn.Read(p)
 }
 
+// Buffered is how many replayed bytes are still to be read, and Unwrap the
+// socket under it: utils.Splice waits on a quiet socket without a
+// goroutine (its poller), which it finds through Unwrap, and must not wait
+// while bytes it has not read yet are here.
+func (c *replayConn) Buffered() int { return len(c.pending) }
+
+// Unwrap returns the underlying connection.
+func (c *replayConn) Unwrap() net.Conn { return c.Conn }
+
 // CloseWrite half-closes the underlying connection (utils.Splice needs
 // it to pass an EOF on without closing the other direction).
 func (c *replayConn) CloseWrite() error {

@@ -9,6 +9,10 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jonboulle/clockwork"
 )
 
 // spliceBufferSize is the copy buffer of a busy splice direction. 32 KiB is
@@ -19,13 +23,30 @@ const spliceBufferSize = 32 * 1024
 // idleBufferSize is the buffer a quiet direction reads with. Most of a
 // proxy's pipes are idle most of the time (an interactive shell, a held
 // `ssh -J`), and a buffer held across a blocked Read is memory the process
-// pays per connection. A socket source is waited on without any buffer
-// (waitReadable), and the buffer is taken from the pool only once data is
-// there; an ssh.Channel source (which has no such wait) blocks with this
+// pays per connection. A socket source that idles past SpliceParkAfter
+// is parked without any buffer (one that cannot park is waited on without
+// one, readWaiter), and the buffer is taken from the pool only once data
+// is there; an ssh.Channel source (which has no such wait) blocks with this
 // one. 1 KiB holds keystrokes, their echo and a few lines of screen, and a
 // direction that fills it switches to a full buffer until it goes quiet
 // again.
 const idleBufferSize = 1024
+
+// SpliceParkAfter is how long a splice direction reading a socket must
+// have moved no data before it leaves its goroutine for the poller
+// (parkRead, splice_linux.go). Until then it blocks in Read like any
+// goroutine, so a session being set up or in use pays no readiness
+// syscall and no hand-off per message (a handshake's gaps are tens of
+// milliseconds; an `ssh -J ... true` never parks at all); only a session
+// that has gone idle is parked. It is measured with one read deadline per
+// period, not per read. Benchmarks of idle sessions wait this long (twice)
+// before they count goroutines.
+const SpliceParkAfter = 250 * time.Millisecond
+
+// spliceClock dates the idle deadlines (a socket deadline is wall-clock
+// time: a fake clock cannot drive it, which is why tests await the
+// parking itself rather than advance a clock).
+var spliceClock = clockwork.NewRealClock()
 
 // Buffer pools: a proxy carries thousands of long-lived pipes, so
 // allocating buffers per direction per connection would be the dominant
@@ -61,45 +82,74 @@ type closeWriter interface {
 // direction cannot make progress that anybody will see. Cancelling ctx
 // closes both sides too, and Splice returns ctx's error.
 //
-// Splice starts one goroutine and always waits for it: when it returns,
-// nothing it started is still running.
+// Goroutines: the direction that reads a socket (b, or a when only a is
+// one) runs apart from the caller, and once its socket has been quiet for
+// SpliceParkAfter it runs nowhere at all: it is parked in the process's
+// one socket poller (parkRead, splice_linux.go) with no goroutine and no
+// buffer, and a fresh goroutine takes it up when data, an EOF or an error
+// arrives. Splice owns that socket's read deadline while it runs (it
+// measures the quiet with it): a caller's deadline must be cleared first. The caller
+// runs the other direction. An idle `ssh -J` at the proxy thus costs one
+// goroutine here (blocked reading the SSH channel) instead of two. Where
+// parking is not available the direction gets a goroutine of its own as
+// before. Either way Splice waits for it: when it returns, nothing it
+// started is still running.
 func Splice(ctx context.Context, a, b io.ReadWriteCloser) (aToB, bToA int64, err error) {
+	// The apart direction: b -> a when b is a socket, else a -> b.
+	apart := &half{dst: a, src: b}
+	own := &half{dst: b, src: a}
+	if socketOf(b) == nil && socketOf(a) != nil {
+		apart, own = own, apart
+	}
 	var closeOnce sync.Once
 	closeBoth := func() {
 		closeOnce.Do(func() {
 			_ = a.Close()
 			_ = b.Close()
+			// A parked direction's socket left the poller with its
+			// close: resume it, its Read reports the close.
+			apart.unpark()
 		})
 	}
 	stop := context.AfterFunc(ctx, closeBoth)
 	defer stop()
 
-	type result struct {
-		n   int64
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		n, err := copyHalf(b, a)
-		if err != nil {
+	done := make(chan struct{})
+	apart.onDone = func() {
+		if apart.err != nil {
 			closeBoth()
 		}
-		done <- result{n, err}
-	}()
-	bToA, errBA := copyHalf(a, b)
-	if errBA != nil {
+		close(done)
+	}
+	if ds, ok := apart.src.(interface{ SetReadDeadline(time.Time) error }); ok {
+		apart.park = parkerFor(apart.src)
+		apart.deadline = ds.SetReadDeadline
+	}
+	apart.wait = readWaiter(apart.src)
+	go apart.run()
+	own.wait = readWaiter(own.src)
+	own.run()
+	if own.err != nil {
 		closeBoth()
 	}
-	r := <-done
-	aToB = r.n
+	<-done
 	closeBoth()
+	if apart.src == b {
+		aToB, bToA = own.n, apart.n
+	} else {
+		aToB, bToA = apart.n, own.n
+	}
 
 	if ctx.Err() != nil {
 		return aToB, bToA, ctx.Err()
 	}
 	// Errors caused by our own Close (the other direction failed first)
 	// are noise; report the first real one.
-	for _, e := range []error{r.err, errBA} {
+	errAB, errBA := own.err, apart.err
+	if apart.src != b {
+		errAB, errBA = apart.err, own.err
+	}
+	for _, e := range []error{errAB, errBA} {
 		if e != nil && !isClosedErr(e) {
 			return aToB, bToA, e
 		}
@@ -107,79 +157,209 @@ func Splice(ctx context.Context, a, b io.ReadWriteCloser) (aToB, bToA int64, err
 	return aToB, bToA, nil
 }
 
-// copyHalf copies src to dst and half-closes dst at EOF. It returns a nil
-// error on a clean end of stream.
+// half is one direction of a splice: it copies src to dst and half-closes
+// dst at EOF (n, err: bytes copied and a non-EOF error).
 //
 // It reads into a small buffer while the stream is quiet and a full-size
 // pooled one while it is busy (a Read filled the small one), giving the big
-// one back as soon as a Read comes back short, before blocking again; a
-// quiet socket is waited on with no buffer at all (readWaiter). (Our
-// own loop rather than io.CopyBuffer, which would also bypass any buffer
-// when *net.TCPConn's ReaderFrom/WriterTo are visible.)
-func copyHalf(dst, src io.ReadWriteCloser) (int64, error) {
-	wait := readWaiter(src)
-	var small, big *[]byte
-	defer func() {
-		if small != nil {
-			idleBufferPool.Put(small)
-		}
-		if big != nil {
-			bufferPool.Put(big)
-		}
-	}()
-	var total int64
+// one back as soon as a Read comes back short, before blocking again. A
+// socket waits with no buffer at all: in the poller (park) once it has
+// been quiet for SpliceParkAfter, when the direction may leave its
+// goroutine, else in the runtime's netpoller (wait). (Our own loop rather than io.CopyBuffer, which would
+// also bypass any buffer when *net.TCPConn's ReaderFrom/WriterTo are
+// visible.)
+type half struct {
+	dst, src io.ReadWriteCloser
+	// wait blocks until src has something to report (nil: Read blocks).
+	wait func()
+	// park, when set, hands the direction to the poller while src is
+	// quiet: false means src is readable now (or closed), go on reading.
+	park func(h *half) (parked bool)
+	// deadline sets src's read deadline (with park): the idle clock.
+	deadline func(time.Time) error
+	onDone   func() // called once when the direction has ended
+
+	mu     sync.Mutex
+	parked *parkedRead // set while in the poller
+	// polled says src is registered in the poller (parkRead's state),
+	// armed that src has an idle deadline set, moved that data was read
+	// since it was set; all touched only by the goroutine running the
+	// direction.
+	polled, armed, moved bool
+
+	small, big *[]byte
+	n          int64
+	err        error
+}
+
+// unpark resumes a direction that is in the poller (Splice closed its
+// socket, which takes it out of the poller without an event).
+func (h *half) unpark() {
+	h.mu.Lock()
+	p := h.parked
+	h.mu.Unlock()
+	if p != nil {
+		p.fire()
+	}
+}
+
+// run copies until the stream ends, or until src has been quiet for
+// SpliceParkAfter and the direction is parked (then a new goroutine runs
+// it again later).
+//
+// A parkable direction blocks in Read with its small buffer, exactly like
+// an unparkable one, under a read deadline set once per SpliceParkAfter:
+// when the deadline passes and data moved meanwhile (or the direction is
+// busy), it is set again; when nothing moved for a whole period, the
+// direction gives its buffer back and parks. The hot path (a handshake,
+// a busy copy) thus costs no syscall beyond the Read and the Write.
+func (h *half) run() {
 	for {
-		if big == nil && small == nil {
-			if wait != nil {
-				wait() // quiet: no buffer until there is data
+		if h.big == nil && h.small == nil {
+			if h.park != nil {
+				if !h.armed {
+					// An error here (src closed) is the Read's to report.
+					_ = h.deadline(spliceClock.Now().Add(SpliceParkAfter))
+					h.armed, h.moved = true, false
+				}
+			} else if h.wait != nil {
+				h.wait() // quiet: no buffer until there is data
 			}
-			small = idleBufferPool.Get().(*[]byte)
+			h.small = idleBufferPool.Get().(*[]byte)
 		}
 		var buf []byte
-		if big != nil {
-			buf = *big
+		if h.big != nil {
+			buf = *h.big
 		} else {
-			buf = *small
+			buf = *h.small
 		}
-		n, rerr := src.Read(buf)
+		n, rerr := h.src.Read(buf)
 		if n > 0 {
-			wn, werr := dst.Write(buf[:n])
-			total += int64(wn)
+			h.moved = true
+			wn, werr := h.dst.Write(buf[:n])
+			h.n += int64(wn)
 			if werr != nil {
-				return total, werr
+				h.finish(werr)
+				return
 			}
 			if wn != n {
-				return total, io.ErrShortWrite
+				h.finish(io.ErrShortWrite)
+				return
 			}
 		}
 		if rerr == io.EOF {
 			break
 		}
+		if rerr != nil && h.armed && errors.Is(rerr, os.ErrDeadlineExceeded) {
+			// Our idle deadline, not a failure: nothing was read.
+			if h.moved || h.big != nil {
+				// Data in the last period: not idle yet.
+				_ = h.deadline(spliceClock.Now().Add(SpliceParkAfter))
+				h.moved = false
+				continue
+			}
+			// Quiet for a whole period: park, without a buffer.
+			h.armed = false
+			_ = h.deadline(time.Time{})
+			if h.small != nil {
+				idleBufferPool.Put(h.small)
+				h.small = nil
+			}
+			if h.park(h) {
+				return
+			}
+			continue // readable (or closed) already: read
+		}
 		if rerr != nil {
-			return total, rerr
+			h.finish(rerr)
+			return
 		}
 		switch {
-		case big == nil && n == len(buf):
-			big = bufferPool.Get().(*[]byte)
-		case big != nil && n < idleBufferSize:
-			bufferPool.Put(big)
-			big = nil
+		case h.big == nil && n == len(buf):
+			h.big = bufferPool.Get().(*[]byte)
+		case h.big != nil && n < idleBufferSize:
+			bufferPool.Put(h.big)
+			h.big = nil
 		}
 		// The small buffer is held across a Read only where nothing else
-		// can wait: busy directions use the big one, and a socket is
-		// waited on without one.
-		if small != nil && (big != nil || wait != nil) {
-			idleBufferPool.Put(small)
-			small = nil
+		// can wait: busy directions use the big one, a socket that cannot
+		// park is waited on without one, and one that can park gives it
+		// back when it does.
+		if h.small != nil && (h.big != nil || (h.wait != nil && h.park == nil)) {
+			idleBufferPool.Put(h.small)
+			h.small = nil
 		}
 	}
-	if cw, ok := dst.(closeWriter); ok {
+	if cw, ok := h.dst.(closeWriter); ok {
 		if err := cw.CloseWrite(); err != nil && !isClosedErr(err) {
-			return total, err
+			h.finish(err)
+			return
 		}
-		return total, nil
+		h.finish(nil)
+		return
 	}
-	return total, dst.Close()
+	h.finish(h.dst.Close())
+}
+
+// finish gives the buffers back and reports the end.
+func (h *half) finish(err error) {
+	if h.small != nil {
+		idleBufferPool.Put(h.small)
+		h.small = nil
+	}
+	if h.big != nil {
+		bufferPool.Put(h.big)
+		h.big = nil
+	}
+	h.err = err
+	if h.onDone != nil {
+		h.onDone()
+	}
+}
+
+// copyHalf copies src to dst in the calling goroutine (half.run without
+// parking), for tests and callers that splice one direction.
+func copyHalf(dst, src io.ReadWriteCloser) (int64, error) {
+	h := &half{dst: dst, src: src, wait: readWaiter(src)}
+	h.run()
+	return h.n, h.err
+}
+
+// buffered reports bytes a wrapper of src holds already read from its
+// socket (a conn that replays what it peeked): src is readable whatever
+// the socket says.
+func buffered(src io.Reader) bool {
+	for src != nil {
+		if b, ok := src.(interface{ Buffered() int }); ok && b.Buffered() > 0 {
+			return true
+		}
+		u, ok := src.(interface{ Unwrap() net.Conn })
+		if !ok {
+			return false
+		}
+		src = u.Unwrap()
+	}
+	return false
+}
+
+// socketOf finds the socket under src, looking through wrappers that
+// expose Unwrap() net.Conn; nil when there is none.
+func socketOf(src io.Reader) syscall.RawConn {
+	for src != nil {
+		if sc, ok := src.(syscall.Conn); ok {
+			raw, err := sc.SyscallConn()
+			if err != nil {
+				return nil
+			}
+			return raw
+		}
+		u, ok := src.(interface{ Unwrap() net.Conn })
+		if !ok {
+			return nil
+		}
+		src = u.Unwrap()
+	}
+	return nil
 }
 
 // isClosedErr reports errors that only say "this side is already closed":

@@ -7,3 +7,11 @@ import "io"
 // readWaiter: elsewhere an idle direction blocks in Read with its small
 // buffer.
 func readWaiter(io.Reader) func() { return nil }
+
+// parkerFor: no poller outside Linux; the direction keeps its goroutine.
+func parkerFor(io.Reader) func(h *half) bool { return nil }
+
+// parkedRead is Linux's (splice_linux.go).
+type parkedRead struct{}
+
+func (*parkedRead) fire() {}

@@ -9,7 +9,9 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
@@ -281,4 +283,70 @@ func TestSpliceQuietSocketDeliversEverything(t *testing.T) {
 	clientA.Close()
 	clientB.Close()
 	<-res
+}
+
+// TestSpliceQuietSocketHasNoGoroutine: n splices of a non-socket stream
+// (net.Pipe, as an SSH channel is) with a TCP socket, all quiet, cost one
+// goroutine each (the caller's, blocked reading the pipe) plus the one
+// poller goroutine, not two each: the quiet socket direction is parked in
+// the poller. Data in both directions still flows, and the splices end on
+// close, leaving no goroutine (goleak in TestMain).
+func TestSpliceQuietSocketHasNoGoroutine(t *testing.T) {
+	// slack: the poller's goroutine and Eventually's own (the condition
+	// runs in one); without parking the count would be 2n.
+	const n, slack = 20, 4
+	type pair struct {
+		pipe   net.Conn // the far end of the pipe
+		client *net.TCPConn
+	}
+	pairs := make([]pair, n)
+	var wg sync.WaitGroup
+	before := runtime.NumGoroutine()
+	for i := range pairs {
+		pipeFar, pipeNear := net.Pipe()
+		client, sock := tcpPair(t)
+		pairs[i] = pair{pipe: pipeFar, client: client}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _, _ = Splice(context.Background(), pipeNear, sock)
+		}()
+	}
+	// Every splice quiet: its socket direction leaves its goroutine.
+	if !assert.Eventually(t, func() bool { return runtime.NumGoroutine()-before <= n+slack }, 5*time.Second, 10*time.Millisecond) {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("goroutines for %d quiet splices: %d\n%s", n, runtime.NumGoroutine()-before, buf[:runtime.Stack(buf, true)])
+	}
+	t.Logf("goroutines for %d quiet splices: %d", n, runtime.NumGoroutine()-before)
+	for _, p := range pairs {
+		// Socket to pipe: the parked direction wakes up.
+		_, err := p.client.Write([]byte("ping"))
+		require.NoError(t, err)
+		got := make([]byte, 4)
+		_, err = io.ReadFull(p.pipe, got)
+		require.NoError(t, err)
+		require.Equal(t, "ping", string(got))
+		// Pipe to socket.
+		_, err = p.pipe.Write([]byte("pong"))
+		require.NoError(t, err)
+		_, err = io.ReadFull(p.client, got)
+		require.NoError(t, err)
+		require.Equal(t, "pong", string(got))
+	}
+	// Quiet again, then ended: from the socket side for half of them
+	// (an EOF wakes the parked direction), and for the rest by a
+	// half-close from the pipe side, which leaves the parked direction
+	// open until the socket's peer answers with its own close.
+	require.Eventually(t, func() bool { return runtime.NumGoroutine()-before <= n+slack }, 5*time.Second, 10*time.Millisecond)
+	for i, p := range pairs {
+		if i%2 == 0 {
+			p.client.Close()
+			continue
+		}
+		p.pipe.Close()
+		_, err := p.client.Read(make([]byte, 1))
+		require.ErrorIs(t, err, io.EOF, "the pipe's close reaches the socket as a half-close")
+		p.client.Close()
+	}
+	wg.Wait()
 }
