@@ -317,14 +317,6 @@ func (h *half) finish(err error) {
 	}
 }
 
-// copyHalf copies src to dst in the calling goroutine (half.run without
-// parking), for tests and callers that splice one direction.
-func copyHalf(dst, src io.ReadWriteCloser) (int64, error) {
-	h := &half{dst: dst, src: src, wait: readWaiter(src)}
-	h.run()
-	return h.n, h.err
-}
-
 // buffered reports bytes a wrapper of src holds already read from its
 // socket (a conn that replays what it peeked): src is readable whatever
 // the socket says.
