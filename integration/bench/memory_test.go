@@ -119,8 +119,16 @@ func idleCost(dir, proxyAddr, nodeAddr string) (heapPerConn, goroutinesPerConn, 
 	}
 	// An idle splice direction leaves its goroutine only after
 	// utils.SpliceParkAfter without data: count what an idle session
-	// settles at, not one still in its linger.
-	time.Sleep(2 * utils.SpliceParkAfter)
+	// settles at, not one still in its linger. Through the proxy, each
+	// session's node-socket direction parks (the channel direction has
+	// no socket); a platform without the poller parks none, and the
+	// count is taken at the bound.
+	if proxyAddr != "" {
+		deadline := time.Now().Add(10 * time.Second)
+		for utils.ParkedSplices() < idleConns && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	h1, g1, s1 := heapInUse()
 	if path := os.Getenv("POSTERN_BENCH_HEAPPROFILE"); path != "" && proxyAddr != "" {
 		if err := writeHeapProfile(path); err != nil {

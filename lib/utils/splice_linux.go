@@ -277,3 +277,11 @@ func (p *poller) loop() {
 // direction: short, so that a test's leak check finds no goroutine once
 // its splices ended.
 const loopLingerMillis = 100
+
+// ParkedSplices is how many splice directions wait in the poller now:
+// what a benchmark of idle sessions awaits before it counts goroutines.
+func ParkedSplices() int {
+	thePoller.mu.Lock()
+	defer thePoller.mu.Unlock()
+	return len(thePoller.parked)
+}
