@@ -28,6 +28,7 @@ import (
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/backend"
 	"github.com/postern-dev/postern/lib/config"
+	"github.com/postern-dev/postern/lib/memtrim"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/reversetunnel"
@@ -163,6 +164,17 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		return trace.Wrap(err)
 	}
 	tuneRuntime(p.cfg, p.log)
+	// The idle-memory trimmer is the other half of gc_percent 400 (see
+	// lib/memtrim): a daemon concern, like the GC target, so Run starts it
+	// and Start (tests, embedding) does not.
+	trimmer, err := memtrim.New(memtrim.Config{Log: p.log.WithField("component", "memtrim"), Registerer: p.registry})
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	trimCtx, stopTrim := context.WithCancel(context.Background())
+	trimDone := make(chan struct{})
+	go func() { defer close(trimDone); trimmer.Run(trimCtx) }()
+	defer func() { stopTrim(); <-trimDone }()
 	if err := p.Start(ctx); err != nil {
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
 		defer cancel()
