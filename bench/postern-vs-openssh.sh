@@ -14,6 +14,10 @@
 # direct-tcpip channels, nothing else (no auth, RBAC, routing, audit): what
 # the library Postern is built on costs for a hop, measured in the same run.
 # It listens on 127.0.0.1:0 and prints its address on stdout's first line.
+# Unlike Postern's proxy it offers x/crypto's default ciphers (OpenSSH then
+# picks chacha20-poly1305 for it, AES-GCM for Postern: the AES-GCM rows are
+# the like-for-like ones) and does not re-arm TCP_QUICKACK (its setup keeps
+# the delayed-ACK stalls): a floor for CPU and memory, not for latency.
 # The sshd bastion comes from openssh-baseline.sh (its setup/teardown, its
 # throwaway user); it is told to trust Postern's user CA (a cert-authority
 # line in its authorized_keys), so one certificate logs in on both hops.
@@ -172,7 +176,9 @@ start_postern() {
 	# its own: AUTH_PID). SPLIT_AUTH=0: one auth+proxy process, as before.
 	local split=${SPLIT_AUTH:-1}
 	log "Postern cluster ($([ "$split" = 1 ] && echo "auth process, proxy process" || echo "auth+proxy process"), node process) in $W"
-	read -r PA PS PW PD PN PD2 PT PD3 <<<"$(free_ports 8)"
+	# PP: the proxy's peering port, on loopback like the rest (its default,
+	# 0.0.0.0:3021, would collide with any other suite running meanwhile).
+	read -r PA PS PW PD PN PD2 PT PD3 PP <<<"$(free_ports 9)"
 	local out token pin
 	if [ "$split" = 1 ]; then
 		"$BIN/postern" start --data-dir "$W/auth" --roles auth --cluster-name bench \
@@ -186,7 +192,7 @@ start_postern() {
 		pin=$(grep -oE -- '--ca-pin sha256:[0-9a-f]+' <<<"$out" | head -1 | cut -d' ' -f2)
 		"$BIN/postern" start --data-dir "$W/proxy" --roles proxy --nodename bench-proxy \
 			--auth-server "127.0.0.1:$PA" --token "$token" --ca-pin "$pin" \
-			--ssh-addr "127.0.0.1:$PS" --web-addr "127.0.0.1:$PW" --tunnel-addr "127.0.0.1:$PT" \
+			--ssh-addr "127.0.0.1:$PS" --web-addr "127.0.0.1:$PW" --tunnel-addr "127.0.0.1:$PT" --peer-addr "127.0.0.1:$PP" \
 			--diag-addr "127.0.0.1:$PD" ${POSTERN_CONFIG:+--config "$POSTERN_CONFIG"} >"$W/proxy.log" 2>&1 &
 		PROXY_PID=$!
 		PIDS_POSTERN+=("$PROXY_PID")
@@ -194,7 +200,7 @@ start_postern() {
 	else
 		"$BIN/postern" start --data-dir "$W/auth" --roles auth,proxy --cluster-name bench \
 			--auth-addr "127.0.0.1:$PA" --ssh-addr "127.0.0.1:$PS" --web-addr "127.0.0.1:$PW" --tunnel-addr "127.0.0.1:$PT" \
-			--diag-addr "127.0.0.1:$PD" --nodename bench-proxy ${POSTERN_CONFIG:+--config "$POSTERN_CONFIG"} >"$W/proxy.log" 2>&1 &
+			--peer-addr "127.0.0.1:$PP" --diag-addr "127.0.0.1:$PD" --nodename bench-proxy ${POSTERN_CONFIG:+--config "$POSTERN_CONFIG"} >"$W/proxy.log" 2>&1 &
 		PROXY_PID=$!
 		AUTH_PID=$PROXY_PID
 		PIDS_POSTERN+=("$PROXY_PID")
@@ -336,7 +342,7 @@ proc_cpu_ticks() { # pid -> utime+stime+cutime+cstime (children reaped by pid in
 }
 
 latency() {
-	log "a. session setup: hyperfine -N, $ROUNDS rounds x $RUNS runs per arm, order swapped each round"
+	log "a. session setup: hyperfine -N, $ROUNDS rounds x $RUNS runs per arm, hop order reversed each round"
 	local r pc0 sc0 pc1 sc1 hz setups
 	hz=$(getconf CLK_TCK)
 	# Hop CPU per setup: the jump host's CPU over the rounds divided by
@@ -522,7 +528,7 @@ mem_arm() { # arm bastion-root-pid
 		[ "${up:-0}" -ge "$MEM_N" ] && break
 		sleep 0.1
 	done
-	sleep 2 # let both bastions settle the same way
+	sleep 2 # let every jump host settle the same way
 	read -r pss1 rss1 n1 <<<"$(pss_of $(descendants "$root"))"
 	printf '  %-8s %d/%d sessions up in %d ms; bastion procs %d -> %d; PSS %d -> %d KiB (RSS %d -> %d): %.1f KiB PSS per connection\n' \
 		"$arm" "$up" "$MEM_N" $((($(date +%s%N) - t0) / 1000000)) "$n0" "$n1" "$pss0" "$pss1" "$rss0" "$rss1" \

@@ -113,7 +113,12 @@ with open(out, "w") as f:
             "<= 3.5 ms per setup, which was this bare hop's own figure then, and <= 1.3 s per GB each way) "
             "were measured against this floor on an earlier day, on a shared machine under another load: "
             "absolute figures do not carry over between days, so the postern/bare ratio, measured in the "
-            "same run with the arms interleaved, is the figure to read.\n")
+            "same run with the arms interleaved, is the figure to read. Two things the bare hop does not do, "
+            "which these ratios carry: it offers x/crypto's default ciphers, so with the client's defaults "
+            "it negotiates chacha20-poly1305 (no amd64 assembly in x/crypto) where Postern's proxy, offering "
+            "AES-GCM only, negotiates AES-GCM: the AES-GCM rows compare the two hops on one cipher; and it "
+            "does not re-arm TCP_QUICKACK, so its setup keeps the delayed-ACK/Nagle stalls Postern removed "
+            "(issue 17, item 2): on setup latency it is no floor, on CPU and memory it is.\n")
     import json, os
     phases = [json.load(open(f"{collect}/phases_{r}.json")) for r in range(1, runs + 1)
               if os.path.exists(f"{collect}/phases_{r}.json")]
