@@ -45,9 +45,11 @@ test:
 # integration/bench moves 64 MiB through a real cluster). With
 # BENCH_OPENSSH=1 it then runs bench/postern-vs-openssh.sh: the OpenSSH
 # client through Postern's proxy vs through an OpenSSH sshd bastion, side by
-# side (setup time, 1 GB each way, PSS per idle -J connection). That needs
-# root (it creates a throwaway user), free ports 2201-2202 and ~10 minutes;
-# RUNS, TP_RUNS, TP_SIZE, MEM_N and PROFILE=1 tune it (see the script).
+# side with a direct connection and a bare x/crypto hop (bench/barehop) as
+# the floors (setup time and hop CPU, 1 GB each way and hop CPU per GB, PSS
+# per idle -J connection). That needs root (it creates a throwaway user),
+# free ports 2201-2202 and ~10 minutes; RUNS, TP_RUNS, TP_SIZE, MEM_N and
+# PROFILE=1 tune it (see the script).
 # With BENCH_LOAD=1 it runs bench/load.sh: LOAD_N (500) concurrent idle
 # `ssh -J` sessions through each of the two jump hosts, one at a time:
 # setup p50/p99 and PSS per idle forwarded connection (root, ~5 minutes;
@@ -57,9 +59,10 @@ bench:
 	@if [ "$(BENCH_OPENSSH)" = 1 ]; then BUILD_DIR="$(abspath $(BUILD_DIR))" ./bench/postern-vs-openssh.sh; fi
 	@if [ "$(BENCH_LOAD)" = 1 ]; then BUILD_DIR="$(abspath $(BUILD_DIR))" ./bench/load.sh; fi
 
-# bench-report runs the side-by-side suite (direct, Postern, sshd bastion)
-# REPORT_RUNS times (default 2) and writes docs/performance.md: medians
-# with min-max over runs, ratios within each run, per-phase setup
+# bench-report runs the side-by-side suite (direct, bare x/crypto hop
+# bench/barehop, Postern, sshd bastion) REPORT_RUNS times (default 2) and
+# writes docs/performance.md: medians with min-max over runs, ratios
+# (postern/sshd, postern/direct, postern/bare) within each run, per-phase setup
 # percentiles, date, machine, commit. Root, free ports 2201-2202, about 4
 # minutes per run (bench/report.sh). bench/hold.sh is the scale run.
 bench-report:

@@ -1,44 +1,64 @@
 #!/bin/bash
 # Postern vs OpenSSH sshd as an `ssh -J` bastion, side by side in one run
-# (issue 4's "benchmark against the anchor").
+# (issue 4's "benchmark against the anchor"), with a direct connection and a
+# bare x/crypto hop as the two floors (issue 17).
 #
-# Both arms use the same OpenSSH client, the same certificate from
+# Every arm uses the same OpenSSH client, the same certificate from
 # `pctl auth sign`, the same non-root login and the same target: a Postern
 # node process. Only the jump host differs:
-#   sshd arm:    ssh -J <OpenSSH sshd bastion>  postern-node
-#   postern arm: ssh -J <Postern proxy>         postern-node
+#   direct arm:  ssh                                postern-node (no hop: the limit)
+#   bare arm:    ssh -J <bench/barehop>             postern-node
+#   postern arm: ssh -J <Postern proxy>             postern-node
+#   sshd arm:    ssh -J <OpenSSH sshd bastion>      postern-node
+# bench/barehop is an x/crypto SSH server that accepts any key and forwards
+# direct-tcpip channels, nothing else (no auth, RBAC, routing, audit): what
+# the library Postern is built on costs for a hop, measured in the same run.
+# It listens on 127.0.0.1:0 and prints its address on stdout's first line.
+# Unlike Postern's proxy it offers x/crypto's default ciphers (OpenSSH then
+# picks chacha20-poly1305 for it, AES-GCM for Postern: the AES-GCM rows are
+# the like-for-like ones) and does not re-arm TCP_QUICKACK (its setup keeps
+# the delayed-ACK stalls): a floor for CPU and memory, not for latency.
 # The sshd bastion comes from openssh-baseline.sh (its setup/teardown, its
 # throwaway user); it is told to trust Postern's user CA (a cert-authority
 # line in its authorized_keys), so one certificate logs in on both hops.
-# The Postern cluster is two processes on free loopback ports: auth+proxy,
-# and a node joined with a token. The node is a separate process so that
-# the proxy's memory is measured alone (in an all-in-one process the node's
-# sessions would be counted as proxy memory).
+# The Postern cluster is three processes on free loopback ports: auth,
+# proxy (SPLIT_AUTH=1, the default) and a node joined with a token. The node
+# is a separate process so that the proxy's memory is measured alone (in an
+# all-in-one process the node's sessions would be counted as proxy memory).
 #
 # Measured, with the arms interleaved where the measurement allows it:
 #   a. session setup: hyperfine of `ssh -J ... true` (ROUNDS rounds of RUNS
-#      runs per arm, order swapped each round), median of all samples; also
-#      with curve25519 forced on every hop (sshd's sntrup761 taken out);
+#      runs per arm, order reversed each round), median of all samples; also
+#      with curve25519 forced on every hop (sshd's sntrup761 taken out); and
+#      the jump host's CPU per setup (bare, postern, sshd; each process's
+#      idle CPU rate, measured first, taken out; Postern's auth process is
+#      a row of its own);
 #   b. throughput: TP_SIZE of zeros up (`cat >/dev/null`) and down
-#      (`head -c`), TP_RUNS runs per arm, alternating arms, median MB/s;
-#      also with AES-GCM forced on every hop (cipher effect in isolation);
-#      and the jump host's CPU seconds per GB (utime+stime from /proc of the
-#      bastion and its per-connection processes, sampled during the run),
-#      which the machine's load does not skew the way it skews MB/s;
+#      (`head -c`), TP_RUNS runs per arm, arms alternating (order reversed
+#      every other run), median MB/s; also with AES-GCM forced on every hop
+#      (cipher effect in isolation); and the jump host's CPU seconds per GB
+#      (utime+stime from /proc of the bastion and its per-connection
+#      processes, sampled during the run), which the machine's load does not
+#      skew the way it skews MB/s;
 #   c. memory per idle forwarded connection: MEM_N concurrent idle
-#      `ssh -J ... sleep` sessions; PSS (smaps_rollup) of the bastion's
-#      processes (sshd: listener + every child and grandchild; Postern: the
-#      auth+proxy process) before and after, divided by MEM_N.
-# Then a table with both arms and postern/sshd ratios against issue 4's
-# targets: setup <= 0.8x, throughput >= 1.0x, memory <= 1/20 (0.05x).
+#      `ssh -J ... sleep` sessions per arm; PSS (smaps_rollup) of the jump
+#      host's processes (sshd: listener + every child and grandchild;
+#      Postern: the proxy process; bare: the barehop process) before and
+#      after, divided by MEM_N;
+#   d. per-phase setup latency through Postern (psh bench ssh --phases).
+# Then a table with every arm, postern/sshd ratios against issue 4's
+# targets (setup <= 0.8x, throughput >= 1.0x, memory <= 1/20 = 0.05x), and
+# the postern/direct and postern/bare ratios.
 #
 # usage: bench/postern-vs-openssh.sh          (root: it creates a user)
 # env:   RUNS=20 ROUNDS=2 TP_RUNS=3 TP_SIZE=1G MEM_N=50 BASELINE_USER=sshbase
-#        BUILD_DIR=build (postern and pctl are built there first, BUILD=0 reuses
-#          them; GOFLAGS_BENCH adds go build flags, e.g. -overlay=FILE to try a
-#          change without touching the tree)
-#        POSTERN_CONFIG=FILE: a postern.yaml both Postern processes start with
+#        BUILD_DIR=build (postern, pctl, psh and barehop are built there
+#          first, BUILD=0 reuses them; GOFLAGS_BENCH adds go build flags, e.g.
+#          -overlay=FILE to try a change without touching the tree)
+#        POSTERN_CONFIG=FILE: a postern.yaml the Postern processes start with
 #          (flags still win; bench/load.sh uses it to lift the connection caps)
+#        SPLIT_AUTH=0: one auth+proxy process instead of two
+#        IDLE_CPU_S=5: seconds of idle CPU measured before the setup rounds
 #        PROFILE=1: perf-record the proxy during one Postern upload
 #        LATENCY=0: skip the setup measurement (a.)
 #        PHASES=0: skip psh bench's per-phase setup latency (d.; PHASE_RATE=20,
@@ -69,6 +89,7 @@ RES=$W/results.tsv
 LOGIN=$BASELINE_USER
 NODENAME=bench-node
 PIDS_POSTERN=()
+BARE_PID=
 CLIENT_PIDS=()
 SLEEP_ARG="4321.$$" # unique, so the node's idle commands are ours to find
 
@@ -84,6 +105,10 @@ cleanup() {
 		kill "$p" 2>/dev/null && echo "  stopped postern $p"
 	done
 	for p in "${PIDS_POSTERN[@]}"; do wait "$p" 2>/dev/null; done
+	if [ -n "$BARE_PID" ]; then
+		kill "$BARE_PID" 2>/dev/null && echo "  stopped barehop $BARE_PID"
+		wait "$BARE_PID" 2>/dev/null
+	fi
 	[ -d "$P" ] && bash "$BASELINE" teardown
 	if [ "$KEEP" = 1 ]; then echo "  kept $W"; else rm -rf "$W" && echo "  removed $W"; fi
 	exit $rc
@@ -113,12 +138,14 @@ build() {
 	# The binaries run from the work dir: a rebuild of $BUILD_DIR during
 	# the run (make build) must not pull them away from under perf.
 	mkdir -p "$W/bin"
-	if [ "${BUILD:-1}" = 1 ] || [ ! -x "$BUILD_DIR/postern" ] || [ ! -x "$BUILD_DIR/pctl" ] || [ ! -x "$BUILD_DIR/psh" ]; then
-		log "building postern, pctl and psh into $BUILD_DIR"
+	local b
+	for b in postern pctl psh barehop; do [ -x "$BUILD_DIR/$b" ] || BUILD=1; done
+	if [ "${BUILD:-1}" = 1 ]; then
+		log "building postern, pctl, psh and barehop into $BUILD_DIR"
 		mkdir -p "$BUILD_DIR"
-		(cd "$REPO" && go build ${GOFLAGS_BENCH:-} -o "$BUILD_DIR/" ./tool/postern ./tool/pctl ./tool/psh) || die "go build"
+		(cd "$REPO" && go build ${GOFLAGS_BENCH:-} -o "$BUILD_DIR/" ./tool/postern ./tool/pctl ./tool/psh ./bench/barehop) || die "go build"
 	fi
-	cp "$BUILD_DIR/postern" "$BUILD_DIR/pctl" "$BUILD_DIR/psh" "$W/bin/" || die "copying the binaries"
+	cp "$BUILD_DIR/postern" "$BUILD_DIR/pctl" "$BUILD_DIR/psh" "$BUILD_DIR/barehop" "$W/bin/" || die "copying the binaries"
 	BIN=$W/bin
 }
 
@@ -149,7 +176,9 @@ start_postern() {
 	# its own: AUTH_PID). SPLIT_AUTH=0: one auth+proxy process, as before.
 	local split=${SPLIT_AUTH:-1}
 	log "Postern cluster ($([ "$split" = 1 ] && echo "auth process, proxy process" || echo "auth+proxy process"), node process) in $W"
-	read -r PA PS PW PD PN PD2 PT PD3 <<<"$(free_ports 8)"
+	# PP: the proxy's peering port, on loopback like the rest (its default,
+	# 0.0.0.0:3021, would collide with any other suite running meanwhile).
+	read -r PA PS PW PD PN PD2 PT PD3 PP <<<"$(free_ports 9)"
 	local out token pin
 	if [ "$split" = 1 ]; then
 		"$BIN/postern" start --data-dir "$W/auth" --roles auth --cluster-name bench \
@@ -163,7 +192,7 @@ start_postern() {
 		pin=$(grep -oE -- '--ca-pin sha256:[0-9a-f]+' <<<"$out" | head -1 | cut -d' ' -f2)
 		"$BIN/postern" start --data-dir "$W/proxy" --roles proxy --nodename bench-proxy \
 			--auth-server "127.0.0.1:$PA" --token "$token" --ca-pin "$pin" \
-			--ssh-addr "127.0.0.1:$PS" --web-addr "127.0.0.1:$PW" --tunnel-addr "127.0.0.1:$PT" \
+			--ssh-addr "127.0.0.1:$PS" --web-addr "127.0.0.1:$PW" --tunnel-addr "127.0.0.1:$PT" --peer-addr "127.0.0.1:$PP" \
 			--diag-addr "127.0.0.1:$PD" ${POSTERN_CONFIG:+--config "$POSTERN_CONFIG"} >"$W/proxy.log" 2>&1 &
 		PROXY_PID=$!
 		PIDS_POSTERN+=("$PROXY_PID")
@@ -171,7 +200,7 @@ start_postern() {
 	else
 		"$BIN/postern" start --data-dir "$W/auth" --roles auth,proxy --cluster-name bench \
 			--auth-addr "127.0.0.1:$PA" --ssh-addr "127.0.0.1:$PS" --web-addr "127.0.0.1:$PW" --tunnel-addr "127.0.0.1:$PT" \
-			--diag-addr "127.0.0.1:$PD" --nodename bench-proxy ${POSTERN_CONFIG:+--config "$POSTERN_CONFIG"} >"$W/proxy.log" 2>&1 &
+			--peer-addr "127.0.0.1:$PP" --diag-addr "127.0.0.1:$PD" --nodename bench-proxy ${POSTERN_CONFIG:+--config "$POSTERN_CONFIG"} >"$W/proxy.log" 2>&1 &
 		PROXY_PID=$!
 		AUTH_PID=$PROXY_PID
 		PIDS_POSTERN+=("$PROXY_PID")
@@ -192,6 +221,20 @@ start_postern() {
 	wait_for 150 sh -c "'$BIN/pctl' --data-dir '$W/auth' nodes ls | grep -q $NODENAME" ||
 		{ tail -20 "$W/node.log"; die "node did not register"; }
 	echo "  proxy pid $PROXY_PID ssh 127.0.0.1:$PS; auth pid $AUTH_PID; node pid $NODE_PID ssh 127.0.0.1:$PN"
+}
+
+start_bare() {
+	# The bare arm's jump host: bench/barehop on a port of its own choosing
+	# (127.0.0.1:0), read back from the first line it prints.
+	log "bare x/crypto hop (bench/barehop)"
+	"$BIN/barehop" --addr 127.0.0.1:0 >"$W/barehop.out" 2>"$W/barehop.log" &
+	BARE_PID=$!
+	wait_for 50 test -s "$W/barehop.out" || { cat "$W/barehop.log"; die "barehop printed no address"; }
+	BARE_ADDR=$(head -1 "$W/barehop.out")
+	BARE_PORT=${BARE_ADDR##*:}
+	case "$BARE_ADDR" in 127.0.0.1:[0-9]*) ;; *) die "barehop printed '$BARE_ADDR', not a loopback address" ;; esac
+	kill -0 "$BARE_PID" 2>/dev/null || { cat "$W/barehop.log"; die "barehop exited"; }
+	echo "  barehop pid $BARE_PID ssh $BARE_ADDR"
 }
 
 user_ca_line() { # the CA that signed the certificate, as an authorized_keys cert-authority line
@@ -231,11 +274,18 @@ Host postern-proxy
   Port $PS
   UserKnownHostsFile /dev/null
   StrictHostKeyChecking no
+Host bare-hop
+  HostName 127.0.0.1
+  Port $BARE_PORT
+  UserKnownHostsFile /dev/null
+  StrictHostKeyChecking no
 Host via-sshd
   ProxyJump sshd-bastion
 Host via-postern
   ProxyJump postern-proxy
-Host via-sshd via-postern direct
+Host via-bare
+  ProxyJump bare-hop
+Host via-sshd via-postern via-bare direct
   HostName 127.0.0.1
   Port $PN
   HostKeyAlias $NODENAME
@@ -268,16 +318,17 @@ setup() {
 	log "OpenSSH sshd bastion (openssh-baseline.sh setup, user $LOGIN)"
 	MEM_N=0 bash "$BASELINE" setup || die "baseline setup"
 	start_postern
+	start_bare
 	user_ca_line >>"$P/authorized_keys" || die "reading the user CA from the certificate"
 	write_ssh_config
 	local h
-	for h in direct via-sshd via-postern; do
+	for h in direct via-sshd via-postern via-bare; do
 		out=$(ssh -F "$CFG" "$h" 'echo ok $(id -un)' 2>&1)
 		[ "$out" = "ok $LOGIN" ] || die "ssh $h: $out"
 	done
-	echo "  direct, via-sshd and via-postern logins OK as $LOGIN"
+	echo "  direct, via-sshd, via-postern and via-bare logins OK as $LOGIN"
 	echo "  negotiated (ssh -v; first block = jump hop, second = node):"
-	for h in via-sshd via-postern; do
+	for h in via-sshd via-postern via-bare; do
 		echo "  $h:"
 		ssh -F "$CFG" -v "$h" true 2>&1 | grep -E 'kex: algorithm|kex: (client->server)' |
 			sed -E 's/^debug1: /    /; s/ MAC: <implicit> compression: none//'
@@ -291,33 +342,42 @@ proc_cpu_ticks() { # pid -> utime+stime+cutime+cstime (children reaped by pid in
 }
 
 latency() {
-	log "a. session setup: hyperfine -N, $ROUNDS rounds x $RUNS runs per arm, order swapped each round"
+	log "a. session setup: hyperfine -N, $ROUNDS rounds x $RUNS runs per arm, hop order reversed each round"
 	local r pc0 sc0 pc1 sc1 hz setups
 	hz=$(getconf CLK_TCK)
 	# Hop CPU per setup: the jump host's CPU over the rounds divided by
 	# the setups through it (each arm runs twice per round: default and
 	# curve25519, each with 2 warm-ups). sshd's per-connection processes
-	# are reaped by the listener, so its cutime/cstime hold them; the
-	# Postern proxy process also runs auth, whose work per setup (the
-	# audit events of proxy and node) is counted in. What each process
-	# spends idle (heartbeats, watchers, GC), measured over IDLE_CPU_S
-	# seconds first, is taken out for the time the rounds took.
-	local t0 t1 pi0 si0 ai0 pidle sidle aidle ac0 ac1
-	pi0=$(proc_cpu_ticks "$PROXY_PID"); si0=$(proc_cpu_ticks "$(cat "$P/sshd_bastion.pid")"); ai0=$(proc_cpu_ticks "$AUTH_PID")
+	# are reaped by the listener, so its cutime/cstime hold them; Postern's
+	# auth (the audit events of proxy and node) is its own process and row
+	# (SPLIT_AUTH=0: counted in the proxy's). What each process spends idle
+	# (heartbeats, watchers, GC), measured over IDLE_CPU_S seconds first, is
+	# taken out for the time the rounds took.
+	local t0 t1 pi0 si0 ai0 bi0 pidle sidle aidle bidle ac0 ac1 bc0 bc1 spid
+	spid=$(cat "$P/sshd_bastion.pid")
+	pi0=$(proc_cpu_ticks "$PROXY_PID"); si0=$(proc_cpu_ticks "$spid"); ai0=$(proc_cpu_ticks "$AUTH_PID"); bi0=$(proc_cpu_ticks "$BARE_PID")
 	sleep "${IDLE_CPU_S:-5}"
-	pidle=$(( $(proc_cpu_ticks "$PROXY_PID") - pi0 )); sidle=$(( $(proc_cpu_ticks "$(cat "$P/sshd_bastion.pid")") - si0 )); aidle=$(( $(proc_cpu_ticks "$AUTH_PID") - ai0 ))
-	echo "  idle CPU over ${IDLE_CPU_S:-5} s: postern $pidle ticks, sshd $sidle ticks, postern auth $aidle ticks (hz $hz)"
+	pidle=$(( $(proc_cpu_ticks "$PROXY_PID") - pi0 )); sidle=$(( $(proc_cpu_ticks "$spid") - si0 ))
+	aidle=$(( $(proc_cpu_ticks "$AUTH_PID") - ai0 )); bidle=$(( $(proc_cpu_ticks "$BARE_PID") - bi0 ))
+	echo "  idle CPU over ${IDLE_CPU_S:-5} s: postern $pidle ticks, sshd $sidle ticks, bare $bidle ticks, postern auth $aidle ticks (hz $hz)"
 	t0=$(date +%s%N)
-	pc0=$(proc_cpu_ticks "$PROXY_PID"); sc0=$(proc_cpu_ticks "$(cat "$P/sshd_bastion.pid")"); ac0=$(proc_cpu_ticks "$AUTH_PID")
+	pc0=$(proc_cpu_ticks "$PROXY_PID"); sc0=$(proc_cpu_ticks "$spid"); ac0=$(proc_cpu_ticks "$AUTH_PID"); bc0=$(proc_cpu_ticks "$BARE_PID")
 	for r in $(seq "$ROUNDS"); do
-		local a=(-n sshd "ssh -F $CFG via-sshd true" -n postern "ssh -F $CFG via-postern true")
-		[ $((r % 2)) = 0 ] && a=(-n postern "ssh -F $CFG via-postern true" -n sshd "ssh -F $CFG via-sshd true")
+		# The three hops in one order on odd rounds, reversed on even ones
+		# (postern stays in the middle), default and curve25519 alike.
+		local a=(-n sshd "ssh -F $CFG via-sshd true" -n postern "ssh -F $CFG via-postern true" -n bare "ssh -F $CFG via-bare true")
+		local x=(-n sshd-x25519 "ssh -F $CFG_X25519 via-sshd true" -n postern-x25519 "ssh -F $CFG_X25519 via-postern true"
+			-n bare-x25519 "ssh -F $CFG_X25519 via-bare true")
+		if [ $((r % 2)) = 0 ]; then
+			a=(-n bare "ssh -F $CFG via-bare true" -n postern "ssh -F $CFG via-postern true" -n sshd "ssh -F $CFG via-sshd true")
+			x=(-n bare-x25519 "ssh -F $CFG_X25519 via-bare true" -n postern-x25519 "ssh -F $CFG_X25519 via-postern true"
+				-n sshd-x25519 "ssh -F $CFG_X25519 via-sshd true")
+		fi
 		hyperfine -N --style basic --warmup 2 --runs "$RUNS" --export-json "$W/latency_$r.json" \
-			"${a[@]}" -n direct "ssh -F $CFG direct true" \
-			-n sshd-x25519 "ssh -F $CFG_X25519 via-sshd true" -n postern-x25519 "ssh -F $CFG_X25519 via-postern true" \
+			"${a[@]}" -n direct "ssh -F $CFG direct true" "${x[@]}" \
 			2>&1 | grep -E '^(Benchmark|  Time)'
 	done
-	pc1=$(proc_cpu_ticks "$PROXY_PID"); sc1=$(proc_cpu_ticks "$(cat "$P/sshd_bastion.pid")"); ac1=$(proc_cpu_ticks "$AUTH_PID")
+	pc1=$(proc_cpu_ticks "$PROXY_PID"); sc1=$(proc_cpu_ticks "$spid"); ac1=$(proc_cpu_ticks "$AUTH_PID"); bc1=$(proc_cpu_ticks "$BARE_PID")
 	t1=$(date +%s%N)
 	setups=$((ROUNDS * 2 * (RUNS + 2)))
 	per_setup() { # before after idle-ticks -> ms per setup, idle rate taken out
@@ -326,10 +386,11 @@ latency() {
 	}
 	record cpu_setup_ms postern "$(per_setup "$pc0" "$pc1" "$pidle")"
 	record cpu_setup_ms sshd "$(per_setup "$sc0" "$sc1" "$sidle")"
+	record cpu_setup_ms bare "$(per_setup "$bc0" "$bc1" "$bidle")"
 	# The direct arm's sessions also cost auth (the node's audit events
 	# and recordings), so this is an upper bound of a -J setup's.
 	[ "$AUTH_PID" != "$PROXY_PID" ] && record cpu_setup_ms_auth postern "$(per_setup "$ac0" "$ac1" "$aidle")"
-	echo "  hop CPU per setup ($setups setups per arm over $(( (t1 - t0) / 1000000 )) ms): postern $(per_setup "$pc0" "$pc1" "$pidle") ms, sshd $(per_setup "$sc0" "$sc1" "$sidle") ms; postern auth $(per_setup "$ac0" "$ac1" "$aidle") ms"
+	echo "  hop CPU per setup ($setups setups per arm over $(( (t1 - t0) / 1000000 )) ms): postern $(per_setup "$pc0" "$pc1" "$pidle") ms, sshd $(per_setup "$sc0" "$sc1" "$sidle") ms, bare $(per_setup "$bc0" "$bc1" "$bidle") ms; postern auth $(per_setup "$ac0" "$ac1" "$aidle") ms"
 	python3 - "$W" "$ROUNDS" >>"$RES" <<'PY'
 import json, statistics, sys
 w, rounds = sys.argv[1], int(sys.argv[2])
@@ -355,7 +416,11 @@ tp_once() { # cmd -> MB/s
 }
 
 bastion_pid() { # arm -> the root pid of that arm's jump host
-	if [ "$1" = sshd ]; then cat "$P/sshd_bastion.pid"; else echo "$PROXY_PID"; fi
+	case "$1" in
+	sshd) cat "$P/sshd_bastion.pid" ;;
+	bare) echo "$BARE_PID" ;;
+	*) echo "$PROXY_PID" ;;
+	esac
 }
 
 cpu_sampler() { # root-pid outfile: until killed, every 0.1 s, writes
@@ -384,8 +449,8 @@ throughput() {
 		[ $cfgname = aesgcm ] && cfg=$CFG_AES
 		for dir in upload download; do
 			for i in $(seq "$TP_RUNS"); do
-				order="sshd postern direct"
-				[ $((i % 2)) = 0 ] && order="direct postern sshd"
+				order="sshd postern bare direct"
+				[ $((i % 2)) = 0 ] && order="direct bare postern sshd"
 				for arm in $order; do
 					host=via-$arm
 					[ $arm = direct ] && host=direct
@@ -463,7 +528,7 @@ mem_arm() { # arm bastion-root-pid
 		[ "${up:-0}" -ge "$MEM_N" ] && break
 		sleep 0.1
 	done
-	sleep 2 # let both bastions settle the same way
+	sleep 2 # let every jump host settle the same way
 	read -r pss1 rss1 n1 <<<"$(pss_of $(descendants "$root"))"
 	printf '  %-8s %d/%d sessions up in %d ms; bastion procs %d -> %d; PSS %d -> %d KiB (RSS %d -> %d): %.1f KiB PSS per connection\n' \
 		"$arm" "$up" "$MEM_N" $((($(date +%s%N) - t0) / 1000000)) "$n0" "$n1" "$pss0" "$pss1" "$rss0" "$rss1" \
@@ -484,12 +549,13 @@ mem_arm() { # arm bastion-root-pid
 memory() {
 	[ "$MEM_N" -gt 0 ] || { log "c. memory: skipped (MEM_N=0)"; return; }
 	log "c. memory per idle forwarded connection: $MEM_N concurrent 'ssh -J ... sleep' sessions per arm"
-	mem_arm sshd "$(cat "$P/sshd_bastion.pid")"
-	mem_arm postern "$PROXY_PID"
+	mem_arm sshd "$(bastion_pid sshd)"
+	mem_arm postern "$(bastion_pid postern)"
+	mem_arm bare "$(bastion_pid bare)"
 }
 
 table() {
-	log "results (postern/sshd ratios; targets from issue 4)"
+	log "results (postern/sshd ratios against issue 4's targets; postern/direct and postern/bare: the floors)"
 	python3 - "$RES" <<'PY'
 import statistics, sys
 vals = {}
@@ -510,7 +576,7 @@ rows = [
     ("jump host CPU s/GB, down, AES-GCM", "cpu_download_aesgcm", "(info)", None),
     ("PSS per idle -J connection, KiB", "mem_kib_per_conn", "<= 0.05", lambda r: r <= 0.05),
 ]
-print(f"{'metric':34} {'sshd':>9} {'postern':>9} {'direct':>9} {'ratio':>7}  target   ok  postern/direct")
+print(f"{'metric':34} {'sshd':>9} {'postern':>9} {'bare':>9} {'direct':>9} {'p/sshd':>7}  target   ok  {'p/direct':>8} {'p/bare':>7}")
 for title, key, target, ok in rows:
     if key not in vals:
         continue
@@ -520,9 +586,10 @@ for title, key, target, ok in rows:
     ratio = p / s if s and p is not None else float("nan")
     verdict = "" if ok is None else ("yes" if ok(ratio) else "NO")
     fmt = lambda x: f"{x:9.1f}" if x is not None else f"{'-':>9}"
-    dr = med.get("direct")
-    pd = f"{p / dr:7.3f}" if dr and p is not None else ""
-    print(f"{title:34} {fmt(s)} {fmt(p)} {fmt(dr)} {ratio:7.3f}  {target:8} {verdict:3} {pd}")
+    dr, b = med.get("direct"), med.get("bare")
+    pd = f"{p / dr:8.3f}" if dr and p is not None else f"{'':8}"
+    pb = f"{p / b:7.3f}" if b and p is not None else ""
+    print(f"{title:34} {fmt(s)} {fmt(p)} {fmt(b)} {fmt(dr)} {ratio:7.3f}  {target:8} {verdict:3} {pd} {pb}")
 PY
 }
 
