@@ -40,7 +40,9 @@
 #      (utime+stime from /proc of the bastion and its per-connection
 #      processes, sampled during the run), which the machine's load does not
 #      skew the way it skews MB/s;
-#   c. memory per idle forwarded connection: MEM_N concurrent idle
+#   c. memory per idle forwarded connection (measured first, on fresh
+#      processes; MEM_N_SSHD for the sshd arm, MEM_SETTLE=15 s of idle
+#      before the reading): MEM_N concurrent idle
 #      `ssh -J ... sleep` sessions per arm; PSS (smaps_rollup) of the jump
 #      host's processes (sshd: listener + every child and grandchild;
 #      Postern: the proxy process; bare: the barehop process) before and
@@ -513,8 +515,9 @@ pss_of() { # pids... -> "PSS_KiB RSS_KiB nprocs"
 	echo "$pss $rss $n"
 }
 
-mem_arm() { # arm bastion-root-pid
+mem_arm() { # arm bastion-root-pid [n]
 	local arm=$1 root=$2 i up pss0 rss0 n0 pss1 rss1 n1 t0
+	local MEM_N=${3:-$MEM_N}
 	read -r pss0 rss0 n0 <<<"$(pss_of $(descendants "$root"))"
 	CLIENT_PIDS=()
 	t0=$(date +%s%N)
@@ -528,7 +531,13 @@ mem_arm() { # arm bastion-root-pid
 		[ "${up:-0}" -ge "$MEM_N" ] && break
 		sleep 0.1
 	done
-	sleep 2 # let every jump host settle the same way
+	# Idle means idle for a while: every jump host gets MEM_SETTLE
+	# seconds with nothing to do before the reading, which is long enough
+	# for Postern's idle-memory trim (lib/memtrim: one quiet 10 s
+	# interval) to give back the setup's garbage, as a long-idle proxy
+	# would have. Read 2 s after the last session instead, a gc_percent 400
+	# heap still holds it.
+	sleep "${MEM_SETTLE:-15}"
 	read -r pss1 rss1 n1 <<<"$(pss_of $(descendants "$root"))"
 	printf '  %-8s %d/%d sessions up in %d ms; bastion procs %d -> %d; PSS %d -> %d KiB (RSS %d -> %d): %.1f KiB PSS per connection\n' \
 		"$arm" "$up" "$MEM_N" $((($(date +%s%N) - t0) / 1000000)) "$n0" "$n1" "$pss0" "$pss1" "$rss0" "$rss1" \
@@ -548,8 +557,8 @@ mem_arm() { # arm bastion-root-pid
 
 memory() {
 	[ "$MEM_N" -gt 0 ] || { log "c. memory: skipped (MEM_N=0)"; return; }
-	log "c. memory per idle forwarded connection: $MEM_N concurrent 'ssh -J ... sleep' sessions per arm"
-	mem_arm sshd "$(bastion_pid sshd)"
+	log "c. memory per idle forwarded connection: $MEM_N concurrent 'ssh -J ... sleep' sessions per Go hop, ${MEM_N_SSHD:-$MEM_N} through sshd"
+	mem_arm sshd "$(bastion_pid sshd)" "${MEM_N_SSHD:-$MEM_N}"
 	mem_arm postern "$(bastion_pid postern)"
 	mem_arm bare "$(bastion_pid bare)"
 }
@@ -621,11 +630,13 @@ PY
 
 echo "postern-vs-openssh: $(ssh -V 2>&1); $(date -u '+%F %T UTC'); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
 setup
+# Memory first, on processes that have only served setup()'s logins: the
+# setups of the latency rounds and a transfer grow a Go heap, and memory the
+# runtime keeps mapped afterwards would be reused by the idle sessions and
+# hide their cost.
+memory
 [ "${LATENCY:-1}" = 1 ] && latency
 phases
-# Memory before throughput: a transfer grows the Go heap, and memory the
-# runtime keeps mapped afterwards would hide the idle sessions' cost.
-memory
 throughput
 profile
 table
