@@ -78,6 +78,7 @@ for r in range(1, runs + 1):
 rows = [
     ("ssh -J setup, ms (median)", "setup_ms"),
     ("hop CPU per setup, ms", "cpu_setup_ms"),
+    ("hop CPU per setup at a sustained rate (3 concurrent loops), ms", "cpu_setup_ms_sustained"),
     ("Postern auth CPU per setup, ms (own process)", "cpu_setup_ms_auth"),
     ("setup, ms, curve25519 forced", "setup_ms_x25519"),
     ("upload MB/s", "tp_upload_default"),

@@ -16,13 +16,34 @@ import (
 	"log"
 	"net"
 	"os"
+	"os/signal"
+	"runtime/pprof"
+	"syscall"
 
 	"golang.org/x/crypto/ssh"
 )
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "listen address (loopback)")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile to FILE until SIGTERM or SIGINT (to compare with the proxy's pprof)")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGTERM, os.Interrupt)
+		go func() {
+			<-sig
+			pprof.StopCPUProfile()
+			f.Close()
+			os.Exit(0)
+		}()
+	}
 	_, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		log.Fatal(err)
