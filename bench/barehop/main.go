@@ -27,6 +27,10 @@ func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "listen address (loopback)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile to FILE until SIGTERM or SIGINT (to compare with the proxy's pprof)")
 	flag.Parse()
+	// It forwards anything for anyone: refuse to listen beyond loopback.
+	if host, _, err := net.SplitHostPort(*addr); err != nil || net.ParseIP(host) == nil || !net.ParseIP(host).IsLoopback() {
+		log.Fatalf("barehop: -addr %q: want a loopback IP:port (it accepts any key and forwards anywhere)", *addr)
+	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
