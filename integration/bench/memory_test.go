@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -122,11 +123,13 @@ func idleCost(dir, proxyAddr, nodeAddr string) (heapPerConn, goroutinesPerConn, 
 	// settles at, not one still in its linger. Through the proxy, each
 	// session's node-socket direction parks (the channel direction has
 	// no socket); a platform without the poller parks none, and the
-	// count is taken at the bound.
+	// count is taken at once.
 	if proxyAddr != "" {
-		deadline := time.Now().Add(10 * time.Second)
-		for utils.ParkedSplices() < idleConns && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		perr := utils.WaitParkedSplices(ctx, idleConns)
+		cancel()
+		if perr != nil {
+			return 0, 0, 0, fmt.Errorf("%d idle sessions did not all park their node-socket direction: %v", idleConns, perr)
 		}
 	}
 	h1, g1, s1 := heapInUse()

@@ -1,6 +1,7 @@
 package utils
 
 import (
+	"context"
 	"errors"
 	"io"
 	"sync"
@@ -108,6 +109,9 @@ type poller struct {
 	next    uint64 // ids from 1; 0 is wakefd
 	running bool
 	broken  bool // epoll_wait failed: no more parking
+	// parkedMore is closed (and replaced) whenever a direction parks:
+	// what WaitParkedSplices waits on instead of polling the count.
+	parkedMore chan struct{}
 }
 
 var thePoller poller
@@ -155,6 +159,10 @@ func (p *poller) park(h *half, raw syscall.RawConn) bool {
 	p.next++
 	pr := &parkedRead{id: p.next, h: h}
 	p.parked[pr.id] = pr
+	if p.parkedMore != nil {
+		close(p.parkedMore)
+		p.parkedMore = nil
+	}
 	start := !p.running
 	p.running = true
 	p.mu.Unlock()
@@ -278,10 +286,25 @@ func (p *poller) loop() {
 // its splices ended.
 const loopLingerMillis = 100
 
-// ParkedSplices is how many splice directions wait in the poller now:
-// what a benchmark of idle sessions awaits before it counts goroutines.
-func ParkedSplices() int {
-	thePoller.mu.Lock()
-	defer thePoller.mu.Unlock()
-	return len(thePoller.parked)
+// WaitParkedSplices waits until at least n splice directions wait in the
+// poller at once (what a benchmark of idle sessions awaits before it counts
+// goroutines), or until ctx is done.
+func WaitParkedSplices(ctx context.Context, n int) error {
+	for {
+		thePoller.mu.Lock()
+		if len(thePoller.parked) >= n {
+			thePoller.mu.Unlock()
+			return nil
+		}
+		if thePoller.parkedMore == nil {
+			thePoller.parkedMore = make(chan struct{})
+		}
+		more := thePoller.parkedMore
+		thePoller.mu.Unlock()
+		select {
+		case <-more:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }

@@ -2,7 +2,10 @@
 
 package utils
 
-import "io"
+import (
+	"context"
+	"io"
+)
 
 // readWaiter: elsewhere an idle direction blocks in Read with its small
 // buffer.
@@ -16,5 +19,6 @@ type parkedRead struct{}
 
 func (*parkedRead) fire() {}
 
-// ParkedSplices: nothing parks outside Linux.
-func ParkedSplices() int { return 0 }
+// WaitParkedSplices: nothing parks outside Linux, so there is nothing to
+// wait for.
+func WaitParkedSplices(context.Context, int) error { return nil }

@@ -312,7 +312,9 @@ func TestSpliceQuietSocketHasNoGoroutine(t *testing.T) {
 			_, _, _ = Splice(context.Background(), pipeNear, sock)
 		}()
 	}
-	// Every splice quiet: its socket direction leaves its goroutine.
+	// Every splice quiet: its socket direction parks, and leaves its
+	// goroutine.
+	waitParked(t, n)
 	if !assert.Eventually(t, func() bool { return runtime.NumGoroutine()-before <= n+slack }, 5*time.Second, 10*time.Millisecond) {
 		buf := make([]byte, 1<<20)
 		t.Fatalf("goroutines for %d quiet splices: %d\n%s", n, runtime.NumGoroutine()-before, buf[:runtime.Stack(buf, true)])
@@ -337,6 +339,7 @@ func TestSpliceQuietSocketHasNoGoroutine(t *testing.T) {
 	// (an EOF wakes the parked direction), and for the rest by a
 	// half-close from the pipe side, which leaves the parked direction
 	// open until the socket's peer answers with its own close.
+	waitParked(t, n)
 	require.Eventually(t, func() bool { return runtime.NumGoroutine()-before <= n+slack }, 5*time.Second, 10*time.Millisecond)
 	for i, p := range pairs {
 		if i%2 == 0 {
@@ -349,4 +352,12 @@ func TestSpliceQuietSocketHasNoGoroutine(t *testing.T) {
 		p.client.Close()
 	}
 	wg.Wait()
+}
+
+// waitParked awaits n parked splice directions (WaitParkedSplices).
+func waitParked(t *testing.T, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, WaitParkedSplices(ctx, n), "%d quiet splice directions did not all park", n)
 }
