@@ -812,8 +812,15 @@ async function main() {
       await page.locator('#player-markers li').nth(6).waitFor({ timeout: 10000 });
       const markers = await page.locator('#player-markers').innerText();
       if (!/checkpoint 5/.test(markers) || !/exit-status 0/.test(markers)) throw new Error(`markers: ${markers}`);
-      const onBar = await page.locator('#player .ap-marker-container').count();
-      if (onBar < 6) throw new Error(`${onBar} markers on the progress bar`);
+      // The bar draws its markers when the player's UI gets the core's
+      // metadata event, which can come after getDuration answers: await it.
+      const bar = page.locator('#player .ap-marker-container');
+      try {
+        await bar.nth(5).waitFor({ state: 'attached', timeout: 10000 });
+      } catch {
+        throw new Error(`${await bar.count()} markers on the progress bar`);
+      }
+      const onBar = await bar.count();
       console.log(`     opened in ${Date.now() - o0} ms; ${onBar} markers on the timeline`);
     });
 
