@@ -798,12 +798,21 @@ async function main() {
       bigPage.on('console', onConsole);
       const page = bigPage;
       await page.goto(`${base}/`);
+      // With no token the app shows the login form, and clears the session
+      // storage first (after its ping returns): hand over the token only
+      // once that has happened, or the app erases it.
+      await page.locator('#view-login').waitFor({ state: 'visible' });
       await page.evaluate(([t, u]) => { sessionStorage.setItem('postern.token', t); sessionStorage.setItem('postern.user', u); },
         [await context.pages()[0].evaluate(() => sessionStorage.getItem('postern.token')), user]);
       bigRenderers = new Set([...rendererPids()].filter((p) => !before.has(p)));
       const o0 = Date.now();
       await page.goto(`${base}/web/recordings/${big}`);
-      await page.locator('#view-player').waitFor({ state: 'visible' });
+      try {
+        await page.locator('#view-player').waitFor({ state: 'visible' });
+      } catch (err) {
+        const shown = await page.evaluate(() => [...document.querySelectorAll('section[id^="view-"]:not([hidden])')].map((e) => e.id).join(','));
+        throw new Error(`${err.message.split('\n')[0]}; the tab shows ${shown || 'no view'} at ${page.url()}`);
+      }
       try {
         await waitFor('the player to load', () => page.evaluate(() => window.posternPlayer && window.posternPlayer.getDuration() !== undefined), 30000, 50);
       } catch (err) {
