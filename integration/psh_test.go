@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postern-dev/postern/lib/config"
+	"github.com/postern-dev/postern/lib/freeport"
 	"github.com/postern-dev/postern/lib/service"
 )
 
@@ -487,14 +488,12 @@ func startEcho(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// freePort returns a loopback port that was free a moment ago (-L needs a
-// number on the command line).
+// freePort returns a free loopback port (-L needs a number on the command
+// line; a restarted daemon needs the port its clients know), picked where
+// parallel tests cannot take it before it is bound.
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return freeport.Port(t)
 }
 
 // startAgent runs `ssh-agent -D` on a socket in a temp dir.

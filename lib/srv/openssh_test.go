@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/freeport"
 	"github.com/postern-dev/postern/lib/srv/srvtest"
 )
 
@@ -191,11 +192,9 @@ func TestOpenSSHForwarding(t *testing.T) {
 	t.Logf("-R took %v", time.Since(t0))
 }
 
-func freePort(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+// freePort is a free loopback port for -L/-R, which need a number.
+func freePort(tb testing.TB) string {
+	return strconv.Itoa(freeport.Port(tb))
 }
 
 // TestOpenSSHAgentForwarding: ssh -A with a real ssh-agent; the agent is

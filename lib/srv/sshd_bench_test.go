@@ -42,7 +42,7 @@ func startSSHD(b *testing.B, ca *srvtest.CA) string {
 	require.NoError(b, os.WriteFile(hostKey, pem.EncodeToMemory(block), 0o600))
 	caFile := filepath.Join(dir, "user_ca.pub")
 	require.NoError(b, os.WriteFile(caFile, []byte(ca.AuthorizedKey()+"\n"), 0o644))
-	port := freePortTB(b)
+	port := freePort(b)
 	conf := filepath.Join(dir, "sshd_config")
 	require.NoError(b, os.WriteFile(conf, []byte(`Port `+port+`
 ListenAddress 127.0.0.1
@@ -75,14 +75,6 @@ LogLevel ERROR
 		return err == nil
 	}, 10*time.Second, 10*time.Millisecond)
 	return addr
-}
-
-func freePortTB(tb testing.TB) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(tb, err)
-	defer ln.Close()
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
-	return port
 }
 
 func sshdClientConfig(b *testing.B, ca *srvtest.CA, login string) *ssh.ClientConfig {

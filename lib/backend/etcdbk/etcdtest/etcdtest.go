@@ -8,13 +8,13 @@ package etcdtest
 
 import (
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/lib/freeport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 )
@@ -116,8 +116,9 @@ func newMember(t testing.TB, name, scheme string) *Server {
 	cfg.Name = name
 	cfg.Dir = t.TempDir()
 	// Peer URL port 0 cannot be used: the URL is written into
-	// InitialCluster before anything listens. Pick free ports first. Another
-	// process could take them in between; that race is tolerable in tests.
+	// InitialCluster before anything listens, and Restart must come back
+	// on the same ports. freeport picks them outside the ephemeral range,
+	// where parallel tests' listeners and connections cannot take them.
 	clientURL := freeURL(t, scheme)
 	peerURL := freeURL(t, "http")
 	cfg.ListenClientUrls = []url.URL{clientURL}
@@ -183,13 +184,7 @@ func (s *Server) Restart(t testing.TB) {
 
 func freeURL(t testing.TB, scheme string) url.URL {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("picking a free port: %v", err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return url.URL{Scheme: scheme, Host: addr}
+	return url.URL{Scheme: scheme, Host: freeport.Addr(t)}
 }
 
 // String is for logs.
