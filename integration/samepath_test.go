@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/freeport"
 	"github.com/postern-dev/postern/lib/service"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -78,10 +79,7 @@ func TestSameAnswerOnEveryPath(t *testing.T) {
 
 	// Two records named "dup": the older one points at a dead port, the
 	// newer one at the real node's SSH port.
-	dead, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	deadAddr := dead.Addr().String()
-	dead.Close()
+	deadAddr := freeport.RefusedAddr(t)
 	older := services.Node{UUID: "00000000-0000-4000-8000-000000000001", Hostname: "dup", Addr: deadAddr,
 		Cluster: clusterName, LastHeartbeat: now.Add(-time.Minute), Expires: now.Add(10 * time.Minute)}
 	newer := services.Node{UUID: "00000000-0000-4000-8000-000000000002", Hostname: "dup", Addr: c.p.Addr(service.ListenerNode).String(),

@@ -13,6 +13,9 @@
 // the ephemeral range is only ever taken by an explicit bind, and the
 // ports handed out here are random, checked free by binding, and never
 // handed out twice by one process.
+//
+// RefusedAddr is the other half: an address that must refuse connections
+// (a node that is gone) for the whole test.
 package freeport
 
 import (

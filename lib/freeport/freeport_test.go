@@ -3,6 +3,7 @@ package freeport
 import (
 	"net"
 	"strconv"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -42,4 +43,14 @@ func TestRangeBelow(t *testing.T) {
 	require.Equal(t, lo, hi, "no room below an ephemeral range starting at 10000")
 	lo, hi = rangeBelow(1024)
 	require.Equal(t, lo, hi)
+}
+
+// TestRefusedAddrRefuses: a dial to it is refused, and nobody can listen
+// on it while the test runs.
+func TestRefusedAddrRefuses(t *testing.T) {
+	addr := RefusedAddr(t)
+	_, err := net.Dial("tcp", addr)
+	require.ErrorIs(t, err, syscall.ECONNREFUSED)
+	_, err = net.Listen("tcp", addr)
+	require.Error(t, err, "the port stays taken")
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/backend/memory"
+	"github.com/postern-dev/postern/lib/freeport"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -348,10 +349,7 @@ func TestDialHost(t *testing.T) {
 		c.Write([]byte("SSH-2.0-test\r\n"))
 	})
 
-	refused, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	refusedAddr := refused.Addr().String()
-	refused.Close()
+	refusedAddr := freeport.RefusedAddr(t)
 
 	dead := "127.0.0.1:9" // never dialed for real: the dialer hangs on it
 	dialer := &recordingDialer{hang: map[string]bool{dead: true}}
