@@ -502,7 +502,10 @@ async function main() {
     await step(page, 'reload while top runs: the same shell and screen are back', async () => {
       await typeInTerminal(page, 'clear; echo "PID=$$"\n');
       const pid = await waitFor('the PID', async () => ((await rowsText(page)).match(/^PID=(\d+)$/m) || [])[1]);
-      await typeInTerminal(page, 'top -d 3600\n');
+      // The marker after top tells when it has exited: top reads keys in
+      // batches and resets the tty as it goes, so what is typed before it
+      // is gone can be eaten (seen on a loaded machine).
+      await typeInTerminal(page, 'top -d 3600; echo "TOP""-EXITED"\n');
       await waitFor('top on the screen', async () => /load average/.test(await rowsText(page)), 30000);
       const before = await stableSnapshot(page);
       const start = Date.now();
@@ -513,6 +516,7 @@ async function main() {
       if (took > 2000) throw new Error(`the screen came back after ${took} ms`);
       await page.locator('#term-status[data-status="connected"]').waitFor();
       await typeInTerminal(page, 'q');
+      await waitFor('top to exit', async () => /TOP-EXITED/.test(await rowsText(page)));
       await typeInTerminal(page, 'echo "AFTER=$$"\n');
       const after = await waitFor('the PID again', async () => ((await rowsText(page)).match(/^AFTER=(\d+)$/m) || [])[1]);
       if (after !== pid) throw new Error(`shell PID ${after} after the reload, ${pid} before`);
