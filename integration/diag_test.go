@@ -6,7 +6,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -110,4 +112,57 @@ func TestDiagPprof(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
 	require.Contains(t, string(body), "goroutine profile: total")
+}
+
+// TestDefaultDiagAddrBusyBinary is TestDefaultDiagAddrBusy through the
+// built `postern` binary, where the flags are turned into a config and
+// CheckAndSetDefaults runs once in tool/postern and again in service.New:
+// the second call must still know that nobody chose the address.
+func TestDefaultDiagAddrBusyBinary(t *testing.T) {
+	if ln, err := net.Listen("tcp", config.DefaultDiagAddr); err == nil {
+		t.Cleanup(func() { ln.Close() })
+	}
+	authDir := t.TempDir()
+	a := startProcess(t, procConfig(authDir, config.RoleAuth, config.RoleProxy))
+	for _, name := range []string{"laptop-1", "laptop-2"} {
+		m := joinRe.FindStringSubmatch(mustPctl(t, authDir, "", "tokens", "add", "--type", "node"))
+		require.NotNil(t, m)
+		cmd := exec.Command(bin("postern"), "start", "--data-dir", t.TempDir(), "--roles", "node",
+			"--nodename", name, "--auth-server", a.Addr(service.ListenerAuth).String(),
+			"--token", m[1], "--ca-pin", m[2], "--node-addr", "127.0.0.1:0") // no --diag-addr
+		var stderr syncBuffer
+		cmd.Stderr = &stderr
+		require.NoError(t, cmd.Start())
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		t.Cleanup(func() {
+			cmd.Process.Kill()
+			<-done
+		})
+		// Up when it heartbeats; an exit before that is the bug.
+		clt := adminClient(t, authDir, a)
+		var exitErr error
+		exited := false
+		require.Eventually(t, func() bool {
+			select {
+			case exitErr = <-done:
+				done <- exitErr
+				exited = true
+				return true
+			default:
+			}
+			nodes, err := clt.GetNodes(context.Background(), "")
+			if err != nil {
+				return false
+			}
+			for _, n := range nodes {
+				if n.Hostname == name {
+					return true
+				}
+			}
+			return false
+		}, 30*time.Second, 50*time.Millisecond)
+		require.False(t, exited, "postern %s exited: %v\n%s", name, exitErr, stderr.String())
+		require.Contains(t, stderr.String(), "default diagnostics address is in use")
+	}
 }

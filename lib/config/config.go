@@ -271,7 +271,10 @@ func (c *Config) CheckAndSetDefaults() error {
 		{"auth_addr", &c.AuthAddr, DefaultAuthAddr},
 		{"diag_addr", &c.DiagAddr, DefaultDiagAddr},
 	}
-	c.DiagAddrDefaulted = c.DiagAddr == ""
+	// Or-ed, not assigned: CheckAndSetDefaults runs more than once on one
+	// config (tool/postern validates the flags, service.New again), and
+	// the second call finds the default already filled in.
+	c.DiagAddrDefaulted = c.DiagAddrDefaulted || c.DiagAddr == ""
 	for _, d := range defaults {
 		if *d.v == "" {
 			*d.v = d.def

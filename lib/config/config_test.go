@@ -182,3 +182,18 @@ func TestAuthServerList(t *testing.T) {
 	require.True(t, trace.IsBadParameter(err), "%v", err)
 	require.Contains(t, err.Error(), `"b"`)
 }
+
+// TestCheckAndSetDefaultsTwice: a config goes through CheckAndSetDefaults
+// in tool/postern and again in service.New; the second pass must change
+// nothing, DiagAddrDefaulted included (a second node on one machine relies
+// on it to start without diagnostics instead of failing).
+func TestCheckAndSetDefaultsTwice(t *testing.T) {
+	for _, diag := range []string{"", "127.0.0.1:3999"} {
+		cfg := Config{FileConfig: FileConfig{DiagAddr: diag}}
+		require.NoError(t, cfg.CheckAndSetDefaults())
+		once := cfg
+		require.NoError(t, cfg.CheckAndSetDefaults())
+		require.Equal(t, once, cfg)
+		require.Equal(t, diag == "", cfg.DiagAddrDefaulted, "diag_addr %q", diag)
+	}
+}
