@@ -70,7 +70,11 @@ func (s *Server) AnnounceNode(ctx context.Context, callerID, callerRole string, 
 		return trace.AccessDenied("%s %q may not announce a node in cluster %q", callerRole, callerID, node.Cluster)
 	}
 	if node.Hostname != "" {
-		if err := s.checkHostHostname(callerRole, node.Hostname, node.UUID, node.Addr); err != nil {
+		clusters, err := s.knownClusters(ctx)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		if err := s.checkHostHostname(callerRole, node.Hostname, node.UUID, node.Addr, clusters); err != nil {
 			return trace.BadParameter("node %q: %v", node.UUID, trace.UserMessage(err))
 		}
 	}
