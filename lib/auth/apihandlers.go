@@ -210,7 +210,7 @@ func (a *APIServer) upsertNode(ctx context.Context, p *peer, r *http.Request) (a
 		return nil, trace.Wrap(err)
 	}
 	if p.Role == RoleNode || p.Role == RoleProxy {
-		err := a.auth.AnnounceNode(ctx, p.ID, p.Role, node)
+		err := a.auth.AnnounceNode(ctx, p.ID, p.Role, r.RemoteAddr, node)
 		if trace.IsBadParameter(err) {
 			// A name or labels a join would refuse (NAME.CLUSTER, another
 			// node's UUID, control characters): a host that joined
