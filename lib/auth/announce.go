@@ -3,7 +3,11 @@ package auth
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -55,11 +59,15 @@ const (
 //     2099 would win `most_recent` routing forever and never expire;
 //   - its address enters the inventory only once auth has seen the host's
 //     own host certificate answer there (verifyAddr); a refused address
-//     leaves the previous record as it was.
+//     leaves the previous record as it was;
+//   - auth dials that address only when its host is the address the
+//     heartbeat came from (sourceAddr, host:port as the API saw it) or
+//     lies in cluster_networking_config spec.node_address_networks:
+//     otherwise a node could make auth connect anywhere auth can reach.
 //
 // The all-in-one process's own node writes to the Store directly and is
 // trusted: it is the auth server.
-func (s *Server) AnnounceNode(ctx context.Context, callerID, callerRole string, node services.Node) error {
+func (s *Server) AnnounceNode(ctx context.Context, callerID, callerRole, sourceAddr string, node services.Node) error {
 	if node.Cluster == "" {
 		node.Cluster = s.cfg.ClusterName
 	}
@@ -70,7 +78,11 @@ func (s *Server) AnnounceNode(ctx context.Context, callerID, callerRole string, 
 		return trace.AccessDenied("%s %q may not announce a node in cluster %q", callerRole, callerID, node.Cluster)
 	}
 	if node.Hostname != "" {
-		if err := s.checkHostHostname(callerRole, node.Hostname, node.UUID, node.Addr); err != nil {
+		clusters, err := s.knownClusters(ctx)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		if err := s.checkHostHostname(callerRole, node.Hostname, node.UUID, node.Addr, clusters); err != nil {
 			return trace.BadParameter("node %q: %v", node.UUID, trace.UserMessage(err))
 		}
 	}
@@ -90,7 +102,7 @@ func (s *Server) AnnounceNode(ctx context.Context, callerID, callerRole string, 
 	// reached over a tunnel, and the tunnel port names the node by its
 	// certificate, so claiming tunnel: true captures nobody's traffic.
 	if !node.Tunnel {
-		if err := s.addrs.verify(ctx, node.UUID, node.Addr); err != nil {
+		if err := s.addrs.verify(ctx, node.UUID, node.Addr, s.addrPolicy(sourceAddr)); err != nil {
 			return trace.Wrap(err)
 		}
 	}
@@ -118,6 +130,12 @@ type addrVerifier struct {
 	hostCAKeys func() []ssh.PublicKey
 	// dial connects to an address; net.Dialer's by default.
 	dial func(ctx context.Context, addr string) (net.Conn, error)
+	// lookup resolves an announced DNS name; net.DefaultResolver's by
+	// default.
+	lookup func(ctx context.Context, host string) ([]netip.Addr, error)
+	// localAddrs lists this machine's interface addresses;
+	// interfaceAddrs by default.
+	localAddrs func() []netip.Addr
 	// sem bounds concurrent checks.
 	sem chan struct{}
 	// timeout bounds one check; addrCheckTimeout.
@@ -145,17 +163,147 @@ func newAddrVerifier(clock clockwork.Clock, log logrus.FieldLogger, hostCAKeys f
 		dial: func(ctx context.Context, addr string) (net.Conn, error) {
 			return d.DialContext(ctx, "tcp", addr)
 		},
-		sem:      make(chan struct{}, maxConcurrentAddrChecks),
-		timeout:  addrCheckTimeout,
-		verified: make(map[string]verifiedAddr),
-		inflight: make(map[string]bool),
+		lookup: func(ctx context.Context, host string) ([]netip.Addr, error) {
+			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+		},
+		localAddrs: interfaceAddrs,
+		sem:        make(chan struct{}, maxConcurrentAddrChecks),
+		timeout:    addrCheckTimeout,
+		verified:   make(map[string]verifiedAddr),
+		inflight:   make(map[string]bool),
 	}
+}
+
+// addrPolicy decides where auth may dial on a node's word: the node's
+// source address, and the configured networks. It reads the networking
+// config only when a dial is due (a cached address costs nothing).
+func (s *Server) addrPolicy(sourceAddr string) dialPolicy {
+	return func(ctx context.Context) (netip.Addr, []netip.Prefix, error) {
+		var src netip.Addr
+		if host, _, err := net.SplitHostPort(sourceAddr); err == nil {
+			if a, err := netip.ParseAddr(host); err == nil {
+				src = a.Unmap()
+			}
+		}
+		nc, err := s.store.GetClusterNetworkingConfig(ctx)
+		if err != nil {
+			return netip.Addr{}, nil, trace.Wrap(err)
+		}
+		nets, err := services.ParseNetworks(nc.Spec.NodeAddressNetworks)
+		if err != nil {
+			return netip.Addr{}, nil, trace.Wrap(err)
+		}
+		return src, nets, nil
+	}
+}
+
+// dialPolicy returns the address a heartbeat came from (invalid when it
+// is not known) and the networks auth may dial besides it.
+type dialPolicy func(ctx context.Context) (source netip.Addr, networks []netip.Prefix, err error)
+
+// maxResolvedAddrs bounds what a node's DNS name may resolve to: a name
+// with hundreds of addresses is not a node's.
+const maxResolvedAddrs = 16
+
+// dialTarget is the IP:port auth dials to check addr, or AccessDenied
+// when addr is outside the policy. A DNS name must resolve only to allowed
+// addresses (the proxy later resolves it again and may take any of
+// them), and the check dials the resolved IP, not the name, so a second
+// answer of the resolver cannot move the dial elsewhere.
+func (v *addrVerifier) dialTarget(ctx context.Context, uuid, addr string, policy dialPolicy) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", trace.BadParameter("node %q: address %q: %v", uuid, addr, err)
+	}
+	src, nets, err := policy(ctx)
+	if err != nil {
+		return "", trace.Wrap(err)
+	}
+	// A heartbeat from loopback comes from this machine: the node's own
+	// addresses are then this machine's, reachable anyway through the
+	// loopback address it came from (a node listening on 0.0.0.0
+	// announces its first non-loopback IP).
+	var local []netip.Addr
+	if src.IsValid() && src.IsLoopback() {
+		local = v.localAddrs()
+	}
+	allowed := func(a netip.Addr) bool {
+		a = a.Unmap()
+		if src.IsValid() && a == src {
+			return true
+		}
+		if slices.Contains(local, a) {
+			return true
+		}
+		for _, n := range nets {
+			if n.Contains(a) {
+				return true
+			}
+		}
+		return false
+	}
+	refuse := func(what string) error {
+		from, networks := "an unknown address", "empty"
+		if src.IsValid() {
+			from = src.String()
+		}
+		if len(nets) > 0 {
+			networks = joinPrefixes(nets)
+		}
+		return trace.AccessDenied("node %q may not announce address %s: %s; the auth server checks only addresses at the one the node connects from (%s) or in cluster_networking_config spec.node_address_networks (%s)",
+			uuid, addr, what, from, networks)
+	}
+	if a, err := netip.ParseAddr(host); err == nil {
+		if a.Zone() != "" || !allowed(a) {
+			return "", refuse("that IP is not where it connects from")
+		}
+		return net.JoinHostPort(a.Unmap().String(), port), nil
+	}
+	resolved, err := v.lookup(ctx, host)
+	if err != nil {
+		return "", trace.ConnectionProblem(err, "node %q: resolving %s: %v", uuid, host, err)
+	}
+	if len(resolved) == 0 || len(resolved) > maxResolvedAddrs {
+		return "", refuse(fmt.Sprintf("%s resolves to %d addresses", host, len(resolved)))
+	}
+	for _, a := range resolved {
+		if !allowed(a) {
+			return "", refuse(fmt.Sprintf("%s resolves to %s", host, a.Unmap()))
+		}
+	}
+	return net.JoinHostPort(resolved[0].Unmap().String(), port), nil
+}
+
+// interfaceAddrs is this machine's interface addresses (none when they
+// cannot be read: then only the loopback source itself is allowed).
+func interfaceAddrs() []netip.Addr {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(ipn.IP); ok {
+				out = append(out, ip.Unmap())
+			}
+		}
+	}
+	return out
+}
+
+func joinPrefixes(nets []netip.Prefix) string {
+	s := make([]string, len(nets))
+	for i, n := range nets {
+		s[i] = n.String()
+	}
+	return strings.Join(s, ", ")
 }
 
 // verify returns nil when addr is proven to answer with uuid's host
 // certificate (from the cache, or by a fresh check), AccessDenied naming
-// the address otherwise.
-func (v *addrVerifier) verify(ctx context.Context, uuid, addr string) error {
+// the address otherwise. Nothing is dialed outside policy (dialTarget).
+func (v *addrVerifier) verify(ctx context.Context, uuid, addr string, policy dialPolicy) error {
 	now := v.clock.Now()
 	v.mu.Lock()
 	e, ok := v.verified[uuid]
@@ -180,7 +328,12 @@ func (v *addrVerifier) verify(ctx context.Context, uuid, addr string) error {
 	case <-ctx.Done():
 		return trace.ConnectionProblem(ctx.Err(), "too many node address checks in progress; the heartbeat will be retried")
 	}
-	if err := v.check(ctx, uuid, addr); err != nil {
+	target, err := v.dialTarget(ctx, uuid, addr, policy)
+	if err != nil {
+		v.log.WithFields(logrus.Fields{"uuid": uuid, "addr": addr}).WithError(err).Warn("Refused a node address outside the networks auth checks.")
+		return trace.Wrap(err)
+	}
+	if err := v.check(ctx, uuid, target); err != nil {
 		v.log.WithFields(logrus.Fields{"uuid": uuid, "addr": addr}).WithError(err).Warn("Refused a node address: it does not answer with the node's host certificate.")
 		return trace.AccessDenied("node %q may not announce address %s: it does not answer with this node's host certificate (see the auth server's log)", uuid, addr)
 	}

@@ -2,9 +2,11 @@ package auth
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -274,4 +276,115 @@ func TestAddressChecksAreBounded(t *testing.T) {
 		t.Fatal("the address check did not end at its timeout")
 	}
 	require.NoError(t, clt.UpsertNode(ctx, services.Node{UUID: "node-s", Hostname: "s", Addr: hn.addr}))
+}
+
+// TestHeartbeatDialsOnlyWhereTheNodeIs is the canary of issue 24 item 8:
+// a node announcing an address on another host (a listener on 127.0.0.2,
+// while the node's heartbeat comes from 127.0.0.1) is refused without
+// auth ever connecting there, naming the setting that would allow it;
+// with the network in cluster_networking_config spec.node_address_networks
+// the address is checked and accepted. A DNS name must resolve only to
+// allowed addresses, and the check dials the resolved IP.
+func TestHeartbeatDialsOnlyWhereTheNodeIs(t *testing.T) {
+	env := newTestAPI(t)
+	ctx := context.Background()
+	const own = "6d1f1d7e-2b9a-4c43-8e0e-4f1b7b9f7a10"
+	id := env.identity(t, own, RoleNode)
+	clt := env.client(t, id)
+	beat := func(addr string) error {
+		return clt.UpsertNode(ctx, services.Node{UUID: own, Hostname: "n", Addr: addr})
+	}
+
+	// The canary counts every connection accepted before the test's own
+	// probe (which says "probe" first): the backlog is FIFO, so a dial by
+	// auth, done before its answer, is accepted before the probe.
+	canary, err := net.Listen("tcp", "127.0.0.2:0")
+	require.NoError(t, err)
+	probed := make(chan int, 1)
+	canaryDone := make(chan struct{})
+	go func() {
+		defer close(canaryDone)
+		others := 0
+		for {
+			c, err := canary.Accept()
+			if err != nil {
+				return
+			}
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			buf := make([]byte, 5)
+			_, err = io.ReadFull(c, buf)
+			c.Close()
+			if err == nil && string(buf) == "probe" {
+				probed <- others
+				continue
+			}
+			others++
+		}
+	}()
+	t.Cleanup(func() { canary.Close(); <-canaryDone })
+
+	err = beat(canary.Addr().String())
+	requireKind(t, err, trace.IsAccessDenied, "may not announce address "+canary.Addr().String())
+	require.Contains(t, err.Error(), "the one the node connects from (127.0.0.1)")
+	require.Contains(t, err.Error(), "spec.node_address_networks (empty)")
+	probe, err := net.Dial("tcp", canary.Addr().String())
+	require.NoError(t, err)
+	_, err = probe.Write([]byte("probe"))
+	require.NoError(t, err)
+	select {
+	case n := <-probed:
+		require.Zero(t, n, "auth connected to the canary")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the canary never saw the probe")
+	}
+	probe.Close()
+	_, err = env.store.GetNode(ctx, testCluster, own)
+	require.True(t, trace.IsNotFound(err), "%v", err)
+
+	// At its own source address the node's server is checked and stored.
+	local := serveHostKey(t, id.SSHSigner)
+	require.NoError(t, beat(local.addr))
+
+	// The admin allows 127.0.0.2/32: now the node's server there is
+	// checked (and accepted).
+	nc := services.DefaultClusterNetworkingConfig()
+	nc.Spec.NodeAddressNetworks = []string{"127.0.0.2/32"}
+	require.NoError(t, env.adminClient(t).SetClusterNetworkingConfig(ctx, nc))
+	other := serveHostKeyOn(t, id.SSHSigner, "127.0.0.2:0")
+	require.NoError(t, beat(other.addr))
+	require.Equal(t, int64(1), other.conns.Load())
+	// 127.0.0.3 is still outside.
+	err = beat("127.0.0.3:22")
+	requireKind(t, err, trace.IsAccessDenied, "spec.node_address_networks (127.0.0.2/32)")
+
+	// A heartbeat from loopback is from this machine: the machine's own
+	// interface addresses count as the node's (here 127.0.0.4 stands for
+	// the LAN address a node listening on 0.0.0.0 announces).
+	env.auth.addrs.localAddrs = func() []netip.Addr { return []netip.Addr{netip.MustParseAddr("127.0.0.4")} }
+	lan := serveHostKeyOn(t, id.SSHSigner, "127.0.0.4:0")
+	require.NoError(t, beat(lan.addr))
+	require.Equal(t, int64(1), lan.conns.Load())
+
+	// A bad network is refused naming the entry.
+	nc.Spec.NodeAddressNetworks = []string{"127.0.0.2/32", "10.0.0.1/8"}
+	requireKind(t, env.adminClient(t).SetClusterNetworkingConfig(ctx, nc), trace.IsBadParameter, `entry 1 "10.0.0.1/8" has host bits set`)
+	nc.Spec.NodeAddressNetworks = []string{"lan"}
+	requireKind(t, env.adminClient(t).SetClusterNetworkingConfig(ctx, nc), trace.IsBadParameter, `entry 0 "lan" is not a network`)
+
+	// DNS names: every address must be allowed; the IP is dialed.
+	_, port, _ := net.SplitHostPort(local.addr)
+	env.auth.addrs.lookup = func(_ context.Context, host string) ([]netip.Addr, error) {
+		switch host {
+		case "good.node.test":
+			return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+		case "mixed.node.test":
+			return []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.9")}, nil
+		}
+		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+	}
+	before := local.conns.Load()
+	require.NoError(t, beat(net.JoinHostPort("good.node.test", port)))
+	require.Equal(t, before+1, local.conns.Load())
+	err = beat(net.JoinHostPort("mixed.node.test", port))
+	requireKind(t, err, trace.IsAccessDenied, "mixed.node.test resolves to 127.0.0.9")
 }

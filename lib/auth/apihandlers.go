@@ -210,7 +210,18 @@ func (a *APIServer) upsertNode(ctx context.Context, p *peer, r *http.Request) (a
 		return nil, trace.Wrap(err)
 	}
 	if p.Role == RoleNode || p.Role == RoleProxy {
-		return nil, trace.Wrap(a.auth.AnnounceNode(ctx, p.ID, p.Role, node))
+		err := a.auth.AnnounceNode(ctx, p.ID, p.Role, r.RemoteAddr, node)
+		if trace.IsBadParameter(err) {
+			// A name or labels a join would refuse (NAME.CLUSTER, another
+			// node's UUID, control characters): a host that joined
+			// honestly and renames itself into one is as much an attack
+			// as a join with it, and is audited like a refused join.
+			// AccessDenied answers are audited by the route's wrapper.
+			a.emitAPIDenied(ctx, p, r, "PUT /v1/nodes", err, events.Fields{
+				events.FieldHostname: node.Hostname,
+			})
+		}
+		return nil, trace.Wrap(err)
 	}
 	if node.Cluster == "" {
 		node.Cluster = a.auth.cfg.ClusterName

@@ -331,7 +331,7 @@ func (a *APIServer) handle(pattern string, roles []string, h apiHandler) {
 		if !slices.Contains(roles, p.Role) {
 			a.log.WithFields(logrus.Fields{"peer": p.ID, "role": p.Role, "endpoint": pattern}).Warn("Denied API call.")
 			err := trace.AccessDenied("role %q may not call %s", p.Role, pattern)
-			a.emitAPIDenied(r.Context(), p, r, pattern, err)
+			a.emitAPIDenied(r.Context(), p, r, pattern, err, nil)
 			writeError(w, err)
 			return
 		}

@@ -98,15 +98,21 @@ func certCommonName(certPEM []byte) string {
 }
 
 // emitAPIDenied records an auth API call refused to a host: an endpoint
-// its role may not call, or a write outside its own identity.
-func (a *APIServer) emitAPIDenied(ctx context.Context, p *peer, r *http.Request, endpoint string, err error) {
-	a.auth.cfg.Audit.Emit(ctx, events.Event{Type: events.APIDenied, Fields: events.Fields{
+// its role may not call, a write outside its own identity, or a
+// heartbeat's name or labels (extra fields, such as the hostname asked
+// for, go with it).
+func (a *APIServer) emitAPIDenied(ctx context.Context, p *peer, r *http.Request, endpoint string, err error, extra events.Fields) {
+	fields := events.Fields{
 		events.FieldServerID:   p.ID,
 		events.FieldRole:       p.Role,
 		events.FieldEndpoint:   endpoint,
 		events.FieldRemoteAddr: r.RemoteAddr,
 		events.FieldReason:     trace.UserMessage(err),
-	}})
+	}
+	for k, v := range extra {
+		fields[k] = v
+	}
+	a.auth.cfg.Audit.Emit(ctx, events.Event{Type: events.APIDenied, Fields: fields})
 }
 
 // audited records the AccessDenied answers of a host-facing endpoint as
@@ -116,7 +122,7 @@ func (a *APIServer) audited(endpoint string, h apiHandler) apiHandler {
 	return func(ctx context.Context, p *peer, r *http.Request) (any, error) {
 		out, err := h(ctx, p, r)
 		if err != nil && trace.IsAccessDenied(err) {
-			a.emitAPIDenied(ctx, p, r, endpoint, err)
+			a.emitAPIDenied(ctx, p, r, endpoint, err, nil)
 		}
 		return out, err
 	}

@@ -117,6 +117,45 @@ func TestAPIViolationsAudited(t *testing.T) {
 	require.Len(t, rec.Events(), n)
 }
 
+// TestHeartbeatRefusalsAudited: a joined node heartbeating under a name
+// a join would refuse (NAME.CLUSTER, control characters) or with bad
+// labels is an api.denied event naming the node, the endpoint, the name
+// it asked for and the reason, like a refused join; a good heartbeat is
+// not.
+func TestHeartbeatRefusalsAudited(t *testing.T) {
+	env, rec := newAuditedAPI(t)
+	ctx := context.Background()
+	hn := env.newHostNode(t, "node-a", RoleNode)
+	node := env.client(t, hn.id)
+	beat := func(hostname string, labels map[string]string) error {
+		return node.UpsertNode(ctx, services.Node{UUID: "node-a", Hostname: hostname, Addr: hn.addr, Labels: labels})
+	}
+	require.NoError(t, beat("a", nil))
+	n := len(rec.Events())
+	require.NoError(t, beat("a", nil))
+	require.Len(t, rec.Events(), n, "a good heartbeat is no event")
+
+	for _, tc := range []struct {
+		hostname string
+		labels   map[string]string
+		want     string
+	}{
+		{"db." + testCluster, nil, `ends in .` + testCluster},
+		{"web\x1b[2J", nil, `contains the control character U+001B`},
+		{"a", map[string]string{"env": "prod\r\nfake=1"}, `contains the control character U+000D`},
+	} {
+		err := beat(tc.hostname, tc.labels)
+		require.True(t, trace.IsBadParameter(err), "%v", err)
+		e := waitEvent(t, rec, events.APIDenied, func(e events.Event) bool {
+			return e.Fields[events.FieldEndpoint] == "PUT /v1/nodes" && e.Fields[events.FieldHostname] == tc.hostname
+		})
+		require.Equal(t, "node-a", e.Fields[events.FieldServerID])
+		require.Equal(t, RoleNode, e.Fields[events.FieldRole])
+		require.Regexp(t, `^127\.0\.0\.1:\d+$`, e.Fields[events.FieldRemoteAddr])
+		require.Contains(t, e.Fields[events.FieldReason], tc.want)
+	}
+}
+
 // TestShipEventsOverTheWire: a node's shipped events are recorded with
 // auth's cluster name and the node's own UUID, whatever the node wrote;
 // types a host does not produce are refused; only nodes and proxies may

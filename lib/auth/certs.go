@@ -195,17 +195,44 @@ func hostPrincipals(uuid, hostname, cluster string, extra []string) []string {
 }
 
 // knownClusters are the clusters whose NAME.CLUSTER form no host may
-// take as its name or principal: the local one. Leaf and peer clusters
-// will join this list when they exist (SPEC "Routing", rule 0).
-func (s *Server) knownClusters() []string { return []string{s.cfg.ClusterName} }
+// take as its name or principal (rule 0 of routing): this cluster, every
+// leaf (a remote_cluster record: the proxy routes NAME.LEAF into the
+// leaf) and every root this cluster trusts. Without the leaves a root
+// node could call itself ldb.l1 while l1 is a leaf, and be what
+// `ssh ldb.l1` reaches, under a certificate the root CA signed for that
+// name, the moment the trust is removed.
+//
+// It reads the backend: call it only for an authenticated caller (a host
+// certificate, or a join after its token was checked), so that nobody
+// without a credential learns the leaves' names from a refusal.
+func (s *Server) knownClusters(ctx context.Context) ([]string, error) {
+	out := []string{s.cfg.ClusterName}
+	rcs, err := s.store.GetRemoteClusters(ctx)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	for _, rc := range rcs {
+		out = append(out, rc.Name)
+	}
+	tcs, err := s.store.GetTrustedClusters(ctx)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	for _, tc := range tcs {
+		out = append(out, tc.Metadata.Name)
+	}
+	return out, nil
+}
 
 // checkHostHostname validates the hostname a joining or heartbeating host
 // gives itself (uuid is its UUID, addr its announced address, possibly
-// empty): the shape rules of services.CheckHostnameShape, and for a node,
-// not one of the proxy's public names (the hostname becomes a principal,
-// and users reach the proxy by those names).
-func (s *Server) checkHostHostname(role, hostname, uuid, addr string) error {
-	if err := services.CheckHostnameShape(hostname, uuid, addr, s.knownClusters()); err != nil {
+// empty): the shape rules of services.CheckHostnameShape against clusters
+// (knownClusters, or this cluster alone before a join's token is
+// checked), and for a node, not one of the proxy's public names (the
+// hostname becomes a principal, and users reach the proxy by those
+// names).
+func (s *Server) checkHostHostname(role, hostname, uuid, addr string, clusters []string) error {
+	if err := services.CheckHostnameShape(hostname, uuid, addr, clusters); err != nil {
 		return trace.Wrap(err)
 	}
 	if role == RoleNode && s.isProxyName(hostname) {
@@ -245,6 +272,10 @@ func (s *Server) joinPrincipals(ctx context.Context, role, uuid, hostname string
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
+	clusters, err := s.knownClusters(ctx)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
 	derived := hostPrincipals(uuid, hostname, s.cfg.ClusterName, nil)
 	var out []string
 	for _, p := range extra {
@@ -255,7 +286,7 @@ func (s *Server) joinPrincipals(ctx context.Context, role, uuid, hostname string
 		if slices.ContainsFunc(derived, func(d string) bool { return strings.EqualFold(d, p) }) || slices.Contains(out, p) {
 			continue
 		}
-		if err := s.checkExtraPrincipal(role, p, uuid, nodes); err != nil {
+		if err := s.checkExtraPrincipal(role, p, uuid, nodes, clusters); err != nil {
 			return nil, trace.Wrap(err)
 		}
 		out = append(out, p)
@@ -282,7 +313,7 @@ const maxExtraPrincipals = 128
 //
 // A proxy may name the cluster and localhost: SPEC "psh" says the proxy's
 // certificate carries them, and only a proxy token can make a proxy.
-func (s *Server) checkExtraPrincipal(role, p, uuid string, nodes []services.Node) error {
+func (s *Server) checkExtraPrincipal(role, p, uuid string, nodes []services.Node, clusters []string) error {
 	if p == "" {
 		return trace.BadParameter("additional principal is empty")
 	}
@@ -311,7 +342,7 @@ func (s *Server) checkExtraPrincipal(role, p, uuid string, nodes []services.Node
 	isCluster := lower == strings.ToLower(s.cfg.ClusterName)
 	isLocalhost := lower == "localhost"
 	if !(isProxy && (isCluster || isLocalhost)) {
-		if err := services.CheckHostnameShape(p, uuid, "", s.knownClusters()); err != nil {
+		if err := services.CheckHostnameShape(p, uuid, "", clusters); err != nil {
 			return trace.BadParameter("additional principal %q refused: %v", p, trace.UserMessage(err))
 		}
 	}

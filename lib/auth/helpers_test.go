@@ -148,7 +148,13 @@ type hostKeyServer struct {
 
 func serveHostKey(t *testing.T, signer ssh.Signer) *hostKeyServer {
 	t.Helper()
-	l, err := netListen()
+	return serveHostKeyOn(t, signer, "127.0.0.1:0")
+}
+
+// serveHostKeyOn is serveHostKey on another loopback address.
+func serveHostKeyOn(t *testing.T, signer ssh.Signer, listenAddr string) *hostKeyServer {
+	t.Helper()
+	l, err := net.Listen("tcp", listenAddr)
 	require.NoError(t, err)
 	cfg := &ssh.ServerConfig{PublicKeyCallback: func(ssh.ConnMetadata, ssh.PublicKey) (*ssh.Permissions, error) {
 		return nil, errors.New("no")

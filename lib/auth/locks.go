@@ -88,7 +88,7 @@ func (s *Server) checkUserLock(ctx context.Context, name string) error {
 	if l.IsExpired(s.clock.Now()) {
 		return nil
 	}
-	return trace.AccessDenied("%s", l.Refusal())
+	return trace.Wrap(services.LockDenied(l.Refusal()))
 }
 
 func (a *APIServer) upsertLock(ctx context.Context, p *peer, r *http.Request) (any, error) {

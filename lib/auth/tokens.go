@@ -82,7 +82,9 @@ func (s *Server) RegisterUsingToken(ctx context.Context, req authapi.RegisterReq
 		}
 	}
 	if req.Hostname != "" {
-		if err := s.checkHostHostname(req.Role, req.Hostname, id, req.Addr); err != nil {
+		// This cluster's own name only: the leaves' names are for token
+		// holders (below).
+		if err := s.checkHostHostname(req.Role, req.Hostname, id, req.Addr, []string{s.cfg.ClusterName}); err != nil {
 			return nil, trace.Wrap(err)
 		}
 	}
@@ -96,6 +98,15 @@ func (s *Server) RegisterUsingToken(ctx context.Context, req authapi.RegisterReq
 	// Only a token holder gets the auth server to read the inventory.
 	if _, err := s.store.CheckToken(ctx, req.Token, req.Role); err != nil {
 		return nil, trace.Wrap(err)
+	}
+	if req.Hostname != "" {
+		clusters, err := s.knownClusters(ctx)
+		if err != nil {
+			return nil, trace.Wrap(err)
+		}
+		if err := s.checkHostHostname(req.Role, req.Hostname, id, req.Addr, clusters); err != nil {
+			return nil, trace.Wrap(err)
+		}
 	}
 	extra := append([]string(nil), req.AdditionalPrincipals...)
 	if req.Addr != "" {

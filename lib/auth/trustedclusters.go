@@ -84,6 +84,9 @@ func (s *Server) RegisterLeafCluster(ctx context.Context, req authapi.TrustedClu
 	if err := s.checkClusterNameFree(ctx, req.LeafName); err != nil {
 		return nil, trace.Wrap(err)
 	}
+	if err := s.checkNoNodeUnder(ctx, req.LeafName); err != nil {
+		return nil, trace.Wrap(err)
+	}
 	if _, err := s.store.ConsumeToken(ctx, req.Token, services.TokenTypeTrustedCluster); err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -127,6 +130,35 @@ func (s *Server) checkClusterNameFree(ctx context.Context, name string) error {
 			return trace.AlreadyExists("cluster %q already has a %s certificate authority here", name, t)
 		} else if !trace.IsNotFound(err) {
 			return trace.Wrap(err)
+		}
+	}
+	return nil
+}
+
+// checkNoNodeUnder refuses to trust a cluster whose name one of this
+// cluster's nodes already uses as a suffix (NAME.CLUSTER as its hostname
+// or its address's host, both principals of its certificate): once
+// trusted, rule 0 makes NAME.CLUSTER mean NAME in that cluster, and a
+// node certified for the name by this cluster's CA would answer for it
+// again the moment the trust went. Joins and heartbeats refuse such names
+// from then on (knownClusters); this catches the ones that came first.
+// The error names the node so the operator can rename it.
+func (s *Server) checkNoNodeUnder(ctx context.Context, cluster string) error {
+	nodes, err := s.store.GetNodes(ctx, s.cfg.ClusterName)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	suffix := "." + strings.ToLower(cluster)
+	for _, n := range nodes {
+		names := []string{n.Hostname}
+		if host, _, err := net.SplitHostPort(n.Addr); err == nil {
+			names = append(names, host)
+		}
+		for _, name := range names {
+			if strings.HasSuffix(strings.ToLower(name), suffix) {
+				return trace.AlreadyExists("node %q of cluster %q is called %q: NAME.%s would mean NAME in cluster %q once it is trusted; rename the node (--nodename) and remove its record (pctl nodes rm %s) before trusting %q",
+					n.UUID, s.cfg.ClusterName, name, cluster, cluster, n.UUID, cluster)
+			}
 		}
 	}
 	return nil
@@ -230,6 +262,9 @@ func (s *Server) UpsertTrustedCluster(ctx context.Context, tc *services.TrustedC
 		return nil, trace.Wrap(err)
 	}
 	if err := s.checkClusterNameFree(ctx, name); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if err := s.checkNoNodeUnder(ctx, name); err != nil {
 		return nil, trace.Wrap(err)
 	}
 	resp, err := s.exchangeWithRoot(ctx, tc)

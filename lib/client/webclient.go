@@ -140,6 +140,10 @@ func (c *WebClient) SSHLogin(ctx context.Context, req webapi.SSHLoginRequest) (*
 		switch code {
 		case http.StatusUnauthorized:
 			return nil, trace.AccessDenied("login failed: %s", e.Error)
+		case http.StatusForbidden:
+			// A locked user (who gave the right password): the proxy's
+			// text says so and why.
+			return nil, trace.AccessDenied("login refused: %s", e.Error)
 		case http.StatusTooManyRequests:
 			return nil, trace.LimitExceeded("login refused: %s", e.Error)
 		case http.StatusBadRequest:

@@ -164,9 +164,41 @@ func (l *Lock) Refusal() string {
 // refuses them.
 type LockedError struct {
 	Lock Lock
+	// Message, when set, is the refusal as another process worded it (an
+	// error read back from the auth API carries no Lock).
+	Message string
 }
 
-func (e *LockedError) Error() string { return e.Lock.Refusal() }
+func (e *LockedError) Error() string {
+	if e.Message != "" {
+		return e.Message
+	}
+	return e.Lock.Refusal()
+}
+
+// LockDenied is the refusal of a certificate (a login) to a locked user:
+// an access denial, as every refused certificate is, that is also a
+// LockedError, so that a login that proved its password can say that
+// access is locked and why instead of "invalid credentials". Only the auth
+// server makes it, and only after the password and second factor were
+// checked: a caller without them never learns that a user is locked.
+func LockDenied(msg string) error {
+	return &lockDenied{
+		denied: &trace.AccessDeniedError{Message: msg},
+		locked: &LockedError{Message: msg},
+	}
+}
+
+type lockDenied struct {
+	denied *trace.AccessDeniedError
+	locked *LockedError
+}
+
+func (e *lockDenied) Error() string { return e.locked.Error() }
+
+// Unwrap lets errors.As find either half (trace.IsAccessDenied and
+// IsLocked are both true).
+func (e *lockDenied) Unwrap() []error { return []error{e.denied, e.locked} }
 
 // IsLocked reports whether err is (or wraps) a LockedError.
 func IsLocked(err error) bool {

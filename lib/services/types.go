@@ -236,6 +236,14 @@ type ClusterNetworkingConfigSpec struct {
 	// MaxRecordingBytes caps one session's recording; zero means
 	// DefaultMaxRecordingBytes.
 	MaxRecordingBytes int64 `json:"max_recording_bytes,omitempty"`
+	// NodeAddressNetworks are the networks (CIDR prefixes, or single IPs)
+	// in which the auth server may check a node's announced address
+	// besides the address the node's heartbeat comes from. Empty (the
+	// default) means only that source address: auth dials, on a node's
+	// word, nothing but the node itself. Set it when nodes announce an
+	// address other than the one they reach auth from (NAT between node
+	// and auth, a separate interface for SSH).
+	NodeAddressNetworks []string `json:"node_address_networks,omitempty"`
 }
 
 // Tunnel defaults (SPEC.md "Reverse tunnels"). 5s to find a tunnel covers

@@ -523,7 +523,33 @@ func (c *ClusterNetworkingConfig) CheckAndSetDefaults() error {
 	if c.Spec.MaxRecordingBytes == 0 {
 		c.Spec.MaxRecordingBytes = DefaultMaxRecordingBytes
 	}
+	if _, err := ParseNetworks(c.Spec.NodeAddressNetworks); err != nil {
+		return trace.BadParameter("cluster networking config: spec.node_address_networks: %v", trace.UserMessage(err))
+	}
 	return nil
+}
+
+// ParseNetworks parses a list of networks: CIDR prefixes ("10.0.0.0/8",
+// "fd00::/8") or single addresses (a /32 or /128). The error names the
+// entry and its position.
+func ParseNetworks(list []string) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(list))
+	for i, s := range list {
+		if p, err := netip.ParsePrefix(s); err == nil {
+			if p != p.Masked() {
+				return nil, trace.BadParameter("entry %d %q has host bits set: did you mean %q?", i, s, p.Masked().String())
+			}
+			out = append(out, p)
+			continue
+		}
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Zone() != "" {
+			return nil, trace.BadParameter("entry %d %q is not a network: want a CIDR prefix such as 10.0.0.0/8, or an IP address", i, s)
+		}
+		a = a.Unmap()
+		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return out, nil
 }
 
 // CheckAndSetDefaults validates a join token. A token must expire: a join

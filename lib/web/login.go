@@ -21,6 +21,7 @@ import (
 	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/services"
 )
 
 // SSHLoginAuthenticator is what the login endpoint needs from auth: both
@@ -188,7 +189,8 @@ func newRequestID() string {
 
 // authenticateSSHUser asks auth to check a login and certify its key, and
 // answers the HTTP errors itself, the same way for the CLI login and the
-// browser login: one generic 401 for every credential problem, 429 with
+// browser login: one generic 401 for every credential problem, 403 with
+// the lock's refusal for a locked user who proved their password, 429 with
 // Retry-After when rate limited, 503 when auth cannot be reached. The call
 // is bounded (loginTimeout) so a stalled backend is an answer, not a hang.
 // ok is false when the response has been written.
@@ -203,6 +205,11 @@ func (s *Server) authenticateSSHUser(w http.ResponseWriter, r *http.Request, log
 		log.Info("Login rate limited.")
 		w.Header().Set("Retry-After", strconv.Itoa(int(retryAfter(trace.UserMessage(err)).Seconds())))
 		writeError(w, http.StatusTooManyRequests, "too many failed login attempts; try again later")
+	case services.IsLocked(err):
+		// Auth says "locked" only after the password and second factor
+		// were right (services.LockDenied): the user may learn why.
+		log.Info("Login refused: access is locked.")
+		writeError(w, http.StatusForbidden, trace.UserMessage(err))
 	case trace.IsAccessDenied(err), trace.IsNotFound(err):
 		log.Info("Login failed.")
 		writeError(w, http.StatusUnauthorized, msgInvalidCredentials)

@@ -7,6 +7,8 @@ import (
 	"net/http"
 
 	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/services"
 )
 
 // Error kinds on the wire. The client turns each back into the matching
@@ -20,7 +22,11 @@ const (
 	KindLimitExceeded     = "limit_exceeded"
 	KindConnectionProblem = "connection_problem"
 	KindCompareFailed     = "compare_failed"
-	KindInternal          = "internal"
+	// KindLocked is an access denial because of a lock (services.LockDenied):
+	// the client gets an error for which both trace.IsAccessDenied and
+	// services.IsLocked hold.
+	KindLocked   = "locked"
+	KindInternal = "internal"
 )
 
 // ErrorResponse is the body of every error response:
@@ -38,6 +44,8 @@ type ErrorBody struct {
 // ErrorKind classifies err and picks the HTTP status that goes with it.
 func ErrorKind(err error) (string, int) {
 	switch {
+	case services.IsLocked(err):
+		return KindLocked, http.StatusForbidden
 	case trace.IsNotFound(err):
 		return KindNotFound, http.StatusNotFound
 	case trace.IsAccessDenied(err):
@@ -65,6 +73,8 @@ func ErrorFromKind(kind, message string) error {
 		return trace.NotFound("%s", message)
 	case KindAccessDenied:
 		return trace.AccessDenied("%s", message)
+	case KindLocked:
+		return trace.Wrap(services.LockDenied(message))
 	case KindBadParameter:
 		return trace.BadParameter("%s", message)
 	case KindAlreadyExists:
