@@ -91,6 +91,11 @@ const (
 	// RecordingCapped: a session's recording reached max_recording_bytes
 	// and stopped; the session went on.
 	RecordingCapped = "recording.capped"
+	// RecordingFailed: a session's recording could not be stored (the
+	// node's spool is full or cannot be written) after it started; the
+	// reason says why. A session whose role requires recording is ended
+	// with it; any other session goes on unrecorded.
+	RecordingFailed = "recording.failed"
 	// RecordingPlay: someone read a recording (playback or export).
 	RecordingPlay = "recording.play"
 )

@@ -28,6 +28,10 @@ var shippable = map[string]bool{
 	PortForward:    true,
 	AgentForward:   true,
 	ConnRefused:    true,
+	// A node's recording events: without them a capped or failed
+	// recording is explained only in the node's own log.
+	RecordingCapped: true,
+	RecordingFailed: true,
 }
 
 // shippedIDSpace is the UUID namespace of shipped events' ids.

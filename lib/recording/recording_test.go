@@ -410,3 +410,63 @@ func TestWriterStreamedChunksHoldEveryLine(t *testing.T) {
 	}
 	require.Equal(t, string(want), string(got))
 }
+
+// Sync stores the header before any event (the session's probe of its
+// spool) and says when the sink refuses it. A chunk that cannot be stored
+// stops the recording there: OnFail is told once, nothing after it is
+// stored (a hole would read as tampering), and what came before verifies
+// as an incomplete recording.
+func TestWriterSyncAndFailure(t *testing.T) {
+	t.Run("sync stores the header", func(t *testing.T) {
+		sink := newMemSink()
+		w := newTestWriter(t, clockwork.NewFakeClock(), sink, nil)
+		require.NoError(t, w.Sync())
+		got := sink.all()
+		require.Len(t, got, 1, "the header is stored before any event")
+		h, err := HeaderOf(got[0].Data)
+		require.NoError(t, err)
+		require.Equal(t, testSession, h.SessionID)
+		w.Output([]byte("after"))
+		final, err := w.Close("exit-status 0")
+		require.NoError(t, err)
+		res, err := Verify(sink.all(), final)
+		require.NoError(t, err)
+		require.True(t, res.Complete)
+	})
+	t.Run("sync reports a refusing sink", func(t *testing.T) {
+		var fails int
+		w := newTestWriter(t, clockwork.NewFakeClock(), sinkFunc(func(Chunk) error { return fmt.Errorf("no space left on device") }),
+			func(c *Config) { c.OnFail = func(error) { fails++ } })
+		require.ErrorContains(t, w.Sync(), "no space left")
+		require.True(t, w.Failed())
+		_, err := w.Close("")
+		require.ErrorContains(t, err, "no space left")
+		require.Equal(t, 1, fails)
+	})
+	t.Run("a failure stops storing", func(t *testing.T) {
+		mem := newMemSink()
+		var refused int
+		var failed []error
+		w := newTestWriter(t, clockwork.NewFakeClock(), sinkFunc(func(c Chunk) error {
+			if c.Index == 2 && refused == 0 {
+				refused++
+				return fmt.Errorf("disk full")
+			}
+			return mem.WriteChunk(c)
+		}), func(c *Config) {
+			c.ChunkBytes = 256
+			c.OnFail = func(err error) { failed = append(failed, err) }
+		})
+		for i := 0; i < 6; i++ {
+			w.Output(bytes.Repeat([]byte{'a' + byte(i)}, 300))
+		}
+		_, err := w.Close("exit-status 0")
+		require.ErrorContains(t, err, "disk full")
+		require.Len(t, failed, 1)
+		got := mem.all()
+		require.Len(t, got, 2, "nothing is stored after the failed chunk, though the sink would take it")
+		res, err := Verify(got, "")
+		require.NoError(t, err)
+		require.False(t, res.Complete)
+	})
+}

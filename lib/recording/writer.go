@@ -79,6 +79,12 @@ type Config struct {
 	// audit event), from the writer's store goroutine, before Close
 	// returns. Nil means nothing is called.
 	OnCap func()
+	// OnFail is called once, from the writer's store goroutine, when a
+	// chunk cannot be stored (a full or read-only spool): from then on
+	// nothing more is recorded, because a recording with a hole in the
+	// middle would read as tampered with. Nil means nothing is called;
+	// Close reports the error either way.
+	OnFail func(err error)
 	// Logger: nil means component=recording.
 	Logger logrus.FieldLogger
 }
@@ -140,9 +146,11 @@ type Writer struct {
 	// batch of text becomes one chunk.
 	rawBatch int
 
-	// capped is set by store when MaxBytes is reached: from then on the
-	// copy does not even append.
+	// capped is set by store when MaxBytes is reached, failed when a
+	// chunk could not be stored: from then on the copy does not even
+	// append.
 	capped atomic.Bool
+	failed atomic.Bool
 
 	// queue bounds how far store may fall behind. When it is full the
 	// copy waits (backpressure): a recorder that fell behind slows the
@@ -167,6 +175,9 @@ type batch struct {
 	// last chunk would otherwise be empty, "end", both timed at.
 	exit string
 	at   float64
+	// synced, when set, receives the first storing error (nil for none)
+	// once store has stored the batch (Sync); it has room for one.
+	synced chan error
 }
 
 // storeQueue is how many batches may wait for the store goroutine: with
@@ -219,7 +230,7 @@ func (w *Writer) Marker(label string) { w.event(codeMarker, []byte(label)) }
 
 // event appends one raw event to the batch: a copy, no encoding.
 func (w *Writer) event(code byte, data []byte) {
-	if w.capped.Load() {
+	if w.capped.Load() || w.failed.Load() {
 		return
 	}
 	w.mu.Lock()
@@ -427,8 +438,8 @@ func (w *Writer) handOffLocked(b batch) {
 // store turns batches into chunks, in order: it encodes each event into
 // the chunk, closes the chunk at ChunkBytes and at the end of every
 // batch, and stops recording at MaxBytes with a marker. After a storing
-// error it keeps chaining (the hashes stay right for what was stored
-// before) but reports the first error at Close.
+// error it stores nothing more (OnFail is told; Close reports it): what
+// was stored before stays a valid, incomplete recording.
 func (w *Writer) store(header []byte) {
 	defer close(w.stored)
 	var (
@@ -463,6 +474,12 @@ func (w *Writer) store(header []byte) {
 		flush()
 		data, err := gz.close()
 		gz, chunkLen = nil, 0
+		if w.sinkErr != nil {
+			// Nothing is stored after a failure: a later chunk would
+			// leave a hole that verification reads as tampering.
+			index++
+			return
+		}
 		if err == nil {
 			var h string
 			h, err = ChainHash(prev, data)
@@ -473,8 +490,7 @@ func (w *Writer) store(header []byte) {
 		}
 		index++
 		if err != nil && w.sinkErr == nil {
-			w.sinkErr = err
-			w.cfg.Logger.WithError(err).WithField("session_id", w.cfg.Header.SessionID).Warn("Storing a recording chunk failed.")
+			w.fail(err, "Storing a recording chunk failed.")
 		}
 	}
 	for b := range w.queue {
@@ -526,6 +542,15 @@ func (w *Writer) store(header []byte) {
 			closeChunk(true)
 		case gz != nil:
 			closeChunk(false)
+		case b.synced != nil && index == 0:
+			// Sync before any event: the header is chunk 0 of its own,
+			// stored now, so that a spool that cannot be written is
+			// known before the session starts.
+			open()
+			closeChunk(false)
+		}
+		if b.synced != nil {
+			b.synced <- w.sinkErr
 		}
 		// Every batch ends a chunk: between batches (an idle session)
 		// store holds no buffer.
@@ -541,10 +566,37 @@ func (w *Writer) store(header []byte) {
 	// durable.
 	if c, ok := w.cfg.Sink.(io.Closer); ok {
 		if err := c.Close(); err != nil && w.sinkErr == nil {
-			w.sinkErr = err
-			w.cfg.Logger.WithError(err).WithField("session_id", w.cfg.Header.SessionID).Warn("Syncing a recording failed.")
+			w.fail(err, "Syncing a recording failed.")
 		}
 	}
+}
+
+// fail notes the first storing error (store only): recording stops, and
+// OnFail is told.
+func (w *Writer) fail(err error, msg string) {
+	w.sinkErr = err
+	w.failed.Store(true)
+	w.cfg.Logger.WithError(err).WithField("session_id", w.cfg.Header.SessionID).Warn(msg)
+	if w.cfg.OnFail != nil {
+		w.cfg.OnFail(err)
+	}
+}
+
+// Sync stores what was recorded so far (the header at least, as chunk 0
+// when nothing else was recorded) and returns the first storing error.
+// A session whose recording must not fail calls it before its process
+// starts: a spool that cannot be written refuses the session rather than
+// letting it run unrecorded.
+func (w *Writer) Sync() error {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return trace.BadParameter("recording is closed")
+	}
+	done := make(chan error, 1)
+	w.handOffLocked(batch{synced: done})
+	w.mu.Unlock()
+	return trace.Wrap(<-done)
 }
 
 // Close ends the recording with exitLabel as a last marker (empty: none;
@@ -565,6 +617,10 @@ func (w *Writer) Close(exitLabel string) (string, error) {
 // MaxBytes is the cap in effect (Config.MaxBytes, or DefaultMaxBytes when
 // that was zero).
 func (w *Writer) MaxBytes() int64 { return w.cfg.MaxBytes }
+
+// Failed reports whether a chunk could not be stored (recording stopped
+// there; Close returns the error).
+func (w *Writer) Failed() bool { return w.failed.Load() }
 
 // Capped reports whether MaxBytes stopped the recording (as far as the
 // store goroutine has got; final once Close has returned).

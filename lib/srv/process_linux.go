@@ -119,7 +119,7 @@ func (s *session) startProcess(spec procSpec) (*process, error) {
 		tty.Close()
 		out, in := io.Writer(s.ch), io.Writer(ptmx)
 		if s.rec != nil {
-			out, in = recorded(out, s.ptyOutputRecorder(s.rec, ptmx, s.c.cfg.Clock)), recorded(in, s.rec.Input)
+			out, in = s.outputRecorder(out, s.rec, s.ptyOutputRecorder(s.rec, ptmx, s.c.cfg.Clock)), s.outputRecorder(in, s.rec, s.rec.Input)
 		}
 		outputs.Add(1)
 		s.goCopy(func() {
@@ -153,7 +153,7 @@ func (s *session) startProcess(spec procSpec) (*process, error) {
 		p.closers = []io.Closer{stdoutR, stderrR, stdinW}
 		stdout, stderr := io.Writer(s.ch), io.Writer(s.ch.Stderr())
 		if s.recordsOutput() {
-			stdout, stderr = recorded(stdout, s.rec.Output), recorded(stderr, s.rec.Output)
+			stdout, stderr = s.outputRecorder(stdout, s.rec, s.rec.Output), s.outputRecorder(stderr, s.rec, s.rec.Output)
 		}
 		outputs.Add(2)
 		s.goCopy(func() {

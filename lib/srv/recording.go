@@ -213,6 +213,7 @@ func (s *session) startRecordingKind(pty *ptyRequest, kind recordKind, startMark
 			s.log.WithField("max_recording_bytes", set.Spec.MaxRecordingBytes).Warn("Recording reached its cap and stopped; the session goes on.")
 			s.c.emit(events.RecordingCapped, events.Fields{events.FieldSessionID: s.id, "max_recording_bytes": set.Spec.MaxRecordingBytes})
 		},
+		OnFail: s.noteRecordingFailed,
 	})
 	if err != nil {
 		if required {
@@ -226,7 +227,30 @@ func (s *session) startRecordingKind(pty *ptyRequest, kind recordKind, startMark
 	if startMarker != "" {
 		w.Marker(startMarker)
 	}
+	// The probe: the header (and the start marker) are stored before the
+	// process starts, so that "recorded" in session.start means the spool
+	// took the recording's first chunk, and a spool that cannot be
+	// written (read-only, immutable, full) is known now rather than at
+	// the session's end.
+	if err := w.Sync(); err != nil {
+		_, _ = w.Close("")
+		// Not a recording that failed mid-session: one that never was.
+		s.mu.Lock()
+		s.recErr, s.recFailed = nil, make(chan struct{})
+		s.mu.Unlock()
+		if required {
+			s.log.WithError(err).Warn("The recording spool cannot be written; the session requires recording and is refused.")
+			return nil, s.requiredRecordingFailed(role, errSpoolUnwritable)
+		}
+		s.log.WithError(err).Warn("The recording spool cannot be written; this session is not recorded.")
+		s.notRecorded(errSpoolUnwritable)
+		return nil, nil
+	}
 	s.mu.Lock()
+	s.recRequiredBy = ""
+	if required {
+		s.recRequiredBy = role
+	}
 	s.recDecided, s.recReason = true, ""
 	s.recKind = kind
 	s.recEnd = ""
@@ -235,6 +259,18 @@ func (s *session) startRecordingKind(pty *ptyRequest, kind recordKind, startMark
 	}
 	s.mu.Unlock()
 	return w, nil
+}
+
+// outputRecorder tees dst into record: with requireRecorded when a role
+// requires the recording, else with recorded.
+func (s *session) outputRecorder(dst io.Writer, w *recording.Writer, record func([]byte)) io.Writer {
+	s.mu.Lock()
+	required := s.recRequiredBy != ""
+	s.mu.Unlock()
+	if required {
+		return requireRecorded(dst, record, w.Failed)
+	}
+	return recorded(dst, record)
 }
 
 // recordsOutput reports whether the session's output goes into its
@@ -270,12 +306,26 @@ func recorded(dst io.Writer, record func([]byte)) io.Writer {
 	return recordingWriter{dst: dst, record: record}
 }
 
+// requireRecorded is recorded for a session whose role requires
+// recording: once the recording has failed (failed reports it) nothing
+// more goes to dst, so that the user sees no output that is not
+// recorded, and the copy ends.
+func requireRecorded(dst io.Writer, record func([]byte), failed func() bool) io.Writer {
+	return recordingWriter{dst: dst, record: record, failed: failed}
+}
+
+var errRecordingStopped = trace.AccessDenied("session recording failed")
+
 type recordingWriter struct {
 	dst    io.Writer
 	record func([]byte)
+	failed func() bool // nil: the copy goes on whatever the recording does
 }
 
 func (w recordingWriter) Write(p []byte) (int, error) {
+	if w.failed != nil && w.failed() {
+		return 0, errRecordingStopped
+	}
 	n, err := w.dst.Write(p)
 	if n > 0 {
 		w.record(p[:n])
@@ -291,14 +341,24 @@ func exitLabel(st exitResult) string {
 	return fmt.Sprintf("exit-status %d", st.code)
 }
 
-// closeRecording ends the recording with the exit marker and returns its
-// final hash ("" without a recording).
-func (s *session) closeRecording(st exitResult) string {
+// errSpoolUnwritable is why a session is not recorded (or refused) when
+// its recording's first chunk cannot be stored; the log has the cause.
+const errSpoolUnwritable = "the node's recording spool cannot be written"
+
+// errRecordingFailed is the reason of a recording that failed after it
+// started.
+const errRecordingFailed = "the recording could not be stored on the node (its spool is full or cannot be written)"
+
+// closeRecording ends the recording with the exit marker and notes in
+// fields (session.end's) whether it was stored: recorded true and the
+// final hash only when every chunk was; recorded false with the reason
+// when one was not (and recording.failed is audited, if it was not yet).
+func (s *session) closeRecording(st exitResult, fields events.Fields) {
 	s.mu.Lock()
 	w, end := s.rec, s.recEnd
 	s.mu.Unlock()
 	if w == nil {
-		return ""
+		return
 	}
 	if end != "" {
 		w.Marker(end)
@@ -306,8 +366,89 @@ func (s *session) closeRecording(st exitResult) string {
 	final, err := w.Close(exitLabel(st))
 	if err != nil {
 		s.log.WithError(err).Warn("Recording is incomplete: a chunk could not be stored.")
+		s.noteRecordingFailed(err)
+		s.auditRecordingFailed()
+		fields[events.FieldRecorded] = false
+		fields[events.FieldRecordingReason] = errRecordingFailed
+		return
 	}
-	return final
+	fields[events.FieldRecorded] = true
+	fields[events.FieldRecordingHash] = final
+}
+
+// noteRecordingFailed is the writer's OnFail (called from its store
+// goroutine, and again by closeRecording): it notes the first error and
+// wakes watchRecording, without blocking.
+func (s *session) noteRecordingFailed(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.recErr == nil {
+		s.recErr = err
+		close(s.recFailed)
+	}
+}
+
+// auditRecordingFailed emits recording.failed once per session.
+func (s *session) auditRecordingFailed() {
+	s.mu.Lock()
+	done, role := s.recFailAudited, s.recRequiredBy
+	s.recFailAudited = true
+	s.mu.Unlock()
+	if done {
+		return
+	}
+	fields := events.Fields{events.FieldSessionID: s.id, events.FieldReason: errRecordingFailed}
+	if role != "" {
+		fields["required_by"] = role
+	}
+	s.c.emit(events.RecordingFailed, fields)
+}
+
+// watchRecording acts on a recording that fails while the session runs
+// (stop is closed when the session's process or server has ended: a
+// failure from then on is closeRecording's to report). The failure is
+// audited at once. A session whose role requires recording is then ended
+// (end stops the process; finish tells the user why on stderr); its output copy
+// has already stopped (recordedWriter), so nothing is shown that is not
+// recorded, but for what was in flight when the spool failed (at most a
+// chunk, DefaultFlushInterval of output). Any other session goes on
+// unrecorded, as it would have had the spool failed before it began.
+func (s *session) watchRecording(stop <-chan struct{}, end func()) {
+	select {
+	case <-stop:
+		return
+	case <-s.recFailed:
+	}
+	select {
+	case <-stop:
+		return
+	default:
+	}
+	s.mu.Lock()
+	role := s.recRequiredBy
+	s.mu.Unlock()
+	s.auditRecordingFailed()
+	if role == "" {
+		s.log.Warn("Recording failed; the session goes on unrecorded.")
+		return
+	}
+	s.log.WithField("required_by", role).Warn("Recording failed; the session requires recording and is ended.")
+	s.mu.Lock()
+	s.recEndedSession = true
+	s.mu.Unlock()
+	end()
+}
+
+// tellRecordingEnded writes, from finish (the one writer of the channel
+// once the output is drained, before its EOF), why the session was ended
+// when watchRecording ended it.
+func (s *session) tellRecordingEnded() {
+	s.mu.Lock()
+	ended, role := s.recEndedSession, s.recRequiredBy
+	s.mu.Unlock()
+	if ended {
+		_, _ = fmt.Fprintf(s.ch.Stderr(), "\r\npostern: session recording is required by role %q and %s; the session is ended\r\n", role, errRecordingFailed)
+	}
 }
 
 // sizePollInterval is how often, at most, a recorded pty's size is read

@@ -67,6 +67,17 @@ type session struct {
 	// both for session.start.
 	recDecided bool
 	recReason  string
+	// recErr is the recording's first storing error; recFailed is closed
+	// when it is set (the recording's OnFail), recFailAudited once the
+	// recording.failed event is out.
+	recErr         error
+	recFailed      chan struct{}
+	recFailAudited bool
+	// recRequiredBy names the role that requires the recording ("" when
+	// none does): a failed recording then ends the session.
+	recRequiredBy string
+	// recEndedSession says that the failed recording ended the session.
+	recEndedSession bool
 }
 
 func (c *conn) handleSession(nch ssh.NewChannel) {
@@ -81,7 +92,7 @@ func (c *conn) handleSession(nch ssh.NewChannel) {
 		c.log.WithError(err).Debug("Accepting session channel failed.")
 		return
 	}
-	s := &session{c: c, id: uuid.NewString(), ch: trackedChannel{Channel: ch, c: c, counts: &byteCounts{}}}
+	s := &session{c: c, id: uuid.NewString(), ch: trackedChannel{Channel: ch, c: c, counts: &byteCounts{}}, recFailed: make(chan struct{})}
 	s.log = c.log.WithField("session_id", s.id)
 	s.ctx, s.cancel = context.WithCancel(c.ctx)
 	c.addSession(s)
@@ -288,6 +299,9 @@ func (s *session) run(req *ssh.Request, spec procSpec) {
 	s.log.WithFields(logrus.Fields{"pty": spec.pty != nil, "pid": proc.cmd.Process.Pid}).Info("Session started.")
 	s.emitStart(spec.pty != nil)
 	reply(req, true)
+	if rec != nil {
+		s.goCopy(func() { s.watchRecording(proc.exited, func() { proc.hangUp(s.c.cfg.Clock) }) })
+	}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -299,6 +313,7 @@ func (s *session) run(req *ssh.Request, spec procSpec) {
 // finish ends the channel the way OpenSSH does: output already drained,
 // then EOF, exit-status (or exit-signal), close.
 func (s *session) finish(st exitResult) {
+	s.tellRecordingEnded()
 	_ = s.ch.CloseWrite()
 	if st.signal != "" {
 		_, _ = s.ch.SendRequest("exit-signal", false, ssh.Marshal(exitSignal{Signal: st.signal, CoreDumped: st.core}))
@@ -311,9 +326,7 @@ func (s *session) finish(st exitResult) {
 		events.FieldSessionID: s.id, events.FieldExitCode: st.code, "exit_signal": st.signal,
 		events.FieldBytesIn: s.ch.counts.in.Load(), events.FieldBytesOut: s.ch.counts.out.Load(),
 	}
-	if final := s.closeRecording(st); final != "" {
-		fields[events.FieldRecordingHash] = final
-	}
+	s.closeRecording(st, fields)
 	s.c.emit(events.SessionEnd, fields)
 }
 

@@ -135,9 +135,14 @@ func (s *session) startNodeSubsystem(req *ssh.Request, name string) {
 		reply(req, true)
 		s.log.Info("SFTP session started (in process).")
 		s.emitStart(false)
+		served := make(chan struct{})
+		if rec != nil {
+			s.goCopy(func() { s.watchRecording(served, func() { _ = s.ch.Close() }) })
+		}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
+			defer close(served)
 			st := exitCode(0)
 			if err := serveSFTP(sftpChannel{s.ch}, homeOrRoot(login.Home)); err != nil {
 				s.log.WithError(err).Debug("SFTP session failed.")
