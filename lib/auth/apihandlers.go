@@ -134,6 +134,7 @@ func (a *APIServer) registerRoutes() {
 	// caller); pctl reads them, and the proxy for psh play and the web
 	// player, which decide per user what may be seen (lib/web).
 	a.handle("PUT /v1/recordings/{session}/chunks/{n}", allow(node), a.audited("PUT /v1/recordings", a.putRecordingChunk))
+	a.handle("GET /v1/recordings/{session}/last", allow(node), a.lastRecordingChunk)
 	a.handle("GET /v1/recordings", allow(proxy, admin), a.listRecordings)
 	a.handleStream("GET /v1/recordings/{session}", allow(proxy, admin), a.streamRecording)
 }

@@ -31,6 +31,11 @@ func (s *Server) recordings() (recording.Storage, error) {
 // node (or anyone with its identity) cannot rewrite what it already
 // uploaded: a chunk that is already stored is accepted again only when it
 // is identical (an upload retried after a crash), never replaced.
+//
+// Nothing here is held in this process between calls: the store decides
+// (its PutChunk never replaces a stored chunk, Storage), so several auth
+// servers sharing one store may each receive chunks of the same session
+// (a node failing over mid-upload) and the chain stays whole.
 func (s *Server) PutRecordingChunk(ctx context.Context, nodeID, session string, c recording.Chunk) error {
 	st, err := s.recordings()
 	if err != nil {
@@ -45,12 +50,7 @@ func (s *Server) PutRecordingChunk(ctx context.Context, nodeID, session string, 
 	if _, err := recording.DecodeChunk(c.Data); err != nil {
 		return trace.Wrap(err)
 	}
-	s.recMu.Lock()
-	defer s.recMu.Unlock()
-	idx, err := st.ChunkIndexes(ctx, session)
-	if err != nil && !trace.IsNotFound(err) {
-		return trace.Wrap(err)
-	}
+	var owner string
 	if c.Index == 0 {
 		h, err := recording.HeaderOf(c.Data)
 		if err != nil {
@@ -59,34 +59,34 @@ func (s *Server) PutRecordingChunk(ctx context.Context, nodeID, session string, 
 		if h.SessionID != session {
 			return trace.BadParameter("chunk 0 is for session %q, not %q", h.SessionID, session)
 		}
-		if h.Node != nodeID {
-			return trace.AccessDenied("node %q may not upload the recording of a session on node %q", nodeID, h.Node)
-		}
+		owner = h.Node
 	} else {
-		meta, err := st.GetMeta(ctx, session)
-		if err != nil {
+		first, err := st.GetChunk(ctx, session, 0)
+		if trace.IsNotFound(err) {
 			return trace.BadParameter("chunk %d of %s: the first chunk is not stored yet", c.Index, session)
 		}
-		if meta.Node != nodeID {
-			return trace.AccessDenied("node %q may not upload the recording of a session on node %q", nodeID, meta.Node)
-		}
-	}
-	if len(idx) > c.Index {
-		have, err := st.GetChunk(ctx, session, c.Index)
 		if err != nil {
 			return trace.Wrap(err)
 		}
-		if have.Hash == c.Hash && have.Final == c.Final && string(have.Data) == string(c.Data) {
-			return nil
+		h, err := recording.HeaderOf(first.Data)
+		if err != nil {
+			return trace.Wrap(err)
 		}
-		return trace.AlreadyExists("chunk %d of %s is already stored with other content", c.Index, session)
+		owner = h.Node
 	}
-	if len(idx) != c.Index {
-		return trace.BadParameter("chunk %d of %s: the next chunk expected is %d", c.Index, session, len(idx))
+	if owner != nodeID {
+		return trace.AccessDenied("node %q may not upload the recording of a session on node %q", nodeID, owner)
 	}
 	prev := ""
 	if c.Index > 0 {
 		p, err := st.GetChunk(ctx, session, c.Index-1)
+		if trace.IsNotFound(err) {
+			next := 0
+			if last, err := st.LastChunk(ctx, session); err == nil {
+				next = last.Index + 1
+			}
+			return trace.BadParameter("chunk %d of %s: the next chunk expected is %d", c.Index, session, next)
+		}
 		if err != nil {
 			return trace.Wrap(err)
 		}
@@ -103,6 +103,34 @@ func (s *Server) PutRecordingChunk(ctx context.Context, nodeID, session string, 
 		return trace.BadParameter("chunk %d of %s does not extend the hash chain", c.Index, session)
 	}
 	return trace.Wrap(st.PutChunk(ctx, session, c))
+}
+
+// LastRecordingChunk answers a node resuming an upload: the index and
+// hash of the last chunk the store holds of session (NotFound when it
+// holds none). The store is the cluster's, so any auth server gives the
+// same answer. A node asks only about its own sessions: another node's is
+// NotFound, as if absent.
+func (s *Server) LastRecordingChunk(ctx context.Context, nodeID, session string) (*recording.ChunkRef, error) {
+	st, err := s.recordings()
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if err := recording.CheckSessionID(session); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	notFound := trace.NotFound("recording %s not found", session)
+	first, err := st.GetChunk(ctx, session, 0)
+	if trace.IsNotFound(err) {
+		return nil, notFound
+	}
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if h, err := recording.HeaderOf(first.Data); err != nil || h.Node != nodeID {
+		return nil, notFound
+	}
+	last, err := st.LastChunk(ctx, session)
+	return last, trace.Wrap(err)
 }
 
 // A chunk upload fits maxRequestBody: a chunk is at most
@@ -123,6 +151,11 @@ func (a *APIServer) putRecordingChunk(ctx context.Context, p *peer, r *http.Requ
 		return nil, trace.BadParameter("chunk body says index %d, the path %d", c.Index, n)
 	}
 	return nil, trace.Wrap(a.auth.PutRecordingChunk(ctx, p.ID, session, c))
+}
+
+func (a *APIServer) lastRecordingChunk(ctx context.Context, p *peer, r *http.Request) (any, error) {
+	ref, err := a.auth.LastRecordingChunk(ctx, p.ID, r.PathValue("session"))
+	return ref, trace.Wrap(err)
 }
 
 func (a *APIServer) listRecordings(ctx context.Context, _ *peer, _ *http.Request) (any, error) {
@@ -207,6 +240,17 @@ func chunksFrom(idx []int, from int) []int {
 // PutRecordingChunk uploads one chunk (node identity only).
 func (c *Client) PutRecordingChunk(ctx context.Context, session string, ch recording.Chunk) error {
 	return trace.Wrap(c.do(ctx, http.MethodPut, "/v1/recordings/"+url.PathEscape(session)+"/chunks/"+strconv.Itoa(ch.Index), nil, ch, nil))
+}
+
+// LastRecordingChunk asks which chunk of session the cluster's store
+// holds last (node identity only; NotFound when it holds none), so that
+// an upload resumes after it.
+func (c *Client) LastRecordingChunk(ctx context.Context, session string) (*recording.ChunkRef, error) {
+	var out recording.ChunkRef
+	if err := c.do(ctx, http.MethodGet, "/v1/recordings/"+url.PathEscape(session)+"/last", nil, nil, &out); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return &out, nil
 }
 
 // ListRecordings lists the stored recordings' metadata.

@@ -16,7 +16,6 @@ import (
 	"context"
 	"crypto"
 	"crypto/x509"
-	"sync"
 	"time"
 
 	"github.com/gravitational/trace"
@@ -149,10 +148,6 @@ type Server struct {
 	// addrs proves that announced node addresses answer with the node's
 	// own host certificate (see AnnounceNode).
 	addrs *addrVerifier
-
-	// recMu serialises recording chunk writes, so that the check of the
-	// previous chunk and the write of the next one are one step.
-	recMu sync.Mutex
 }
 
 // NewServer starts the auth server: it loads the cluster's CAs, creating

@@ -1,10 +1,13 @@
 package recording
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -37,16 +40,41 @@ type Meta struct {
 	Complete bool `json:"complete"`
 }
 
-// Storage is where the auth server keeps recordings. DirStorage is the
-// disk one; an S3-compatible store implements the same four calls.
-// Readers stream a recording chunk by chunk (ChunkIndexes, GetChunk), so
-// a long recording is never held in memory whole.
+// ChunkRef names a stored chunk by its index and chained hash: what a
+// store answers to "what do you have of session X" (LastChunk), so that
+// a node resuming an upload (after a restart, or a failover to another
+// auth server of the cluster) continues from what the store holds.
+type ChunkRef struct {
+	Index int    `json:"index"`
+	Hash  string `json:"hash"`
+	Final bool   `json:"final,omitempty"`
+}
+
+// Storage is where the auth server keeps recordings: DirStorage on one
+// machine, an S3-compatible bucket (lib/recording/s3store) that every
+// auth server of a cluster shares. Readers stream a recording chunk by
+// chunk (ChunkIndexes, GetChunk), so a long recording is never held in
+// memory whole.
+//
+// Stored chunks never change. PutChunk stores chunk c.Index only if no
+// chunk of that index is stored; when one is, it returns nil if it is the
+// same chunk (a retried upload) and trace.AlreadyExists otherwise. That
+// holds across processes sharing the store (the bucket's conditional
+// write, a hard link in a directory), so two auth servers receiving the
+// same session's chunks (a node failing over mid-upload) can never
+// replace one another's.
 type Storage interface {
 	PutChunk(ctx context.Context, session string, c Chunk) error
 	ChunkIndexes(ctx context.Context, session string) ([]int, error)
 	GetChunk(ctx context.Context, session string, i int) (*Chunk, error)
 	GetMeta(ctx context.Context, session string) (*Meta, error)
 	List(ctx context.Context) ([]Meta, error)
+	// LastChunk is the highest-indexed stored chunk of session
+	// (NotFound when none is).
+	LastChunk(ctx context.Context, session string) (*ChunkRef, error)
+	// DeleteRecording removes every chunk of session (retention); a
+	// session with nothing stored is not an error.
+	DeleteRecording(ctx context.Context, session string) error
 }
 
 // DirStorage keeps one directory per session. The auth server's store
@@ -63,27 +91,57 @@ var (
 
 func chunkName(i int) string { return fmt.Sprintf("%08d.chunk", i) }
 
-// PutChunk writes c atomically (temp file, fsync, rename): a crash leaves
-// the chunk whole or absent.
+// PutChunk writes c atomically and exclusively: a temp file, fsynced,
+// hard-linked to the chunk's name (link fails when the name exists, where
+// a rename would replace it), so a crash leaves the chunk whole or absent
+// and a stored chunk is never overwritten (Storage).
 func (d DirStorage) PutChunk(_ context.Context, session string, c Chunk) error {
-	_, err := d.putChunk(session, c, true)
-	return trace.Wrap(err)
-}
-
-// putChunk writes c through a temp file renamed into place, with an fsync
-// before the rename when sync is set; it returns the chunk's path.
-func (d DirStorage) putChunk(session string, c Chunk, sync bool) (string, error) {
 	if err := CheckSessionID(session); err != nil {
-		return "", trace.Wrap(err)
+		return trace.Wrap(err)
 	}
 	if c.Index < 0 {
-		return "", trace.BadParameter("chunk index %d", c.Index)
+		return trace.BadParameter("chunk index %d", c.Index)
 	}
-	dir := filepath.Join(d.Dir, session)
 	data, err := appendChunkJSON(make([]byte, 0, base64.StdEncoding.EncodedLen(len(c.Data))+len(c.Hash)+64), c)
 	if err != nil {
-		return "", trace.Wrap(err)
+		return trace.Wrap(err)
 	}
+	dir := filepath.Join(d.Dir, session)
+	tmp, err := writeTemp(dir, data, true)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer os.Remove(tmp)
+	path := filepath.Join(dir, chunkName(c.Index))
+	err = os.Link(tmp, path)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, fs.ErrExist):
+		have, err := os.ReadFile(path)
+		if err != nil {
+			return trace.ConvertSystemError(err)
+		}
+		return trace.Wrap(SameChunk(session, c, have))
+	default:
+		return trace.ConvertSystemError(err)
+	}
+}
+
+// SameChunk compares an incoming chunk with the stored bytes of the one
+// of its index: nil when they are the same chunk, AlreadyExists when not.
+func SameChunk(session string, c Chunk, stored []byte) error {
+	var have Chunk
+	if err := json.Unmarshal(stored, &have); err == nil &&
+		have.Index == c.Index && have.Hash == c.Hash && have.Final == c.Final && bytes.Equal(have.Data, c.Data) {
+		return nil
+	}
+	return trace.AlreadyExists("chunk %d of %s is already stored with other content", c.Index, session)
+}
+
+// writeTemp writes data to a new temp file in dir (made when missing),
+// fsynced when sync is set, and returns its path.
+func writeTemp(dir string, data []byte, sync bool) (string, error) {
 	// The session's directory exists from its first chunk on: it is made
 	// only when the temp file cannot be created for want of it (a stat per
 	// chunk showed in the recorded session's profile).
@@ -97,32 +155,44 @@ func (d DirStorage) putChunk(session string, c Chunk, sync bool) (string, error)
 	if err != nil {
 		return "", trace.ConvertSystemError(err)
 	}
-	// The temp file is removed unless it was renamed into place (an
-	// unlink of a name that is gone was one more syscall per chunk).
-	renamed := false
-	defer func() {
-		if !renamed {
-			_ = os.Remove(f.Name())
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
-		f.Close()
+	_, err = f.Write(data)
+	if err == nil && sync {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
 		return "", trace.ConvertSystemError(err)
 	}
-	if sync {
-		if err := f.Sync(); err != nil {
-			f.Close()
-			return "", trace.ConvertSystemError(err)
-		}
+	return f.Name(), nil
+}
+
+// putChunk writes c through a temp file renamed into place (replacing a
+// file of that name: DirSink, the writer's own directory), with an fsync
+// before the rename when sync is set; it returns the chunk's path.
+func (d DirStorage) putChunk(session string, c Chunk, sync bool) (string, error) {
+	if err := CheckSessionID(session); err != nil {
+		return "", trace.Wrap(err)
 	}
-	if err := f.Close(); err != nil {
-		return "", trace.ConvertSystemError(err)
+	if c.Index < 0 {
+		return "", trace.BadParameter("chunk index %d", c.Index)
+	}
+	dir := filepath.Join(d.Dir, session)
+	data, err := appendChunkJSON(make([]byte, 0, base64.StdEncoding.EncodedLen(len(c.Data))+len(c.Hash)+64), c)
+	if err != nil {
+		return "", trace.Wrap(err)
+	}
+	tmp, err := writeTemp(dir, data, sync)
+	if err != nil {
+		return "", trace.Wrap(err)
 	}
 	path := filepath.Join(dir, chunkName(c.Index))
-	if err := os.Rename(f.Name(), path); err != nil {
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
 		return "", trace.ConvertSystemError(err)
 	}
-	renamed = true
 	return path, nil
 }
 
@@ -266,6 +336,30 @@ func (d DirStorage) List(ctx context.Context) ([]Meta, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Timestamp < out[j].Timestamp })
 	return out, nil
+}
+
+// LastChunk reads the highest-indexed stored chunk of session.
+func (d DirStorage) LastChunk(ctx context.Context, session string) (*ChunkRef, error) {
+	idx, err := d.ChunkIndexes(ctx, session)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if len(idx) == 0 {
+		return nil, trace.NotFound("recording %s has no chunks", session)
+	}
+	c, err := d.GetChunk(ctx, session, idx[len(idx)-1])
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return &ChunkRef{Index: c.Index, Hash: c.Hash, Final: c.Final}, nil
+}
+
+// DeleteRecording removes the session's directory.
+func (d DirStorage) DeleteRecording(_ context.Context, session string) error {
+	if err := CheckSessionID(session); err != nil {
+		return trace.Wrap(err)
+	}
+	return trace.ConvertSystemError(os.RemoveAll(filepath.Join(d.Dir, session)))
 }
 
 // HeaderOf decodes a first chunk's header line.
