@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/gravitational/trace"
 
@@ -64,13 +63,12 @@ func NodesSubsystem(cluster, local string) string {
 
 // WriteNodesTable prints nodes as an aligned table.
 func WriteNodesTable(w io.Writer, nodes []proxyapi.NodeEntry) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "HOSTNAME\tADDRESS\tLABELS\tLOGINS\tUUID")
+	// Node-supplied text is escaped (by the table, and label by label by
+	// FormatLabels): a label or hostname must not drive the user's
+	// terminal.
+	tw := services.NewTable(w, "HOSTNAME", "ADDRESS", "LABELS", "LOGINS", "UUID")
 	for _, n := range nodes {
-		// Node-supplied text is escaped: a label or hostname must not
-		// drive the user's terminal.
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", services.EscapeText(n.Hostname), services.NodeAddrText(n.Addr, n.Tunnel),
-			services.FormatLabels(n.Labels), strings.Join(n.Logins, ","), services.EscapeText(n.UUID))
+		tw.Row(n.Hostname, services.NodeAddrText(n.Addr, n.Tunnel), services.FormatLabels(n.Labels), services.EscapeList(n.Logins, ","), n.UUID)
 	}
 	return trace.Wrap(tw.Flush())
 }

@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"text/tabwriter"
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
@@ -41,18 +39,15 @@ func (c *cli) clustersLs(ctx context.Context, format string) error {
 		if rcs == nil {
 			rcs = []services.RemoteCluster{}
 		}
-		enc := json.NewEncoder(c.stdout)
-		enc.SetIndent("", "  ")
-		return trace.Wrap(enc.Encode(rcs))
+		return trace.Wrap(writeJSON(c.stdout, rcs))
 	}
-	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSTATUS\tLAST CONNECTED\tTRUSTED SINCE")
+	tw := services.NewTable(c.stdout, "NAME", "STATUS", "LAST CONNECTED", "TRUSTED SINCE")
 	for _, rc := range rcs {
 		last := "never"
 		if !rc.LastConnected.IsZero() {
 			last = rc.LastConnected.UTC().Format(time.RFC3339)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", rc.Name, rc.StatusNow, last, rc.Created.UTC().Format(time.RFC3339))
+		tw.Row(rc.Name, rc.StatusNow, last, rc.Created.UTC().Format(time.RFC3339))
 	}
 	return trace.Wrap(tw.Flush())
 }

@@ -5,14 +5,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/gravitational/trace"
 
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/services"
 )
 
 func (c *cli) registerEvents(app *kingpin.Application, add adder) {
@@ -62,14 +63,15 @@ func (c *cli) eventsLs(ctx context.Context, since, typ string, limit int, format
 			if err != nil {
 				return trace.Wrap(err)
 			}
-			fmt.Fprintln(c.stdout, string(line))
+			fmt.Fprintln(c.stdout, string(services.SafeJSON(line)))
 		}
 		return nil
 	}
-	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TIME\tEVENT\tUSER\tDETAILS")
+	// Events carry what clients sent (an exec command, the user name of a
+	// failed login): the table escapes every cell.
+	tw := services.NewTable(c.stdout, "TIME", "EVENT", "USER", "DETAILS")
 	for _, e := range found {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.Time.UTC().Format(time.RFC3339), e.Type, e.User, formatFields(e.Fields))
+		tw.Row(e.Time.UTC().Format(time.RFC3339), e.Type, e.User, formatFields(e.Fields))
 	}
 	return trace.Wrap(tw.Flush())
 }
@@ -82,7 +84,19 @@ func formatFields(f events.Fields) string {
 	sort.Strings(keys)
 	parts := make([]string, 0, len(keys))
 	for _, k := range keys {
-		parts = append(parts, fmt.Sprintf("%s=%v", k, f[k]))
+		// Each key and value escaped on its own, so that a value cannot
+		// pass for more key=value pairs with a space or an "=" either.
+		parts = append(parts, fieldText(k)+"="+fieldText(fmt.Sprint(f[k])))
 	}
 	return strings.Join(parts, " ")
+}
+
+// fieldText is a key or value of the DETAILS column: escaped, and quoted
+// when it holds a space, an "=" or a quote, so that a value cannot pass
+// for more key=value pairs either (a command `x user=admin`).
+func fieldText(s string) string {
+	if e := services.EscapeText(s); e != s || strings.ContainsAny(s, " =\"") {
+		return strconv.Quote(s)
+	}
+	return s
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
@@ -183,14 +182,13 @@ func (c *cli) locksLs(ctx context.Context) error {
 		fmt.Fprintln(c.stdout, "No locks.")
 		return nil
 	}
-	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TARGET\tMESSAGE\tEXPIRES\tCREATED BY\tCREATED")
+	tw := services.NewTable(c.stdout, "TARGET", "MESSAGE", "EXPIRES", "CREATED BY", "CREATED")
 	for _, l := range locks {
 		expires := "never"
 		if !l.Expires.IsZero() {
 			expires = l.Expires.UTC().Format(time.RFC3339)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", l.Target, orDefault(l.Message, "-"), expires, orDefault(l.CreatedBy, "-"), l.Created.UTC().Format(time.RFC3339))
+		tw.Row(l.Target, orDefault(l.Message, "-"), expires, orDefault(l.CreatedBy, "-"), l.Created.UTC().Format(time.RFC3339))
 	}
 	return trace.Wrap(tw.Flush())
 }

@@ -2,11 +2,9 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
-	"text/tabwriter"
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
@@ -55,22 +53,19 @@ func (c *cli) nodesLs(ctx context.Context, format string) error {
 		if nodes == nil {
 			nodes = []services.Node{}
 		}
-		enc := json.NewEncoder(c.stdout)
-		enc.SetIndent("", "  ")
-		return trace.Wrap(enc.Encode(nodes))
+		return trace.Wrap(writeJSON(c.stdout, nodes))
 	}
 	return trace.Wrap(writeNodesTable(c.stdout, nodes))
 }
 
 // writeNodesTable prints the text form of `pctl nodes ls`.
 func writeNodesTable(w io.Writer, nodes []services.Node) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "HOSTNAME\tUUID\tADDRESS\tLABELS\tLAST HEARTBEAT")
+	// Node-supplied text is escaped (by the table, and label by label by
+	// FormatLabels): a label or hostname must not drive the admin's
+	// terminal.
+	tw := services.NewTable(w, "HOSTNAME", "UUID", "ADDRESS", "LABELS", "LAST HEARTBEAT")
 	for _, n := range nodes {
-		// Node-supplied text is escaped: a label or hostname must not
-		// drive the admin's terminal.
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", services.EscapeText(n.Hostname), services.EscapeText(n.UUID), services.NodeAddrText(n.Addr, n.Tunnel),
-			services.FormatLabels(n.Labels), n.LastHeartbeat.UTC().Format(time.RFC3339))
+		tw.Row(n.Hostname, n.UUID, services.NodeAddrText(n.Addr, n.Tunnel), services.FormatLabels(n.Labels), n.LastHeartbeat.UTC().Format(time.RFC3339))
 	}
 	return trace.Wrap(tw.Flush())
 }

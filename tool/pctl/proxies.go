@@ -2,10 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"io"
-	"text/tabwriter"
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
@@ -36,26 +33,22 @@ func (c *cli) proxiesLs(ctx context.Context, format string) error {
 		if proxies == nil {
 			proxies = []services.Proxy{}
 		}
-		enc := json.NewEncoder(c.stdout)
-		enc.SetIndent("", "  ")
-		return trace.Wrap(enc.Encode(proxies))
+		return trace.Wrap(writeJSON(c.stdout, proxies))
 	}
 	return trace.Wrap(writeProxiesTable(c.stdout, proxies))
 }
 
 // writeProxiesTable prints the text form of `pctl proxies ls`.
 func writeProxiesTable(w io.Writer, proxies []services.Proxy) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "HOSTNAME\tUUID\tSSH\tWEB\tTUNNEL\tPEER\tVERSION\tLAST HEARTBEAT")
+	tw := services.NewTable(w, "HOSTNAME", "UUID", "SSH", "WEB", "TUNNEL", "PEER", "VERSION", "LAST HEARTBEAT")
 	dash := func(s string) string {
 		if s == "" {
 			return "-"
 		}
-		return services.EscapeText(s)
+		return s
 	}
 	for _, p := range proxies {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", services.EscapeText(p.Hostname), services.EscapeText(p.UUID),
-			dash(p.SSHAddr), dash(p.WebAddr), dash(p.TunnelAddr), dash(p.PeerAddr), dash(p.Version),
+		tw.Row(p.Hostname, p.UUID, dash(p.SSHAddr), dash(p.WebAddr), dash(p.TunnelAddr), dash(p.PeerAddr), dash(p.Version),
 			p.LastHeartbeat.UTC().Format(time.RFC3339))
 	}
 	return trace.Wrap(tw.Flush())

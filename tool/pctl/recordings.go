@@ -3,9 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/postern-dev/postern/lib/services"
 	"io"
 	"os"
-	"text/tabwriter"
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
@@ -41,15 +41,15 @@ func (c *cli) recordingsLs(ctx context.Context) error {
 	if err != nil {
 		return trace.Wrap(err)
 	}
-	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTARTED\tUSER\tLOGIN\tNODE\tCHUNKS\tCOMPLETE\tCOMMAND")
+	// The command and the login are what the user typed: the table
+	// escapes every cell.
+	tw := services.NewTable(c.stdout, "ID", "STARTED", "USER", "LOGIN", "NODE", "CHUNKS", "COMPLETE", "COMMAND")
 	for _, m := range list {
 		node := m.NodeHostname
 		if node == "" {
 			node = m.Node
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%v\t%s\n", m.SessionID, time.Unix(m.Timestamp, 0).UTC().Format(time.RFC3339),
-			m.User, m.Login, node, m.Chunks, m.Complete, m.Command)
+		tw.Row(m.SessionID, time.Unix(m.Timestamp, 0).UTC().Format(time.RFC3339), m.User, m.Login, node, m.Chunks, m.Complete, m.Command)
 	}
 	return trace.Wrap(tw.Flush())
 }

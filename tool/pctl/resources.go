@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
@@ -53,11 +52,9 @@ func (c *cli) rolesLs(ctx context.Context) error {
 	if err != nil {
 		return trace.Wrap(err)
 	}
-	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ROLE\tLOGINS\tNODE LABELS\tAGENT\tPORT FWD\tMAX TTL")
+	tw := services.NewTable(c.stdout, "ROLE", "LOGINS", "NODE LABELS", "AGENT", "PORT FWD", "MAX TTL")
 	for _, r := range roles {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%v\t%s\n", r.Metadata.Name, strings.Join(r.Spec.Logins, ","),
-			formatSelector(r.Spec.NodeLabels), r.Spec.ForwardAgent, r.Spec.PortForwarding, maxTTL(r))
+		tw.Row(r.Metadata.Name, services.EscapeList(r.Spec.Logins, ","), formatSelector(r.Spec.NodeLabels), r.Spec.ForwardAgent, r.Spec.PortForwarding, maxTTL(r))
 	}
 	return trace.Wrap(tw.Flush())
 }
@@ -72,7 +69,7 @@ func maxTTL(r *services.Role) string {
 func formatSelector(sel map[string]services.LabelValues) string {
 	parts := make([]string, 0, len(sel))
 	for k, v := range sel {
-		parts = append(parts, k+"="+strings.Join(v, "|"))
+		parts = append(parts, services.EscapeText(k)+"="+services.EscapeList(v, "|"))
 	}
 	sortStrings(parts)
 	return strings.Join(parts, ",")

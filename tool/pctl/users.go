@@ -4,9 +4,9 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"github.com/postern-dev/postern/lib/services"
 	"os"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/gravitational/trace"
@@ -118,14 +118,13 @@ func (c *cli) usersLs(ctx context.Context) error {
 	if err != nil {
 		return trace.Wrap(err)
 	}
-	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "USER\tROLES\tLOGINS\tOTP")
+	tw := services.NewTable(c.stdout, "USER", "ROLES", "LOGINS", "OTP")
 	for _, u := range users {
 		otp := "no"
 		if u.OTPEnabled {
 			otp = "yes"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", u.Name, strings.Join(u.Roles, ","), strings.Join(u.Traits["logins"], ","), otp)
+		tw.Row(u.Name, services.EscapeList(u.Roles, ","), services.EscapeList(u.Traits["logins"], ","), otp)
 	}
 	return trace.Wrap(tw.Flush())
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/client"
 	"github.com/postern-dev/postern/lib/proxy"
+	"github.com/postern-dev/postern/lib/services"
 )
 
 func (c *cli) doLogin(ctx context.Context) error {
@@ -76,10 +77,15 @@ func (c *cli) doStatus(context.Context) error {
 	return nil
 }
 
+// writeJSON prints v as indented JSON, made safe for a terminal
+// (services.SafeJSON): the --format json of every listing.
 func writeJSON(c *cli, v any) error {
-	enc := json.NewEncoder(c.stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	_, err = c.stdout.Write(append(services.SafeJSON(data), '\n'))
+	return trace.Wrap(err)
 }
 
 func (c *cli) doLs(ctx context.Context) error {

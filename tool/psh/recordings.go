@@ -3,8 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
-	"fmt"
-	"text/tabwriter"
+	"github.com/postern-dev/postern/lib/services"
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
@@ -101,10 +100,11 @@ func (c *cli) doRecordingsLs(ctx context.Context, format string, f recordingFilt
 	if format == "json" {
 		return trace.Wrap(writeJSON(c, list))
 	}
-	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTARTED\tUSER\tLOGIN\tNODE\tCOMPLETE\tCOMMAND")
+	// The command and the login are what a user typed: the table
+	// escapes every cell.
+	tw := services.NewTable(c.stdout, "ID", "STARTED", "USER", "LOGIN", "NODE", "COMPLETE", "COMMAND")
 	for _, r := range list {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%v\t%s\n", r.SessionID, r.Started.Format(time.RFC3339), r.User, r.Login, r.Node, r.Complete, r.Command)
+		tw.Row(r.SessionID, r.Started.Format(time.RFC3339), r.User, r.Login, r.Node, r.Complete, r.Command)
 	}
 	return trace.Wrap(tw.Flush())
 }
