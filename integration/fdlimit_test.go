@@ -18,7 +18,7 @@ import (
 // the process cannot raise) that holds fewer sessions than its connection
 // cap says so once at start, naming the limit and the sessions it allows
 // ((300-256)/2 = 22), holds that many ssh -J sessions, and refuses the next
-// connection at once with that reason (not a hang, not EMFILE somewhere
+// connection at once naming the descriptor budget its listeners share (not a hang, not EMFILE somewhere
 // in the process); a session that ends makes room again.
 func TestProxyDescriptorLimit(t *testing.T) {
 	const limit, sessions = 300, 22
@@ -57,7 +57,7 @@ func TestProxyDescriptorLimit(t *testing.T) {
 	start := time.Now()
 	_, err := jumpVia(t, cfg, d.sshAddr, c.hostname+":0")
 	require.Error(t, err, "one session past what the descriptors hold")
-	require.Contains(t, err.Error(), fmt.Sprintf("limit %d (this proxy's file descriptor limit, RLIMIT_NOFILE %d, holds %d sessions)", sessions, limit, sessions))
+	require.Contains(t, err.Error(), fmt.Sprintf("the file descriptor budget of %d is spent (this process's file descriptor limit, RLIMIT_NOFILE %d, less 256 kept for the rest of the process; each connection here costs 2: %d sessions)", limit-256, limit, sessions))
 	require.Less(t, time.Since(start), 5*time.Second, "refused at once, not after a timeout")
 
 	require.NoError(t, held[0].Close())

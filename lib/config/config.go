@@ -88,6 +88,19 @@ type Limits struct {
 	// MaxConnections caps all concurrent connections on each listener;
 	// zero means the default.
 	MaxConnections int `yaml:"max_connections,omitempty"`
+	// MaxHandshakes and MaxHandshakesPerIP cap connections still in their
+	// TLS or SSH handshake on the tunnel and peer ports, in total and per
+	// source address; zero means the defaults.
+	MaxHandshakes      int `yaml:"max_handshakes,omitempty"`
+	MaxHandshakesPerIP int `yaml:"max_handshakes_per_ip,omitempty"`
+	// MaxDescriptors is the file descriptor budget every listener's
+	// connections share; zero means RLIMIT_NOFILE less a reserve for the
+	// rest of the process.
+	MaxDescriptors int `yaml:"max_descriptors,omitempty"`
+	// HandshakeTimeout bounds the handshake on the tunnel and peer ports:
+	// a connection that has not authenticated by then is closed. Zero
+	// means 10s.
+	HandshakeTimeout time.Duration `yaml:"handshake_timeout,omitempty"`
 	// For every cap, a negative value means no cap (lib/limiter explains
 	// each default).
 	// IdleTimeout closes SSH connections without traffic; zero means never.

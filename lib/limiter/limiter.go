@@ -79,6 +79,22 @@ const (
 	// forward at its cap spends 512 descriptors, so a node can carry dozens
 	// of saturated forwards and keep its own descriptors untouched.
 	DefaultMaxConnectionsPerForward = 256
+	// DefaultMaxHandshakes bounds the connections one listener holds in
+	// their handshake (accepted, not yet authenticated) across all
+	// addresses, on listeners that count handshakes
+	// (ListenerOptions.Handshakes: the tunnel and peer ports). It is
+	// OpenSSH's MaxStartups for ports whose clients are machines: a
+	// handshake takes milliseconds, so 500 at once is a reconnect storm
+	// of thousands of nodes served in waves (the refused retry with
+	// back-off), and all a credential-less flood from any number of
+	// addresses can hold is 500 descriptors for one handshake timeout,
+	// far below the descriptor budget the other ports need.
+	DefaultMaxHandshakes = 500
+	// DefaultMaxHandshakesPerIP bounds one address's connections in their
+	// handshake: a site of nodes behind one NAT reconnecting at once, a
+	// few dozen at a time, while one misbehaving host holds at most a
+	// tenth of DefaultMaxHandshakes.
+	DefaultMaxHandshakesPerIP = 50
 )
 
 // Cap names, the `cap` label of the refusal counter.
@@ -89,6 +105,10 @@ const (
 	CapSessions    = "sessions"
 	CapForward     = "forward"
 	CapRate        = "rate"
+	// CapDescriptors is the process's shared descriptor budget (Budget).
+	CapDescriptors = "descriptors"
+	// CapHandshakes is the cap on connections still in their handshake.
+	CapHandshakes = "handshakes"
 )
 
 // refusalLogInterval is how often a refusal of one cap is logged at Warn:
@@ -121,6 +141,21 @@ type Config struct {
 	// MaxConnectionsPerForward caps concurrent connections on one forwarded
 	// port.
 	MaxConnectionsPerForward int
+	// MaxHandshakes and MaxHandshakesPerIP cap connections in their
+	// handshake, in total and per source address, on a listener wrapped
+	// with ListenerOptions.Handshakes (elsewhere they are not counted). A
+	// connection counts from accept until HandshakeDone or its Close.
+	MaxHandshakes      int
+	MaxHandshakesPerIP int
+	// Budget, when set, is the process's descriptor budget, shared with
+	// its other listeners: every connection accepted here also spends
+	// DescriptorsPerConn of it until it closes, and is refused when the
+	// budget cannot hold it. Nil: no budget.
+	Budget *Budget
+	// DescriptorsPerConn is what one connection here costs the process:
+	// 1 for its socket, 2 where every connection dials on (a proxied SSH
+	// session: the client's socket and the node's). Zero means 1.
+	DescriptorsPerConn int
 	// Clock times the Warn-level refusal log; nil means the real clock.
 	Clock clockwork.Clock
 	// Logger; nil means logrus.WithField("component", "limiter").
@@ -142,6 +177,14 @@ func (c *Config) CheckAndSetDefaults() error {
 	c.MaxConnectionsPerUser = orDefault(c.MaxConnectionsPerUser, DefaultMaxConnectionsPerUser)
 	c.MaxSessionsPerUser = orDefault(c.MaxSessionsPerUser, DefaultMaxSessionsPerUser)
 	c.MaxConnectionsPerForward = orDefault(c.MaxConnectionsPerForward, DefaultMaxConnectionsPerForward)
+	c.MaxHandshakes = orDefault(c.MaxHandshakes, DefaultMaxHandshakes)
+	c.MaxHandshakesPerIP = orDefault(c.MaxHandshakesPerIP, DefaultMaxHandshakesPerIP)
+	if c.DescriptorsPerConn < 0 {
+		return trace.BadParameter("limiter: negative DescriptorsPerConn %d", c.DescriptorsPerConn)
+	}
+	if c.DescriptorsPerConn == 0 {
+		c.DescriptorsPerConn = 1
+	}
 	if c.Clock == nil {
 		c.Clock = clockwork.NewRealClock()
 	}
@@ -175,7 +218,11 @@ type ConnectionLimiter struct {
 	users    map[string]int
 	sessions map[string]int
 	forwards map[string]int
-	warns    map[string]*warnState
+	// handshakes and hsIPs count connections in their handshake, in
+	// total and per address key.
+	handshakes int
+	hsIPs      map[string]int
+	warns      map[string]*warnState
 }
 
 // warnState throttles the Warn log of one cap.
@@ -201,6 +248,7 @@ func NewConnectionLimiter(cfg Config) (*ConnectionLimiter, error) {
 		users:    map[string]int{},
 		sessions: map[string]int{},
 		forwards: map[string]int{},
+		hsIPs:    map[string]int{},
 		warns:    map[string]*warnState{},
 	}, nil
 }
@@ -237,6 +285,13 @@ func (l *ConnectionLimiter) acquireIP(addr net.Addr) (release func(), capName st
 			return nil, CapIP, l.refuse(CapIP, display, trace.LimitExceeded(
 				"too many connections from %s: limit %d", display, max))
 		}
+	}
+	cost := l.cfg.DescriptorsPerConn
+	if b := l.cfg.Budget; b != nil && !b.take(cost) {
+		l.mu.Unlock()
+		return nil, CapDescriptors, l.refuse(CapDescriptors, "", b.refusal(l.cfg.Name, cost))
+	}
+	if key != "" {
 		l.ips[key]++
 	}
 	l.total++
@@ -249,8 +304,43 @@ func (l *ConnectionLimiter) acquireIP(addr net.Addr) (release func(), capName st
 			decrement(l.ips, key)
 		}
 		l.mu.Unlock()
+		if b := l.cfg.Budget; b != nil {
+			b.give(cost)
+		}
 		l.metrics.active.WithLabelValues(l.cfg.Name, CapConnections).Dec()
 	}), "", nil
+}
+
+// acquireHandshake counts one connection from addr in its handshake
+// against MaxHandshakes and MaxHandshakesPerIP (see Config).
+func (l *ConnectionLimiter) acquireHandshake(addr net.Addr) (release func(), err error) {
+	key, display := ipKey(addr)
+	l.mu.Lock()
+	if max := l.cfg.MaxHandshakes; max > 0 && l.handshakes >= max {
+		l.mu.Unlock()
+		return nil, l.refuse(CapHandshakes, "", trace.LimitExceeded(
+			"too many connections in their handshake on %s: limit %d", l.cfg.Name, max))
+	}
+	if key != "" {
+		if max := l.cfg.MaxHandshakesPerIP; max > 0 && l.hsIPs[key] >= max {
+			l.mu.Unlock()
+			return nil, l.refuse(CapHandshakes, display, trace.LimitExceeded(
+				"too many connections in their handshake from %s: limit %d", display, max))
+		}
+		l.hsIPs[key]++
+	}
+	l.handshakes++
+	l.mu.Unlock()
+	l.metrics.active.WithLabelValues(l.cfg.Name, CapHandshakes).Inc()
+	return l.once(func() {
+		l.mu.Lock()
+		l.handshakes--
+		if key != "" {
+			decrement(l.hsIPs, key)
+		}
+		l.mu.Unlock()
+		l.metrics.active.WithLabelValues(l.cfg.Name, CapHandshakes).Dec()
+	}), nil
 }
 
 // AcquireUser counts one authenticated connection of user.
@@ -275,7 +365,8 @@ func (l *ConnectionLimiter) AcquireForward(key string) (release func(), err erro
 }
 
 // Count reports what is open now: the total, and per key for the given cap
-// (CapIP takes an address string such as "192.0.2.7" or "192.0.2.7:22").
+// (CapIP takes an address string such as "192.0.2.7" or "192.0.2.7:22";
+// CapHandshakes one too, or "" for the listener's total).
 // Meant for tests and diagnostics.
 func (l *ConnectionLimiter) Count(capName, key string) int {
 	l.mu.Lock()
@@ -292,6 +383,12 @@ func (l *ConnectionLimiter) Count(capName, key string) int {
 		return l.sessions[key]
 	case CapForward:
 		return l.forwards[key]
+	case CapHandshakes:
+		if key == "" {
+			return l.handshakes
+		}
+		k, _ := ipKey(stringAddr(key))
+		return l.hsIPs[k]
 	}
 	return 0
 }

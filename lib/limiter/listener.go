@@ -34,6 +34,17 @@ type ListenerOptions struct {
 	// under the cap alone, with an empty Key). It is called from Accept:
 	// it must not block (an audit Emit does not).
 	OnRefuse func(Refusal)
+	// Handshakes, when set, counts every accepted connection against the
+	// limiter's handshake caps (Config.MaxHandshakes, MaxHandshakesPerIP)
+	// until the server calls HandshakeDone on it (or it closes), and
+	// gives back its Rate token then: only a connection that never
+	// authenticates spends the address's rate. For ports whose clients
+	// are machines behind shared addresses (the tunnel port: a site of
+	// nodes behind one NAT, each with a tunnel and a data connection per
+	// session; the peer port), where a per-address cap on everything open
+	// would cap a site rather than a client, but what an unauthenticated
+	// client holds must stay small.
+	Handshakes bool
 }
 
 // Refusal is one report of refused connections.
@@ -202,7 +213,22 @@ func (l *listener) Accept() (net.Conn, error) {
 			l.refuse(nc, err)
 			continue
 		}
-		return &conn{Conn: nc, release: release}, nil
+		c := &conn{Conn: nc, release: release}
+		if l.opts.Handshakes {
+			hs, err := l.lim.acquireHandshake(nc.RemoteAddr())
+			if err != nil {
+				release()
+				l.report(nc.RemoteAddr(), CapHandshakes, err)
+				l.refuse(nc, err)
+				continue
+			}
+			c.handshake = hs
+			if l.opts.Rate != nil {
+				addr := nc.RemoteAddr()
+				c.refund = func() { l.opts.Rate.refundAddr(addr) }
+			}
+		}
+		return c, nil
 	}
 }
 
@@ -212,9 +238,9 @@ func (l *listener) report(addr net.Addr, capName string, err error) {
 		return
 	}
 	_, key := ipKey(addr)
-	if capName == CapConnections {
-		// The total cap is not about one address: one report per
-		// interval for the listener.
+	if capName == CapConnections || capName == CapDescriptors {
+		// The total cap and the budget are not about one address: one
+		// report per interval for the listener.
 		key = ""
 	}
 	now := l.lim.cfg.Clock.Now()
@@ -297,12 +323,53 @@ type conn struct {
 	net.Conn
 	release func()
 	once    sync.Once
+	// handshake, when set, releases the connection's handshake slot;
+	// refund gives back its rate token (see ListenerOptions.Handshakes).
+	// Both run at most once, handshake on HandshakeDone or Close, refund
+	// only on HandshakeDone.
+	handshake, refund func()
+	hsOnce            sync.Once
 }
 
 func (c *conn) Close() error {
 	err := c.Conn.Close()
+	c.endHandshake(false)
 	c.once.Do(c.release)
 	return err
+}
+
+func (c *conn) endHandshake(done bool) {
+	if c.handshake == nil {
+		return
+	}
+	c.hsOnce.Do(func() {
+		c.handshake()
+		if done && c.refund != nil {
+			c.refund()
+		}
+	})
+}
+
+// HandshakeDone tells the limiter that nc, accepted through a listener
+// wrapped with ListenerOptions.Handshakes, has authenticated: it no longer
+// counts against the handshake caps, and its rate token is given back. nc
+// may be the accepted connection or anything wrapping it that unwraps to
+// it (Unwrap() net.Conn, or NetConn() net.Conn as *tls.Conn has); on any
+// other connection it does nothing. Calling it twice is harmless.
+func HandshakeDone(nc net.Conn) {
+	for nc != nil {
+		switch c := nc.(type) {
+		case *conn:
+			c.endHandshake(true)
+			return
+		case interface{ Unwrap() net.Conn }:
+			nc = c.Unwrap()
+		case interface{ NetConn() net.Conn }:
+			nc = c.NetConn()
+		default:
+			return
+		}
+	}
 }
 
 // CloseWrite half-closes when the underlying connection can (a TCP

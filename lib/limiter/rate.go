@@ -164,6 +164,21 @@ func (r *RateLimiter) AllowAddr(addr net.Addr) error {
 	return r.Allow(key)
 }
 
+// refundAddr gives back a token AllowAddr spent for addr (a connection
+// that authenticated: see ListenerOptions.Handshakes), never past the
+// bucket's size.
+func (r *RateLimiter) refundAddr(addr net.Addr) {
+	key, _ := ipKey(addr)
+	if key == "" {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if b := r.buckets[key]; b != nil {
+		b.tokens = math.Min(float64(r.cfg.Burst), b.tokens+1)
+	}
+}
+
 // Len is the number of tracked keys (tests, diagnostics).
 func (r *RateLimiter) Len() int {
 	r.mu.Lock()

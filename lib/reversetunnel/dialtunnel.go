@@ -15,6 +15,8 @@ import (
 
 	"github.com/gravitational/trace"
 	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/limiter"
 )
 
 // dataWaiter is a dial waiting for its data connection.
@@ -170,5 +172,6 @@ func (s *Server) handleDataConn(nc net.Conn) {
 		s.cfg.Logger.WithError(err).WithField("uuid", w.uuid).Debug("Data connection lost at its answer.")
 	}
 	_ = nc.SetDeadline(time.Time{})
+	limiter.HandshakeDone(nc)
 	w.conn <- nc
 }

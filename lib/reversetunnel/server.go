@@ -43,6 +43,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/limiter"
 	"github.com/postern-dev/postern/lib/promreg"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
@@ -481,6 +482,9 @@ func (s *Server) deny(remote net.Addr, reason string) {
 }
 
 func (s *Server) handleConn(nc net.Conn) {
+	// The accepted connection, for limiter.HandshakeDone once it has
+	// authenticated (nc is wrapped below).
+	accepted := nc
 	_ = nc.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
 	// A node's data connection, or an SSH client (whose first bytes are
 	// "SSH-2.0-"): the bytes read to tell are replayed to the handshake.
@@ -524,6 +528,7 @@ func (s *Server) handleConn(nc net.Conn) {
 		return
 	}
 	_ = nc.SetDeadline(time.Time{})
+	limiter.HandshakeDone(accepted)
 	if cluster := sconn.Permissions.Extensions[permLeaf]; cluster != "" {
 		cert, _ := sconn.Permissions.ExtraData[permLeaf].(*ssh.Certificate)
 		s.mu.Lock()

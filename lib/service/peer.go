@@ -56,16 +56,24 @@ func (p *Process) startPeering(id *auth.Identity, ts *reversetunnel.Server) (*pe
 	}
 	p.onShutdown(func(context.Context) error { return loc.Close() })
 
-	ln, err := p.listen(ListenerPeer, p.cfg.PeerAddr)
+	raw, err := p.listen(ListenerPeer, p.cfg.PeerAddr)
+	if err != nil {
+		return nil, "", trace.Wrap(err)
+	}
+	// A peer proxy holds one connection (its streams ride it), so the
+	// per-address cap is the config's; TLS: refused without a word.
+	ln, _, err := p.capListener(ListenerPeer, raw, listenerCaps{withRate: true, handshakes: true})
 	if err != nil {
 		return nil, "", trace.Wrap(err)
 	}
 	srv, err := peer.NewServer(peer.ServerConfig{
 		Identity: ident,
 		Tunnels:  peerTunnels{ts: ts, leaves: p.leaves},
-		Audit:    p.audit,
-		Clock:    p.clock,
-		Logger:   p.log.WithField("component", "proxy:peer"),
+		// Zero: peer.DefaultHandshakeTimeout.
+		HandshakeTimeout: p.cfg.Limits.HandshakeTimeout,
+		Audit:            p.audit,
+		Clock:            p.clock,
+		Logger:           p.log.WithField("component", "proxy:peer"),
 	})
 	if err != nil {
 		return nil, "", trace.Wrap(err)

@@ -147,7 +147,7 @@ func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string, id *auth.Identit
 	if err != nil {
 		return trace.Wrap(err)
 	}
-	ln, _, err := p.capListener(ListenerWeb, raw, 0, false, true)
+	ln, _, err := p.capListener(ListenerWeb, raw, listenerCaps{withRate: true})
 	if err != nil {
 		return trace.Wrap(err)
 	}

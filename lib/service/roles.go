@@ -29,7 +29,7 @@ func (p *Process) startHostRoles(ctx context.Context) error {
 		if err != nil {
 			return trace.Wrap(err)
 		}
-		if nodeLn, nodeLim, err = p.capListener(ListenerNode, ln, -1, true, false); err != nil {
+		if nodeLn, nodeLim, err = p.capListener(ListenerNode, ln, listenerCaps{perIP: -1, sshRefusal: true, descriptors: descriptorsPerNodeSession}); err != nil {
 			return trace.Wrap(err)
 		}
 	}
@@ -38,7 +38,7 @@ func (p *Process) startHostRoles(ctx context.Context) error {
 		if err != nil {
 			return trace.Wrap(err)
 		}
-		if proxyLn, proxyLim, err = p.capListener(ListenerProxySSH, ln, 0, true, true); err != nil {
+		if proxyLn, proxyLim, err = p.capListener(ListenerProxySSH, ln, listenerCaps{sshRefusal: true, withRate: true, descriptors: descriptorsPerProxySession}); err != nil {
 			return trace.Wrap(err)
 		}
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/postern-dev/postern/lib/backend"
 	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/limiter"
 	"github.com/postern-dev/postern/lib/memtrim"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/reversetunnel"
@@ -118,6 +119,11 @@ type Process struct {
 	// mu guards listeners.
 	mu        sync.Mutex
 	listeners map[string]*utils.RetryingListener
+
+	// budget is the descriptor budget every listener's connections share
+	// (nil: none), made once by descriptorBudget.
+	budgetOnce sync.Once
+	budget     *limiter.Budget
 
 	// closers run in reverse order on shutdown.
 	closers []func(context.Context) error

@@ -54,7 +54,16 @@ func (p *Process) dialAuthAPI(ctx context.Context) (net.Conn, error) {
 // startTunnelServer serves the proxy's tunnel port with the proxy's host
 // identity.
 func (p *Process) startTunnelServer(id *auth.Identity, networking proxy.NetworkingGetter) (*reversetunnel.Server, string, error) {
-	ln, err := p.listen(ListenerTunnel, p.cfg.TunnelAddr)
+	raw, err := p.listen(ListenerTunnel, p.cfg.TunnelAddr)
+	if err != nil {
+		return nil, "", trace.Wrap(err)
+	}
+	// No per-address cap on what is open (a site of nodes behind one NAT
+	// holds its tunnels and a data connection per session from one
+	// address); what an address holds unauthenticated is capped by the
+	// handshake caps, and the rate spent only by connections that never
+	// authenticate. The tunnel port speaks SSH: a refused agent reads why.
+	ln, _, err := p.capListener(ListenerTunnel, raw, listenerCaps{perIP: -1, sshRefusal: true, withRate: true, handshakes: true})
 	if err != nil {
 		return nil, "", trace.Wrap(err)
 	}
@@ -71,10 +80,12 @@ func (p *Process) startTunnelServer(id *auth.Identity, networking proxy.Networki
 		Logger:     p.log.WithField("component", "reversetunnel:server"),
 		Metrics:    p.registry,
 		DialAuth:   p.dialAuthAPI,
-		KeepAlive:  tunnelKeepAlive(networking),
-		Proxies:    p.announcedProxies,
-		Self:       reversetunnel.AnnouncedProxy{UUID: p.hostUUID, TunnelAddr: advertisedAddr(ln.Addr())},
-		Leaves:     leaves,
+		// Zero: reversetunnel.DefaultHandshakeTimeout.
+		HandshakeTimeout: p.cfg.Limits.HandshakeTimeout,
+		KeepAlive:        tunnelKeepAlive(networking),
+		Proxies:          p.announcedProxies,
+		Self:             reversetunnel.AnnouncedProxy{UUID: p.hostUUID, TunnelAddr: advertisedAddr(ln.Addr())},
+		Leaves:           leaves,
 	})
 	if err != nil {
 		ln.Close()

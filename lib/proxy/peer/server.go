@@ -15,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/limiter"
 	"github.com/postern-dev/postern/lib/utils"
 )
 
@@ -205,6 +206,7 @@ func (s *Server) handleConn(nc net.Conn) {
 		return
 	}
 	_ = nc.SetDeadline(time.Time{})
+	limiter.HandshakeDone(nc)
 	peerID := peerCN(tc.ConnectionState())
 	sess, err := yamux.Server(&coalescingConn{Conn: tc}, yamuxConfig())
 	if err != nil {
