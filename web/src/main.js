@@ -415,18 +415,53 @@ function openTerminal(target) {
     // resume; queued holds keystrokes typed while no socket was open.
     inputSent: null, sent: [], sentBase: 0, queued: [], refused: 0,
     ended: false, grace: 0, detachedAt: 0, retry: 250, triedFresh: false, lastPong: 0,
+    // replayEnd: output below this offset is a replay (Session.replay);
+    // muted counts replay writes xterm has not parsed yet; dropped counts
+    // the answer bytes not sent (for tests: posternTerminalDropped).
+    replayEnd: 0, muted: 0, dropped: 0,
   };
   term = t;
   window.posternTerminal = xterm; // for e2e tests and debugging
   window.posternSerialize = () => serialize.serialize();
+  window.posternTerminalDropped = () => t.dropped;
   connect(t);
 
-  xterm.onData((d) => sendInput(t, enc.encode(d)));
+  // Replayed output must never produce input: the queries in it (device
+  // attributes, cursor position, colours) were answered when they were
+  // live, and answered again the answers would reach the shell as typed
+  // text ("1RR0;276;0c..."). While a replay is being parsed (t.muted > 0:
+  // writes whose callback has not run) only the user's own input goes
+  // out. xterm tells the two apart internally: coreService fires
+  // onUserInput right before onData for keys, pastes and mouse reports,
+  // never for a query's answer; without that hook (another xterm build)
+  // everything during a replay is dropped, a few ms of typing at most.
+  let userInput = false;
+  const core = xterm._core && xterm._core.coreService;
+  if (core && typeof core.onUserInput === 'function') {
+    core.onUserInput(() => { userInput = true; });
+    container.dataset.replayFilter = 'answers';
+  } else {
+    container.dataset.replayFilter = 'all';
+  }
+  xterm.onData((d) => {
+    const user = userInput;
+    userInput = false;
+    if (t.muted > 0 && !user) { t.dropped += d.length; return; }
+    sendInput(t, enc.encode(d));
+  });
   xterm.onBinary((d) => sendInput(t, Uint8Array.from(d, (c) => c.charCodeAt(0))));
   xterm.onResize(({ cols, rows }) => send(t, 'w', JSON.stringify({ cols, rows })));
   // Follow the window: refit whenever the container changes size.
   t.observer = new ResizeObserver(() => { try { fit.fit(); } catch { /* hidden */ } });
   t.observer.observe(container);
+}
+
+// writeReplay hands xterm replayed output with its answers muted until
+// xterm has parsed it (the write callback): writes are parsed in order, so
+// live output written after it is answered again.
+function writeReplay(t, data) {
+  t.muted++;
+  t.xterm.write(data, () => { t.muted--; });
 }
 
 function send(t, type, payload) {
@@ -469,6 +504,7 @@ function sendInput(t, bytes) {
 // onSession reconciles input after a (re)attach: bytes the server did not
 // get are sent again, then what was queued.
 function onSession(t, info) {
+  t.replayEnd = info.replay || 0;
   t.id = info.id;
   t.resume = info.resume;
   t.grace = info.grace_seconds || 0;
@@ -555,14 +591,20 @@ function connect(t) {
         // Frames are contiguous; an overlap (never expected) is cut.
         if (seq < t.received) body = body.subarray(Math.min(body.length, t.received - seq));
         t.received = Math.max(t.received, seq + payload.length - 8);
-        xterm.write(body);
+        const start = t.received - body.length;
+        if (start < t.replayEnd) {
+          const cut = Math.min(body.length, t.replayEnd - start);
+          writeReplay(t, body.subarray(0, cut));
+          body = body.subarray(cut);
+        }
+        if (body.length) xterm.write(body);
         if (!ackTimer) ackTimer = setTimeout(ack, 100);
         break;
       }
       case 'R': {
         if (payload.length < 8) break;
         xterm.reset();
-        xterm.write(payload.subarray(8));
+        writeReplay(t, payload.subarray(8));
         t.received = Number(view.getBigUint64(0));
         break;
       }
@@ -635,6 +677,7 @@ function closeTerminal(end = false) {
   if (end || !t.resume) sessionStorage.removeItem(t.key);
   t.xterm.dispose();
   window.posternTerminal = null;
+  window.posternTerminalDropped = null;
   window.posternSerialize = null;
 }
 

@@ -43,6 +43,9 @@
 //     alternate screen, cursor and modes) after which the client resets
 //     its terminal, writes the repaint and continues from that offset, and
 //     a FrameNotice saying what scrolled away.
+//   - On a resume, Session.Replay marks where the replayed output ends;
+//     the client must not answer the terminal queries in output below it
+//     (nor in a FrameRepaint), and answers those from Replay on.
 //   - Browser FrameData stays raw; the server counts the input bytes it
 //     passed to the shell, and Session.Input tells a resuming client where
 //     to continue: it sends the bytes beyond Input that it still holds and
@@ -129,6 +132,16 @@ type Session struct {
 	// GraceSeconds is how long the terminal waits for a resume after its
 	// socket goes away.
 	GraceSeconds int64 `json:"grace_seconds"`
+	// Replay is, on a resume, the offset where the output replayed for
+	// this attach ends: the bytes below it were sent to an earlier socket
+	// or printed while none was attached, and the client writes them with
+	// its terminal's answers to queries (device attributes, cursor
+	// position, colours) dropped. Those queries were answered when they
+	// were live, or nobody was there to answer them; answered again now
+	// they would reach the shell as typed input. Output from Replay on is
+	// live. Zero on a new terminal's first attach: the shell's start-up
+	// output is live (a shell may wait for an answer).
+	Replay uint64 `json:"replay,omitempty"`
 }
 
 // MaxFrameSize bounds one websocket message. Keystrokes and pastes are
