@@ -1,10 +1,11 @@
 // Postern's browser UI: log in, list the nodes this user may reach, open a
 // terminal at its own URL (/web/cluster/C/node/UUID/LOGIN) that survives a
 // reload or a network blip by resuming the same shell (lib/api/webterm's
-// package doc is the protocol). The session token lives in sessionStorage (gone when the tab
-// closes) and travels only in the Authorization header and as the first
-// websocket message, never in a URL. The session cookie is HttpOnly: this
-// script never sees it.
+// package doc is the protocol). The session token lives in sessionStorage
+// (gone when the tab closes) and travels only in the Authorization header
+// and as the first websocket message, never in a URL; a new tab gets it
+// from POST /webapi/sessions/token (adoptBrowserSession). The session
+// cookies are HttpOnly: this script never sees them.
 import { Terminal } from '@xterm/xterm';
 import { FitAddon } from '@xterm/addon-fit';
 import { SerializeAddon } from '@xterm/addon-serialize';
@@ -906,4 +907,20 @@ $('nav-recordings').addEventListener('click', () => navigate('/web/recordings'))
 
 // ---- start ---------------------------------------------------------------
 
-api('GET', '/webapi/ping').then((p) => { clusterName = p.cluster_name || ''; }).catch(() => {}).finally(() => route());
+// adoptBrowserSession gives a tab without a token (a new tab, a deep
+// link opened in one) the browser's web session: the server derives its
+// token from the HttpOnly cookie, for same-origin calls only. A second
+// login would be a second session (it no longer ends the first tab's, but
+// it is one login too many).
+async function adoptBrowserSession() {
+  try {
+    const r = await api('POST', '/webapi/sessions/token');
+    token = r.token;
+    sessionStorage.setItem(TOKEN_KEY, token);
+    sessionStorage.setItem(USER_KEY, r.user);
+  } catch { /* no live session in this browser: the login form */ }
+}
+
+api('GET', '/webapi/ping').then((p) => { clusterName = p.cluster_name || ''; }).catch(() => {})
+  .then(() => (token ? null : adoptBrowserSession()))
+  .finally(() => route());
