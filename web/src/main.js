@@ -539,10 +539,31 @@ function onSession(t, info) {
   }
 }
 
+// BARE_TERRITORY: the usual territory of a language the browser names
+// without one, where it is not the language's own code upper-cased.
+const BARE_TERRITORY = { en: 'US', ja: 'JP', zh: 'CN', ko: 'KR', uk: 'UA', cs: 'CZ', da: 'DK', el: 'GR', he: 'IL', sv: 'SE', nb: 'NO', sl: 'SI', et: 'EE', ar: 'EG', hi: 'IN', vi: 'VN', fa: 'IR' };
+
+// browserLocale maps the browser's language (BCP 47: en-US, zh-Hans-CN,
+// de) to a POSIX locale name (en_US.UTF-8), the shell's LANG. The node
+// uses its own default when it does not have that locale; '' sends none.
+function browserLocale() {
+  for (const tag of navigator.languages && navigator.languages.length ? navigator.languages : [navigator.language]) {
+    const parts = String(tag || '').split('-');
+    const lang = (parts[0] || '').toLowerCase();
+    if (!/^[a-z]{2,3}$/.test(lang)) continue;
+    const region = parts.slice(1).find((p) => /^[A-Za-z]{2}$/.test(p));
+    const terr = region ? region.toUpperCase() : (BARE_TERRITORY[lang] || lang.toUpperCase());
+    return `${lang}_${terr}.UTF-8`;
+  }
+  return '';
+}
+
 function connect(t) {
   const { target, xterm } = t;
   const cluster = target.cluster === clusterName ? '' : target.cluster;
   const params = { host: target.uuid, login: target.login, cols: xterm.cols, rows: xterm.rows, cluster };
+  const lang = browserLocale();
+  if (lang) params.lang = lang;
   const url = `wss://${location.host}/webapi/terminal?params=${encodeURIComponent(JSON.stringify(params))}`;
   const ws = new WebSocket(url, SUBPROTOCOL);
   ws.binaryType = 'arraybuffer';

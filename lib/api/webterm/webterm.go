@@ -217,6 +217,31 @@ type TerminalParams struct {
 	Cols    int    `json:"cols"`
 	Rows    int    `json:"rows"`
 	Cluster string `json:"cluster"`
+	// Lang is the browser's locale as a POSIX locale name
+	// (en_US.UTF-8), sent to the node as LANG; empty sends none (the
+	// node's default applies).
+	Lang string `json:"lang,omitempty"`
+}
+
+// maxLang bounds TerminalParams.Lang; real names are under 30 bytes.
+const maxLang = 64
+
+// checkLang accepts a locale name's charset only: letters, digits and
+// _.@+- (no path, no shell syntax). Whether the node has the locale is
+// the node's to decide.
+func checkLang(v string) error {
+	if len(v) > maxLang {
+		return trace.BadParameter("invalid terminal params: lang longer than %d bytes", maxLang)
+	}
+	for _, r := range v {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
+		case r == '_', r == '.', r == '@', r == '+', r == '-':
+		default:
+			return trace.BadParameter("invalid terminal params: lang %q is not a locale name (letters, digits and _.@+-)", v)
+		}
+	}
+	return nil
 }
 
 // maxParams bounds the params JSON (it travels in the URL).
@@ -238,6 +263,9 @@ func DecodeTerminalParams(s string) (*TerminalParams, error) {
 		return nil, trace.BadParameter("invalid terminal params: missing login")
 	}
 	if err := (TermSize{Cols: p.Cols, Rows: p.Rows}).Check(); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if err := checkLang(p.Lang); err != nil {
 		return nil, trace.Wrap(err)
 	}
 	return &p, nil
