@@ -719,11 +719,9 @@ async function main() {
     await step(page, 'the recordings page lists the session, complete', async () => {
       // From the front page: logging in at the old terminal's URL would
       // open a new terminal there.
+      // The login above (relogin) left a live session in this browser:
+      // the reloaded tab adopts it instead of asking for a login.
       await page.goto(`${base}/`);
-      await page.locator('#view-login').waitFor({ state: 'visible' });
-      await page.fill('#login-user', user);
-      await page.fill('#login-password', password);
-      await page.click('#login-submit');
       await page.locator('#view-nodes').waitFor({ state: 'visible' });
       // The node uploads the final chunk within a second or so of the end.
       recA = await waitFor('a complete recording that ends on REC-END-42', async () => {
@@ -801,13 +799,9 @@ async function main() {
       bigPage = await context.newPage();
       bigPage.on('console', onConsole);
       const page = bigPage;
+      // A new tab of the logged-in browser adopts its session: no login.
       await page.goto(`${base}/`);
-      // With no token the app shows the login form, and clears the session
-      // storage first (after its ping returns): hand over the token only
-      // once that has happened, or the app erases it.
-      await page.locator('#view-login').waitFor({ state: 'visible' });
-      await page.evaluate(([t, u]) => { sessionStorage.setItem('postern.token', t); sessionStorage.setItem('postern.user', u); },
-        [await context.pages()[0].evaluate(() => sessionStorage.getItem('postern.token')), user]);
+      await page.locator('#view-nodes').waitFor({ state: 'visible' });
       bigRenderers = new Set([...rendererPids()].filter((p) => !before.has(p)));
       const o0 = Date.now();
       await page.goto(`${base}/web/recordings/${big}`);

@@ -61,6 +61,7 @@ func RunSession(ctx context.Context, clt *ssh.Client, cfg SessionConfig) error {
 			return trace.Wrap(err, "agent forwarding refused")
 		}
 	}
+	sendLocaleEnv(sess, os.Environ())
 	stdinTerm := cfg.Stdin != nil && term.IsTerminal(int(cfg.Stdin.Fd()))
 	wantTTY := len(cfg.Command) == 0 && stdinTerm
 	if cfg.TTY != nil {

@@ -102,6 +102,9 @@ type Config struct {
 	// Recorder records pty sessions (recording.go). Nil means sessions
 	// are not recorded (proxy mode, and tests that do not ask).
 	Recorder *Recorder
+	// Locale decides sessions' LANG and LC_* (locale.go); the zero value
+	// uses the system's default locale and its installed ones.
+	Locale LocaleConfig
 }
 
 // Limiter is the part of lib/limiter the server uses. A refusal is a
@@ -137,6 +140,9 @@ func (c *Config) CheckAndSetDefaults() error {
 	}
 	if c.Clock == nil {
 		c.Clock = clockwork.NewRealClock()
+	}
+	if err := c.Locale.checkAndSetDefaults(); err != nil {
+		return trace.Wrap(err)
 	}
 	if c.Component == "" {
 		c.Component = "node"

@@ -163,6 +163,14 @@ func (s *session) handleEnv(req *ssh.Request) {
 		reply(req, false)
 		return
 	}
+	if isLocaleVar(e.Name) {
+		if why := checkLocaleEnv(s.c.cfg.Locale, e.Name, e.Value); why != "" {
+			// The node's default locale applies instead (buildEnv).
+			s.log.WithFields(logrus.Fields{"name": e.Name, "value": e.Value, "reason": why}).Info("Ignored a locale env request.")
+			reply(req, false)
+			return
+		}
+	}
 	s.mu.Lock()
 	s.env = append(s.env, e.Name+"="+e.Value)
 	s.mu.Unlock()
@@ -336,6 +344,7 @@ func (s *session) buildEnv(login *Login, ptyReq *ptyRequest) ([]string, error) {
 	s.mu.Lock()
 	env := append([]string(nil), s.env...)
 	s.mu.Unlock()
+	env = withDefaultLocale(env, s.c.cfg.Locale.Default)
 	node := s.c.auth.node
 	env = append(env,
 		"HOME="+login.Home,

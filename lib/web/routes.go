@@ -216,6 +216,7 @@ func (s *Server) registerWebRoutes(mux *http.ServeMux) error {
 	}
 	mux.HandleFunc("POST /webapi/sessions", s.createSession)
 	mux.HandleFunc("DELETE /webapi/sessions", s.requireSession(s.deleteSession))
+	mux.HandleFunc("POST /webapi/sessions/token", s.sessionTokenForTab)
 	mux.HandleFunc("GET /webapi/nodes", s.requireSession(s.listNodes))
 	mux.HandleFunc("GET /webapi/clusters", s.requireSession(s.listClusters))
 	mux.HandleFunc("GET /webapi/terminal", s.terminal)

@@ -2,6 +2,7 @@ package web
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
@@ -17,13 +18,25 @@ import (
 // The middleware of web sessions: every session call is checked here
 // (cookie plus bearer token, expiry, locks) before its handler runs.
 
-// A web session is two secrets: the session id travels in the
-// `__Host-session` cookie (HttpOnly, so page scripts cannot read it) and
-// the bearer token travels in the Authorization header (which a
-// cross-site page cannot set). A request needs both, which is the CSRF
+// A web session is the session id in an HttpOnly cookie (page scripts
+// cannot read it) plus the bearer token in the Authorization header (which
+// a cross-site page cannot set). A request needs both, which is the CSRF
 // defence of every API call: a forged form or image carries the cookie but
 // never the header, and a script that stole the token from the page has no
 // cookie on another origin.
+//
+// One browser, many tabs. The token is derived from the session id
+// (sessionTokenFor), so a new tab of the same browser, which has the
+// cookie but not the token (the token lives in the tab's sessionStorage),
+// gets it back from POST /webapi/sessions/token (sessiontab.go): a
+// same-origin call that a cross-site page can neither make with the
+// cookie (SameSite=Strict, Sec-Fetch-Site) nor read the answer of (no
+// CORS). A deep link opened in a new tab needs no second login. And a
+// login never ends another tab's session: every session has a cookie of
+// its own, named for its token (sessionCookieFor), so a second login adds
+// a cookie instead of replacing the first tab's. The plain cookie
+// (SessionCookieName) is set too, for the latest login: it is what a new
+// tab adopts, and what non-browser clients (psh, tests) send.
 //
 // The backend keeps only hashes of both (a leaked backend dump does not
 // log anybody in) and the expiries. The private key and the user
@@ -31,10 +44,43 @@ import (
 // backend or the browser. Another proxy, or this one after a restart,
 // serves the same session with a key of its own (sessionshared.go).
 
-// SessionCookieName is the cookie of a web session. The __Host- prefix
-// makes the browser refuse it unless it is Secure, Path=/ and without a
-// Domain, so a sibling subdomain cannot plant or read it.
+// SessionCookieName is the cookie of the browser's latest web session;
+// each session also has its own, SessionCookieName + "-" + a tag of its
+// token. The __Host- prefix makes the browser refuse them unless they are
+// Secure, Path=/ and without a Domain, so a sibling subdomain cannot
+// plant or read them.
 const SessionCookieName = "__Host-session"
+
+// sessionCookieFor names the cookie of the session whose bearer token is
+// token: 64 bits of the token's hash, enough to keep a browser's few
+// sessions apart, and nothing an attacker could use (the hash is one-way
+// and the name is sent only with the cookie itself).
+func sessionCookieFor(token string) string {
+	return SessionCookieName + "-" + hex.EncodeToString(hashSecret(token)[:8])
+}
+
+// sessionTokenFor derives a session's bearer token from its id. An HMAC
+// keyed by the 256-bit id: whoever holds the cookie can compute the token
+// (the server, for a new tab of the same browser), and nobody can get the
+// cookie back from the token.
+func sessionTokenFor(sid string) string {
+	m := hmac.New(sha256.New, []byte(sid))
+	m.Write([]byte("postern web session bearer token"))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// sessionCookie is the session id the request carries for token: the
+// session's own cookie, else the plain one (a session created before
+// per-session cookies existed, or a non-browser client).
+func sessionCookie(r *http.Request, token string) string {
+	if c, err := r.Cookie(sessionCookieFor(token)); err == nil && c.Value != "" {
+		return c.Value
+	}
+	if c, err := r.Cookie(SessionCookieName); err == nil {
+		return c.Value
+	}
+	return ""
+}
 
 // Defaults of the web session lifetimes.
 const (
@@ -73,14 +119,22 @@ func bearerToken(r *http.Request) string {
 	return ""
 }
 
-// authenticate checks the cookie and the token against the store and
-// returns the live session, recording activity.
+// authenticate checks the token and the session cookie that goes with it
+// (sessionCookie) against the store.
 func (s *Server) authenticate(ctx context.Context, r *http.Request, token string) (*liveSession, error) {
-	cookie, err := r.Cookie(SessionCookieName)
-	if err != nil || cookie.Value == "" || token == "" {
+	if token == "" {
 		return nil, errNoSession
 	}
-	key := hex.EncodeToString(hashSecret(cookie.Value))
+	return s.checkSession(ctx, sessionCookie(r, token), token)
+}
+
+// checkSession checks a session id and token against the store and
+// returns the live session, recording activity.
+func (s *Server) checkSession(ctx context.Context, sid, token string) (*liveSession, error) {
+	if sid == "" || token == "" {
+		return nil, errNoSession
+	}
+	key := hex.EncodeToString(hashSecret(sid))
 	cfg := s.cfg.WebSessions
 	rec, err := cfg.Store.GetSession(ctx, key)
 	if err != nil {
@@ -111,7 +165,7 @@ func (s *Server) authenticate(ctx context.Context, r *http.Request, token string
 		if cfg.Certs == nil {
 			return nil, errNoSession
 		}
-		live, err = s.adoptSession(ctx, key, cookie.Value, token, rec)
+		live, err = s.adoptSession(ctx, key, sid, token, rec)
 		if err != nil {
 			if trace.IsAccessDenied(err) {
 				return nil, errNoSession

@@ -87,11 +87,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		internalError(w, log, "Web login: could not make a session id.", err)
 		return
 	}
-	token, err := randomHex()
-	if err != nil {
-		internalError(w, log, "Web login: could not make a bearer token.", err)
-		return
-	}
+	token := sessionTokenFor(sid)
 	key := hex.EncodeToString(hashSecret(sid))
 	// One auth call checks the password and OTP (under auth's per-user and
 	// per-address failure limits, shared with psh's login) and certifies
@@ -132,25 +128,40 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	}
 	live.ctx, live.cancel = context.WithCancelCause(s.web.ctx)
 	s.web.sessions.add(live)
-	http.SetCookie(w, &http.Cookie{
-		Name:     SessionCookieName,
-		Value:    sid,
-		Path:     "/",
-		Expires:  expires,
-		HttpOnly: true,
-		Secure:   true,
-		SameSite: http.SameSiteStrictMode,
-	})
+	// The plain cookie names the browser's latest login (a new tab adopts
+	// it); the session's own cookie keeps this session working in its tab
+	// after another tab logs in (sessionauth.go).
+	setSessionCookie(w, SessionCookieName, sid, expires)
+	setSessionCookie(w, sessionCookieFor(token), sid, expires)
 	log.Info("Web session created.")
 	writeJSON(w, http.StatusOK, webapi.CreateSessionResponse{Token: token, Expires: expires.UTC(), User: resp.Username})
 }
 
 // deleteSession serves DELETE /webapi/sessions: the record goes, every
-// terminal opened with the session on this proxy ends, and the cookie is
-// cleared.
+// terminal opened with the session on this proxy ends, and its cookies
+// are cleared.
 func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request, live *liveSession) {
 	s.endSession(r.Context(), live.key)
-	http.SetCookie(w, &http.Cookie{Name: SessionCookieName, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, Secure: true, SameSite: http.SameSiteStrictMode})
+	clearSessionCookie(w, sessionCookieFor(bearerToken(r)))
+	// The plain cookie only when it is this session's: it may name a
+	// later login of another tab, which goes on.
+	if c, err := r.Cookie(SessionCookieName); err == nil && hex.EncodeToString(hashSecret(c.Value)) == live.key {
+		clearSessionCookie(w, SessionCookieName)
+	}
 	s.cfg.Logger.WithField("user", live.user).Info("Web session deleted.")
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// setSessionCookie sets a session cookie: HttpOnly (no page script reads
+// it), Secure with the __Host- prefix, and SameSite=Strict (no cross-site
+// request carries it).
+func setSessionCookie(w http.ResponseWriter, name, sid string, expires time.Time) {
+	http.SetCookie(w, &http.Cookie{
+		Name: name, Value: sid, Path: "/", Expires: expires,
+		HttpOnly: true, Secure: true, SameSite: http.SameSiteStrictMode,
+	})
+}
+
+func clearSessionCookie(w http.ResponseWriter, name string) {
+	http.SetCookie(w, &http.Cookie{Name: name, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, Secure: true, SameSite: http.SameSiteStrictMode})
 }

@@ -41,6 +41,7 @@ type testNode struct {
 	ln       net.Listener
 	started  chan struct{} // one value per shell started
 	signals  chan string   // one value per signal request
+	envs     chan string   // NAME=VALUE per env request (while room)
 	ended    chan struct{} // one value per session channel closed
 	mu       sync.Mutex    // guards conns
 	conns    map[ssh.Conn]struct{}
@@ -81,7 +82,7 @@ func newTestNode(t *testing.T, as *auth.Server, uuid, hostname string) *testNode
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	n := &testNode{ln: ln, started: make(chan struct{}, 16), signals: make(chan string, 16), ended: make(chan struct{}, 16), conns: map[ssh.Conn]struct{}{}}
+	n := &testNode{ln: ln, started: make(chan struct{}, 16), signals: make(chan string, 16), envs: make(chan string, 16), ended: make(chan struct{}, 16), conns: map[ssh.Conn]struct{}{}}
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
@@ -157,6 +158,15 @@ func (n *testNode) session(ch ssh.Channel, reqs <-chan *ssh.Request) {
 	for req := range reqs {
 		switch req.Type {
 		case "pty-req":
+			req.Reply(true, nil)
+		case "env":
+			var kv struct{ Name, Value string }
+			if ssh.Unmarshal(req.Payload, &kv) == nil {
+				select {
+				case n.envs <- kv.Name + "=" + kv.Value:
+				default:
+				}
+			}
 			req.Reply(true, nil)
 		case "window-change":
 			if len(req.Payload) >= 8 {

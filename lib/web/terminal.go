@@ -282,6 +282,9 @@ type term struct {
 	grace clockwork.Timer
 	input uint64
 	end   *sessionEnd
+	// attached: a socket was attached before, so the next attach is a
+	// resume and its replay is marked (webterm.Session.Replay).
+	attached bool
 }
 
 // Write takes the shell's output (stdout and stderr): into the history
@@ -404,6 +407,8 @@ func (t *term) attach(sock *termSocket, ack uint64) error {
 	}
 	old := t.att
 	t.att = sock
+	resumed := t.attached
+	t.attached = true
 	if t.grace != nil {
 		t.grace.Stop()
 		t.grace = nil
@@ -418,6 +423,9 @@ func (t *term) attach(sock *termSocket, ack uint64) error {
 	replay, start, exact := t.hist.since(ack)
 	var repaint []byte
 	lost := uint64(0)
+	if resumed {
+		info.Replay = t.hist.end()
+	}
 	if exact {
 		info.Seq = ack
 	} else if sock.sequenced {

@@ -376,3 +376,45 @@ func TestTerminalsListResumeEnd(t *testing.T) {
 	_, body = e.do(t, http.MethodGet, "/webapi/terminals", "", ws, nil)
 	require.JSONEq(t, `{"items":[]}`, string(body))
 }
+
+// TestTerminalResumeMarksReplay: a new terminal's first attach marks no
+// replay (the shell's start-up output is live: it may wait for a
+// terminal's answer), and a resume marks where the replayed output ends,
+// both for a page that reloaded (ack 0) and for one that kept part of it;
+// live output continues from that mark.
+func TestTerminalResumeMarksReplay(t *testing.T) {
+	e := newTermEnv(t)
+	ctx := testCtx(t)
+	ws := e.login(t)
+
+	a := e.openSeq(t, ctx, ws, "", 0)
+	a.ok(t, ctx)
+	a.readUntil(t, ctx, "prompt$ ")
+	require.Zero(t, a.session.Replay, "a new terminal's output is live")
+	rendered := a.off
+	a.send(t, ctx, "one")
+	a.readUntil(t, ctx, "prompt$ one")
+	end := a.off
+	a.c.CloseNow()
+	require.Eventually(t, func() bool { return e.detached(a.session.ID) }, testTimeout, 10*time.Millisecond)
+
+	// A reloaded page: everything is replayed, all of it marked.
+	b := e.openSeq(t, ctx, ws, a.session.Resume, 0)
+	b.ok(t, ctx)
+	b.readUntil(t, ctx, "prompt$ one")
+	require.Equal(t, end, b.session.Replay, "the replay ends where the output did")
+	require.Equal(t, end, b.off)
+	b.send(t, ctx, "two")
+	b.readUntil(t, ctx, "onetwo")
+	require.Greater(t, b.off, b.session.Replay, "live output follows the mark")
+	end = b.off
+	b.c.CloseNow()
+	require.Eventually(t, func() bool { return e.detached(a.session.ID) }, testTimeout, 10*time.Millisecond)
+
+	// A page that kept the prompt: the rest is replayed and marked.
+	c := e.openSeq(t, ctx, ws, b.session.Resume, rendered)
+	c.ok(t, ctx)
+	c.readUntil(t, ctx, "onetwo")
+	require.Equal(t, end, c.session.Replay)
+	require.Equal(t, "onetwo", c.out.String())
+}

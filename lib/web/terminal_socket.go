@@ -200,6 +200,12 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) 
 		client.Close()
 		return nil, nil, nil, trace.ConnectionProblem(err, "pty request on node %q refused: %v", node.Hostname, err)
 	}
+	if p.Lang != "" {
+		// The browser's locale, as psh sends the user's: the node sets it
+		// when it has it installed, else uses its default. No reply is
+		// awaited (OpenSSH's SendEnv does not either).
+		_, _ = sess.SendRequest("env", false, ssh.Marshal(struct{ Name, Value string }{"LANG", p.Lang}))
+	}
 	if err := sess.Shell(); err != nil {
 		client.Close()
 		return nil, nil, nil, trace.ConnectionProblem(err, "shell on node %q refused: %v", node.Hostname, err)

@@ -413,3 +413,32 @@ func TestTerminalEndsAtSessionExpiry(t *testing.T) {
 	requireClosed(t, ctx, c, closeError, "expired")
 	<-e.node.ended
 }
+
+// TestTerminalSendsBrowserLocale: the browser's locale in the params
+// reaches the node as LANG (the node decides whether it has it); none is
+// sent without one, and a value that is not a locale name refuses the
+// params.
+func TestTerminalSendsBrowserLocale(t *testing.T) {
+	e := newTermEnv(t)
+	ws := e.login(t)
+	ctx := testCtx(t)
+
+	p := defaultParams()
+	p.Lang = "ja_JP.UTF-8"
+	c := e.dialTerminal(t, ctx, ws, p)
+	openTerminal(t, ctx, c, ws.token)
+	readUntil(t, ctx, c, FrameData, "prompt$ ")
+	require.Equal(t, "LANG=ja_JP.UTF-8", <-e.node.envs)
+	c.CloseNow()
+
+	c = e.dialTerminal(t, ctx, ws, defaultParams())
+	openTerminal(t, ctx, c, ws.token)
+	readUntil(t, ctx, c, FrameData, "prompt$ ")
+	require.Empty(t, e.node.envs, "no locale, no env request")
+	c.CloseNow()
+
+	for _, bad := range []string{"en_US.UTF-8; reboot", "../../etc/x", strings.Repeat("a", 65)} {
+		_, err := DecodeTerminalParams(fmt.Sprintf(`{"host":"n","login":"l","cols":80,"rows":24,"lang":%q}`, bad))
+		require.ErrorContains(t, err, "lang", bad)
+	}
+}

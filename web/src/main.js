@@ -1,10 +1,11 @@
 // Postern's browser UI: log in, list the nodes this user may reach, open a
 // terminal at its own URL (/web/cluster/C/node/UUID/LOGIN) that survives a
 // reload or a network blip by resuming the same shell (lib/api/webterm's
-// package doc is the protocol). The session token lives in sessionStorage (gone when the tab
-// closes) and travels only in the Authorization header and as the first
-// websocket message, never in a URL. The session cookie is HttpOnly: this
-// script never sees it.
+// package doc is the protocol). The session token lives in sessionStorage
+// (gone when the tab closes) and travels only in the Authorization header
+// and as the first websocket message, never in a URL; a new tab gets it
+// from POST /webapi/sessions/token (adoptBrowserSession). The session
+// cookies are HttpOnly: this script never sees them.
 import { Terminal } from '@xterm/xterm';
 import { FitAddon } from '@xterm/addon-fit';
 import { SerializeAddon } from '@xterm/addon-serialize';
@@ -415,18 +416,53 @@ function openTerminal(target) {
     // resume; queued holds keystrokes typed while no socket was open.
     inputSent: null, sent: [], sentBase: 0, queued: [], refused: 0,
     ended: false, grace: 0, detachedAt: 0, retry: 250, triedFresh: false, lastPong: 0,
+    // replayEnd: output below this offset is a replay (Session.replay);
+    // muted counts replay writes xterm has not parsed yet; dropped counts
+    // the answer bytes not sent (for tests: posternTerminalDropped).
+    replayEnd: 0, muted: 0, dropped: 0,
   };
   term = t;
   window.posternTerminal = xterm; // for e2e tests and debugging
   window.posternSerialize = () => serialize.serialize();
+  window.posternTerminalDropped = () => t.dropped;
   connect(t);
 
-  xterm.onData((d) => sendInput(t, enc.encode(d)));
+  // Replayed output must never produce input: the queries in it (device
+  // attributes, cursor position, colours) were answered when they were
+  // live, and answered again the answers would reach the shell as typed
+  // text ("1RR0;276;0c..."). While a replay is being parsed (t.muted > 0:
+  // writes whose callback has not run) only the user's own input goes
+  // out. xterm tells the two apart internally: coreService fires
+  // onUserInput right before onData for keys, pastes and mouse reports,
+  // never for a query's answer; without that hook (another xterm build)
+  // everything during a replay is dropped, a few ms of typing at most.
+  let userInput = false;
+  const core = xterm._core && xterm._core.coreService;
+  if (core && typeof core.onUserInput === 'function') {
+    core.onUserInput(() => { userInput = true; });
+    container.dataset.replayFilter = 'answers';
+  } else {
+    container.dataset.replayFilter = 'all';
+  }
+  xterm.onData((d) => {
+    const user = userInput;
+    userInput = false;
+    if (t.muted > 0 && !user) { t.dropped += d.length; return; }
+    sendInput(t, enc.encode(d));
+  });
   xterm.onBinary((d) => sendInput(t, Uint8Array.from(d, (c) => c.charCodeAt(0))));
   xterm.onResize(({ cols, rows }) => send(t, 'w', JSON.stringify({ cols, rows })));
   // Follow the window: refit whenever the container changes size.
   t.observer = new ResizeObserver(() => { try { fit.fit(); } catch { /* hidden */ } });
   t.observer.observe(container);
+}
+
+// writeReplay hands xterm replayed output with its answers muted until
+// xterm has parsed it (the write callback): writes are parsed in order, so
+// live output written after it is answered again.
+function writeReplay(t, data) {
+  t.muted++;
+  t.xterm.write(data, () => { t.muted--; });
 }
 
 function send(t, type, payload) {
@@ -469,6 +505,7 @@ function sendInput(t, bytes) {
 // onSession reconciles input after a (re)attach: bytes the server did not
 // get are sent again, then what was queued.
 function onSession(t, info) {
+  t.replayEnd = info.replay || 0;
   t.id = info.id;
   t.resume = info.resume;
   t.grace = info.grace_seconds || 0;
@@ -502,10 +539,31 @@ function onSession(t, info) {
   }
 }
 
+// BARE_TERRITORY: the usual territory of a language the browser names
+// without one, where it is not the language's own code upper-cased.
+const BARE_TERRITORY = { en: 'US', ja: 'JP', zh: 'CN', ko: 'KR', uk: 'UA', cs: 'CZ', da: 'DK', el: 'GR', he: 'IL', sv: 'SE', nb: 'NO', sl: 'SI', et: 'EE', ar: 'EG', hi: 'IN', vi: 'VN', fa: 'IR' };
+
+// browserLocale maps the browser's language (BCP 47: en-US, zh-Hans-CN,
+// de) to a POSIX locale name (en_US.UTF-8), the shell's LANG. The node
+// uses its own default when it does not have that locale; '' sends none.
+function browserLocale() {
+  for (const tag of navigator.languages && navigator.languages.length ? navigator.languages : [navigator.language]) {
+    const parts = String(tag || '').split('-');
+    const lang = (parts[0] || '').toLowerCase();
+    if (!/^[a-z]{2,3}$/.test(lang)) continue;
+    const region = parts.slice(1).find((p) => /^[A-Za-z]{2}$/.test(p));
+    const terr = region ? region.toUpperCase() : (BARE_TERRITORY[lang] || lang.toUpperCase());
+    return `${lang}_${terr}.UTF-8`;
+  }
+  return '';
+}
+
 function connect(t) {
   const { target, xterm } = t;
   const cluster = target.cluster === clusterName ? '' : target.cluster;
   const params = { host: target.uuid, login: target.login, cols: xterm.cols, rows: xterm.rows, cluster };
+  const lang = browserLocale();
+  if (lang) params.lang = lang;
   const url = `wss://${location.host}/webapi/terminal?params=${encodeURIComponent(JSON.stringify(params))}`;
   const ws = new WebSocket(url, SUBPROTOCOL);
   ws.binaryType = 'arraybuffer';
@@ -555,14 +613,20 @@ function connect(t) {
         // Frames are contiguous; an overlap (never expected) is cut.
         if (seq < t.received) body = body.subarray(Math.min(body.length, t.received - seq));
         t.received = Math.max(t.received, seq + payload.length - 8);
-        xterm.write(body);
+        const start = t.received - body.length;
+        if (start < t.replayEnd) {
+          const cut = Math.min(body.length, t.replayEnd - start);
+          writeReplay(t, body.subarray(0, cut));
+          body = body.subarray(cut);
+        }
+        if (body.length) xterm.write(body);
         if (!ackTimer) ackTimer = setTimeout(ack, 100);
         break;
       }
       case 'R': {
         if (payload.length < 8) break;
         xterm.reset();
-        xterm.write(payload.subarray(8));
+        writeReplay(t, payload.subarray(8));
         t.received = Number(view.getBigUint64(0));
         break;
       }
@@ -635,6 +699,7 @@ function closeTerminal(end = false) {
   if (end || !t.resume) sessionStorage.removeItem(t.key);
   t.xterm.dispose();
   window.posternTerminal = null;
+  window.posternTerminalDropped = null;
   window.posternSerialize = null;
 }
 
@@ -863,4 +928,20 @@ $('nav-recordings').addEventListener('click', () => navigate('/web/recordings'))
 
 // ---- start ---------------------------------------------------------------
 
-api('GET', '/webapi/ping').then((p) => { clusterName = p.cluster_name || ''; }).catch(() => {}).finally(() => route());
+// adoptBrowserSession gives a tab without a token (a new tab, a deep
+// link opened in one) the browser's web session: the server derives its
+// token from the HttpOnly cookie, for same-origin calls only. A second
+// login would be a second session (it no longer ends the first tab's, but
+// it is one login too many).
+async function adoptBrowserSession() {
+  try {
+    const r = await api('POST', '/webapi/sessions/token');
+    token = r.token;
+    sessionStorage.setItem(TOKEN_KEY, token);
+    sessionStorage.setItem(USER_KEY, r.user);
+  } catch { /* no live session in this browser: the login form */ }
+}
+
+api('GET', '/webapi/ping').then((p) => { clusterName = p.cluster_name || ''; }).catch(() => {})
+  .then(() => (token ? null : adoptBrowserSession()))
+  .finally(() => route());

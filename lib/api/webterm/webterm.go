@@ -43,6 +43,9 @@
 //     alternate screen, cursor and modes) after which the client resets
 //     its terminal, writes the repaint and continues from that offset, and
 //     a FrameNotice saying what scrolled away.
+//   - On a resume, Session.Replay marks where the replayed output ends;
+//     the client must not answer the terminal queries in output below it
+//     (nor in a FrameRepaint), and answers those from Replay on.
 //   - Browser FrameData stays raw; the server counts the input bytes it
 //     passed to the shell, and Session.Input tells a resuming client where
 //     to continue: it sends the bytes beyond Input that it still holds and
@@ -129,6 +132,16 @@ type Session struct {
 	// GraceSeconds is how long the terminal waits for a resume after its
 	// socket goes away.
 	GraceSeconds int64 `json:"grace_seconds"`
+	// Replay is, on a resume, the offset where the output replayed for
+	// this attach ends: the bytes below it were sent to an earlier socket
+	// or printed while none was attached, and the client writes them with
+	// its terminal's answers to queries (device attributes, cursor
+	// position, colours) dropped. Those queries were answered when they
+	// were live, or nobody was there to answer them; answered again now
+	// they would reach the shell as typed input. Output from Replay on is
+	// live. Zero on a new terminal's first attach: the shell's start-up
+	// output is live (a shell may wait for an answer).
+	Replay uint64 `json:"replay,omitempty"`
 }
 
 // MaxFrameSize bounds one websocket message. Keystrokes and pastes are
@@ -204,6 +217,31 @@ type TerminalParams struct {
 	Cols    int    `json:"cols"`
 	Rows    int    `json:"rows"`
 	Cluster string `json:"cluster"`
+	// Lang is the browser's locale as a POSIX locale name
+	// (en_US.UTF-8), sent to the node as LANG; empty sends none (the
+	// node's default applies).
+	Lang string `json:"lang,omitempty"`
+}
+
+// maxLang bounds TerminalParams.Lang; real names are under 30 bytes.
+const maxLang = 64
+
+// checkLang accepts a locale name's charset only: letters, digits and
+// _.@+- (no path, no shell syntax). Whether the node has the locale is
+// the node's to decide.
+func checkLang(v string) error {
+	if len(v) > maxLang {
+		return trace.BadParameter("invalid terminal params: lang longer than %d bytes", maxLang)
+	}
+	for _, r := range v {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
+		case r == '_', r == '.', r == '@', r == '+', r == '-':
+		default:
+			return trace.BadParameter("invalid terminal params: lang %q is not a locale name (letters, digits and _.@+-)", v)
+		}
+	}
+	return nil
 }
 
 // maxParams bounds the params JSON (it travels in the URL).
@@ -225,6 +263,9 @@ func DecodeTerminalParams(s string) (*TerminalParams, error) {
 		return nil, trace.BadParameter("invalid terminal params: missing login")
 	}
 	if err := (TermSize{Cols: p.Cols, Rows: p.Rows}).Check(); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if err := checkLang(p.Lang); err != nil {
 		return nil, trace.Wrap(err)
 	}
 	return &p, nil
