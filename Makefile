@@ -2,6 +2,7 @@
 #
 #   make run    build and start an all-in-one cluster in ./.postern-data
 #   make run-ha build and start etcd x3, auth x2, proxy x2, node x2 in ./.postern-ha
+#               (both: PORT_BASE=N moves every port, see scripts/ports.sh)
 #   make test   every test (race detector on), as CI runs it
 #
 GO        ?= go
@@ -22,14 +23,21 @@ build: web
 	@mkdir -p $(BUILD_DIR)
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BUILD_DIR)/ $(addprefix ./tool/,$(BINARIES))
 
+# run: ports PORT_BASE (default 3000: the daemon's defaults) +0 diagnostics,
+# +21 peer, +22 node, +23 proxy SSH, +24 tunnel, +25 auth, +80 web. A busy
+# port stops it with a message naming the port: `make run PORT_BASE=4000`.
+PORT_BASE ?= 3000
+
 run: build
-	@DATA_DIR="$(DATA_DIR)" BUILD_DIR="$(BUILD_DIR)" ./scripts/run.sh
+	@DATA_DIR="$(DATA_DIR)" BUILD_DIR="$(BUILD_DIR)" PORT_BASE="$(PORT_BASE)" ./scripts/run.sh
 
 # run-ha: several auth and proxy processes on one machine (scripts/run-ha.sh):
 # a three-member etcd built from etcd's Go module, two auth, two proxies,
 # two nodes (one in a network namespace with only a tunnel, when root).
+# Ports PORT_BASE+100 to PORT_BASE+799 (the script lists them), clear of
+# `make run`'s on the same base.
 run-ha: build
-	@HA_DIR="$(CURDIR)/.postern-ha" BUILD_DIR="$(BUILD_DIR)" GO="$(GO)" ./scripts/run-ha.sh
+	@HA_DIR="$(CURDIR)/.postern-ha" BUILD_DIR="$(BUILD_DIR)" GO="$(GO)" PORT_BASE="$(PORT_BASE)" ./scripts/run-ha.sh
 
 # test runs the whole suite with the race detector. Integration tests drive
 # real OpenSSH clients; .ci/run installs them.

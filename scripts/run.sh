@@ -3,6 +3,11 @@
 # embedded SQLite backend in $DATA_DIR, create a first user named after the
 # current OS user, and print how to get in. Safe to run again: an existing
 # cluster and user are reused, a running one is left alone.
+#
+# PORT_BASE (default 3000) moves every port: diagnostics PORT_BASE,
+# peer +21, node SSH +22, proxy SSH +23, tunnel +24, auth +25, web +80
+# (scripts/ports.sh). A busy port stops it with a message naming the port
+# and the knob: `make run PORT_BASE=4000`.
 set -euo pipefail
 
 DATA_DIR=${DATA_DIR:-$PWD/.postern-data}
@@ -14,18 +19,34 @@ PCTL="$BUILD_DIR/pctl"
 PSH="$BUILD_DIR/psh"
 OS_USER=$(id -un)
 PIDFILE="$DATA_DIR/postern.pid"
+# The base the running cluster was started with, for a second `make run`.
+BASEFILE="$DATA_DIR/port_base"
+LOG="$DATA_DIR/postern.log"
+
+# shellcheck source=scripts/ports.sh
+. "$(dirname "$0")/ports.sh"
 
 mkdir -p "$DATA_DIR"
 chmod 700 "$DATA_DIR"
+
+set_ports() {
+  PORT_BASE=$1
+  check_base "$PORT_BASE" "$OFF_WEB"
+  DIAG_PORT=$((PORT_BASE + OFF_DIAG)) PEER_PORT=$((PORT_BASE + OFF_PEER))
+  NODE_PORT=$((PORT_BASE + OFF_NODE)) SSH_PORT=$((PORT_BASE + OFF_SSH))
+  TUNNEL_PORT=$((PORT_BASE + OFF_TUNNEL)) AUTH_PORT=$((PORT_BASE + OFF_AUTH))
+  WEB_PORT=$((PORT_BASE + OFF_WEB))
+}
 
 instructions() {
   local password=${1:-}
   cat <<MSG
 
-Postern is running: cluster "$CLUSTER", data in $DATA_DIR
-  proxy SSH  $BIND:3023     node SSH  $BIND:3022
-  web        https://$BIND:3080/ (self-signed certificate)
-  auth API   $BIND:3025     diagnostics http://127.0.0.1:3000/healthz
+Postern is running: cluster "$CLUSTER", data in $DATA_DIR, logs in $LOG
+  proxy SSH  $BIND:$SSH_PORT     node SSH  $BIND:$NODE_PORT
+  web        https://$BIND:$WEB_PORT/ (self-signed certificate)
+  auth API   $BIND:$AUTH_PORT     diagnostics http://127.0.0.1:$DIAG_PORT/healthz
+  (PORT_BASE=$PORT_BASE)
 
 User "$OS_USER" (logins: $OS_USER)
 MSG
@@ -39,7 +60,7 @@ MSG
   cat <<MSG
 
 Ways in:
-  $PSH login --proxy $BIND:3080 --user $OS_USER --insecure
+  $PSH login --proxy $BIND:$WEB_PORT --user $OS_USER --insecure
   $PSH ls
   $PSH ssh $OS_USER@$(hostname)
 
@@ -47,8 +68,8 @@ Ways in:
   # same key to the proxy hop):
   $PCTL --data-dir $DATA_DIR auth sign --user $OS_USER --ttl 1h --out /tmp/postern-id
   ssh -i /tmp/postern-id -o UserKnownHostsFile=/tmp/postern-id.known_hosts \\
-      -o "ProxyCommand=ssh -i /tmp/postern-id -o UserKnownHostsFile=/tmp/postern-id.known_hosts -p 3023 -W %h:%p $OS_USER@$BIND" \\
-      -p 3022 $OS_USER@$(hostname)
+      -o "ProxyCommand=ssh -i /tmp/postern-id -o UserKnownHostsFile=/tmp/postern-id.known_hosts -p $SSH_PORT -W %h:%p $OS_USER@$BIND" \\
+      -p $NODE_PORT $OS_USER@$(hostname)
 
   # the admin CLI:
   $PCTL --data-dir $DATA_DIR nodes ls
@@ -58,24 +79,40 @@ MSG
 }
 
 if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+  set_ports "$(cat "$BASEFILE" 2>/dev/null || echo 3000)"
   echo "Postern already runs from $DATA_DIR (pid $(cat "$PIDFILE"))."
   instructions
   exit 0
 fi
 
+set_ports "${PORT_BASE:-3000}"
+check_ports "$BIND" run "diagnostics=$OFF_DIAG" "proxy peering=$OFF_PEER" "node SSH=$OFF_NODE" \
+  "proxy SSH=$OFF_SSH" "reverse tunnel=$OFF_TUNNEL" "auth API=$OFF_AUTH" "web=$OFF_WEB"
+
+# postern logs to the terminal and to $LOG, where a failed start-up is
+# read back to explain a busy port.
+: >"$LOG"
 "$POSTERN" start --data-dir "$DATA_DIR" --cluster-name "$CLUSTER" --roles auth,proxy,node \
   --labels env=dev \
-  --node-addr "$BIND:3022" --ssh-addr "$BIND:3023" --web-addr "$BIND:3080" \
-  --auth-addr "$BIND:3025" --tunnel-addr "$BIND:3024" --peer-addr "$BIND:3021" --diag-addr 127.0.0.1:3000 &
+  --node-addr "$BIND:$NODE_PORT" --ssh-addr "$BIND:$SSH_PORT" --web-addr "$BIND:$WEB_PORT" \
+  --auth-addr "$BIND:$AUTH_PORT" --tunnel-addr "$BIND:$TUNNEL_PORT" --peer-addr "$BIND:$PEER_PORT" \
+  --diag-addr "127.0.0.1:$DIAG_PORT" 2> >(tee -a "$LOG" >&2) &
 pid=$!
 echo "$pid" >"$PIDFILE"
+echo "$PORT_BASE" >"$BASEFILE"
 trap 'kill -TERM $pid 2>/dev/null; wait $pid; rm -f "$PIDFILE"' INT TERM
 
 # Wait until the auth API answers the admin identity (bounded: 30 s).
 ready=
 for _ in $(seq 150); do
   if "$PCTL" --data-dir "$DATA_DIR" users ls >/dev/null 2>&1; then ready=1; break; fi
-  kill -0 "$pid" 2>/dev/null || { echo "postern exited during start-up" >&2; exit 1; }
+  if ! kill -0 "$pid" 2>/dev/null; then
+    wait "$pid" 2>/dev/null || true
+    rm -f "$PIDFILE"
+    echo "postern exited during start-up (log: $LOG)" >&2
+    explain_bind_failure "$LOG" run
+    exit 1
+  fi
   sleep 0.2
 done
 [ -n "$ready" ] || { echo "postern did not become ready in 30s" >&2; kill -TERM "$pid"; exit 1; }
