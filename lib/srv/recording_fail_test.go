@@ -21,12 +21,23 @@ import (
 )
 
 // requireRootFS skips a test that needs root to break a file system on
-// purpose (chattr +i, a tmpfs mount).
+// purpose (chattr +i, a tmpfs mount). CI runs as root, so there the skip
+// would hide a broken set-up: it fails instead.
 func requireRootFS(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: makes the recording spool immutable or full")
+		skipOrFailInCI(t, "needs root: makes the recording spool immutable or full")
 	}
+}
+
+// skipOrFailInCI skips on a developer's machine that lacks what the test
+// needs, and fails under CI, whose .ci/run installs it and runs as root.
+func skipOrFailInCI(t *testing.T, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") != "" {
+		t.Fatalf(format, args...)
+	}
+	t.Skipf(format, args...)
 }
 
 // immutable sets the immutable attribute on dir (chattr +i: not even root
@@ -35,7 +46,7 @@ func immutable(t *testing.T, dir string) {
 	t.Helper()
 	out, err := exec.Command("chattr", "+i", dir).CombinedOutput()
 	if err != nil {
-		t.Skipf("chattr +i %s: %v: %s", dir, err, out)
+		skipOrFailInCI(t, "chattr +i %s: %v: %s (.ci/run installs e2fsprogs)", dir, err, out)
 	}
 	t.Cleanup(func() { _ = exec.Command("chattr", "-i", dir).Run() })
 }
@@ -46,7 +57,7 @@ func smallTmpfs(t *testing.T, size int) string {
 	t.Helper()
 	dir := t.TempDir()
 	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
-		t.Skipf("mount tmpfs: %v", err)
+		skipOrFailInCI(t, "mount tmpfs: %v", err)
 	}
 	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
 	return dir
