@@ -98,6 +98,7 @@ var wantPolicy = map[string][]string{
 	"PUT /v1/recordings/{session}/chunks/{n}": {RoleNode},
 	"GET /v1/recordings":                      {RoleProxy, RoleAdmin},
 	"GET /v1/recordings/{session}":            {RoleProxy, RoleAdmin},
+	"GET /v1/recordings/{session}/last":       {RoleNode},
 }
 
 var pathParamRe = regexp.MustCompile(`\{[a-z]+\}`)

@@ -74,9 +74,10 @@ func TestWebSessionRefusedWhileLocked(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, resp.StatusCode, string(body))
 
 	resp, body = e.do(t, http.MethodPost, "/webapi/sessions", `{"user":"alice","password":"correct horse battery","otp_token":""}`, webSession{}, nil)
-	// Auth refuses the locked user a certificate; the web login gives its
-	// one answer to every failed login.
-	require.Equal(t, http.StatusUnauthorized, resp.StatusCode, string(body))
+	// The password is right, so the login says the user is locked and why
+	// (a wrong password would still read "invalid credentials").
+	require.Equal(t, http.StatusForbidden, resp.StatusCode, string(body))
+	require.Contains(t, string(body), "incident 42")
 
 	changed = locks.Changes()
 	require.NoError(t, e.store.DeleteLock(ctx, services.LockTarget{User: testUser}))
