@@ -664,7 +664,11 @@ async function main() {
       await page.locator('#sessions tbody tr button.resume').first().click();
       await page.locator('#term-status[data-status="connected"]').waitFor();
       await typeInTerminal(page, 'echo "PID=$$"\n');
-      await waitFor('the same shell', async () => /^PID=\d+$/m.test(await rowsText(page)), 15000);
+      try {
+        await waitFor('the same shell', async () => /^PID=\d+$/m.test(await rowsText(page)), 15000);
+      } catch (err) {
+        throw new Error(`${err.message}; the screen reads ${JSON.stringify(await rowsText(page))}`);
+      }
     });
 
     let lastScreen;
