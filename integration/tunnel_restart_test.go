@@ -60,7 +60,7 @@ func (d *proxyDaemon) start(t *testing.T, extra ...string) {
 		}
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
-	}, 30*time.Second, 20*time.Millisecond, "proxy never ready:\n%s", d.node.stderr)
+	}, 60*time.Second, 20*time.Millisecond, "proxy never ready:\n%s", d.node.stderr)
 }
 
 // kill9 is SIGKILL: no drain, no goodbye to the tunnels.

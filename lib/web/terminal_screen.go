@@ -330,7 +330,7 @@ func (s *screen) repaint() []byte {
 				line[x] = *c
 			}
 		}
-		fmt.Fprintf(&b, "\x1b[%d;1H%s\x1b[0m", y+1, line.Render())
+		fmt.Fprintf(&b, "\x1b[%d;1H%s\x1b[0m", y+1, trimBlankTail(line).Render())
 	}
 	modes := make([]int, 0, len(s.modes))
 	for m := range s.modes {
@@ -350,6 +350,20 @@ func (s *screen) repaint() []byte {
 		b.WriteString(ansi.ShowCursor)
 	}
 	return []byte(b.String())
+}
+
+// trimBlankTail drops a row's trailing unstyled blanks. The screen was
+// just cleared, so they draw nothing; written out they would be real
+// spaces in the browser's terminal, which a copy of a restored line
+// carries along and which are not on the screen the shell drew (a line
+// the shell writes later over that row keeps them after its end).
+// Blanks with a colour or a link are drawn, and kept.
+func trimBlankTail(line uv.Line) uv.Line {
+	end := len(line)
+	for end > 0 && (line[end-1].IsZero() || line[end-1].Equal(&uv.EmptyCell)) {
+		end--
+	}
+	return line[:end]
 }
 
 // text is the screen's plain text, one line per row (tests compare it).

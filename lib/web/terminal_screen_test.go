@@ -62,3 +62,20 @@ func BenchmarkTerminalOutput(b *testing.B) {
 		h.write(chunk)
 	}
 }
+
+// TestRepaintWritesNoTrailingBlanks: a restored row ends where the
+// shell's text ends. Rows written out to the full width leave real
+// spaces in the browser's terminal: a copied line carries them, and a
+// line the shell prints over that row later keeps them after its end.
+// A blank with a background colour is drawn, so it stays.
+func TestRepaintWritesNoTrailingBlanks(t *testing.T) {
+	s := newScreen(40, 5)
+	defer s.close()
+	s.write([]byte("$ echo hi\r\nhi\r\n\x1b[41m  \x1b[0m\r\n$ "))
+	r := string(s.repaint())
+	for _, row := range []string{"\x1b[1;1H$ echo hi\x1b[0m", "\x1b[2;1Hhi\x1b[0m", "\x1b[4;1H$\x1b[0m", "\x1b[5;1H\x1b[0m"} {
+		require.Contains(t, r, row)
+	}
+	require.Regexp(t, `\x1b\[3;1H\x1b\[41m  \x1b\[m`, r, "the coloured blanks are drawn")
+	require.True(t, strings.HasSuffix(r, "\x1b[4;3H\x1b[?25h"), "the cursor after the prompt: %q", r)
+}
