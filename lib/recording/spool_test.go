@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/jonboulle/clockwork"
@@ -149,4 +150,58 @@ func TestUploaderShipsWhatAKilledNodeSpooled(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, res.Complete)
 	require.Nil(t, spoolEntries(t, spool), "an earlier run's session is removed once shipped")
+}
+
+// closeOnChunk ships to dst and, once chunk at is shipped, ends the
+// session (the final chunk is appended and the writer's lock released)
+// while the uploader is still in the same scan: the moment a session
+// ends under a scan, which lost its final chunk when the scan then saw
+// the writer gone and removed the session's spool.
+type closeOnChunk struct {
+	dst   DirStorage
+	at    int
+	close func()
+	once  sync.Once
+}
+
+func (u *closeOnChunk) PutRecordingChunk(ctx context.Context, s string, c Chunk) error {
+	if err := u.dst.PutChunk(ctx, s, c); err != nil {
+		return err
+	}
+	if c.Index == u.at {
+		u.once.Do(u.close)
+	}
+	return nil
+}
+
+// TestUploaderKeepsAFinalChunkWrittenDuringAScan: a session that ends
+// while a scan ships its chunks keeps its final chunk; the next scan
+// ships it and the recording is complete.
+func TestUploaderKeepsAFinalChunkWrittenDuringAScan(t *testing.T) {
+	ctx := context.Background()
+	spool := DirStorage{Dir: t.TempDir()}
+	w := newTestWriter(t, clockwork.NewFakeClock(), &SpoolSink{Storage: spool, Session: testSession, Clock: clockwork.NewFakeClock()},
+		func(c *Config) { c.ChunkBytes = 256 })
+	const events = 5
+	for i := 0; i < events; i++ {
+		w.Output(bytes.Repeat([]byte{'a' + byte(i)}, 300))
+	}
+	require.NoError(t, w.Sync())
+	var final string
+	up := &closeOnChunk{dst: DirStorage{Dir: t.TempDir()}, at: events - 1, close: func() {
+		var err error
+		final, err = w.Close("exit-status 0")
+		require.NoError(t, err)
+	}}
+	u, err := NewUploader(UploaderConfig{Spool: spool, Upload: up, Clock: clockwork.NewFakeClock()})
+	require.NoError(t, err)
+	defer u.Close()
+	require.NoError(t, u.Flush(ctx))
+	require.NoError(t, u.Flush(ctx))
+	chunks, err := GetChunks(ctx, up.dst, testSession)
+	require.NoError(t, err)
+	res, err := Verify(chunks, final)
+	require.NoError(t, err)
+	require.True(t, res.Complete, "the final chunk was shipped: %d chunks", len(chunks))
+	require.Nil(t, spoolEntries(t, spool), "then the session left the spool")
 }

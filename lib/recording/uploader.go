@@ -138,6 +138,15 @@ func (u *Uploader) Flush(ctx context.Context) error {
 // chunk is shipped, which removes the session). A session whose writer
 // is gone (spool.go, lockName) is removed once all of it is shipped.
 func (u *Uploader) flushSession(ctx context.Context, session string) error {
+	// Whether the writer is gone is asked before the files are listed:
+	// a writer that appends its final chunk and releases its lock while
+	// this scan ships the earlier ones has left a chunk this scan never
+	// read, and asked afterwards "gone" would remove it unshipped. Gone
+	// before the listing, everything it wrote is in the files listed.
+	lock, gone := u.cfg.Spool.writerGone(session)
+	if gone {
+		defer lock.Close()
+	}
 	chunks, segs, err := u.cfg.Spool.sessionFiles(session)
 	if trace.IsNotFound(err) {
 		delete(u.cursors, session)
@@ -213,12 +222,11 @@ func (u *Uploader) flushSession(ctx context.Context, session string) error {
 			}
 		}
 	}
-	if lock, gone := u.cfg.Spool.writerGone(session); gone {
+	if gone {
 		// A dead writer's session (a killed node's, found after its
 		// restart): all it spooled is shipped, and nothing more will come
 		// (the recording stays incomplete).
 		done()
-		lock.Close()
 	}
 	return nil
 }
