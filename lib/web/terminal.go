@@ -262,9 +262,12 @@ type term struct {
 	sess   *ssh.Session
 	stdin  io.WriteCloser
 
-	// tokenHash is the current resume token's hash; guarded by the
-	// registry's mu.
+	// tokenHash is the hash of the resume token issued last; prevHash
+	// that of the token the attached socket resumed with, which stays
+	// valid until the client confirms it holds the new one
+	// (termRegistry.confirm). Both guarded by the registry's mu.
 	tokenHash string
+	prevHash  string
 
 	// Lock order: outMu, then inMu, then mu. outMu serializes output
 	// (and the switch of sockets, so that a replay and live output never
@@ -508,6 +511,17 @@ func (t *term) detach(sock *termSocket) {
 	grace := t.srv.cfg.WebSessions.TerminalGrace
 	t.grace = t.srv.cfg.Clock.AfterFunc(grace, func() { t.cancel(errGraceExpired) })
 	t.log.WithField("grace", grace).Info("Web terminal detached; waiting for a resume.")
+}
+
+// confirmToken retires the token sock resumed with, if sock is still the
+// attached socket: its client read the FrameSession with the next one.
+// Under t.mu, so that a resume racing it keeps its own fallback.
+func (t *term) confirmToken(sock *termSocket) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.att == sock {
+		t.srv.web.terms.confirm(t)
+	}
 }
 
 // input passes one browser keystroke frame to the shell, if sock is

@@ -22,7 +22,13 @@ const resumeTokenBytes = 32
 // termRegistry owns this proxy's web terminals, attached and detached:
 // each terminal's goroutine is started by add and counted in the
 // server's terminals WaitGroup; closeAll ends them all. Resume tokens are
-// kept as hashes, each naming one terminal, and are removed on use.
+// kept as hashes, each naming one terminal. A token is single-use once
+// the client has its successor: the token a socket resumed with stays
+// valid until that socket's client confirms the new token (an empty
+// FrameSession back), because a socket lost between the claim and the
+// client reading FrameSession would otherwise leave the client with a
+// used token and no way back to its shell. Both tokens are bound to the
+// web session, as always.
 type termRegistry struct {
 	// mu guards byID, byToken, closed and draining. Lock order: a
 	// terminal's locks, then mu (claim releases mu before touching the
@@ -70,13 +76,20 @@ func (r *termRegistry) remove(t *term) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.byID, t.id)
-	if t.tokenHash != "" {
-		delete(r.byToken, t.tokenHash)
-		t.tokenHash = ""
+	r.forgetLocked(&t.tokenHash)
+	r.forgetLocked(&t.prevHash)
+}
+
+// forgetLocked removes the token whose hash *hash holds, if any.
+func (r *termRegistry) forgetLocked(hash *string) {
+	if *hash != "" {
+		delete(r.byToken, *hash)
+		*hash = ""
 	}
 }
 
-// rotate issues t's next resume token; the previous one stops working.
+// rotate issues t's next resume token; the one issued before it stops
+// working (the one t was resumed with lasts until confirm).
 func (r *termRegistry) rotate(t *term) (string, error) {
 	token, hash, err := newResumeToken()
 	if err != nil {
@@ -87,9 +100,7 @@ func (r *termRegistry) rotate(t *term) (string, error) {
 	if _, ok := r.byID[t.id]; !ok {
 		return "", trace.NotFound("terminal ended")
 	}
-	if t.tokenHash != "" {
-		delete(r.byToken, t.tokenHash)
-	}
+	r.forgetLocked(&t.tokenHash)
 	t.tokenHash = hash
 	r.byToken[hash] = t
 	return token, nil
@@ -114,9 +125,25 @@ func (r *termRegistry) claim(live *liveSession, token string) (*term, error) {
 	if t.live.key != live.key || t.live.user != live.user {
 		return nil, trace.AccessDenied("resume refused: the terminal belongs to another web session")
 	}
-	delete(r.byToken, hash)
-	t.tokenHash = ""
+	if hash == t.tokenHash {
+		// The client has the newest token: the one before it is done
+		// with, and this one now backs the attach it starts.
+		r.forgetLocked(&t.prevHash)
+		t.prevHash, t.tokenHash = hash, ""
+	} else {
+		// The token of the last attach: the one issued since never
+		// reached the client.
+		r.forgetLocked(&t.tokenHash)
+	}
 	return t, nil
+}
+
+// confirm retires the token t's attached socket resumed with: its
+// client holds the token issued on that attach.
+func (r *termRegistry) confirm(t *term) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.forgetLocked(&t.prevHash)
 }
 
 // list returns the terminals of one web session, oldest first.

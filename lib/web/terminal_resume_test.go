@@ -29,6 +29,9 @@ type seqClient struct {
 	session webterm.Session
 	repaint []byte
 	notice  string
+	// noConfirm: a client lost before it read FrameSession never
+	// confirms the new token.
+	noConfirm bool
 }
 
 // openSeq dials the terminal and sends {"token","resume","ack"}.
@@ -67,6 +70,10 @@ func (sc *seqClient) readUntil(t *testing.T, ctx context.Context, want string) {
 		switch f.Type {
 		case webterm.FrameSession:
 			require.NoError(t, json.Unmarshal(f.Payload, &sc.session))
+			if !sc.noConfirm {
+				// As the browser does: it holds the new token.
+				require.NoError(t, sc.c.Write(ctx, websocket.MessageBinary, webterm.EncodeFrame(webterm.FrameSession, nil)))
+			}
 		case webterm.FrameData:
 			seq, data, err := webterm.DecodeSeq(f.Payload)
 			require.NoError(t, err)
@@ -154,6 +161,53 @@ func TestTerminalResumeExactReplay(t *testing.T) {
 	// The live socket is untouched by the refused attempt.
 	b.send(t, ctx, "three")
 	b.readUntil(t, ctx, "three")
+}
+
+// TestTerminalResumeTokenSurvivesALostSessionFrame: a socket lost after
+// the server took the resume token but before the client read the
+// FrameSession with the next one leaves the client holding the token it
+// used. That token resumes the same shell again, until a client confirms
+// the token issued to it; then both older tokens are refused.
+func TestTerminalResumeTokenSurvivesALostSessionFrame(t *testing.T) {
+	e := newTermEnv(t)
+	ctx := testCtx(t)
+	ws := e.login(t)
+	a := e.openSeq(t, ctx, ws, "", 0)
+	a.ok(t, ctx)
+	a.readUntil(t, ctx, "prompt$ ")
+	first := a.session.Resume
+	a.c.CloseNow()
+	require.Eventually(t, func() bool { return e.detached(a.session.ID) }, testTimeout, 10*time.Millisecond)
+
+	// Resumed, and lost before the client took in FrameSession.
+	lost := e.openSeq(t, ctx, ws, first, 0)
+	lost.noConfirm = true
+	lost.ok(t, ctx)
+	lost.readUntil(t, ctx, "prompt$ ")
+	require.NotEqual(t, first, lost.session.Resume)
+	lost.c.CloseNow()
+	require.Eventually(t, func() bool { return e.detached(a.session.ID) }, testTimeout, 10*time.Millisecond)
+
+	b := e.openSeq(t, ctx, ws, first, 0)
+	b.ok(t, ctx)
+	b.readUntil(t, ctx, "prompt$ ")
+	require.Equal(t, a.session.ID, b.session.ID, "the same terminal")
+	// Input after the confirmation: the server has read both in order.
+	b.send(t, ctx, "x")
+	b.readUntil(t, ctx, "prompt$ x")
+	// The token used twice and the one never delivered.
+	for _, tok := range []string{first, lost.session.Resume} {
+		r := e.openSeq(t, ctx, ws, tok, 0)
+		requireClosed(t, ctx, r.c, websocket.StatusPolicyViolation, "resume refused")
+	}
+	b.send(t, ctx, "y")
+	b.readUntil(t, ctx, "prompt$ xy")
+	select {
+	case <-e.node.started:
+	default:
+		t.Fatal("no shell started")
+	}
+	require.Empty(t, e.node.started, "no second shell")
 }
 
 // TestTerminalResumeOtherUserRefused: user B holding A's resume token

@@ -261,6 +261,10 @@ func (t *termSocket) readLoop(ctx context.Context, term *term) error {
 			if _, _, err := webterm.DecodeSeq(f.Payload); err != nil {
 				t.log.WithError(err).Debug("Ignoring a malformed ack.")
 			}
+		case webterm.FrameSession:
+			// The client read FrameSession: the token this socket
+			// resumed with may go (termRegistry).
+			term.confirmToken(t)
 		case FramePing:
 			t.write(FramePong, f.Payload)
 		case FrameClose:

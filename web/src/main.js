@@ -505,6 +505,9 @@ function sendInput(t, bytes) {
 // onSession reconciles input after a (re)attach: bytes the server did not
 // get are sent again, then what was queued.
 function onSession(t, info) {
+  // We hold the new resume token: the server may retire the one this
+  // socket resumed with (until now the fallback if this socket is lost).
+  send(t, 's', '');
   t.replayEnd = info.replay || 0;
   t.id = info.id;
   t.resume = info.resume;

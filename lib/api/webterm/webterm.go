@@ -34,8 +34,12 @@
 //     server has received in total.
 //   - To resume, the first message carries the token and "resume" (the
 //     last token of FrameSession) and "ack" (the client's offset; 0 for a
-//     page that reloaded and has an empty terminal). The token is
-//     single-use, bound to the web session that opened the terminal, and
+//     page that reloaded and has an empty terminal). The client answers
+//     each FrameSession with an empty FrameSession: it holds the new
+//     token. Until then the token it resumed with stays valid (a socket
+//     lost before the client read FrameSession must not leave it holding
+//     only a used token); after it, that token is used. A token is bound
+//     to the web session that opened the terminal, and
 //     refused (websocket close 1008, "resume refused: ...") when it is
 //     unknown, used, of an ended terminal, or of another web session. The server replays [ack, end) exactly when its buffer still
 //     holds it; otherwise it sends FrameRepaint (8-byte offset the repaint
@@ -86,7 +90,8 @@ const (
 	// FrameAck carries the client's rendered offset (8 bytes, big
 	// endian), browser to server, resumable dialect only.
 	FrameAck byte = 'a'
-	// FrameSession carries Session as JSON, server to browser.
+	// FrameSession carries Session as JSON, server to browser; the
+	// browser answers it empty (package doc: resume).
 	FrameSession byte = 's'
 	// FrameRepaint carries an 8-byte big-endian offset and a screen
 	// repaint, server to browser (package doc).
