@@ -1,11 +1,15 @@
 package reversetunnel
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -225,6 +229,9 @@ func (a *Agent) checkProxy(addr string, remote net.Addr, key ssh.PublicKey) erro
 	err := a.verifyProxy(addr, key)
 	if err != nil {
 		reason := "the tunnel server at " + addr + " is not a proxy of this cluster: " + trace.UserMessage(err)
+		if errors.Is(err, errUnnamedAddr) {
+			reason = "the tunnel server at " + addr + " was refused: " + trace.UserMessage(err)
+		}
 		a.cfg.Logger.WithField("proxy", addr).Warn(reason)
 		a.cfg.Audit.Emit(context.Background(), events.Event{
 			Type: events.AccessDenied,
@@ -241,7 +248,16 @@ func (a *Agent) verifyProxy(addr string, key ssh.PublicKey) error {
 	if err != nil {
 		host = addr
 	}
-	if err := authz.CheckHostCert(a.cfg.HostCAs(), host, key, a.cfg.Clock); err != nil {
+	cas := a.cfg.HostCAs()
+	if err := authz.CheckHostCert(cas, host, key, a.cfg.Clock); err != nil {
+		if cert, ok := key.(*ssh.Certificate); ok && !slices.Contains(cert.ValidPrincipals, host) && signedByOneOf(cert, cas) {
+			// A proxy of this cluster, dialed at an address its
+			// certificate lacks: x/crypto's "principal not in the set of
+			// valid principals" does not say what to change.
+			return trace.Wrap(fmt.Errorf("%w %q, the address this node dialed (it names %s); "+
+				"a proxy's certificate names its listen addresses and public_addrs: add %q to the proxy's public_addrs, or point the node at a name the proxy has",
+				errUnnamedAddr, host, strings.Join(cert.ValidPrincipals, ", "), host))
+		}
 		return trace.Wrap(err)
 	}
 	cert := key.(*ssh.Certificate)
@@ -255,6 +271,20 @@ func (a *Agent) verifyProxy(addr string, key ssh.PublicKey) error {
 	a.proxyUUID = cert.KeyId
 	a.mu.Unlock()
 	return nil
+}
+
+// errUnnamedAddr: a proxy of this cluster whose certificate lacks the
+// address the node dialed.
+var errUnnamedAddr = errors.New("the proxy's host certificate does not name")
+
+// signedByOneOf reports whether cert's signing key is one of cas.
+func signedByOneOf(cert *ssh.Certificate, cas []ssh.PublicKey) bool {
+	for _, ca := range cas {
+		if bytes.Equal(ca.Marshal(), cert.SignatureKey.Marshal()) {
+			return true
+		}
+	}
+	return false
 }
 
 // ProxyUUID is the UUID of the proxy the agent's tunnel reached last

@@ -275,3 +275,35 @@ func TestAgentRefusesProxyOfAnotherCluster(t *testing.T) {
 	require.False(t, s.HasTunnel("node-1"))
 	require.False(t, a.Connected())
 }
+
+// TestAgentNamesTheSettingForAMissingPrincipal: a proxy of this cluster
+// whose certificate lacks the address the node dialed is refused with
+// a message that names the address and what to change, not x/crypto's
+// bare "principal not in the set of valid principals".
+func TestAgentNamesTheSettingForAMissingPrincipal(t *testing.T) {
+	ca := srvtest.NewCA(t)
+	s, addr, _ := startServer(t, ca, "proxy-x", func(c *ServerConfig) {
+		c.HostSigner = ca.RoleHostSigner(t, srvtest.HostCert{UUID: "proxy-x", Role: RoleProxy, Principals: []string{"proxy.example.com"}})
+	})
+	audit := events.NewRecorder()
+	a, err := NewAgent(AgentConfig{
+		ProxyAddr: addr,
+		Signer:    ca.RoleHostSigner(t, srvtest.HostCert{UUID: "node-1", Role: RoleNode}),
+		HostCAs:   func() []ssh.PublicKey { return []ssh.PublicKey{ca.Signer.PublicKey()} },
+		Handler:   func(nc net.Conn) { t.Error("served a channel from a proxy at an unnamed address"); nc.Close() },
+		Audit:     audit,
+	})
+	require.NoError(t, err)
+	a.Start()
+	defer a.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ev, err := audit.Wait(ctx, events.AccessDenied, func(events.Event) bool { return true })
+	require.NoError(t, err)
+	reason := fmt.Sprint(ev.Fields[events.FieldReason])
+	require.Contains(t, reason, "was refused: ")
+	require.Contains(t, reason, `does not name "127.0.0.1"`)
+	require.Contains(t, reason, "proxy.example.com")
+	require.Contains(t, reason, "public_addrs")
+	require.False(t, s.HasTunnel("node-1"))
+}

@@ -63,12 +63,17 @@ func (p *Process) startHostRoles(ctx context.Context) error {
 		}
 	}
 	if proxyLn != nil {
-		// SPEC.md: the proxy's principals include its public names, the
-		// cluster name and its listen IPs, loopback included, so that
-		// `ssh -J 127.0.0.1:3023` verifies against the host CA.
+		// The proxy's principals are its public names, the cluster name
+		// and its listen IPs, loopback included, so that `ssh -J
+		// 127.0.0.1:3023` verifies against the host CA. The hosts of the
+		// other listen addresses count too: a node told to reach
+		// `tunnel_addr: 10.0.0.5:3024` checks the proxy's certificate for
+		// 10.0.0.5 (a wildcard one adds nothing beyond the interfaces).
 		principals := appendUnique(listenIPs(proxyLn.Addr()), "127.0.0.1", "::1", "localhost", cfg.ClusterName)
-		for _, a := range cfg.PublicAddrs {
-			principals = appendUnique(principals, hostOf(a))
+		for _, a := range append([]string{cfg.TunnelAddr, cfg.WebAddr, cfg.PeerAddr}, cfg.PublicAddrs...) {
+			if h := explicitHost(a); h != "" {
+				principals = appendUnique(principals, h)
+			}
 		}
 		if proxyID, err = p.hostIdentity(ctx, auth.RoleProxy, "", principals); err != nil {
 			return trace.Wrap(err)
@@ -114,6 +119,16 @@ func hostOf(hostport string) string {
 		return h
 	}
 	return hostport
+}
+
+// explicitHost is the host of a listen or public address, "" for none
+// or a wildcard (0.0.0.0, ::, an empty host).
+func explicitHost(hostport string) string {
+	h := hostOf(hostport)
+	if ip := net.ParseIP(h); h == "" || (ip != nil && ip.IsUnspecified()) {
+		return ""
+	}
+	return h
 }
 
 // nodeRecord is the node's inventory record, guarded so that a future

@@ -165,9 +165,12 @@ func (t *tunnelNode) handle(nc net.Conn) {
 }
 
 // tunnelAddrFor is where the node dials the proxy's tunnel port: the
-// address the proxy announces in /webapi/ping, with an unspecified or
-// loopback host replaced by the host the node was given (--proxy-server),
-// which the proxy's host certificate names.
+// address the proxy announces in /webapi/ping, with an unspecified host
+// replaced by the host the node was given (--proxy-server), which the
+// proxy's host certificate names, and a loopback one too unless that
+// host is loopback as well: a proxy on another machine means its own
+// loopback, a proxy on this one (127.0.0.7 while proxy_server is
+// 127.0.0.1) exactly the address it announced.
 func tunnelAddrFor(proxyServer, announced string) (string, error) {
 	host, _, err := net.SplitHostPort(proxyServer)
 	if err != nil {
@@ -180,10 +183,19 @@ func tunnelAddrFor(proxyServer, announced string) (string, error) {
 	if err != nil {
 		return "", trace.BadParameter("the proxy at %s announced a bad tunnel address %q", proxyServer, announced)
 	}
-	if ip := net.ParseIP(ah); ah == "" || (ip != nil && (ip.IsUnspecified() || ip.IsLoopback())) {
+	if ip := net.ParseIP(ah); ah == "" || (ip != nil && (ip.IsUnspecified() || (ip.IsLoopback() && !isLoopbackHost(host)))) {
 		ah = host
 	}
 	return net.JoinHostPort(ah, port), nil
+}
+
+// isLoopbackHost reports whether host is a loopback IP or localhost.
+func isLoopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // startTunnelAgent connects a node behind NAT to its proxy and waits for
