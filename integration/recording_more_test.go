@@ -255,10 +255,16 @@ func TestOpenSSHSessionRecorded(t *testing.T) {
 		want = append(want, fmt.Sprintf("counter %d", i))
 	}
 	require.Equal(t, want, regexp.MustCompile(`counter \d+`).FindAllString(played, -1), played)
-	require.Regexp(t, `\[resize [0-9.]+s\] 100x\d+`, played, "stty cols 100 is recorded")
+	require.Regexp(t, `\[resize [0-9.]+s\] 100x24\b`, played, "stty cols 100 is recorded")
 	require.Contains(t, played, "VIM-WAS-HERE", "vim's screen is recorded")
 	require.Regexp(t, `\[marker [0-9.]+s\] exit-status 3\n$`, played)
 	t.Logf("psh play --format text:\n%s", lastLines(played, 12))
+
+	// `ssh -tt` from a pipe asks for a terminal of 0x0, which asciicast
+	// players refuse: the recording says 80x24.
+	cast := alice.mustRun(t, "", "play", sid, "--format", "asciicast")
+	header, _, _ := strings.Cut(cast, "\n")
+	require.Contains(t, header, `"width":80,"height":24`, header)
 }
 
 // TestRecordingCapStopsRecordingNotSession: `head -c 300M /dev/urandom`

@@ -470,3 +470,28 @@ func TestWriterSyncAndFailure(t *testing.T) {
 		require.False(t, res.Complete)
 	})
 }
+
+// TestWriterKeepsASizeWithoutOne: a terminal asked for without a size
+// (0x0, as `ssh -tt` from a pipe does) is recorded at 80x24, a window
+// change to 0x0 is left out, and one with a single dimension keeps the
+// other: asciicast players refuse a 0 anywhere.
+func TestWriterKeepsASizeWithoutOne(t *testing.T) {
+	sink := newMemSink()
+	w := newTestWriter(t, clockwork.NewFakeClock(), sink, func(c *Config) { c.Header.Width, c.Header.Height = 0, 0 })
+	w.Output([]byte("hi"))
+	w.Resize(0, 0)
+	w.Resize(100, 0)
+	w.Resize(120, 40)
+	_, err := w.Close("exit-status 0")
+	require.NoError(t, err)
+	h, evs := castOf(t, sink.all())
+	require.Equal(t, uint32(80), h.Width)
+	require.Equal(t, uint32(24), h.Height)
+	var resizes []string
+	for _, e := range evs {
+		if e.Code == "r" {
+			resizes = append(resizes, e.Data)
+		}
+	}
+	require.Equal(t, []string{"100x24", "120x40"}, resizes)
+}

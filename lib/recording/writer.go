@@ -29,6 +29,9 @@ const (
 	// DefaultMaxBytes caps a session's recorded events (uncompressed) at
 	// 256 MiB: a `cat` of a disk image must not fill the node's disk.
 	DefaultMaxBytes = 256 << 20
+	// DefaultWidth and DefaultHeight are a recording's size when the
+	// client gave none: the classic terminal's 80x24.
+	DefaultWidth, DefaultHeight = 80, 24
 )
 
 // Header is the asciicast v2 header with Postern's fields (asciicast
@@ -112,6 +115,13 @@ func (c *Config) CheckAndSetDefaults() error {
 	if c.Logger == nil {
 		c.Logger = logrus.WithField("component", "recording")
 	}
+	if c.Header.Width == 0 || c.Header.Height == 0 {
+		// A client may ask for a terminal without a size (OpenSSH's
+		// `ssh -tt` from a pipe sends 0x0); asciicast players refuse a
+		// 0x0 recording outright, so it is kept at the size a terminal
+		// without one gets.
+		c.Header.Width, c.Header.Height = DefaultWidth, DefaultHeight
+	}
 	return nil
 }
 
@@ -133,6 +143,9 @@ type Writer struct {
 	// disk or the network, only while handing a full batch to store.
 	mu     sync.Mutex
 	raw    []byte  // events since the last hand-off (appendRaw)
+	// cols, rows: the size recorded last (the header's, then each
+	// resize's), which fills in a dimension a resize lacks.
+	cols, rows uint32
 	last   float64 // last event time, so times never go back
 	closed bool
 	timer  clockwork.Timer // flush timer, armed while raw holds events
@@ -199,7 +212,8 @@ func New(cfg Config) (*Writer, error) {
 	}
 	h := cfg.Header
 	h.Version = 2
-	w := &Writer{cfg: cfg, start: cfg.Clock.Now(), queue: make(chan batch, storeQueue), stored: make(chan struct{})}
+	w := &Writer{cfg: cfg, start: cfg.Clock.Now(), queue: make(chan batch, storeQueue), stored: make(chan struct{}),
+		cols: cfg.Header.Width, rows: cfg.Header.Height}
 	w.rawBatch = max(1, cfg.ChunkBytes-cfg.ChunkBytes/8)
 	h.Timestamp = w.start.Unix()
 	line, err := json.Marshal(h)
@@ -220,8 +234,22 @@ func (w *Writer) Input(p []byte) {
 	}
 }
 
-// Resize records a terminal size change.
+// Resize records a terminal size change. A dimension given as 0 (a
+// terminal opened without a size, then `stty cols 100` in it) keeps the
+// size recorded last, which players can draw; 0x0 is no change.
 func (w *Writer) Resize(cols, rows uint32) {
+	if cols == 0 && rows == 0 {
+		return
+	}
+	w.mu.Lock()
+	if cols == 0 {
+		cols = w.cols
+	}
+	if rows == 0 {
+		rows = w.rows
+	}
+	w.cols, w.rows = cols, rows
+	w.mu.Unlock()
 	w.event(codeResize, []byte(fmt.Sprintf("%dx%d", cols, rows)))
 }
 

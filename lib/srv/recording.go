@@ -69,7 +69,7 @@ const (
 
 // noPtySize is the header size of a recording without a pty: asciicast
 // needs one, and 80x24 is what a terminal opens with.
-const noPtyCols, noPtyRows = 80, 24
+const noPtyCols, noPtyRows = recording.DefaultWidth, recording.DefaultHeight
 
 // scpMarker reports whether command is an scp server (`scp -t PATH`
 // receives an upload, `scp -f PATH` sends a download) and describes it.
