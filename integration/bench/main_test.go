@@ -358,16 +358,16 @@ var paths = []path{
 	{"via-proxy", func(c *cluster) string { return c.proxy }},
 }
 
-// cipherSets: x/crypto's own first choice, and what OpenSSH clients
-// negotiate with Postern (lib/srv does not offer chacha20-poly1305, which
-// x/crypto runs without assembly: OpenSSH's next choice is aes128-ctr with
-// hmac-sha2-256-etm).
+// cipherSets: the ciphers Postern offers by default (lib/sshalgo: AES-GCM
+// only). aes128-gcm is x/crypto's first choice and what OpenSSH clients
+// negotiate with Postern (chacha20-poly1305 and the CTR ciphers, which
+// OpenSSH lists first, are not offered).
 var cipherSets = []struct {
 	name    string
 	ciphers []string
 }{
 	{"aes128-gcm", []string{ssh.CipherAES128GCM}},
-	{"aes128-ctr", []string{ssh.CipherAES128CTR}},
+	{"aes256-gcm", []string{ssh.CipherAES256GCM}},
 }
 
 // writeCreds stores credentials for the helper process.

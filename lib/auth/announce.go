@@ -18,6 +18,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/sshalgo"
 )
 
 // MaxHeartbeatTTL is the longest a remote host's inventory record lives
@@ -385,14 +386,12 @@ func (v *addrVerifier) check(ctx context.Context, uuid, addr string) error {
 	// The callback runs on the handshake's goroutine: it reports through
 	// a channel. A nil verdict means the host key was proven.
 	verdicts := make(chan error, 1)
-	cfg := &ssh.ClientConfig{
+	// Every algorithm a node may be configured with (the probe must agree
+	// with any node's ssh_* lists, and sends nothing but the handshake),
+	// and host certificates only: a server that can only show a plain
+	// key fails the negotiation, which is the right answer.
+	cfg := sshalgo.AllSupported().ClientConfig(&ssh.ClientConfig{
 		User: "postern-address-check",
-		// Ask for certificates only: a server that can only show a plain
-		// key fails the negotiation, which is the right answer.
-		HostKeyAlgorithms: []string{
-			ssh.CertAlgoED25519v01, ssh.CertAlgoECDSA256v01, ssh.CertAlgoECDSA384v01, ssh.CertAlgoECDSA521v01,
-			ssh.CertAlgoRSASHA256v01, ssh.CertAlgoRSASHA512v01,
-		},
 		HostKeyCallback: func(_ string, _ net.Addr, key ssh.PublicKey) error {
 			verdict := v.checkHostKey(uuid, key)
 			select {
@@ -404,7 +403,7 @@ func (v *addrVerifier) check(ctx context.Context, uuid, addr string) error {
 			}
 			return errAddrProven
 		},
-	}
+	})
 	_, _, _, err = ssh.NewClientConn(conn, addr, cfg)
 	select {
 	case verdict := <-verdicts:

@@ -15,6 +15,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/client"
 	"github.com/postern-dev/postern/lib/proxy"
+	"github.com/postern-dev/postern/lib/sshalgo"
 )
 
 // Phase names, in the order an SSH session through the proxy passes them.
@@ -118,16 +119,17 @@ func (s *sshSession) Close() error {
 	return err
 }
 
+// clientConfig offers what psh offers (sshalgo's defaults), so that
+// the handshake measured is the one users get.
 func (c *SSHConfig) clientConfig(login string, rec *Recorder, phase string) *ssh.ClientConfig {
-	return &ssh.ClientConfig{
+	return sshalgo.Lists{}.ClientConfig(&ssh.ClientConfig{
 		User: login,
 		Auth: []ssh.AuthMethod{ssh.PublicKeys(c.Credentials.Signer)},
 		HostKeyCallback: func(host string, remote net.Addr, key ssh.PublicKey) error {
 			rec.Mark(phase)
 			return c.Credentials.HostKeyCallback(host, remote, key)
 		},
-		HostKeyAlgorithms: client.HostKeyAlgorithms(),
-	}
+	})
 }
 
 func dialSSH(ctx context.Context, cfg SSHConfig, src net.IP, rec *Recorder) (io.Closer, error) {

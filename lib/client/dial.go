@@ -19,6 +19,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/proxy"
+	"github.com/postern-dev/postern/lib/sshalgo"
 	"github.com/postern-dev/postern/lib/utils"
 )
 
@@ -30,25 +31,16 @@ const DialTimeout = 30 * time.Second
 // already there).
 const stderrWait = 5 * time.Second
 
-// hostKeyAlgorithms asks for certificates first so that servers holding
-// both a key and a certificate present the certificate.
-var hostKeyAlgorithms = []string{
-	ssh.CertAlgoED25519v01, ssh.CertAlgoECDSA256v01, ssh.CertAlgoECDSA384v01, ssh.CertAlgoECDSA521v01,
-	ssh.CertAlgoRSASHA512v01, ssh.CertAlgoRSASHA256v01,
-}
-
-// HostKeyAlgorithms is psh's host key preference, for clients that make
-// their own config (psh bench).
-func HostKeyAlgorithms() []string { return slices.Clone(hostKeyAlgorithms) }
-
+// clientConfig offers sshalgo's defaults (psh has no config file: the
+// servers' lists are widened, if ever, for other clients) and asks for
+// host certificates only, which is all HostKeyCallback accepts.
 func (c *Credentials) clientConfig(login string) *ssh.ClientConfig {
-	return &ssh.ClientConfig{
-		User:              login,
-		Auth:              []ssh.AuthMethod{ssh.PublicKeys(c.Signer)},
-		HostKeyCallback:   c.HostKeyCallback,
-		HostKeyAlgorithms: hostKeyAlgorithms,
-		Timeout:           DialTimeout,
-	}
+	return sshalgo.Lists{}.ClientConfig(&ssh.ClientConfig{
+		User:            login,
+		Auth:            []ssh.AuthMethod{ssh.PublicKeys(c.Signer)},
+		HostKeyCallback: c.HostKeyCallback,
+		Timeout:         DialTimeout,
+	})
 }
 
 // DefaultLogin is the login psh presents when the user names none: the

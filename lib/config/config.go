@@ -21,6 +21,8 @@ import (
 
 	"github.com/gravitational/trace"
 	"gopkg.in/yaml.v3"
+
+	"github.com/postern-dev/postern/lib/sshalgo"
 )
 
 // Roles a process can run, in any combination.
@@ -156,6 +158,17 @@ type FileConfig struct {
 	// after its browser went away; nil means the default (5m), 0 none.
 	WebTerminalGrace *time.Duration `yaml:"web_terminal_grace,omitempty"`
 	Limits           Limits         `yaml:"limits,omitempty"`
+
+	// SSHKexAlgorithms, SSHCiphers and SSHMACs are the key exchanges,
+	// ciphers and MACs, in preference order, that every SSH port of this
+	// process (proxy SSH, node, tunnel) offers and every SSH client it
+	// runs (web terminal, tunnel agent) sends; unset means the hardened
+	// defaults of lib/sshalgo. Each name must be one x/crypto implements
+	// and does not call insecure: a typo or a removed algorithm is an
+	// error at start-up, not a port that silently offers the defaults.
+	SSHKexAlgorithms []string `yaml:"ssh_kex_algorithms,omitempty"`
+	SSHCiphers       []string `yaml:"ssh_ciphers,omitempty"`
+	SSHMACs          []string `yaml:"ssh_macs,omitempty"`
 }
 
 // BackendConfig selects the storage of an auth server.
@@ -354,7 +367,35 @@ func (c *Config) CheckAndSetDefaults() error {
 	if c.ShutdownGrace <= 0 {
 		c.ShutdownGrace = DefaultShutdownGrace
 	}
+	if err := c.checkSSHAlgorithms(); err != nil {
+		return trace.Wrap(err)
+	}
 	return nil
+}
+
+// checkSSHAlgorithms validates ssh_kex_algorithms, ssh_ciphers and
+// ssh_macs; the error names the key and the value.
+func (c *Config) checkSSHAlgorithms() error {
+	for _, l := range []struct {
+		key   string
+		kind  sshalgo.Kind
+		names []string
+	}{
+		{"ssh_kex_algorithms", sshalgo.KeyExchanges, c.SSHKexAlgorithms},
+		{"ssh_ciphers", sshalgo.Ciphers, c.SSHCiphers},
+		{"ssh_macs", sshalgo.MACs, c.SSHMACs},
+	} {
+		if err := sshalgo.Check(l.kind, l.names); err != nil {
+			return trace.BadParameter("%s: %v", l.key, err)
+		}
+	}
+	return nil
+}
+
+// SSHAlgorithms are the configured algorithm lists (an unset one is
+// sshalgo's default).
+func (c *Config) SSHAlgorithms() sshalgo.Lists {
+	return sshalgo.Lists{KeyExchanges: c.SSHKexAlgorithms, Ciphers: c.SSHCiphers, MACs: c.SSHMACs}.WithDefaults()
 }
 
 // checkEtcd validates the etcd endpoints against the TLS setting: with

@@ -7,6 +7,8 @@ import (
 
 	"github.com/gravitational/trace"
 	"github.com/stretchr/testify/require"
+
+	"github.com/postern-dev/postern/lib/sshalgo"
 )
 
 func TestSampleConfigParses(t *testing.T) {
@@ -195,5 +197,42 @@ func TestCheckAndSetDefaultsTwice(t *testing.T) {
 		require.NoError(t, cfg.CheckAndSetDefaults())
 		require.Equal(t, once, cfg)
 		require.Equal(t, diag == "", cfg.DiagAddrDefaulted, "diag_addr %q", diag)
+	}
+}
+
+// TestSSHAlgorithms: the three lists parse from the file, an unset one
+// is the default, and a name that is unknown, unsupported or insecure is
+// refused naming the key and the value.
+func TestSSHAlgorithms(t *testing.T) {
+	fc, err := Parse([]byte("ssh_kex_algorithms: [curve25519-sha256]\nssh_ciphers:\n  - aes256-gcm@openssh.com\n  - aes256-ctr\n"))
+	require.NoError(t, err)
+	cfg := Config{FileConfig: *fc}
+	require.NoError(t, cfg.CheckAndSetDefaults())
+	got := cfg.SSHAlgorithms()
+	require.Equal(t, []string{"curve25519-sha256"}, got.KeyExchanges)
+	require.Equal(t, []string{"aes256-gcm@openssh.com", "aes256-ctr"}, got.Ciphers)
+	require.Equal(t, []string{"hmac-sha2-256-etm@openssh.com", "hmac-sha2-512-etm@openssh.com"}, got.MACs, "unset: the default")
+
+	require.Equal(t, sshalgo.Defaults(), (&Config{}).SSHAlgorithms())
+
+	for _, tc := range []struct {
+		yaml, want string
+	}{
+		{"ssh_kex_algorithms: [curve25519-sha256, curve25519-sha512]", `ssh_kex_algorithms: unknown or unsupported key exchange "curve25519-sha512": want some of`},
+		{"ssh_kex_algorithms: [diffie-hellman-group1-sha1]", `ssh_kex_algorithms: key exchange "diffie-hellman-group1-sha1" is insecure and not accepted`},
+		{"ssh_ciphers: [arcfour256]", `ssh_ciphers: cipher "arcfour256" is insecure and not accepted`},
+		{"ssh_ciphers: [aes128-gcm@openssh.com, aes-gcm]", `ssh_ciphers: unknown or unsupported cipher "aes-gcm"`},
+		{"ssh_macs: [hmac-sha1-96]", `ssh_macs: MAC "hmac-sha1-96" is insecure and not accepted`},
+		{"ssh_macs: [umac-128-etm@openssh.com]", `ssh_macs: unknown or unsupported MAC "umac-128-etm@openssh.com"`},
+	} {
+		t.Run(tc.yaml, func(t *testing.T) {
+			fc, err := Parse([]byte(tc.yaml))
+			require.NoError(t, err)
+			cfg := Config{FileConfig: *fc}
+			err = cfg.CheckAndSetDefaults()
+			require.True(t, trace.IsBadParameter(err), "%v", err)
+			require.ErrorContains(t, err, tc.want)
+			require.NotContains(t, err.Error(), "\n")
+		})
 	}
 }

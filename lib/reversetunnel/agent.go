@@ -25,6 +25,7 @@ import (
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/promreg"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/sshalgo"
 	"github.com/postern-dev/postern/lib/utils"
 )
 
@@ -48,6 +49,9 @@ type AgentConfig struct {
 	ProxyAddr string
 	// Signer is the node's host certificate signer. Required.
 	Signer ssh.Signer
+	// Algorithms are the key exchanges, ciphers and MACs offered to the
+	// proxy; an empty list means sshalgo's default one.
+	Algorithms sshalgo.Lists
 	// HostCAs returns the cluster's host CA keys; the proxy must present a
 	// host certificate of role proxy signed by one, naming ProxyAddr's
 	// host. Required.
@@ -372,12 +376,12 @@ func (a *Agent) connectAndServe() (connected bool, err error) {
 		return false, trace.ConnectionProblem(err, "dialing the proxy's tunnel port %s: %v", a.cfg.ProxyAddr, err)
 	}
 	_ = nc.SetDeadline(time.Now().Add(DefaultHandshakeTimeout))
-	sconn, chans, reqs, err := ssh.NewClientConn(nc, a.cfg.ProxyAddr, &ssh.ClientConfig{
+	sconn, chans, reqs, err := ssh.NewClientConn(nc, a.cfg.ProxyAddr, a.cfg.Algorithms.ClientConfig(&ssh.ClientConfig{
 		User:            "tunnel",
 		Auth:            []ssh.AuthMethod{ssh.PublicKeys(a.cfg.Signer)},
 		HostKeyCallback: a.checkProxy,
 		ClientVersion:   "SSH-2.0-postern-tunnel-agent",
-	})
+	}))
 	if err != nil {
 		_ = nc.Close()
 		return false, trace.ConnectionProblem(err, "tunnel handshake with %s: %v", a.cfg.ProxyAddr, err)

@@ -46,6 +46,7 @@ import (
 	"github.com/postern-dev/postern/lib/limiter"
 	"github.com/postern-dev/postern/lib/promreg"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/sshalgo"
 	"github.com/postern-dev/postern/lib/utils"
 )
 
@@ -72,6 +73,9 @@ var ErrServerClosed = errors.New("reversetunnel: server closed")
 type ServerConfig struct {
 	// HostSigner is the proxy's host certificate signer. Required.
 	HostSigner ssh.Signer
+	// Algorithms are the key exchanges, ciphers and MACs offered; an
+	// empty list means sshalgo's default one.
+	Algorithms sshalgo.Lists
 	// HostCAs returns this cluster's host CA keys, read on every
 	// handshake so a rotated CA applies at once. Required.
 	HostCAs func() []ssh.PublicKey
@@ -237,7 +241,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		dataWaiters: map[string]dataWaiter{},
 	}
 	s.sshCfg = &ssh.ServerConfig{ServerVersion: "SSH-2.0-postern-tunnel"}
-	s.sshCfg.AddHostKey(cfg.HostSigner)
+	if err := cfg.Algorithms.ServerConfig(s.sshCfg, cfg.HostSigner); err != nil {
+		return nil, trace.Wrap(err)
+	}
 	if cfg.KeepAlive != nil || cfg.Proxies != nil {
 		s.wg.Add(1)
 		go s.announceLoop()

@@ -409,6 +409,9 @@ func (l *leafAgents) startAgent(ctx context.Context, tc services.TrustedCluster)
 		Clock:     l.p.clock,
 		Logger:    l.log.WithFields(logrus.Fields{"component": "reversetunnel:agent", "root": name}),
 		Metrics:   l.p.registry,
+
+		// The root's tunnel port must accept this process's lists.
+		Algorithms: l.p.cfg.SSHAlgorithms(),
 	}, resolve)
 	if err != nil {
 		return nil, trace.Wrap(err)

@@ -110,6 +110,7 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	server, err := srv.New(srv.Config{
 		ClusterName: p.clusterName,
 		HostSigners: []ssh.Signer{id.SSHSigner},
+		Algorithms:  p.cfg.SSHAlgorithms(),
 		AccessPoint: p.sshAccess,
 		Proxy:       handler,
 		Limiter:     lim,
@@ -177,9 +178,10 @@ func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string, id *auth.Identit
 			}
 			return auth.DialJoinRelay(ctx, raw, id, client)
 		},
-		Certificate: pair,
-		Clock:       p.clock,
-		Logger:      p.log.WithField("component", "web"),
+		Certificate:   pair,
+		SSHAlgorithms: p.cfg.SSHAlgorithms(),
+		Clock:         p.clock,
+		Logger:        p.log.WithField("component", "web"),
 	}
 	if p.authServer != nil {
 		wcfg.Auth = p.authServer

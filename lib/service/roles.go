@@ -175,6 +175,7 @@ func (p *Process) startNode(ctx context.Context, ln net.Listener, lim *limiter.C
 		Recorder:    recorder,
 		ClusterName: p.clusterName,
 		HostSigners: []ssh.Signer{id.SSHSigner},
+		Algorithms:  p.cfg.SSHAlgorithms(),
 		AccessPoint: p.sshAccess,
 		GetNode:     rec.get,
 		Clock:       p.clock,

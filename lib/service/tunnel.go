@@ -74,6 +74,7 @@ func (p *Process) startTunnelServer(id *auth.Identity, networking proxy.Networki
 	}
 	ts, err := reversetunnel.NewServer(reversetunnel.ServerConfig{
 		HostSigner: id.SSHSigner,
+		Algorithms: p.cfg.SSHAlgorithms(),
 		HostCAs:    signerCA(id),
 		Audit:      p.audit,
 		Clock:      p.clock,
@@ -225,6 +226,9 @@ func (p *Process) startTunnelAgent(ctx context.Context, id *auth.Identity) (*tun
 		Clock:     p.clock,
 		Logger:    p.log.WithField("component", "reversetunnel:agent"),
 		Metrics:   p.registry,
+
+		// What the proxy's tunnel port offers when both run this config.
+		Algorithms: p.cfg.SSHAlgorithms(),
 	}, resolve)
 	if err != nil {
 		return nil, trace.Wrap(err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/sshalgo"
 )
 
 // AccessPoint is what the SSH server needs from auth: the cluster's CAs to
@@ -47,6 +48,10 @@ type Config struct {
 	// HostSigners are the host keys, normally one key with its host
 	// certificate (ssh.NewCertSigner). Required.
 	HostSigners []ssh.Signer
+	// Algorithms are the key exchanges, ciphers and MACs offered (the
+	// ssh_kex_algorithms, ssh_ciphers and ssh_macs settings); an empty
+	// list means sshalgo's default one.
+	Algorithms sshalgo.Lists
 	// AccessPoint provides CAs and roles. Required.
 	AccessPoint AccessPoint
 	// GetNode returns this node's own record (uuid, hostname, labels) as

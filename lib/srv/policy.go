@@ -42,8 +42,6 @@ type policy struct {
 	// lockOutGrace is how long a locked connection lives after its
 	// sessions were told why (see lockOutProxyGrace); zero on a node.
 	lockOutGrace time.Duration
-	// ciphers are the ciphers offered.
-	ciphers []string
 }
 
 // Request names this server knows.
@@ -82,11 +80,6 @@ func nodePolicy() *policy {
 			reqAgentForwarding: func(s *session, req *ssh.Request) { reply(req, s.c.requestAgentForwarding(s.log)) },
 		}),
 		subsystem: (*session).startNodeSubsystem,
-		// The client's cipher order wins, and OpenSSH lists
-		// chacha20-poly1305 first, which x/crypto runs without assembly
-		// (about half AES's speed here): not offering it makes OpenSSH
-		// pick AES (AES-NI) instead.
-		ciphers: []string{ssh.CipherAES128GCM, ssh.CipherAES256GCM, ssh.CipherAES128CTR, ssh.CipherAES192CTR, ssh.CipherAES256CTR},
 	}
 }
 
@@ -113,14 +106,6 @@ func proxyPolicy() *policy {
 		}),
 		subsystem:    (*session).startProxySubsystem,
 		lockOutGrace: lockOutProxyGrace,
-		// On the proxy, where every byte of every session passes, AES-GCM
-		// only: offered CTR, OpenSSH picks it (it lists aes128-ctr before
-		// the GCM ciphers) and pays for HMAC-SHA256 on top, which costs
-		// the proxy about twice the CPU per GB and put `ssh -J`
-		// throughput below an OpenSSH bastion's
-		// (bench/postern-vs-openssh.sh). Every client of the last decade
-		// speaks AES-GCM (OpenSSH 6.2, PuTTY 0.76, libssh2 1.11).
-		ciphers: []string{ssh.CipherAES128GCM, ssh.CipherAES256GCM},
 	}
 }
 

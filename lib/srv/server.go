@@ -61,9 +61,9 @@ func New(cfg Config) (*Server, error) {
 		// offer every key in the agent, so keep OpenSSH's default of 6.
 		MaxAuthTries: 6,
 	}
-	s.sshCfg.Ciphers = s.policy.ciphers
-	for _, signer := range cfg.HostSigners {
-		s.sshCfg.AddHostKey(signer)
+	if err := cfg.Algorithms.ServerConfig(s.sshCfg, cfg.HostSigners...); err != nil {
+		cancel()
+		return nil, trace.Wrap(err)
 	}
 	if cfg.Locks != nil {
 		s.locksDone = make(chan struct{})

@@ -17,6 +17,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/postern-dev/postern/lib/api/webapi"
+	"github.com/postern-dev/postern/lib/sshalgo"
 	"github.com/postern-dev/postern/lib/version"
 )
 
@@ -46,6 +47,9 @@ type Config struct {
 	// TunnelAddr is the proxy's reverse tunnel address reported by
 	// /webapi/ping; empty when it takes no tunnels.
 	TunnelAddr string
+	// SSHAlgorithms are what the web terminal offers the nodes it dials;
+	// an empty list means sshalgo's default one.
+	SSHAlgorithms sshalgo.Lists
 	// Clock; nil means the real clock.
 	Clock clockwork.Clock
 	// Logger; nil means component=web.

@@ -165,13 +165,13 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) 
 	})
 	defer handshakeTimer.Stop()
 	stop := context.AfterFunc(hctx, func() { conn.Close() })
-	sconn, chans, reqs, err := ssh.NewClientConn(conn, hostAddr, &ssh.ClientConfig{
+	// This process's lists (ssh_kex_algorithms, ssh_ciphers, ssh_macs),
+	// which the node's agree with when both run the same config.
+	sconn, chans, reqs, err := ssh.NewClientConn(conn, hostAddr, t.srv.cfg.SSHAlgorithms.ClientConfig(&ssh.ClientConfig{
 		User:            p.Login,
 		Auth:            []ssh.AuthMethod{ssh.PublicKeys(t.live.signer)},
 		HostKeyCallback: hostKeys,
-		// AES-GCM first: x/crypto has assembly for it, not for chacha20.
-		Config: ssh.Config{Ciphers: []string{"aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com", "aes128-ctr"}},
-	})
+	}))
 	if !stop() {
 		if err == nil {
 			sconn.Close()
