@@ -141,14 +141,14 @@ type Writer struct {
 
 	// mu guards the batch being filled; never held while waiting on the
 	// disk or the network, only while handing a full batch to store.
-	mu     sync.Mutex
-	raw    []byte  // events since the last hand-off (appendRaw)
+	mu  sync.Mutex
+	raw []byte // events since the last hand-off (appendRaw)
 	// cols, rows: the size recorded last (the header's, then each
 	// resize's), which fills in a dimension a resize lacks.
 	cols, rows uint32
-	last   float64 // last event time, so times never go back
-	closed bool
-	timer  clockwork.Timer // flush timer, armed while raw holds events
+	last       float64 // last event time, so times never go back
+	closed     bool
+	timer      clockwork.Timer // flush timer, armed while raw holds events
 	// atLeast is a lower bound of the encoded event bytes so far: past
 	// MaxBytes, the cap is certainly reached, and capSeen says that the
 	// batch was handed over for store to notice.
