@@ -113,12 +113,21 @@ func (a *APIServer) registerRoutes() {
 	a.handle("POST /v1/login", allow(proxy), a.authenticateUser)
 	a.handle("POST /v1/login/ssh", allow(proxy), a.authenticateSSHUser)
 	// Web sessions: any proxy serves any browser (websessions.go says
-	// why a proxy cannot mint a session or a certificate from these).
-	a.handle("GET /v1/websessions/{key}", allow(proxy), a.getWebSession)
-	a.handle("POST /v1/websessions/{key}/touch", allow(proxy), a.touchWebSession)
-	a.handle("DELETE /v1/websessions/{key}", allow(proxy), a.deleteWebSession)
+	// why a proxy cannot mint a session or a certificate from these, nor
+	// act on a session no browser presented to it: every call names the
+	// session by its two secrets, and the watch carries only ends).
+	a.handle("POST /v1/websessions/get", allow(proxy), a.audited("POST /v1/websessions/get", a.getWebSession))
+	a.handle("POST /v1/websessions/touch", allow(proxy), a.audited("POST /v1/websessions/touch", a.touchWebSession))
+	a.handle("POST /v1/websessions/delete", allow(proxy), a.audited("POST /v1/websessions/delete", a.deleteWebSession))
 	a.handle("POST /v1/websessions/certs", allow(proxy), a.webSessionCerts)
-	a.handleStream("GET /v1/watch/websessions", allow(proxy), a.watchWebSessions)
+	a.handleStream("GET /v1/watch/websessions/ended", allow(proxy), a.watchWebSessionEnds)
+	// Retired: by key, and the watch of every session's key. Refused to
+	// every role, so that a call is audited as api.denied.
+	nobody := []string{}
+	a.handle("GET /v1/websessions/{key}", nobody, a.refuseByKey)
+	a.handle("POST /v1/websessions/{key}/touch", nobody, a.refuseByKey)
+	a.handle("DELETE /v1/websessions/{key}", nobody, a.refuseByKey)
+	a.handle("GET /v1/watch/websessions", nobody, a.refuseByKey)
 	a.handle("GET /v1/events", allow(admin), a.searchEvents)
 	// Locks: admins write them (pctl lock/unlock); every host enforces
 	// them, so nodes and proxies load and watch them; pctl lists them.

@@ -59,6 +59,27 @@ func (a *APIServer) watchPrefix(w http.ResponseWriter, r *http.Request, p *peer,
 // refuse it (the event is then sent as a delete: the peer must not keep a
 // stale value it can no longer be told about).
 func (a *APIServer) watchRoots(w http.ResponseWriter, r *http.Request, p *peer, transform func(key string, value []byte) ([]byte, error), roots ...string) {
+	var convert func(backend.Event) (backend.Event, bool)
+	if transform != nil {
+		convert = func(ev backend.Event) (backend.Event, bool) {
+			if ev.Type != backend.OpPut {
+				return ev, true
+			}
+			v, err := transform(ev.Item.Key, ev.Item.Value)
+			if err != nil {
+				a.log.WithError(err).WithFields(logrus.Fields{"peer": p.ID, "key": ev.Item.Key}).Warn("Watch event not sent as is.")
+				ev.Type, v = backend.OpDelete, nil
+			}
+			ev.Item.Value = v
+			return ev, true
+		}
+	}
+	a.watchEvents(w, r, p, convert, roots...)
+}
+
+// watchEvents is watchRoots with each event passed through convert, when
+// set, which may rewrite it or drop it (false).
+func (a *APIServer) watchEvents(w http.ResponseWriter, r *http.Request, p *peer, convert func(backend.Event) (backend.Event, bool), roots ...string) {
 	q := r.URL.Query()
 	prefixes := q["prefix"]
 	for _, pr := range prefixes {
@@ -107,20 +128,18 @@ func (a *APIServer) watchRoots(w http.ResponseWriter, r *http.Request, p *peer, 
 	for {
 		select {
 		case ev := <-watcher.Events():
+			if convert != nil {
+				var ok bool
+				if ev, ok = convert(ev); !ok {
+					continue
+				}
+			}
 			we := authapi.WatchEvent{
 				Type:     ev.Type.String(),
 				Key:      ev.Item.Key,
 				Value:    ev.Item.Value,
 				Expires:  ev.Item.Expires,
 				Revision: ev.Item.Revision,
-			}
-			if transform != nil && ev.Type == backend.OpPut {
-				v, err := transform(ev.Item.Key, ev.Item.Value)
-				if err != nil {
-					log.WithError(err).WithField("key", ev.Item.Key).Warn("Watch event not sent as is.")
-					we.Type, v = backend.OpDelete.String(), nil
-				}
-				we.Value = v
 			}
 			if !send(we) {
 				return

@@ -6,6 +6,8 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"net/http"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/gravitational/trace"
@@ -29,8 +31,17 @@ import (
 //     token, which only the browser holds; the backend and the API keep
 //     and return only their hashes. The certificate expires with the
 //     session and goes through the same lock and role checks as a login.
+//   - Reading, touching or deleting a record also needs both secrets
+//     (webSessionBySecret): the store key is derived here from the
+//     session id, so a key seen in a log, a backend dump or an earlier
+//     answer acts on nothing, and no endpoint lists records or streams
+//     their keys. A proxy thus acts only on sessions a browser presented
+//     to it; the by-key routes stay in the table refused to every role,
+//     so that a call by key is audited (api.denied), not a silent 404.
 //   - Logout (DeleteWebSession) removes the record; every proxy watches
-//     the prefix (/v1/watch/websessions) and ends the session's terminals.
+//     for ends (/v1/watch/websessions/ended), which name a session by
+//     services.WebSessionEndID of its key only: a proxy matches the ends
+//     of the sessions it serves and learns nothing it could act on.
 
 // webSessionKeyOf is the store key of a session id.
 func webSessionKeyOf(sessionID string) string {
@@ -63,21 +74,53 @@ func (s *Server) createWebSession(ctx context.Context, user string, init *authap
 	return trace.Wrap(s.store.CreateWebSession(ctx, init.Key, ws))
 }
 
-// GetWebSession returns a web session record (hashes only).
-func (s *Server) GetWebSession(ctx context.Context, key string) (*services.WebSession, error) {
+// errNoWebSession is the answer to a session id that names no live
+// record; a wrong token for a record that exists is errWebSessionToken.
+var (
+	errNoWebSession    = trace.NotFound("web session not found")
+	errWebSessionToken = trace.AccessDenied("web session token does not match")
+)
+
+// webSessionBySecret returns the store key and the record of the session
+// whose id and token a browser presented: NotFound for an id that names
+// no live record, AccessDenied for a wrong token (never legitimate: the
+// browser holds both, so the caller guessed or replays a half).
+func (s *Server) webSessionBySecret(ctx context.Context, sid, token string) (string, *services.WebSession, error) {
+	if sid == "" || token == "" {
+		return "", nil, trace.BadParameter("a web session is named by its session_id and token")
+	}
+	key := webSessionKeyOf(sid)
 	ws, err := s.store.GetWebSession(ctx, key)
 	if err != nil {
-		return nil, trace.Wrap(err)
+		if trace.IsNotFound(err) {
+			return "", nil, errNoWebSession
+		}
+		return "", nil, trace.Wrap(err)
+	}
+	th := sha256.Sum256([]byte(token))
+	if subtle.ConstantTimeCompare(ws.TokenHash, th[:]) != 1 {
+		return "", nil, errWebSessionToken
 	}
 	if !s.clock.Now().Before(ws.Expires) {
-		return nil, trace.NotFound("web session not found")
+		return "", nil, errNoWebSession
 	}
-	return ws, nil
+	return key, ws, nil
+}
+
+// GetWebSession returns the record (hashes only) of the session with
+// these secrets.
+func (s *Server) GetWebSession(ctx context.Context, sid, token string) (*services.WebSession, error) {
+	_, ws, err := s.webSessionBySecret(ctx, sid, token)
+	return ws, trace.Wrap(err)
 }
 
 // TouchWebSession records use of a session; a time in the future is
 // capped at now (a proxy cannot keep a session alive in advance).
-func (s *Server) TouchWebSession(ctx context.Context, key string, at time.Time) error {
+func (s *Server) TouchWebSession(ctx context.Context, sid, token string, at time.Time) error {
+	key, _, err := s.webSessionBySecret(ctx, sid, token)
+	if err != nil {
+		return trace.Wrap(err)
+	}
 	if now := s.clock.Now(); at.After(now) {
 		at = now
 	}
@@ -85,7 +128,11 @@ func (s *Server) TouchWebSession(ctx context.Context, key string, at time.Time) 
 }
 
 // DeleteWebSession ends a session everywhere.
-func (s *Server) DeleteWebSession(ctx context.Context, key string) error {
+func (s *Server) DeleteWebSession(ctx context.Context, sid, token string) error {
+	key, _, err := s.webSessionBySecret(ctx, sid, token)
+	if err != nil {
+		return trace.Wrap(err)
+	}
 	return trace.Wrap(s.store.DeleteWebSession(ctx, key))
 }
 
@@ -136,28 +183,108 @@ func (s *Server) WebSessionCerts(ctx context.Context, req authapi.WebSessionCert
 	}, nil
 }
 
-// WebSessionEvents watches the sessions prefix of the local backend.
+// WebSessionEvents watches the ends of web sessions in the local
+// backend: OpInit, then an OpDelete per session deleted or expired, its
+// key services.WebSessionEndID of the record's key under the sessions
+// prefix. Creations and touches are not sent.
 func (s *Server) WebSessionEvents(ctx context.Context) (backend.Watcher, error) {
-	return s.store.Backend().NewWatcher(ctx, backend.Watch{Name: "web sessions", Prefixes: []string{services.WebSessionsPrefix()}})
+	w, err := s.store.Backend().NewWatcher(ctx, backend.Watch{Name: "web session ends", Prefixes: []string{services.WebSessionsPrefix()}})
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return newEndsWatcher(w), nil
+}
+
+// webSessionEnd is what a session watch says of a backend event: OpInit
+// as is, a delete under its end id, nothing of a put.
+func webSessionEnd(ev backend.Event) (backend.Event, bool) {
+	switch ev.Type {
+	case backend.OpInit:
+		return ev, true
+	case backend.OpDelete:
+		key := strings.TrimPrefix(ev.Item.Key, services.WebSessionsPrefix())
+		return backend.Event{Type: backend.OpDelete, Item: backend.Item{
+			Key: services.WebSessionsPrefix() + services.WebSessionEndID(key), Revision: ev.Item.Revision,
+		}}, true
+	}
+	return backend.Event{}, false
+}
+
+// endsWatcher is a backend watcher seen through webSessionEnd.
+type endsWatcher struct {
+	backend.Watcher
+	events chan backend.Event
+	// stopped ends the copy loop (Close).
+	stopped   chan struct{}
+	closeOnce sync.Once
+}
+
+func newEndsWatcher(w backend.Watcher) *endsWatcher {
+	e := &endsWatcher{Watcher: w, events: make(chan backend.Event), stopped: make(chan struct{})}
+	go e.copy()
+	return e
+}
+
+func (e *endsWatcher) copy() {
+	for {
+		select {
+		case ev := <-e.Watcher.Events():
+			out, ok := webSessionEnd(ev)
+			if !ok {
+				continue
+			}
+			select {
+			case e.events <- out:
+			case <-e.stopped:
+				return
+			}
+		case <-e.Watcher.Done():
+			return
+		case <-e.stopped:
+			return
+		}
+	}
+}
+
+func (e *endsWatcher) Events() <-chan backend.Event { return e.events }
+
+func (e *endsWatcher) Close() error {
+	e.closeOnce.Do(func() { close(e.stopped) })
+	return trace.Wrap(e.Watcher.Close())
 }
 
 // API handlers (the table is in apihandlers.go).
 
 func (a *APIServer) getWebSession(ctx context.Context, _ *peer, r *http.Request) (any, error) {
-	ws, err := a.auth.GetWebSession(ctx, r.PathValue("key"))
+	var req authapi.WebSessionRequest
+	if err := readJSON(r, &req); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	ws, err := a.auth.GetWebSession(ctx, req.SessionID, req.Token)
 	return ws, trace.Wrap(err)
 }
 
 func (a *APIServer) touchWebSession(ctx context.Context, _ *peer, r *http.Request) (any, error) {
-	var req authapi.WebSessionTouchRequest
+	var req authapi.WebSessionRequest
 	if err := readJSON(r, &req); err != nil {
 		return nil, trace.Wrap(err)
 	}
-	return nil, trace.Wrap(a.auth.TouchWebSession(ctx, r.PathValue("key"), req.LastActive))
+	return nil, trace.Wrap(a.auth.TouchWebSession(ctx, req.SessionID, req.Token, req.LastActive))
 }
 
 func (a *APIServer) deleteWebSession(ctx context.Context, _ *peer, r *http.Request) (any, error) {
-	return nil, trace.Wrap(a.auth.DeleteWebSession(ctx, r.PathValue("key")))
+	var req authapi.WebSessionRequest
+	if err := readJSON(r, &req); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return nil, trace.Wrap(a.auth.DeleteWebSession(ctx, req.SessionID, req.Token))
+}
+
+// refuseByKey answers the retired by-key web session routes, which the
+// table allows to no role: handle has refused and audited the call
+// before this could run.
+func (a *APIServer) refuseByKey(context.Context, *peer, *http.Request) (any, error) {
+	return nil, trace.AccessDenied("web sessions are named by their secrets, not their keys")
 }
 
 func (a *APIServer) webSessionCerts(ctx context.Context, _ *peer, r *http.Request) (any, error) {
@@ -169,37 +296,29 @@ func (a *APIServer) webSessionCerts(ctx context.Context, _ *peer, r *http.Reques
 	return resp, trace.Wrap(err)
 }
 
-// watchWebSessions streams the keys of sessions as they are created,
-// touched and deleted, without their values: a proxy needs to know which
-// session ended, not the hashes of every session.
-func (a *APIServer) watchWebSessions(w http.ResponseWriter, r *http.Request, p *peer) {
-	a.watchRoots(w, r, p, func(string, []byte) ([]byte, error) { return []byte{}, nil }, services.WebSessionsPrefix())
+// watchWebSessionEnds streams the ends of web sessions under their end
+// ids (webSessionEnd): no key, no record, nothing of a session's
+// creation or use.
+func (a *APIServer) watchWebSessionEnds(w http.ResponseWriter, r *http.Request, p *peer) {
+	a.watchEvents(w, r, p, webSessionEnd, services.WebSessionsPrefix())
 }
 
 // Client side.
 
-// GetWebSession reads a web session record (proxy).
-func (c *Client) GetWebSession(ctx context.Context, key string) (*services.WebSession, error) {
-	if err := services.CheckWebSessionKey(key); err != nil {
-		return nil, trace.NotFound("web session not found")
-	}
-	return call[services.WebSession](ctx, c, http.MethodGet, "/v1/websessions/"+key, nil, nil)
+// GetWebSession reads the record of the session with these secrets
+// (proxy).
+func (c *Client) GetWebSession(ctx context.Context, sid, token string) (*services.WebSession, error) {
+	return call[services.WebSession](ctx, c, http.MethodPost, "/v1/websessions/get", nil, authapi.WebSessionRequest{SessionID: sid, Token: token})
 }
 
 // TouchWebSession records use of a session (proxy).
-func (c *Client) TouchWebSession(ctx context.Context, key string, at time.Time) error {
-	if err := services.CheckWebSessionKey(key); err != nil {
-		return trace.NotFound("web session not found")
-	}
-	return trace.Wrap(c.do(ctx, http.MethodPost, "/v1/websessions/"+key+"/touch", nil, authapi.WebSessionTouchRequest{LastActive: at}, nil))
+func (c *Client) TouchWebSession(ctx context.Context, sid, token string, at time.Time) error {
+	return trace.Wrap(c.do(ctx, http.MethodPost, "/v1/websessions/touch", nil, authapi.WebSessionRequest{SessionID: sid, Token: token, LastActive: at}, nil))
 }
 
 // DeleteWebSession ends a session everywhere (proxy).
-func (c *Client) DeleteWebSession(ctx context.Context, key string) error {
-	if err := services.CheckWebSessionKey(key); err != nil {
-		return trace.NotFound("web session not found")
-	}
-	return trace.Wrap(c.do(ctx, http.MethodDelete, "/v1/websessions/"+key, nil, nil, nil))
+func (c *Client) DeleteWebSession(ctx context.Context, sid, token string) error {
+	return trace.Wrap(c.do(ctx, http.MethodPost, "/v1/websessions/delete", nil, authapi.WebSessionRequest{SessionID: sid, Token: token}, nil))
 }
 
 // WebSessionCerts asks for a certificate for a web session's user
@@ -208,7 +327,8 @@ func (c *Client) WebSessionCerts(ctx context.Context, req authapi.WebSessionCert
 	return call[authapi.SSHLoginResponse](ctx, c, http.MethodPost, "/v1/websessions/certs", nil, req)
 }
 
-// WebSessionEvents watches web session keys (proxy); values are empty.
+// WebSessionEvents watches the ends of web sessions (proxy), as
+// Server.WebSessionEvents delivers them.
 func (c *Client) WebSessionEvents(ctx context.Context) (backend.Watcher, error) {
-	return c.newWatcher(ctx, "/v1/watch/websessions", backend.Watch{Name: "web sessions", Prefixes: []string{services.WebSessionsPrefix()}})
+	return c.newWatcher(ctx, "/v1/watch/websessions/ended", backend.Watch{Name: "web session ends", Prefixes: []string{services.WebSessionsPrefix()}})
 }

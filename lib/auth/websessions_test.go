@@ -20,7 +20,8 @@ import (
 // it, over the real API: a record exists only from a login; the backend
 // and the API hold hashes, never the secrets; a certificate needs both
 // secrets and ends with the session; touches cannot extend a session into
-// the future; a lock or logout stops it; deletes reach the watch.
+// the future; a lock or logout stops it; deletes reach the watch, which
+// carries only end ids (no keys, nothing of creations or touches).
 func TestWebSessionCerts(t *testing.T) {
 	env := newTestAPI(t)
 	ctx := context.Background()
@@ -46,7 +47,7 @@ func TestWebSessionCerts(t *testing.T) {
 		WebSession: &authapi.WebSessionInit{Key: key, TokenHash: th[:]},
 	})
 	require.True(t, trace.IsAccessDenied(err), "%v", err)
-	_, err = proxy.GetWebSession(ctx, key)
+	_, err = proxy.GetWebSession(ctx, sid, token)
 	require.True(t, trace.IsNotFound(err), "%v", err)
 
 	resp, err := proxy.AuthenticateSSHUser(ctx, authapi.SSHLoginRequest{
@@ -56,12 +57,8 @@ func TestWebSessionCerts(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.Equal(t, "alice", resp.Username)
-	ev := nextEvent(t, w)
-	require.Equal(t, backend.OpPut, ev.Type)
-	require.Equal(t, services.WebSessionKey(key), ev.Item.Key)
-	require.Empty(t, ev.Item.Value, "the watch streams keys, not records")
 
-	rec, err := proxy.GetWebSession(ctx, key)
+	rec, err := proxy.GetWebSession(ctx, sid, token)
 	require.NoError(t, err)
 	require.Equal(t, "alice", rec.User)
 	require.Equal(t, th[:], rec.TokenHash)
@@ -95,8 +92,8 @@ func TestWebSessionCerts(t *testing.T) {
 	require.Equal(t, ssh.MarshalAuthorizedKey(cert.Key), pub2)
 
 	// A touch in the future is capped at now.
-	require.NoError(t, proxy.TouchWebSession(ctx, key, env.clock.Now().Add(24*time.Hour)))
-	rec2, err := proxy.GetWebSession(ctx, key)
+	require.NoError(t, proxy.TouchWebSession(ctx, sid, token, env.clock.Now().Add(24*time.Hour)))
+	rec2, err := proxy.GetWebSession(ctx, sid, token)
 	require.NoError(t, err)
 	require.False(t, rec2.LastActive.After(env.clock.Now()))
 	require.Equal(t, "alice", rec2.User)
@@ -112,14 +109,13 @@ func TestWebSessionCerts(t *testing.T) {
 	_, err = certs(sid, token)
 	require.NoError(t, err)
 
-	// Logout: the record goes and the watch says so.
-	require.NoError(t, proxy.DeleteWebSession(ctx, key))
-	ev = nextEvent(t, w)
-	for ev.Type == backend.OpPut {
-		ev = nextEvent(t, w) // the touch's
-	}
+	// Logout: the record goes and the watch says so, by the end id
+	// alone: the login and the touch before it sent nothing.
+	require.NoError(t, proxy.DeleteWebSession(ctx, sid, token))
+	ev := nextEvent(t, w)
 	require.Equal(t, backend.OpDelete, ev.Type)
-	require.Equal(t, services.WebSessionKey(key), ev.Item.Key)
+	require.Equal(t, services.WebSessionsPrefix()+services.WebSessionEndID(key), ev.Item.Key)
+	require.Empty(t, ev.Item.Value)
 	_, err = certs(sid, token)
 	require.True(t, trace.IsAccessDenied(err), "%v", err)
 
@@ -138,10 +134,11 @@ func TestWebSessionCerts(t *testing.T) {
 	_, err = certs(sid2, token2)
 	require.True(t, trace.IsAccessDenied(err), "%v", err)
 
-	// Keys that are not session keys are refused before the backend.
-	for _, bad := range []string{"../users/alice", "ab", key + "00"} {
-		_, err := env.auth.GetWebSession(ctx, bad)
-		require.True(t, trace.IsNotFound(err), "%q: %v", bad, err)
+	// A session is named by its secrets only: its key, or half of the
+	// pair, finds nothing.
+	for _, bad := range [][2]string{{"../users/alice", token2}, {webSessionKeyOf(sid2), token2}, {sid2, ""}, {"", token2}} {
+		_, err := env.auth.GetWebSession(ctx, bad[0], bad[1])
+		require.True(t, trace.IsNotFound(err) || trace.IsBadParameter(err), "%q: %v", bad, err)
 	}
 }
 

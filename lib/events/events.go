@@ -67,6 +67,11 @@ const (
 	// and cap per ConnRefusedInterval, with the number refused meanwhile
 	// in FieldCount, so that a flood cannot flood the audit log too.
 	ConnRefused = "conn.refused"
+	// ConnTerminated: the server ended an open connection because what
+	// authenticated it stopped being trusted (a root's user after
+	// `pctl rm trusted_cluster/ROOT` on this leaf, or the root's user CA
+	// removed); FieldReason says which.
+	ConnTerminated = "conn.terminated"
 	// HostJoin: a host joined the cluster with a token (auth emits it).
 	HostJoin = "host.join"
 	// HostJoinFailed: a join was refused (bad or spent token, wrong

@@ -28,6 +28,9 @@ var shippable = map[string]bool{
 	PortForward:    true,
 	AgentForward:   true,
 	ConnRefused:    true,
+	// A node ending a root user's connection when its cluster stops
+	// trusting the root: the only record of why the shell ended.
+	ConnTerminated: true,
 	// A node's recording events: without them a capped or failed
 	// recording is explained only in the node's own log.
 	RecordingCapped: true,

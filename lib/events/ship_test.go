@@ -218,6 +218,11 @@ func TestShippedEvent(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, now, future.Time)
 
+	// A node's word for why it ended a root user's connection reaches
+	// auth's log.
+	_, err = ShippedEvent(Event{Type: ConnTerminated, User: "alice", Fields: Fields{FieldReason: "trust removed"}}, now, "real", "n", "node")
+	require.NoError(t, err)
+
 	for _, typ := range []string{AuthLogin, AuthFailed, HostJoin, APIDenied, "", "made.up"} {
 		_, err := ShippedEvent(Event{Type: typ}, now, "real", "n", "node")
 		require.True(t, trace.IsBadParameter(err), "%q: %v", typ, err)

@@ -72,6 +72,9 @@ type AccessCache struct {
 	rc      *mapCollector[*Role]
 	cc      *mapCollector[CertAuthority]
 	tc      *mapCollector[TrustedCluster]
+	// trust announces changes of the CAs and trusted clusters
+	// (TrustChanges).
+	trust changeNotifier
 }
 
 // NewAccessCache starts the watchers; stop them with Close.
@@ -88,6 +91,8 @@ func NewAccessCache(cfg AccessCacheConfig) (*AccessCache, error) {
 		cc:    newMapCollector(func(ca CertAuthority) string { return caKey(ca.Type, ca.ClusterName) }),
 		tc:    newMapCollector(func(tc TrustedCluster) string { return backend.Key(trustedClustersPrefix, tc.Metadata.Name) }),
 	}
+	a.cc.onChange = a.trust.notify
+	a.tc.onChange = a.trust.notify
 	var err error
 	a.roles, err = NewResourceWatcher(ResourceWatcherConfig[*Role]{
 		Name:     "roles",
@@ -239,6 +244,14 @@ func (a *AccessCache) GetTrustedCluster(ctx context.Context, name string) (*Trus
 	return &tc, nil
 }
 
+// TrustChanges returns a channel closed at the next change of the CAs or
+// the trusted clusters. The SSH servers wait on it to end the open
+// connections of a root's users once this (leaf) cluster stops trusting
+// the root or the CA that signed them: the checks at connect and at each
+// session do not reach a shell that is already running. Take it before
+// checking, so a change between the check and the wait is not missed.
+func (a *AccessCache) TrustChanges() <-chan struct{} { return a.trust.changes() }
+
 // WaitSynced blocks until every watcher has loaded, ctx's end or Close.
 func (a *AccessCache) WaitSynced(ctx context.Context) error {
 	if err := a.roles.WaitSynced(ctx); err != nil {
@@ -274,6 +287,40 @@ type mapCollector[T any] struct {
 	key   func(T) string
 	mu    sync.RWMutex
 	items map[string]T
+	// onChange, when set, runs after every change (outside mu).
+	onChange func()
+}
+
+func (c *mapCollector[T]) changed() {
+	if c.onChange != nil {
+		c.onChange()
+	}
+}
+
+// changeNotifier hands out a channel that is closed at the next notify;
+// the zero value is ready to use.
+type changeNotifier struct {
+	// mu guards ch.
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func (n *changeNotifier) changes() <-chan struct{} {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.ch == nil {
+		n.ch = make(chan struct{})
+	}
+	return n.ch
+}
+
+func (n *changeNotifier) notify() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.ch != nil {
+		close(n.ch)
+		n.ch = nil
+	}
 }
 
 func newMapCollector[T any](key func(T) string) *mapCollector[T] {
@@ -288,18 +335,21 @@ func (c *mapCollector[T]) Reset(items []T) {
 	c.mu.Lock()
 	c.items = m
 	c.mu.Unlock()
+	c.changed()
 }
 
 func (c *mapCollector[T]) Put(it T) {
 	c.mu.Lock()
 	c.items[c.key(it)] = it
 	c.mu.Unlock()
+	c.changed()
 }
 
 func (c *mapCollector[T]) Delete(key string) {
 	c.mu.Lock()
 	delete(c.items, key)
 	c.mu.Unlock()
+	c.changed()
 }
 
 func (c *mapCollector[T]) get(key string) (T, bool) {

@@ -120,6 +120,45 @@ func TestAccessCacheTrustedClusters(t *testing.T) {
 	}, 10*time.Second, 5*time.Millisecond)
 }
 
+// TestAccessCacheTrustChanges: a trusted cluster's deletion and a CA's
+// change each close the channel TrustChanges handed out before them (the
+// SSH servers' trust sweep waits on it); the view is current when it
+// closes.
+func TestAccessCacheTrustChanges(t *testing.T) {
+	ctx := context.Background()
+	clock := clockwork.NewFakeClock()
+	s := newTestStore(t, clock)
+	tc := &TrustedCluster{Metadata: Metadata{Name: "root"}, Spec: TrustedClusterSpec{Enabled: true, ProxyAddr: "root:3080", Token: "abc@" + testPin, RoleMap: RoleMap{{Remote: "access", Local: []string{"dev"}}}}}
+	require.NoError(t, s.UpsertTrustedCluster(ctx, tc))
+	c, err := NewAccessCache(AccessCacheConfig{Events: s, Clock: clock})
+	require.NoError(t, err)
+	defer c.Close()
+	waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, c.WaitSynced(waitCtx))
+	closed := func(ch <-chan struct{}, what string) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("TrustChanges was not closed by %s", what)
+		}
+	}
+
+	ch := c.TrustChanges()
+	require.NoError(t, s.DeleteTrustedCluster(ctx, "root"))
+	closed(ch, "the trusted_cluster's deletion")
+	_, err = c.GetTrustedCluster(ctx, "root")
+	require.True(t, trace.IsNotFound(err), "%v", err)
+
+	ch = c.TrustChanges()
+	require.NoError(t, s.CreateCertAuthority(ctx, CertAuthority{Type: UserCA, ClusterName: "root",
+		SSHPublicKeys: []string{"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBkUbBvYpgJ5bDcrnYi2dDpSTR0oXEJnB5ZUP9wEFwXO"}}))
+	closed(ch, "a new CA")
+	_, err = c.GetCertAuthority(ctx, "root", UserCA, false)
+	require.NoError(t, err)
+}
+
 // TestAccessCacheStaleGrace: with a grace, a watch that was live and broke
 // is answered from the last view for that long on the cache's clock, then
 // refused; a fresh break starts a fresh grace; without one (the default)

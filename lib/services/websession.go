@@ -2,6 +2,7 @@ package services
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"time"
@@ -40,6 +41,15 @@ func WebSessionsPrefix() string { return backend.Prefix(webSessionsPrefix...) }
 
 // WebSessionKey is the backend key of a session.
 func WebSessionKey(key string) string { return backend.Key(append(webSessionsPrefix, key)...) }
+
+// WebSessionEndID names a session's end in the session watch: a hash of
+// its key under a label of its own, so the watch gives a proxy neither
+// the key nor the session id of a session it does not serve, while one
+// that serves it computes the same id from the key it holds.
+func WebSessionEndID(key string) string {
+	h := sha256.Sum256([]byte("postern web session end\x00" + key))
+	return hex.EncodeToString(h[:])
+}
 
 // CheckWebSessionKey accepts only what a session key is, the hex SHA-256
 // of a session id, so that a key from the API cannot name anything else.

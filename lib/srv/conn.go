@@ -36,6 +36,10 @@ type authResult struct {
 	id      *authz.Identity
 	permits Permits
 	node    services.Node
+	// signedBy is the CA key that signed a root cluster user's
+	// certificate (nil for this cluster's users): the trust sweep ends the
+	// connection once this cluster no longer trusts it (trust.go).
+	signedBy ssh.PublicKey
 }
 
 // errDenied is what the client sees for any refused authentication; the
@@ -135,6 +139,9 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 		return nil, errUnavailable()
 	}
 	res := &authResult{id: id}
+	if trusted != nil {
+		res.signedBy = cert.SignatureKey
+	}
 	if s.policy.checkNode {
 		res.node = s.cfg.GetNode()
 		if err := id.CheckLogin(&res.node, id.Login); err != nil {
@@ -206,6 +213,11 @@ type conn struct {
 	// keepAlivesAnswered counts answered probes (diagnostics; tests wait
 	// on it to step a fake clock in lockstep with the loop).
 	keepAlivesAnswered atomic.Int64
+	// ending is set by the first endWith: a connection that two sweeps
+	// (a lock and a trust change, or two trust changes) both cover is
+	// told why and ended once, so no explanation is still being written
+	// while its sessions close.
+	ending atomic.Bool
 
 	// mu guards everything below. Lock order: after Server.mu, before
 	// session.mu; never held across network I/O.

@@ -114,7 +114,18 @@ func (s *Server) closeLocked() {
 // the connection.
 func (c *conn) lockOut(err error) {
 	msg := lockRefusal(err)
+	if !c.ending.CompareAndSwap(false, true) {
+		return
+	}
 	c.log.WithField("reason", msg).Warn("Ending a locked connection.")
+	c.endWith(msg)
+}
+
+// endWith writes msg to the connection's open sessions' stderr (waiting
+// at most lockOutWait for a client that stopped reading), then, after the
+// proxy's grace, ends the connection with msg as its cause. The caller
+// has won c.ending.
+func (c *conn) endWith(msg string) {
 	c.mu.Lock()
 	sessions := make([]*session, 0, len(c.sessions))
 	for s := range c.sessions {

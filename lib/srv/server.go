@@ -38,6 +38,9 @@ type Server struct {
 	wg sync.WaitGroup
 	// locksDone is closed when enforceLocks returns (nil without Locks).
 	locksDone chan struct{}
+	// trustDone is closed when enforceTrust returns (nil when the
+	// AccessPoint announces no trust changes).
+	trustDone chan struct{}
 }
 
 // New creates a server; call Serve to accept connections.
@@ -68,6 +71,10 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Locks != nil {
 		s.locksDone = make(chan struct{})
 		go s.enforceLocks()
+	}
+	if tw, ok := cfg.AccessPoint.(TrustWatcher); ok {
+		s.trustDone = make(chan struct{})
+		go s.enforceTrust(tw)
 	}
 	return s, nil
 }
@@ -163,10 +170,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 }
 
-// waitLocks waits for enforceLocks to return after s.cancel.
+// waitLocks waits for enforceLocks and enforceTrust to return after
+// s.cancel.
 func (s *Server) waitLocks() {
 	if s.locksDone != nil {
 		<-s.locksDone
+	}
+	if s.trustDone != nil {
+		<-s.trustDone
 	}
 }
 

@@ -167,9 +167,11 @@ func TestRootUserRefusals(t *testing.T) {
 // TestRootUserNextSessionAfterTrustRemoved: removing the trusted_cluster
 // refuses the next session of a connection that is already open (what
 // `pctl rm trusted_cluster/ROOT` promises for sessions, not only for new
-// connections).
+// connections). The access point announces no changes here: the trust
+// sweep would end the connection first (TestTrustWithdrawnEndsOpenConnections),
+// and this check must hold on its own.
 func TestRootUserNextSessionAfterTrustRemoved(t *testing.T) {
-	e := newTestEnv(t)
+	e := newTestEnv(t, func(c *Config) { c.AccessPoint = silentAccessPoint{c.AccessPoint} })
 	rootCA := trustRoot(t, e)
 	signer := rootCA.UserSigner(t, srvtest.UserCert{User: "alice", Logins: []string{e.me}, Cluster: rootCluster, Roles: []string{"access"}})
 	c, err := e.dialAs(e.me, signer)
@@ -235,3 +237,74 @@ func TestIdentifyRootUser(t *testing.T) {
 		})
 	}
 }
+
+// TestTrustWithdrawnEndsOpenConnections: a root user's shell, open
+// before the leaf stops trusting what signed it, ends at the change with
+// the reason on stderr and a conn.terminated event, for each way trust
+// goes: the trusted_cluster disabled or removed, or the root's user CA
+// rotated to a key that did not sign the certificate. A connection of
+// the leaf's own users stays up through all of it.
+func TestTrustWithdrawnEndsOpenConnections(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		withdraw func(e *testEnv)
+		reason   string
+	}{
+		{"trusted_cluster removed", func(e *testEnv) { e.ap.DeleteTrustedCluster(rootCluster) },
+			`cluster "root" is no longer trusted here (its trusted_cluster was removed)`},
+		{"trusted_cluster disabled", func(e *testEnv) {
+			tc, err := e.ap.GetTrustedCluster(context.Background(), rootCluster)
+			require.NoError(t, err)
+			tc.Spec.Enabled = false
+			e.ap.UpsertTrustedCluster(tc)
+		}, `cluster "root" is no longer trusted here (its trusted_cluster was disabled)`},
+		{"root user CA rotated", func(e *testEnv) {
+			e.ap.SetCA(srvtest.NewCA(t).CertAuthority(rootCluster, services.UserCA))
+		}, `the user CA key of cluster "root" that signed this certificate is no longer trusted here`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rec := events.NewRecorder()
+			e := newTestEnv(t, func(c *Config) { c.Audit = rec })
+			rootCA := trustRoot(t, e)
+			root, err := e.dialAs(e.me, rootCA.UserSigner(t, srvtest.UserCert{User: "alice", Logins: []string{e.me}, Cluster: rootCluster, Roles: []string{"access"}}))
+			require.NoError(t, err)
+			defer root.Close()
+			sess, err := root.NewSession()
+			require.NoError(t, err)
+			stderr, err := sess.StderrPipe()
+			require.NoError(t, err)
+			errOut := watchOutput(stderr)
+			require.NoError(t, sess.Start("sleep 600"))
+			local := e.dial()
+			defer local.Close()
+			// Any other change sweeps too, and ends nothing.
+			e.ap.UpsertTrustedCluster(&services.TrustedCluster{Metadata: services.Metadata{Name: "other"}, Spec: services.TrustedClusterSpec{Enabled: true}})
+			_, _, err = run(t, root, "true")
+			require.NoError(t, err, "a change that keeps the trust ends nothing")
+
+			ended := make(chan error, 1)
+			go func() { ended <- root.Wait() }()
+			c.withdraw(e)
+			select {
+			case <-ended:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the root user's open connection was not ended")
+			}
+			require.Contains(t, errOut.waitFor(t, "no longer"), "postern: "+c.reason+"; connection closed")
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			ev, err := rec.Wait(ctx, events.ConnTerminated, nil)
+			require.NoError(t, err)
+			require.Equal(t, "alice", ev.User)
+			require.Equal(t, c.reason, ev.Fields[events.FieldReason])
+			require.Equal(t, rootCluster, ev.Fields[events.FieldUserCluster])
+			require.Equal(t, "trust", ev.Fields[events.FieldKind])
+
+			_, _, err = run(t, local, "true")
+			require.NoError(t, err, "the leaf's own user's connection must survive")
+		})
+	}
+}
+
+// silentAccessPoint hides TrustChanges: no trust sweep runs.
+type silentAccessPoint struct{ AccessPoint }

@@ -36,7 +36,7 @@ type failingStore struct {
 	err error
 }
 
-func (f failingStore) CreateSession(context.Context, string, SessionRecord) error { return f.err }
+func (f failingStore) CreateSession(context.Context, SessionRef, SessionRecord) error { return f.err }
 
 // noRoutes and noNodes stand in for the router and node list, which a
 // login never calls.

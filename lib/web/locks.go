@@ -41,7 +41,7 @@ func (w *webState) enforceLocks(s *Server, locks LockChecker) {
 		for _, live := range w.sessions.all() {
 			if err := s.checkLocks(live.user); services.IsLocked(err) {
 				s.cfg.Logger.WithField("user", live.user).WithField("reason", err.Error()).Warn("Ending a locked user's web session.")
-				s.endSessionCause(w.ctx, live.key, err)
+				s.endSessionCause(w.ctx, live.ref, err)
 			}
 		}
 		select {
@@ -53,11 +53,11 @@ func (w *webState) enforceLocks(s *Server, locks LockChecker) {
 }
 
 // endSessionCause is endSession with the reason its terminals show.
-func (s *Server) endSessionCause(ctx context.Context, key string, cause error) {
-	if err := s.cfg.WebSessions.Store.DeleteSession(ctx, key); err != nil && !trace.IsNotFound(err) {
+func (s *Server) endSessionCause(ctx context.Context, ref SessionRef, cause error) {
+	if err := s.cfg.WebSessions.Store.DeleteSession(ctx, ref); err != nil && !trace.IsNotFound(err) {
 		s.cfg.Logger.WithError(err).Warn("Could not delete a web session.")
 	}
-	s.web.sessions.removeCause(key, cause)
+	s.web.sessions.removeCause(ref.Key(), cause)
 }
 
 // all returns the live sessions.

@@ -134,9 +134,10 @@ func (s *Server) checkSession(ctx context.Context, sid, token string) (*liveSess
 	if sid == "" || token == "" {
 		return nil, errNoSession
 	}
-	key := hex.EncodeToString(hashSecret(sid))
+	ref := SessionRef{ID: sid, Token: token}
+	key := ref.Key()
 	cfg := s.cfg.WebSessions
-	rec, err := cfg.Store.GetSession(ctx, key)
+	rec, err := cfg.Store.GetSession(ctx, ref)
 	if err != nil {
 		if trace.IsNotFound(err) {
 			return nil, errNoSession
@@ -154,7 +155,7 @@ func (s *Server) checkSession(ctx context.Context, sid, token string) (*liveSess
 	}
 	now := s.cfg.Clock.Now()
 	if !now.Before(rec.Expires) || !now.Before(rec.LastActive.Add(cfg.IdleTTL)) {
-		s.endSession(ctx, key)
+		s.endSession(ctx, ref)
 		return nil, errNoSession
 	}
 	live := s.web.sessions.get(key)
@@ -165,7 +166,7 @@ func (s *Server) checkSession(ctx context.Context, sid, token string) (*liveSess
 		if cfg.Certs == nil {
 			return nil, errNoSession
 		}
-		live, err = s.adoptSession(ctx, key, sid, token, rec)
+		live, err = s.adoptSession(ctx, ref, rec)
 		if err != nil {
 			if trace.IsAccessDenied(err) {
 				return nil, errNoSession
@@ -179,13 +180,13 @@ func (s *Server) checkSession(ctx context.Context, sid, token string) (*liveSess
 	}
 	if err := s.checkLocks(live.user); err != nil {
 		if services.IsLocked(err) {
-			s.endSessionCause(ctx, key, err)
+			s.endSessionCause(ctx, ref, err)
 		}
 		return nil, trace.AccessDenied("%s", lockRefusal(err))
 	}
 	if now.Sub(rec.LastActive) >= touchInterval {
 		rec.LastActive = now
-		if err := cfg.Store.UpdateSession(ctx, key, *rec); err != nil {
+		if err := cfg.Store.UpdateSession(ctx, ref, *rec); err != nil {
 			s.cfg.Logger.WithError(err).Warn("Could not record web session activity.")
 		}
 	}
@@ -195,23 +196,27 @@ func (s *Server) checkSession(ctx context.Context, sid, token string) (*liveSess
 // touchSession records use of a session by a running terminal, so a user
 // working in a terminal for hours is not idle-expired under it.
 func (s *Server) touchSession(ctx context.Context, key string) {
+	live := s.web.sessions.get(key)
+	if live == nil {
+		return
+	}
 	store := s.cfg.WebSessions.Store
-	rec, err := store.GetSession(ctx, key)
+	rec, err := store.GetSession(ctx, live.ref)
 	if err != nil {
 		return
 	}
 	rec.LastActive = s.cfg.Clock.Now()
-	if err := store.UpdateSession(ctx, key, *rec); err != nil {
+	if err := store.UpdateSession(ctx, live.ref, *rec); err != nil {
 		s.cfg.Logger.WithError(err).Warn("Could not record web session activity.")
 	}
 }
 
 // endSession deletes the record and ends the terminals that use it.
-func (s *Server) endSession(ctx context.Context, key string) {
-	if err := s.cfg.WebSessions.Store.DeleteSession(ctx, key); err != nil && !trace.IsNotFound(err) {
+func (s *Server) endSession(ctx context.Context, ref SessionRef) {
+	if err := s.cfg.WebSessions.Store.DeleteSession(ctx, ref); err != nil && !trace.IsNotFound(err) {
 		s.cfg.Logger.WithError(err).Warn("Could not delete a web session.")
 	}
-	s.web.sessions.remove(key)
+	s.web.sessions.remove(ref.Key())
 }
 
 // requireSession wraps an API handler with the cookie + bearer check.

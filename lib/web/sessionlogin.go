@@ -88,7 +88,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	token := sessionTokenFor(sid)
-	key := hex.EncodeToString(hashSecret(sid))
+	ref := SessionRef{ID: sid, Token: token}
 	// One auth call checks the password and OTP (under auth's per-user and
 	// per-address failure limits, shared with psh's login) and certifies
 	// the session's key: the key never leaves this process. With sessions
@@ -101,7 +101,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	}
 	atLogin := sessionsCreatedAtLogin(cfg.Store)
 	if atLogin {
-		loginReq.WebSession = &authapi.WebSessionInit{Key: key, TokenHash: hashSecret(token)}
+		loginReq.WebSession = &authapi.WebSessionInit{Key: ref.Key(), TokenHash: hashSecret(token)}
 	}
 	resp, ok := s.authenticateSSHUser(w, r, log, loginReq)
 	if !ok {
@@ -117,11 +117,11 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	if certEnd := time.Unix(int64(live.cert.ValidBefore), 0); certEnd.Before(expires) {
 		expires = certEnd
 	}
-	live.key = key
+	live.setRef(ref)
 	live.expires = expires
 	if !atLogin {
 		rec := SessionRecord{User: resp.Username, TokenHash: hashSecret(token), Created: now, Expires: expires, LastActive: now}
-		if err := cfg.Store.CreateSession(r.Context(), live.key, rec); err != nil {
+		if err := cfg.Store.CreateSession(r.Context(), live.ref, rec); err != nil {
 			internalError(w, log, "Could not store a web session.", err)
 			return
 		}
@@ -141,7 +141,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 // terminal opened with the session on this proxy ends, and its cookies
 // are cleared.
 func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request, live *liveSession) {
-	s.endSession(r.Context(), live.key)
+	s.endSession(r.Context(), live.ref)
 	clearSessionCookie(w, sessionCookieFor(bearerToken(r)))
 	// The plain cookie only when it is this session's: it may name a
 	// later login of another tab, which goes on.

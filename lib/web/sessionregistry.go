@@ -22,7 +22,13 @@ import (
 // liveSession is a session's in-memory half: the key that authenticates
 // to nodes on the user's behalf.
 type liveSession struct {
-	key    string // hash of the session id: the store key
+	key string // hash of the session id: the store key
+	// ref is the session's secrets, as its browser presented them: what
+	// the store (the auth API) needs to act on the record.
+	ref SessionRef
+	// endID is services.WebSessionEndID(key): how the session watch
+	// names the session's end.
+	endID  string
 	user   string
 	signer ssh.Signer
 	cert   *ssh.Certificate
@@ -52,6 +58,26 @@ func (r *sessionRegistry) add(s *liveSession) {
 		r.byKey = map[string]*liveSession{}
 	}
 	r.byKey[s.key] = s
+}
+
+// setRef names the session by its secrets, and so its key and end id.
+func (s *liveSession) setRef(ref SessionRef) {
+	s.ref = ref
+	s.key = ref.Key()
+	s.endID = services.WebSessionEndID(s.key)
+}
+
+// byEndID returns the session the watch's end id names, nil if this
+// proxy serves none by it.
+func (r *sessionRegistry) byEndID(id string) *liveSession {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range r.byKey {
+		if s.endID == id {
+			return s
+		}
+	}
+	return nil
 }
 
 func (r *sessionRegistry) get(key string) *liveSession {

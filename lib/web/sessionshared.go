@@ -22,9 +22,12 @@ import (
 // session it has no key for (the browser logged in through another proxy,
 // or before this proxy restarted) makes a key and asks auth to certify it
 // with the session's two secrets (adoptSession). Every proxy watches the
-// records: a logout, an expiry or a lock's delete on any proxy ends the
-// session's terminals on all of them (watchSessions), within the watch's
-// latency.
+// ends of records: a logout, an expiry or a lock's delete on any proxy
+// ends the session's terminals on all of them (watchSessions), within the
+// watch's latency. The watch names an end by services.WebSessionEndID of
+// the key only, which this proxy matches against the sessions it serves.
+// Every other call names the session by the secrets its browser presented
+// (SessionRef), so a proxy cannot act on a session it was not shown.
 
 // WebSessionCertifier certifies a proxy's key for the user of a web
 // session: *auth.Server in the auth process, *auth.Client elsewhere.
@@ -37,15 +40,17 @@ var (
 	_ WebSessionCertifier = (*auth.Client)(nil)
 )
 
-// SessionWatch starts a watch of the session records (keys under
-// services.WebSessionsPrefix; values may be empty).
+// SessionWatch starts a watch of the ends of session records: OpInit,
+// then an OpDelete per ended session, its key services.WebSessionEndID
+// of the record's key under services.WebSessionsPrefix
+// (auth.Server.WebSessionEvents).
 type SessionWatch func(ctx context.Context) (backend.Watcher, error)
 
 // authSessionAPI is the auth API's web-session calls.
 type authSessionAPI interface {
-	GetWebSession(ctx context.Context, key string) (*services.WebSession, error)
-	TouchWebSession(ctx context.Context, key string, at time.Time) error
-	DeleteWebSession(ctx context.Context, key string) error
+	GetWebSession(ctx context.Context, sid, token string) (*services.WebSession, error)
+	TouchWebSession(ctx context.Context, sid, token string, at time.Time) error
+	DeleteWebSession(ctx context.Context, sid, token string) error
 }
 
 // AuthSessionStore keeps records through the auth API, for a proxy whose
@@ -64,24 +69,29 @@ var _ SessionStore = (*AuthSessionStore)(nil)
 func (a *AuthSessionStore) createdAtLogin() bool { return true }
 
 // CreateSession is refused: auth creates records at login.
-func (a *AuthSessionStore) CreateSession(context.Context, string, SessionRecord) error {
+func (a *AuthSessionStore) CreateSession(context.Context, SessionRef, SessionRecord) error {
 	return trace.BadParameter("web sessions are created by auth at login")
 }
 
 // GetSession reads a record.
-func (a *AuthSessionStore) GetSession(ctx context.Context, key string) (*SessionRecord, error) {
-	ws, err := a.Auth.GetWebSession(ctx, key)
+func (a *AuthSessionStore) GetSession(ctx context.Context, ref SessionRef) (*SessionRecord, error) {
+	ws, err := a.Auth.GetWebSession(ctx, ref.ID, ref.Token)
+	if trace.IsAccessDenied(err) {
+		// A token that does not match the id: for the browser, no
+		// session (auth has audited it).
+		return nil, trace.NotFound("web session not found")
+	}
 	return ws, trace.Wrap(err)
 }
 
 // UpdateSession records rec.LastActive; nothing else can change.
-func (a *AuthSessionStore) UpdateSession(ctx context.Context, key string, rec SessionRecord) error {
-	return trace.Wrap(a.Auth.TouchWebSession(ctx, key, rec.LastActive))
+func (a *AuthSessionStore) UpdateSession(ctx context.Context, ref SessionRef, rec SessionRecord) error {
+	return trace.Wrap(a.Auth.TouchWebSession(ctx, ref.ID, ref.Token, rec.LastActive))
 }
 
 // DeleteSession ends the session on every proxy.
-func (a *AuthSessionStore) DeleteSession(ctx context.Context, key string) error {
-	return trace.Wrap(a.Auth.DeleteWebSession(ctx, key))
+func (a *AuthSessionStore) DeleteSession(ctx context.Context, ref SessionRef) error {
+	return trace.Wrap(a.Auth.DeleteWebSession(ctx, ref.ID, ref.Token))
 }
 
 // sessionsCreatedAtLogin reports whether store wants auth to create the
@@ -94,7 +104,7 @@ func sessionsCreatedAtLogin(store SessionStore) bool {
 // adoptSession gives this proxy its own key for a session created
 // elsewhere. Two requests of one browser may race here; the first to
 // register wins and the other's key is dropped.
-func (s *Server) adoptSession(ctx context.Context, key, sid, token string, rec *SessionRecord) (*liveSession, error) {
+func (s *Server) adoptSession(ctx context.Context, ref SessionRef, rec *SessionRecord) (*liveSession, error) {
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return nil, trace.Wrap(err)
@@ -104,7 +114,7 @@ func (s *Server) adoptSession(ctx context.Context, key, sid, token string, rec *
 		return nil, trace.Wrap(err)
 	}
 	resp, err := s.cfg.WebSessions.Certs.WebSessionCerts(ctx, authapi.WebSessionCertRequest{
-		SessionID: sid, Token: token, PublicKey: ssh.MarshalAuthorizedKey(sshPub),
+		SessionID: ref.ID, Token: ref.Token, PublicKey: ssh.MarshalAuthorizedKey(sshPub),
 	})
 	if err != nil {
 		return nil, trace.Wrap(err)
@@ -118,7 +128,7 @@ func (s *Server) adoptSession(ctx context.Context, key, sid, token string, rec *
 		// record swapped in between: never serve it.
 		return nil, trace.AccessDenied("web session user mismatch")
 	}
-	live.key = key
+	live.setRef(ref)
 	live.expires = rec.Expires
 	if certEnd := time.Unix(int64(live.cert.ValidBefore), 0); certEnd.Before(live.expires) {
 		live.expires = certEnd
@@ -194,10 +204,10 @@ func (w *webState) followSessions(s *Server, watch SessionWatch) (healthy bool, 
 				healthy = true
 				w.resyncSessions(s)
 			case backend.OpDelete:
-				key := strings.TrimPrefix(ev.Item.Key, services.WebSessionsPrefix())
-				if w.sessions.get(key) != nil {
+				endID := strings.TrimPrefix(ev.Item.Key, services.WebSessionsPrefix())
+				if live := w.sessions.byEndID(endID); live != nil {
 					s.cfg.Logger.Debug("A web session ended on another proxy (or expired); ending it here.")
-					w.sessions.remove(key)
+					w.sessions.remove(live.key)
 				}
 			}
 		case <-watcher.Done():
@@ -212,7 +222,7 @@ func (w *webState) followSessions(s *Server, watch SessionWatch) (healthy bool, 
 // that happened while the watch was down.
 func (w *webState) resyncSessions(s *Server) {
 	for _, live := range w.sessions.all() {
-		_, err := s.cfg.WebSessions.Store.GetSession(w.ctx, live.key)
+		_, err := s.cfg.WebSessions.Store.GetSession(w.ctx, live.ref)
 		if trace.IsNotFound(err) {
 			w.sessions.remove(live.key)
 		}

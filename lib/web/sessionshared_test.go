@@ -172,7 +172,7 @@ func TestSharedSessionAuthDown(t *testing.T) {
 
 type downStore struct{ SessionStore }
 
-func (downStore) GetSession(context.Context, string) (*SessionRecord, error) {
+func (downStore) GetSession(context.Context, SessionRef) (*SessionRecord, error) {
 	return nil, trace.ConnectionProblem(nil, "etcd at http://127.0.0.1:2379: no answer in time")
 }
 

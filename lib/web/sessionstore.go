@@ -2,6 +2,7 @@ package web
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"sync"
 	"time"
@@ -20,15 +21,27 @@ import (
 // record layout of the backend (services.WebSession), whoever writes it.
 type SessionRecord = services.WebSession
 
+// SessionRef names a web session by the secrets its browser presented:
+// the session id (the cookie) and the bearer token. Stores key records by
+// Key, the hash of the id; the auth API takes the secrets themselves and
+// derives the key, so that a proxy acts only on sessions shown to it.
+type SessionRef struct {
+	ID    string
+	Token string
+}
+
+// Key is the store key: the hex SHA-256 of the session id.
+func (r SessionRef) Key() string { return hex.EncodeToString(hashSecret(r.ID)) }
+
 // SessionStore keeps web session records, keyed by the hash of the
 // session id. It is the narrow interface the web server needs: a
 // backend-backed store when auth (and so the backend) is in this process,
-// an in-memory one otherwise.
+// an in-memory one otherwise, the auth API for a proxy on its own.
 type SessionStore interface {
-	CreateSession(ctx context.Context, key string, rec SessionRecord) error
-	GetSession(ctx context.Context, key string) (*SessionRecord, error)
-	UpdateSession(ctx context.Context, key string, rec SessionRecord) error
-	DeleteSession(ctx context.Context, key string) error
+	CreateSession(ctx context.Context, ref SessionRef, rec SessionRecord) error
+	GetSession(ctx context.Context, ref SessionRef) (*SessionRecord, error)
+	UpdateSession(ctx context.Context, ref SessionRef, rec SessionRecord) error
+	DeleteSession(ctx context.Context, ref SessionRef) error
 }
 
 // BackendSessionStore keeps records under /web/sessions/KEY with the
@@ -55,18 +68,18 @@ func (b *BackendSessionStore) put(ctx context.Context, key string, rec SessionRe
 }
 
 // CreateSession stores a new record.
-func (b *BackendSessionStore) CreateSession(ctx context.Context, key string, rec SessionRecord) error {
-	return b.put(ctx, key, rec, true)
+func (b *BackendSessionStore) CreateSession(ctx context.Context, ref SessionRef, rec SessionRecord) error {
+	return b.put(ctx, ref.Key(), rec, true)
 }
 
 // UpdateSession replaces a record.
-func (b *BackendSessionStore) UpdateSession(ctx context.Context, key string, rec SessionRecord) error {
-	return b.put(ctx, key, rec, false)
+func (b *BackendSessionStore) UpdateSession(ctx context.Context, ref SessionRef, rec SessionRecord) error {
+	return b.put(ctx, ref.Key(), rec, false)
 }
 
 // GetSession returns a record or NotFound.
-func (b *BackendSessionStore) GetSession(ctx context.Context, key string) (*SessionRecord, error) {
-	item, err := b.Backend.Get(ctx, services.WebSessionKey(key))
+func (b *BackendSessionStore) GetSession(ctx context.Context, ref SessionRef) (*SessionRecord, error) {
+	item, err := b.Backend.Get(ctx, services.WebSessionKey(ref.Key()))
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -78,8 +91,8 @@ func (b *BackendSessionStore) GetSession(ctx context.Context, key string) (*Sess
 }
 
 // DeleteSession removes a record.
-func (b *BackendSessionStore) DeleteSession(ctx context.Context, key string) error {
-	return trace.Wrap(b.Backend.Delete(ctx, services.WebSessionKey(key)))
+func (b *BackendSessionStore) DeleteSession(ctx context.Context, ref SessionRef) error {
+	return trace.Wrap(b.Backend.Delete(ctx, services.WebSessionKey(ref.Key())))
 }
 
 // MemorySessionStore keeps records in this process: sessions that only
@@ -101,7 +114,8 @@ func NewMemorySessionStore(now func() time.Time) *MemorySessionStore {
 }
 
 // CreateSession stores a new record.
-func (m *MemorySessionStore) CreateSession(ctx context.Context, key string, rec SessionRecord) error {
+func (m *MemorySessionStore) CreateSession(ctx context.Context, ref SessionRef, rec SessionRecord) error {
+	key := ref.Key()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.now()
@@ -118,15 +132,16 @@ func (m *MemorySessionStore) CreateSession(ctx context.Context, key string, rec 
 }
 
 // UpdateSession replaces a record.
-func (m *MemorySessionStore) UpdateSession(ctx context.Context, key string, rec SessionRecord) error {
+func (m *MemorySessionStore) UpdateSession(ctx context.Context, ref SessionRef, rec SessionRecord) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.records[key] = rec
+	m.records[ref.Key()] = rec
 	return nil
 }
 
 // GetSession returns a record or NotFound.
-func (m *MemorySessionStore) GetSession(ctx context.Context, key string) (*SessionRecord, error) {
+func (m *MemorySessionStore) GetSession(ctx context.Context, ref SessionRef) (*SessionRecord, error) {
+	key := ref.Key()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec, ok := m.records[key]
@@ -138,7 +153,8 @@ func (m *MemorySessionStore) GetSession(ctx context.Context, key string) (*Sessi
 }
 
 // DeleteSession removes a record.
-func (m *MemorySessionStore) DeleteSession(ctx context.Context, key string) error {
+func (m *MemorySessionStore) DeleteSession(ctx context.Context, ref SessionRef) error {
+	key := ref.Key()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.records[key]; !ok {

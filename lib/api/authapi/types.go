@@ -122,10 +122,15 @@ type WebSessionCertRequest struct {
 	PublicKey []byte `json:"public_key"`
 }
 
-// WebSessionTouchRequest records use of a session (POST
-// /v1/websessions/{key}/touch).
-type WebSessionTouchRequest struct {
-	LastActive time.Time `json:"last_active"`
+// WebSessionRequest names a web session by the two secrets the browser
+// presented to the proxy (POST /v1/websessions/get, .../touch,
+// .../delete): auth derives the record's key from SessionID and checks
+// Token against the record, so a proxy acts only on sessions a browser
+// showed it. LastActive is a touch's time.
+type WebSessionRequest struct {
+	SessionID  string    `json:"session_id"`
+	Token      string    `json:"token"`
+	LastActive time.Time `json:"last_active,omitzero"`
 }
 
 // SSHLoginResponse is what psh receives: the certificate and the keys to

@@ -175,16 +175,34 @@ func (c *CA) HostKeyCallback() ssh.HostKeyCallback {
 
 // AccessPoint is an in-memory lib/srv.AccessPoint: roles and CAs in maps.
 // Safe for concurrent use; tests change roles while connections are live.
+// Like services.AccessCache it announces changes of the CAs and trusted
+// clusters (TrustChanges), so servers sweep their root users' connections.
 type AccessPoint struct {
-	mu      sync.Mutex // guards roles, cas and trusted
+	mu      sync.Mutex // guards roles, cas, trusted and changed
 	roles   map[string]*services.Role
 	cas     map[string]*services.CertAuthority // key: type/cluster
 	trusted map[string]*services.TrustedCluster
+	// changed is closed and replaced at every change of cas or trusted.
+	changed chan struct{}
+}
+
+// TrustChanges is closed at the next change of the CAs or trusted
+// clusters.
+func (a *AccessPoint) TrustChanges() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.changed
+}
+
+// notifyLocked announces a change; mu must be held.
+func (a *AccessPoint) notifyLocked() {
+	close(a.changed)
+	a.changed = make(chan struct{})
 }
 
 // NewAccessPoint returns an empty AccessPoint.
 func NewAccessPoint() *AccessPoint {
-	return &AccessPoint{roles: map[string]*services.Role{}, cas: map[string]*services.CertAuthority{}, trusted: map[string]*services.TrustedCluster{}}
+	return &AccessPoint{roles: map[string]*services.Role{}, cas: map[string]*services.CertAuthority{}, trusted: map[string]*services.TrustedCluster{}, changed: make(chan struct{})}
 }
 
 // UpsertTrustedCluster stores tc.
@@ -193,6 +211,7 @@ func (a *AccessPoint) UpsertTrustedCluster(tc *services.TrustedCluster) {
 	defer a.mu.Unlock()
 	cp := *tc
 	a.trusted[tc.Metadata.Name] = &cp
+	a.notifyLocked()
 }
 
 // DeleteTrustedCluster removes a trusted cluster.
@@ -200,6 +219,7 @@ func (a *AccessPoint) DeleteTrustedCluster(name string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	delete(a.trusted, name)
+	a.notifyLocked()
 }
 
 // GetTrustedCluster implements lib/srv.AccessPoint.
@@ -235,6 +255,7 @@ func (a *AccessPoint) SetCA(ca *services.CertAuthority) {
 	defer a.mu.Unlock()
 	cp := *ca
 	a.cas[string(ca.Type)+"/"+ca.ClusterName] = &cp
+	a.notifyLocked()
 }
 
 // GetRole implements lib/srv.AccessPoint.
