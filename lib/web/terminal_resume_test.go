@@ -254,7 +254,10 @@ func TestTerminalResumeOtherUserRefused(t *testing.T) {
 // scrolled away, instead of replaying a truncated stream.
 func TestTerminalResumeRepaintsAfterOverflow(t *testing.T) {
 	e := newTermEnv(t)
-	ctx := testCtx(t)
+	// More than testTimeout: the flood is over a MiB through the server's
+	// emulator, which -race on a loaded two-core machine slows many times.
+	ctx, cancel := context.WithTimeout(context.Background(), 4*testTimeout)
+	defer cancel()
 	ws := e.login(t)
 	a := e.openSeq(t, ctx, ws, "", 0)
 	a.ok(t, ctx)
