@@ -175,3 +175,12 @@ func CodeSpans(line string) []string {
 		line = line[j+1:]
 	}
 }
+
+// Spans returns every code span of d, in order.
+func (d *Doc) Spans() []string {
+	var out []string
+	for _, line := range d.lines {
+		out = append(out, CodeSpans(line)...)
+	}
+	return out
+}
