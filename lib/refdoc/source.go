@@ -6,6 +6,7 @@ import (
 	"go/token"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -71,5 +72,61 @@ func StringConsts(t testing.TB, dir string) map[string]string {
 			}
 		}
 	}
+	return out
+}
+
+// Routes reads every pattern the non-test files of dir register on a mux
+// (mux.HandleFunc("GET /webapi/...", ...), or "GET "+SomeConst), sorted. A
+// pattern it cannot evaluate fails the test rather than going unchecked.
+func Routes(t testing.TB, dir string) []string {
+	t.Helper()
+	fset, files := ParseFiles(t, dir)
+	consts := map[string]string{}
+	var calls []*ast.CallExpr
+	for _, f := range files {
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.ValueSpec:
+				for i, name := range n.Names {
+					if i < len(n.Values) {
+						if lit, ok := n.Values[i].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+							consts[name.Name], _ = strconv.Unquote(lit.Value)
+						}
+					}
+				}
+			case *ast.CallExpr:
+				if sel, ok := n.Fun.(*ast.SelectorExpr); ok && (sel.Sel.Name == "HandleFunc" || sel.Sel.Name == "Handle") && len(n.Args) == 2 {
+					calls = append(calls, n)
+				}
+			}
+			return true
+		})
+	}
+	var eval func(e ast.Expr) (string, bool)
+	eval = func(e ast.Expr) (string, bool) {
+		switch e := e.(type) {
+		case *ast.BasicLit:
+			s, err := strconv.Unquote(e.Value)
+			return s, err == nil
+		case *ast.Ident:
+			s, ok := consts[e.Name]
+			return s, ok
+		case *ast.BinaryExpr:
+			l, lok := eval(e.X)
+			r, rok := eval(e.Y)
+			return l + r, lok && rok && e.Op == token.ADD
+		}
+		return "", false
+	}
+	var out []string
+	for _, c := range calls {
+		p, ok := eval(c.Args[0])
+		if !ok {
+			t.Errorf("%s: a route pattern this test cannot read", fset.Position(c.Pos()))
+			continue
+		}
+		out = append(out, p)
+	}
+	slices.Sort(out)
 	return out
 }
