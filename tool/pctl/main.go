@@ -50,9 +50,27 @@ const defaultTimeout = 30 * time.Second
 
 func run(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) error {
 	c := &cli{stdin: stdin, stdout: stdout}
+	app, cmds := c.newApp()
+	cmd, err := app.Parse(args)
+	if err != nil {
+		return trace.BadParameter("%v (see pctl --help)", err)
+	}
+	fn, ok := cmds[cmd]
+	if !ok {
+		return nil // --help
+	}
+	ctx, cancel := context.WithTimeout(ctx, defaultTimeout)
+	defer cancel()
+	return trace.Wrap(fn(ctx))
+}
+
+// newApp declares every command and flag, and the function each command
+// runs; apart from run so that a test can walk the command tree
+// (docs/reference.md lists it).
+func (c *cli) newApp() (*kingpin.Application, map[string]func(context.Context) error) {
 	app := kingpin.New("pctl", "Postern admin CLI: users, roles, join tokens, nodes and networking.")
 	app.HelpFlag.Short('h')
-	app.UsageWriter(stdout)
+	app.UsageWriter(c.stdout)
 	app.Flag("data-dir", "Data dir of a local auth server (its admin identity is used).").Default(config.DefaultDataDir).StringVar(&c.dataDir)
 	app.Flag("auth-server", "Auth API address HOST:PORT, or several separated by commas (failover), with --identity.").StringVar(&c.authServer)
 	app.Flag("identity", "Directory of an admin identity.").StringVar(&c.identity)
@@ -72,18 +90,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) 
 	c.registerEvents(app, add)
 	c.registerLocks(app, add)
 	c.registerRecordings(app, add)
-
-	cmd, err := app.Parse(args)
-	if err != nil {
-		return trace.BadParameter("%v (see pctl --help)", err)
-	}
-	fn, ok := cmds[cmd]
-	if !ok {
-		return nil // --help
-	}
-	ctx, cancel := context.WithTimeout(ctx, defaultTimeout)
-	defer cancel()
-	return trace.Wrap(fn(ctx))
+	return app, cmds
 }
 
 // connect opens the auth client with the admin identity.

@@ -47,13 +47,37 @@ type startFlags struct {
 }
 
 func run(args []string) error {
-	app := kingpin.New("postern", "Postern: an SSH access proxy. Runs the auth, proxy and node roles.")
+	var f startFlags
+	app, versionCmd, start := newApp(&f)
+	cmd, err := app.Parse(args)
+	if err != nil {
+		return trace.BadParameter("%v (see postern --help)", err)
+	}
+	switch cmd {
+	case versionCmd.FullCommand():
+		fmt.Println("postern " + version.Version)
+		return nil
+	case start.FullCommand():
+		cfg, err := f.config(start)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		return trace.Wrap(service.Run(ctx, cfg))
+	}
+	return nil
+}
+
+// newApp declares the commands and flags, parsing into f; apart from run
+// so that a test can walk the command tree (docs/reference.md lists it).
+func newApp(f *startFlags) (app *kingpin.Application, versionCmd, start *kingpin.CmdClause) {
+	app = kingpin.New("postern", "Postern: an SSH access proxy. Runs the auth, proxy and node roles.")
 	app.HelpFlag.Short('h')
 	app.ErrorWriter(os.Stderr)
 
-	versionCmd := app.Command("version", "Print the version.")
-	start := app.Command("start", "Start Postern with the given roles.")
-	var f startFlags
+	versionCmd = app.Command("version", "Print the version.")
+	start = app.Command("start", "Start Postern with the given roles.")
 	start.Flag("config", "YAML config file (postern.yaml).").Short('c').StringVar(&f.configFile)
 	start.Flag("data-dir", "Data directory (default "+config.DefaultDataDir+").").StringVar(&f.dataDir)
 	start.Flag("roles", "Comma-separated roles: auth,proxy,node (default all three).").StringVar(&f.roles)
@@ -80,25 +104,7 @@ func run(args []string) error {
 	start.Flag("etcd-endpoints", "Comma-separated etcd client URLs.").StringVar(&f.etcdEndpoints)
 	start.Flag("debug", "Verbose logs and full error reports.").BoolVar(&f.debug)
 	start.Flag("log-format", "Log format: text or json.").EnumVar(&f.logFormat, "text", "json")
-
-	cmd, err := app.Parse(args)
-	if err != nil {
-		return trace.BadParameter("%v (see postern --help)", err)
-	}
-	switch cmd {
-	case versionCmd.FullCommand():
-		fmt.Println("postern " + version.Version)
-		return nil
-	case start.FullCommand():
-		cfg, err := f.config(start)
-		if err != nil {
-			return trace.Wrap(err)
-		}
-		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-		defer stop()
-		return trace.Wrap(service.Run(ctx, cfg))
-	}
-	return nil
+	return app, versionCmd, start
 }
 
 // config builds the process config: file first, then every flag that was
