@@ -261,6 +261,12 @@ func (v *addrVerifier) dialTarget(ctx context.Context, uuid, addr string, policy
 		return net.JoinHostPort(a.Unmap().String(), port), nil
 	}
 	resolved, err := v.lookup(ctx, host)
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) && dnsErr.IsNotFound {
+		// A name that does not exist is the node's to fix, not an
+		// outage of ours: refused like any other address.
+		return "", refuse(host + " does not resolve")
+	}
 	if err != nil {
 		return "", trace.ConnectionProblem(err, "node %q: resolving %s: %v", uuid, host, err)
 	}

@@ -35,6 +35,11 @@ var shippable = map[string]bool{
 	// recording is explained only in the node's own log.
 	RecordingCapped: true,
 	RecordingFailed: true,
+	// A proxy-only host routes to leaves and serves the web player: the
+	// root's record of a leaf connection and of who watched a recording
+	// would otherwise stay in that proxy's own log.
+	RouteLeaf:     true,
+	RecordingPlay: true,
 }
 
 // shippedIDSpace is the UUID namespace of shipped events' ids.
