@@ -523,6 +523,65 @@ async function main() {
       console.log(`     the same shell (PID ${pid})`);
     });
 
+    await step(page, 'a reload after vim, less and terminal queries types nothing into the shell', async () => {
+      // The replay after a reload holds the queries these programs sent
+      // (device attributes, status, cursor position, OSC 10/11 colours).
+      // They were answered live, to the program that asked; answered
+      // again by the new page, the answers reach the shell as typed text
+      // ("1RR0;276;0c10;rgb:..." and "command not found").
+      await typeInTerminal(page, 'clear; vim -u NONE -N -n -c "call setline(1, \'IN-VIM\')"\n');
+      await waitFor('vim on the screen', async () => /IN-VIM/.test(await rowsText(page)), 15000);
+      await typeInTerminal(page, ':q!\n');
+      await typeInTerminal(page, 'printf "LESS-LINE-%s\\n" 1 2 3 | less\n');
+      await waitFor('less on the screen', async () => /LESS-LINE-3/.test(await rowsText(page)), 15000);
+      await typeInTerminal(page, 'q');
+      // A program that asks and reads the answers itself, as vim does.
+      await typeInTerminal(page, "printf '\\033[c\\033[>c\\033[5n\\033[6n\\033]10;?\\007\\033]11;?\\007'; read -rs -t 2 -N 1000 ANS; echo \"ANSWERED-${#ANS}\"\n");
+      const answered = await waitFor('the query program', async () => ((await rowsText(page)).match(/^ANSWERED-(\d+)$/m) || [])[1], 15000);
+      if (Number(answered) === 0) throw new Error('the live terminal answered no query');
+      await typeInTerminal(page, 'clear\n');
+      await waitFor('a cleared screen', async () => !/ANSWERED-/.test(await rowsText(page)), 15000);
+      await page.reload();
+      await page.locator('#term-status[data-status="connected"]').waitFor();
+      await typeInTerminal(page, 'echo "CLEAN-$((20+22))"\n');
+      await waitFor('the command after the reload', async () => /^CLEAN-42$/m.test(await rowsText(page)), 15000);
+      // Anything sent after it would be a line of its own by now.
+      await typeInTerminal(page, 'echo "CHECK-$((1+2))"\n');
+      await waitFor('a second command', async () => /^CHECK-3$/m.test(await rowsText(page)), 15000);
+      const text = await rowsText(page);
+      if (/command not found|rgb:|\d+;\d+R|\?\d+;\d+c/.test(text)) throw new Error(`the reload typed into the shell:\n${text}`);
+      if (!/[#$] echo "CLEAN-\$\(\(20\+22\)\)"$/m.test(text)) throw new Error(`the command line is not what was typed:\n${text}`);
+      const dropped = await page.evaluate(() => window.posternTerminalDropped && window.posternTerminalDropped());
+      console.log(`     ${answered} answer bytes live; ${dropped} replayed answer bytes not sent (filter: ${await page.locator('#terminal').getAttribute('data-replay-filter')})`);
+    });
+
+    await step(page, 'a second tab opens a terminal deep link without a login, and neither tab ends the other', async () => {
+      const page2 = await context.newPage();
+      try {
+        await page2.goto(page.url());
+        await page2.locator('#term-status[data-status="connected"]').waitFor({ timeout: 15000 });
+        if (await page2.locator('#login-user').isVisible()) throw new Error('the new tab asked for a login');
+        await typeInTerminal(page2, 'echo "TAB-$((1+1))"\n');
+        await waitFor('the second tab\'s shell', async () => /^TAB-2$/m.test(await rowsText(page2)), 15000);
+      } finally {
+        await page2.close();
+      }
+      await typeInTerminal(page, 'echo "FIRST-$((2+1))"\n');
+      await waitFor('the first tab still works', async () => /^FIRST-3$/m.test(await rowsText(page)), 15000);
+      const again = await webapi(page, '/webapi/nodes');
+      if (again.status !== 200) throw new Error(`the first tab's session after the second tab: ${again.status}`);
+    });
+
+    await step(page, 'UTF-8 round-trips: the shell has a UTF-8 locale and ✓ 日本 come back as typed', async () => {
+      await typeInTerminal(page, 'clear; echo "LANG=$LANG"; printf "%s" "✓日本" | od -An -tx1 | tr -d " \\n"; echo; echo "U=✓日本"\n');
+      await waitFor('the echo', async () => /^U=✓日本$/m.test(await rowsText(page)), 15000);
+      const text = await rowsText(page);
+      const lang = (text.match(/^LANG=(\S*)$/m) || [])[1] || '';
+      if (!/utf-?8/i.test(lang)) throw new Error(`the shell's LANG is ${JSON.stringify(lang)}, not a UTF-8 locale`);
+      if (!/^e29c93e697a5e69cac$/m.test(text)) throw new Error(`the shell got other bytes than typed:\n${text}`);
+      console.log(`     LANG=${lang}`);
+    });
+
     await step(page, 'the DOM renderer shows underscores too', async () => {
       await page.evaluate(() => localStorage.setItem('postern.renderer', 'dom'));
       await page.reload();

@@ -319,7 +319,7 @@ func TestHeartbeatCannotRedirectOrOutlive(t *testing.T) {
 }
 
 // TestRemoteProxyJoins: a proxy on another machine joins with a proxy
-// token and keeps the names SPEC gives a proxy certificate (the cluster
+// token and keeps the names a proxy certificate carries (the cluster
 // name, localhost, loopback) under a UUID the auth server minted, kept in
 // its data dir across a restart.
 func TestRemoteProxyJoins(t *testing.T) {

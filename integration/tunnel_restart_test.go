@@ -135,7 +135,7 @@ func startNATNodeVia(t *testing.T, authDir, webAddr, name string) *service.Proce
 // again at the same addresses: every tunnel is back within 10s; a
 // session opened 1s after the restart succeeds (the find waits for the
 // tunnel); one to a node that never comes back fails at
-// tunnel_find_timeout (5s, +-10%) with SPEC's error, counted in
+// tunnel_find_timeout (5s, +-10%) with the documented error, counted in
 // postern_tunnel_routing_timeout_total on /metrics.
 func TestProxyKilledAndRestarted(t *testing.T) {
 	authDir := t.TempDir()

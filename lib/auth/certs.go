@@ -311,8 +311,8 @@ const maxExtraPrincipals = 128
 //   - anything else (wildcards, pattern characters, control characters,
 //     spaces) is refused.
 //
-// A proxy may name the cluster and localhost: SPEC "psh" says the proxy's
-// certificate carries them, and only a proxy token can make a proxy.
+// A proxy may name the cluster and localhost: psh connects to the proxy
+// by those names and checks its certificate for them, and only a proxy token can make a proxy.
 func (s *Server) checkExtraPrincipal(role, p, uuid string, nodes []services.Node, clusters []string) error {
 	if p == "" {
 		return trace.BadParameter("additional principal is empty")

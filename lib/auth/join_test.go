@@ -106,7 +106,7 @@ func registerReq(t *testing.T, token, role, hostname, addr string, extra ...stri
 // cluster and the proxy's names; a refusal names the principal and does
 // not spend the token; an accepted join gets exactly the derived names
 // plus the allowed extras. A proxy (which only a proxy token makes) may
-// carry the cluster name and localhost, as SPEC says its certificate does.
+// carry the cluster name and localhost, as its certificate does.
 func TestJoinPrincipals(t *testing.T) {
 	clock := clockwork.NewFakeClockAt(time.Now().Truncate(time.Second))
 	store := newTestStore(t, clock)
@@ -185,7 +185,7 @@ func TestJoinPrincipals(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEqual(t, r1.UUID, r2.UUID)
 
-	// A proxy may carry the cluster name and localhost (SPEC).
+	// A proxy may carry the cluster name and localhost.
 	proxyTok, err := srv.CreateToken(ctx, services.TokenTypeProxy, time.Hour)
 	require.NoError(t, err)
 	resp, err = srv.RegisterUsingToken(ctx, registerReq(t, proxyTok.Name, RoleProxy, "proxy-2", "",

@@ -18,7 +18,7 @@ import (
 	"github.com/postern-dev/postern/lib/services"
 )
 
-// Trust between clusters (SPEC "Leaf clusters"), in one exchange.
+// Trust between clusters (docs/leaf-clusters.md), in one exchange.
 //
 // The root's admin makes a trusted_cluster token; it prints as
 // SECRET@sha256:PIN, the pin being the root's TLS CA. The leaf's admin

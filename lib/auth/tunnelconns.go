@@ -11,7 +11,7 @@ import (
 	"github.com/postern-dev/postern/lib/services"
 )
 
-// Tunnel locations (SPEC.md "Several proxies and auth servers"): a proxy
+// Tunnel locations (several proxies): a proxy
 // writes a short lease for each reverse tunnel it holds, and every proxy
 // watches them. The proxy named in a lease is always the caller's
 // certificate ID: a proxy can claim tunnels only for itself, never make

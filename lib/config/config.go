@@ -38,17 +38,16 @@ const (
 	BackendEtcd   = "etcd"
 )
 
-// Defaults, as SPEC.md fixes them.
+// Defaults (docs/reference.md lists them; operators rely on the ports).
 const (
 	DefaultDataDir  = "/var/lib/postern"
 	DefaultNodeAddr = "0.0.0.0:3022"
 	DefaultSSHAddr  = "0.0.0.0:3023"
 	DefaultAuthAddr = "0.0.0.0:3025"
 	DefaultWebAddr  = "0.0.0.0:3080"
-	// DefaultTunnelAddr is the proxy's reverse tunnel port (SPEC.md).
+	// DefaultTunnelAddr is the proxy's reverse tunnel port.
 	DefaultTunnelAddr = "0.0.0.0:3024"
-	// DefaultPeerAddr is the proxy's peering port (SPEC.md "Several
-	// proxies and auth servers").
+	// DefaultPeerAddr is the proxy's peering port (several proxies).
 	DefaultPeerAddr = "0.0.0.0:3021"
 	// DefaultDiagAddr is loopback only: metrics and health describe the
 	// estate and are nobody else's business unless the operator says so.

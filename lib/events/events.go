@@ -33,7 +33,7 @@ import (
 	"github.com/gravitational/trace"
 )
 
-// Event types (SPEC.md, Errors and logs).
+// Event types (docs/reference.md, Audit events).
 const (
 	// AuthLogin: a successful login (web, psh login, certificate issued).
 	AuthLogin = "auth.login"
@@ -105,7 +105,7 @@ const (
 	RecordingPlay = "recording.play"
 )
 
-// Field names, snake_case like the log keys (DESIGN.md rule 6). Use these
+// Field names, snake_case like the log keys. Use these
 // rather than new names for the same thing, so that one query finds them.
 const (
 	FieldSessionID  = "session_id"

@@ -11,7 +11,7 @@ import (
 	"github.com/postern-dev/postern/lib/services"
 )
 
-// TestRouteAccessFilter: SPEC.md "Routing" rule 5 runs over the nodes the
+// TestRouteAccessFilter: routing rule 5 (docs/reference.md, Routing) runs over the nodes the
 // caller may reach only. The invisible nodes here carry env=prod, and the
 // caller's filter lets only env=dev through.
 func TestRouteAccessFilter(t *testing.T) {

@@ -16,8 +16,8 @@ import (
 	"github.com/postern-dev/postern/lib/services"
 )
 
-// benchSizes are the cluster sizes DESIGN.md asks routing to be measured
-// at: routing cost must not grow with them.
+// benchSizes are the cluster sizes routing is measured at: its cost must
+// not grow with them.
 var benchSizes = []int{1000, 10000, 100000}
 
 func benchNode(i int) services.Node {

@@ -14,7 +14,7 @@ import (
 
 // AmbiguousHostError is returned by Route when a host matches several nodes
 // and the strategy is unambiguous_match. Its message is the user-visible
-// text of SPEC.md rule 5: a header line, then one line per candidate with
+// text of routing rule 5 (docs/reference.md, Routing): a header line, then one line per candidate with
 // what a user needs to pick one (uuid, addr, labels, last heartbeat).
 //
 // It unwraps to a *trace.BadParameterError, so trace.IsBadParameter holds;

@@ -1,6 +1,6 @@
 package proxy
 
-// Routing through the root (SPEC "Leaf clusters"): the Router resolves
+// Routing through the root (docs/leaf-clusters.md): the Router resolves
 // the cluster first. The local cluster is routed here, with this proxy's
 // inventory; a leaf cluster is not: the root knows nothing of a leaf's
 // nodes or policy. Its connection goes as a transport channel over the

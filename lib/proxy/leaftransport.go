@@ -22,7 +22,7 @@ import (
 )
 
 // LeafTransport is the leaf cluster's side of routing through a root
-// (SPEC "Leaf clusters"): a root proxy opens a transport channel on the
+// (docs/leaf-clusters.md): a root proxy opens a transport channel on the
 // leaf's tunnel and sends a proxyapi.LeafRequest naming the target and
 // the user's certificate; this leaf's Router picks the node among those
 // the user may reach here (the certificate checked and its roles mapped

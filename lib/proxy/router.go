@@ -236,15 +236,16 @@ type Route struct {
 }
 
 // AccessFilter says whether the caller's roles let them reach a node. It
-// runs on the candidates before routing rules 1-5 decide (SPEC.md
-// "Routing" rule 5), so a node the caller may not see is never chosen,
+// runs on the candidates before routing rules 1-5 decide (rule 5 in
+// docs/reference.md, Routing), so a node the caller may not see is never chosen,
 // named or counted: it cannot make an ambiguous error list it, turn a
 // unique name ambiguous, or win most_recent over the node the caller may
 // use. Nil means the admin view (`pctl route`): every node takes part.
 type AccessFilter func(node services.Node) bool
 
 // Route decides which node t means for a caller whose access is filter
-// (nil: the admin view), following SPEC.md "Routing" rules 0-5.
+// (nil: the admin view), following routing rules 0-5 (docs/reference.md,
+// Routing; each is marked below).
 // Errors: NotFound `node "HOST" not found in cluster "C"` and
 // `cluster "C" not found`; *AmbiguousHostError (also a BadParameter) for
 // several matches under unambiguous_match. On an ambiguous error the

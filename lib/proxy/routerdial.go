@@ -76,7 +76,7 @@ func (r *Router) DialHost(ctx context.Context, req RouteRequest) (net.Conn, Rout
 			return nil, route, trace.Wrap(err)
 		}
 	}
-	// Dialer order (SPEC.md "Reverse tunnels", "Several proxies"): a
+	// Dialer order (reverse tunnels, several proxies): a
 	// tunnel on this proxy, then a peer proxy holding one, then the
 	// registered address, never for a tunnel-only node.
 	node := route.Node
@@ -157,7 +157,7 @@ func (r *Router) peerHolders(uuid string) []string {
 // its address is the next choice.
 func (r *Router) dialTunnel(ctx context.Context, req RouteRequest, node services.Node, netCfg *services.ClusterNetworkingConfig) (net.Conn, error) {
 	timeout := netCfg.Spec.TunnelFindTimeout.Value()
-	// SPEC.md's sentence, whether or not peers were asked ("this proxy"
+	// The documented sentence, whether or not peers were asked ("this proxy"
 	// is where the user's connection is); what a peer answered follows.
 	offline := func(last error) error {
 		if last != nil {

@@ -21,7 +21,7 @@ import (
 	"github.com/postern-dev/postern/lib/web"
 )
 
-// Leaf clusters, the proxy's part (SPEC "Leaf clusters"). On a root, the
+// Leaf clusters, the proxy's part (docs/leaf-clusters.md). On a root, the
 // tunnel port admits its leaves' proxies (reversetunnel.Leaves, fed by
 // this cluster's remote_cluster records and the leaves' host CAs). On a
 // leaf, the proxy keeps a tunnel to the proxy of every root it trusts

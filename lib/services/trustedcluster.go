@@ -210,8 +210,7 @@ type RemoteCluster struct {
 	StatusNow string `json:"status,omitempty"`
 }
 
-// Remote cluster statuses (SPEC "Leaf clusters": proxysites, pctl
-// clusters ls).
+// Remote cluster statuses (proxysites, pctl clusters ls).
 const (
 	RemoteClusterOnline  = "online"
 	RemoteClusterOffline = "offline"

@@ -16,7 +16,7 @@ import (
 	"github.com/postern-dev/postern/lib/backend"
 )
 
-// Where a tunnel lives (SPEC.md "Several proxies and auth servers"): the
+// Where a tunnel lives (several proxies): the
 // proxy that holds a node's reverse tunnel writes a tunnel_connection with
 // a lease of a few seconds and renews it while the tunnel lives, so that
 // every other proxy learns within one watch event which peers can reach a

@@ -246,7 +246,7 @@ type ClusterNetworkingConfigSpec struct {
 	NodeAddressNetworks []string `json:"node_address_networks,omitempty"`
 }
 
-// Tunnel defaults (SPEC.md "Reverse tunnels"). 5s to find a tunnel covers
+// Tunnel defaults (reverse tunnels). 5s to find a tunnel covers
 // an agent's first reconnect attempts after a proxy restart (backoff
 // 250ms, 500ms, 1s, 2s) without holding a user's dial for long; 5s x 3
 // keep-alives find a half-open tunnel within ~15s.

@@ -239,7 +239,7 @@ const hostnameMetachars = "*?!,[]:@/%"
 //     itself: routing rule 0 reads NAME.CLUSTER as NAME in CLUSTER, and the
 //     cluster name is the proxy's principal;
 //   - a UUID other than the node's own (routing rule 1 matches UUIDs
-//     before hostnames: SPEC "Routing");
+//     before hostnames: docs/reference.md, Routing);
 //   - an IP address other than the host of the node's own addr (rule 2
 //     matches addr hosts: a node called 10.0.0.5 would answer for the node
 //     at 10.0.0.5);

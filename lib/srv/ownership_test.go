@@ -13,7 +13,7 @@ import (
 // TestCloseWaitsForRefusedConns: a connection refused by a cap still has
 // its global requests answered (refused) while it waits for the channel
 // that carries the reason, and Close returns only after every goroutine
-// the refusal started has ended (DESIGN.md style rule 7). The check runs
+// the refusal started has ended (whoever starts a goroutine ends it). The check runs
 // the moment Close returns, without goleak's retries: a goroutine that
 // ends "soon after" is one nobody owns.
 func TestCloseWaitsForRefusedConns(t *testing.T) {

@@ -22,7 +22,7 @@ import (
 // so commands behave as they do under OpenSSH.
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-// Session environment variables SPEC.md promises.
+// Session environment variables a session gets (docs/reference.md).
 const (
 	EnvHostUUID    = "SSH_POSTERN_HOST_UUID"
 	EnvClusterName = "SSH_POSTERN_CLUSTER_NAME"

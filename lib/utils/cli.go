@@ -9,7 +9,7 @@ import (
 	"github.com/gravitational/trace"
 )
 
-// FatalError prints err as the one readable line SPEC.md promises (the
+// FatalError prints err as one readable line (the
 // full trace report only with debug) and exits with status 1. It is the
 // single exit path of every postern, psh and pctl command, so that users
 // never see a stack trace they did not ask for.

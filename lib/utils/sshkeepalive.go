@@ -44,7 +44,7 @@ type SSHKeepAliveConfig struct {
 	// FromLastAnswer gives the connection up CountMax intervals after the
 	// last answer (the unanswered probe's own interval is the first
 	// miss) instead of CountMax intervals after the first unanswered
-	// probe, up to one interval later. Tunnels use it: SPEC's 5s x3
+	// probe, up to one interval later. Tunnels use it: their 5s x3
 	// finds a half-open tunnel within 15s of its last sign of life.
 	FromLastAnswer bool
 }

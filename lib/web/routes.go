@@ -60,7 +60,7 @@ type WebSessionsConfig struct {
 	// after 3 unanswered; a nil Clock means the server's.
 	NodeKeepAlive utils.SSHKeepAliveConfig
 	// TerminalGrace is how long a terminal whose websocket went away
-	// waits for a resume (SPEC web_terminal_grace); zero means
+	// waits for a resume (web_terminal_grace); zero means
 	// DefaultTerminalGrace, negative means none (the terminal ends with
 	// its socket, the behaviour before resume existed).
 	TerminalGrace time.Duration

@@ -1,5 +1,5 @@
 // Command postern is the Postern daemon: the auth, proxy and node roles in
-// any combination (see SPEC.md, `postern start`).
+// any combination (docs/reference.md, `postern start`).
 package main
 
 import (

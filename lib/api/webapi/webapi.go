@@ -1,5 +1,5 @@
 // Package webapi holds the bodies of the proxy's web API (/webapi/...,
-// SPEC.md "Web"): what the proxy's lib/web serves and what psh and the
+// docs/reference.md, Web API): what the proxy's lib/web serves and what psh and the
 // browser UI send and read. The web terminal's frames are not here (they
 // belong to the terminal's own protocol). See package api for why it
 // imports nothing of the servers.
@@ -29,7 +29,7 @@ const (
 	SecondFactorOTP = "otp"
 )
 
-// SSHLoginRequest is the body of POST /webapi/ssh/certs (SPEC.md, Web).
+// SSHLoginRequest is the body of POST /webapi/ssh/certs (docs/reference.md).
 type SSHLoginRequest struct {
 	User     string `json:"user"`
 	Password string `json:"password"`

@@ -70,7 +70,7 @@ import (
 // instead of confusing old pages.
 const TerminalSubprotocol = "postern.v1"
 
-// Frame types: the first byte of every binary message (SPEC.md, Web).
+// Frame types: the first byte of every binary message (docs/reference.md).
 const (
 	// FrameData carries terminal bytes, both ways.
 	FrameData byte = 'r'

@@ -1,5 +1,5 @@
-// Package peer is proxy peering (SPEC.md "Several proxies and auth
-// servers"): a proxy that has no tunnel from a node asks a peer proxy that
+// Package peer is proxy peering (several proxies and auth servers): a
+// proxy that has no tunnel from a node asks a peer proxy that
 // holds one to dial it, the shape of seed 003's "routing kas -> gateway
 // kas -> agent". The Server listens on peer_addr (default 0.0.0.0:3021);
 // the Client keeps one connection per peer and opens one stream per dial.

@@ -144,7 +144,7 @@ func (h *Handler) dial(ctx context.Context, id *authz.Identity, target proxy.Tar
 	log := h.cfg.Logger.WithFields(logrus.Fields{"user": id.User, "target": target.String(), "via": via})
 	conn, route, err := h.cfg.Router.DialHost(ctx, proxy.RouteRequest{
 		Target: target,
-		// RBAC first, then routing (SPEC.md "Routing" rule 5): a node
+		// RBAC first, then routing (rule 5, docs/reference.md Routing): a node
 		// the user may not reach takes no part in the decision.
 		Access: id.CanReach,
 		// A leaf decides from the certificate itself.
