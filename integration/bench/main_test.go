@@ -54,7 +54,6 @@ func TestMain(m *testing.M) {
 			// on their own after their idle timeout.
 			goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
 			goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-			goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
 		); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
 			code = 1
