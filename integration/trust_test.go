@@ -132,7 +132,10 @@ func TestTrustedClusterLifecycle(t *testing.T) {
 
 	_, errOut, err = pctl(t, leaf.dataDir, "", "rm", "role/access")
 	require.Error(t, err)
-	require.Contains(t, errOut, `pctl rm does not remove kind "role"`)
+	require.Contains(t, errOut, `role "access" is a preset role and cannot be removed`)
+	_, errOut, err = pctl(t, leaf.dataDir, "", "rm", "user/alice")
+	require.Error(t, err)
+	require.Contains(t, errOut, `pctl rm does not remove kind "user"`)
 }
 
 // establishTrust makes leaf a leaf of root with roleMap (YAML flow list).

@@ -90,6 +90,8 @@ func (a *APIServer) registerRoutes() {
 	a.handle("GET /v1/users", allow(admin), a.getUsers)
 	a.handle("POST /v1/users", allow(admin), a.createUser)
 	a.handle("DELETE /v1/users/{name}", allow(admin), a.deleteUser)
+	a.handle("PUT /v1/users/{name}", allow(admin), a.updateUser)
+	a.handle("PUT /v1/users/{name}/password", allow(admin), a.resetPassword)
 	a.handle("DELETE /v1/users/{name}/lockout", allow(admin), a.clearLockout)
 	a.handle("GET /v1/tokens", allow(admin), a.getTokens)
 	a.handle("POST /v1/tokens", allow(admin), a.createToken)
@@ -323,7 +325,7 @@ func (a *APIServer) upsertRole(ctx context.Context, _ *peer, r *http.Request) (a
 }
 
 func (a *APIServer) deleteRole(ctx context.Context, _ *peer, r *http.Request) (any, error) {
-	return nil, trace.Wrap(a.auth.store.DeleteRole(ctx, r.PathValue("name")))
+	return nil, trace.Wrap(a.auth.DeleteRole(ctx, r.PathValue("name")))
 }
 
 func (a *APIServer) getNetworking(ctx context.Context, _ *peer, _ *http.Request) (any, error) {
@@ -364,6 +366,32 @@ func (a *APIServer) createUser(ctx context.Context, _ *peer, r *http.Request) (a
 
 func (a *APIServer) deleteUser(ctx context.Context, _ *peer, r *http.Request) (any, error) {
 	return nil, trace.Wrap(a.auth.DeleteUser(ctx, r.PathValue("name")))
+}
+
+func (a *APIServer) updateUser(ctx context.Context, p *peer, r *http.Request) (any, error) {
+	var req authapi.UpdateUserRequest
+	if err := readJSON(r, &req); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	user, err := a.auth.UpdateUser(ctx, r.PathValue("name"), req.Roles, req.Logins)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	a.log.WithFields(map[string]any{"user": user.Name, "by": p.ID}).Info("User updated over the API.")
+	return user, nil
+}
+
+func (a *APIServer) resetPassword(ctx context.Context, p *peer, r *http.Request) (any, error) {
+	var req authapi.ResetPasswordRequest
+	if err := readJSON(r, &req); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	ended, err := a.auth.ResetPassword(ctx, r.PathValue("name"), []byte(req.Password))
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	a.log.WithFields(map[string]any{"user": r.PathValue("name"), "by": p.ID}).Info("Password reset over the API.")
+	return authapi.ResetPasswordResponse{WebSessionsEnded: ended}, nil
 }
 
 // clearLockout clears the failed-login counts and lockouts of a user (and,

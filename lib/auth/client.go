@@ -283,6 +283,20 @@ func (c *Client) DeleteUser(ctx context.Context, name string) error {
 	return trace.Wrap(c.do(ctx, http.MethodDelete, "/v1/users/"+url.PathEscape(name), nil, nil, nil))
 }
 
+// UpdateUser replaces a user's roles and/or logins (nil: unchanged); see
+// Server.UpdateUser.
+func (c *Client) UpdateUser(ctx context.Context, name string, roles, logins []string) (*services.User, error) {
+	return call[services.User](ctx, c, http.MethodPut, "/v1/users/"+url.PathEscape(name), nil, authapi.UpdateUserRequest{Roles: roles, Logins: logins})
+}
+
+// ResetPassword sets a user's password and ends their web sessions; it
+// returns how many ended. See Server.ResetPassword.
+func (c *Client) ResetPassword(ctx context.Context, name string, password []byte) (int, error) {
+	var resp authapi.ResetPasswordResponse
+	err := c.do(ctx, http.MethodPut, "/v1/users/"+url.PathEscape(name)+"/password", nil, authapi.ResetPasswordRequest{Password: string(password)}, &resp)
+	return resp.WebSessionsEnded, trace.Wrap(err)
+}
+
 // GetUsers lists users (without password hashes or TOTP secrets).
 func (c *Client) GetUsers(ctx context.Context) ([]services.User, error) {
 	var users []services.User

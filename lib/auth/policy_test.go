@@ -72,6 +72,8 @@ var wantPolicy = map[string][]string{
 	"POST /v1/users":                  {RoleAdmin},
 	"DELETE /v1/users/{name}":         {RoleAdmin},
 	"DELETE /v1/users/{name}/lockout": {RoleAdmin},
+	"PUT /v1/users/{name}":            {RoleAdmin},
+	"PUT /v1/users/{name}/password":   {RoleAdmin},
 	"GET /v1/tokens":                  {RoleAdmin},
 	"POST /v1/tokens":                 {RoleAdmin},
 	"DELETE /v1/tokens/{name}":        {RoleAdmin},

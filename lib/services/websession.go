@@ -136,3 +136,26 @@ func (s *Store) DeleteWebSession(ctx context.Context, key string) error {
 	}
 	return trace.Wrap(err)
 }
+
+// DeleteUserWebSessions removes every web session of user and returns how
+// many there were; each removal is an end on the session watch, so every
+// proxy closes that session's terminals. For an admin's password reset:
+// the only place that walks the records, and it returns none of them.
+func (s *Store) DeleteUserWebSessions(ctx context.Context, user string) (int, error) {
+	items, err := s.b.GetRange(ctx, WebSessionsPrefix(), 0)
+	if err != nil {
+		return 0, trace.Wrap(err)
+	}
+	n := 0
+	for _, item := range items {
+		var ws WebSession
+		if err := json.Unmarshal(item.Value, &ws); err != nil || ws.User != user {
+			continue
+		}
+		if err := s.b.Delete(ctx, item.Key); err != nil && !trace.IsNotFound(err) {
+			return n, trace.Wrap(err)
+		}
+		n++
+	}
+	return n, nil
+}

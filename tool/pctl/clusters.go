@@ -17,7 +17,7 @@ func (c *cli) registerClusters(app *kingpin.Application, add adder) {
 	cl := app.Command("clusters", "Leaf clusters of this (root) cluster.")
 	var format string
 	ls := cl.Command("ls", "List leaf clusters with their status (online while a proxy of this cluster holds a tunnel from the leaf) and last connection.")
-	ls.Flag("format", "text or json.").Default("text").EnumVar(&format, "text", "json")
+	listFormatFlag(ls, &format)
 	add(ls, func(ctx context.Context) error { return c.clustersLs(ctx, format) })
 	var name string
 	rm := cl.Command("rm", "Remove a leaf cluster: its CAs are no longer trusted here.")
@@ -35,21 +35,17 @@ func (c *cli) clustersLs(ctx context.Context, format string) error {
 	if err != nil {
 		return trace.Wrap(err)
 	}
-	if format == "json" {
-		if rcs == nil {
-			rcs = []services.RemoteCluster{}
+	return trace.Wrap(writeList(c.stdout, format, rcs, func() error {
+		tw := services.NewTable(c.stdout, "NAME", "STATUS", "LAST CONNECTED", "TRUSTED SINCE")
+		for _, rc := range rcs {
+			last := "never"
+			if !rc.LastConnected.IsZero() {
+				last = rc.LastConnected.UTC().Format(time.RFC3339)
+			}
+			tw.Row(rc.Name, rc.StatusNow, last, rc.Created.UTC().Format(time.RFC3339))
 		}
-		return trace.Wrap(writeJSON(c.stdout, rcs))
-	}
-	tw := services.NewTable(c.stdout, "NAME", "STATUS", "LAST CONNECTED", "TRUSTED SINCE")
-	for _, rc := range rcs {
-		last := "never"
-		if !rc.LastConnected.IsZero() {
-			last = rc.LastConnected.UTC().Format(time.RFC3339)
-		}
-		tw.Row(rc.Name, rc.StatusNow, last, rc.Created.UTC().Format(time.RFC3339))
-	}
-	return trace.Wrap(tw.Flush())
+		return tw.Flush()
+	}))
 }
 
 func (c *cli) clustersRm(ctx context.Context, name string) error {

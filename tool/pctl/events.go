@@ -24,7 +24,7 @@ func (c *cli) registerEvents(app *kingpin.Application, add adder) {
 	ls.Flag("since", "A duration back from now (24h) or an RFC 3339 time.").Default("24h").StringVar(&since)
 	ls.Flag("type", "Only this event type, e.g. session.start or auth.failed.").StringVar(&typ)
 	ls.Flag("limit", "At most this many (the most recent).").Default("1000").IntVar(&limit)
-	ls.Flag("format", "text or json (one object per line).").Default("text").EnumVar(&format, "text", "json")
+	formatFlag(ls, &format, "text or json (one object per line).", formatText, formatJSON)
 	add(ls, func(ctx context.Context) error { return c.eventsLs(ctx, since, typ, limit, format) })
 }
 
@@ -57,7 +57,7 @@ func (c *cli) eventsLs(ctx context.Context, since, typ string, limit int, format
 	if err != nil {
 		return trace.Wrap(err)
 	}
-	if format == "json" {
+	if format == formatJSON {
 		for _, e := range found {
 			line, err := json.Marshal(e)
 			if err != nil {

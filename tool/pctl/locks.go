@@ -32,7 +32,10 @@ func (c *cli) registerLocks(app *kingpin.Application, add adder) {
 	add(ul, func(ctx context.Context) error { return c.unlock(ctx, uuser, unode) })
 
 	locks := app.Command("locks", "Inspect locks.")
-	add(locks.Command("ls", "List the locks in force."), c.locksLs)
+	var lsFormat string
+	ll := locks.Command("ls", "List the locks in force.")
+	listFormatFlag(ll, &lsFormat)
+	add(ll, func(ctx context.Context) error { return c.locksLs(ctx, lsFormat) })
 }
 
 // oneTarget checks that exactly one of --user and --node was given.
@@ -168,7 +171,7 @@ func nodeLabel(n services.Node) string {
 	return fmt.Sprintf("node %q", n.UUID)
 }
 
-func (c *cli) locksLs(ctx context.Context) error {
+func (c *cli) locksLs(ctx context.Context, format string) error {
 	clt, _, err := c.connect(ctx)
 	if err != nil {
 		return trace.Wrap(err)
@@ -178,19 +181,21 @@ func (c *cli) locksLs(ctx context.Context) error {
 	if err != nil {
 		return trace.Wrap(err)
 	}
-	if len(locks) == 0 {
-		fmt.Fprintln(c.stdout, "No locks.")
-		return nil
-	}
-	tw := services.NewTable(c.stdout, "TARGET", "MESSAGE", "EXPIRES", "CREATED BY", "CREATED")
-	for _, l := range locks {
-		expires := "never"
-		if !l.Expires.IsZero() {
-			expires = l.Expires.UTC().Format(time.RFC3339)
+	return trace.Wrap(writeList(c.stdout, format, locks, func() error {
+		if len(locks) == 0 {
+			fmt.Fprintln(c.stdout, "No locks.")
+			return nil
 		}
-		tw.Row(l.Target, orDefault(l.Message, "-"), expires, orDefault(l.CreatedBy, "-"), l.Created.UTC().Format(time.RFC3339))
-	}
-	return trace.Wrap(tw.Flush())
+		tw := services.NewTable(c.stdout, "TARGET", "MESSAGE", "EXPIRES", "CREATED BY", "CREATED")
+		for _, l := range locks {
+			expires := "never"
+			if !l.Expires.IsZero() {
+				expires = l.Expires.UTC().Format(time.RFC3339)
+			}
+			tw.Row(l.Target, orDefault(l.Message, "-"), expires, orDefault(l.CreatedBy, "-"), l.Created.UTC().Format(time.RFC3339))
+		}
+		return tw.Flush()
+	}))
 }
 
 // warnLocked tells the admin who (re)creates a user that a lock still

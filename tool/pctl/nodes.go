@@ -17,7 +17,7 @@ func (c *cli) registerNodes(app *kingpin.Application, add adder) {
 	nodes := app.Command("nodes", "Inspect the node inventory.")
 	var format string
 	nl := nodes.Command("ls", "List nodes.")
-	nl.Flag("format", "text or json.").Default("text").EnumVar(&format, "text", "json")
+	listFormatFlag(nl, &format)
 	add(nl, func(ctx context.Context) error { return c.nodesLs(ctx, format) })
 
 	var uuid string
@@ -49,13 +49,7 @@ func (c *cli) nodesLs(ctx context.Context, format string) error {
 		}
 		return nodes[i].UUID < nodes[j].UUID
 	})
-	if format == "json" {
-		if nodes == nil {
-			nodes = []services.Node{}
-		}
-		return trace.Wrap(writeJSON(c.stdout, nodes))
-	}
-	return trace.Wrap(writeNodesTable(c.stdout, nodes))
+	return trace.Wrap(writeList(c.stdout, format, nodes, func() error { return writeNodesTable(c.stdout, nodes) }))
 }
 
 // writeNodesTable prints the text form of `pctl nodes ls`.

@@ -15,7 +15,7 @@ func (c *cli) registerProxies(app *kingpin.Application, add adder) {
 	proxies := app.Command("proxies", "Inspect the cluster's proxies.")
 	var format string
 	pl := proxies.Command("ls", "List the proxies that heartbeat.")
-	pl.Flag("format", "text or json.").Default("text").EnumVar(&format, "text", "json")
+	listFormatFlag(pl, &format)
 	add(pl, func(ctx context.Context) error { return c.proxiesLs(ctx, format) })
 }
 
@@ -29,13 +29,7 @@ func (c *cli) proxiesLs(ctx context.Context, format string) error {
 	if err != nil {
 		return trace.Wrap(err)
 	}
-	if format == "json" {
-		if proxies == nil {
-			proxies = []services.Proxy{}
-		}
-		return trace.Wrap(writeJSON(c.stdout, proxies))
-	}
-	return trace.Wrap(writeProxiesTable(c.stdout, proxies))
+	return trace.Wrap(writeList(c.stdout, format, proxies, func() error { return writeProxiesTable(c.stdout, proxies) }))
 }
 
 // writeProxiesTable prints the text form of `pctl proxies ls`.

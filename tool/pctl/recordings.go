@@ -18,7 +18,10 @@ import (
 
 func (c *cli) registerRecordings(app *kingpin.Application, add adder) {
 	rec := app.Command("recordings", "Session recordings.")
-	add(rec.Command("ls", "List recordings, oldest first."), c.recordingsLs)
+	var lsFormat string
+	rl := rec.Command("ls", "List recordings, oldest first.")
+	listFormatFlag(rl, &lsFormat)
+	add(rl, func(ctx context.Context) error { return c.recordingsLs(ctx, lsFormat) })
 	var id, out, dir, hash string
 	ex := rec.Command("export", "Write a recording as an asciicast v2 file.")
 	ex.Arg("id", "Session id.").Required().StringVar(&id)
@@ -31,7 +34,7 @@ func (c *cli) registerRecordings(app *kingpin.Application, add adder) {
 	add(ve, func(ctx context.Context) error { return c.recordingsVerify(ctx, id, dir, hash) })
 }
 
-func (c *cli) recordingsLs(ctx context.Context) error {
+func (c *cli) recordingsLs(ctx context.Context, format string) error {
 	clt, _, err := c.connect(ctx)
 	if err != nil {
 		return trace.Wrap(err)
@@ -43,15 +46,17 @@ func (c *cli) recordingsLs(ctx context.Context) error {
 	}
 	// The command and the login are what the user typed: the table
 	// escapes every cell.
-	tw := services.NewTable(c.stdout, "ID", "STARTED", "USER", "LOGIN", "NODE", "CHUNKS", "COMPLETE", "COMMAND")
-	for _, m := range list {
-		node := m.NodeHostname
-		if node == "" {
-			node = m.Node
+	return trace.Wrap(writeList(c.stdout, format, list, func() error {
+		tw := services.NewTable(c.stdout, "ID", "STARTED", "USER", "LOGIN", "NODE", "CHUNKS", "COMPLETE", "COMMAND")
+		for _, m := range list {
+			node := m.NodeHostname
+			if node == "" {
+				node = m.Node
+			}
+			tw.Row(m.SessionID, time.Unix(m.Timestamp, 0).UTC().Format(time.RFC3339), m.User, m.Login, node, m.Chunks, m.Complete, m.Command)
 		}
-		tw.Row(m.SessionID, time.Unix(m.Timestamp, 0).UTC().Format(time.RFC3339), m.User, m.Login, node, m.Chunks, m.Complete, m.Command)
-	}
-	return trace.Wrap(tw.Flush())
+		return tw.Flush()
+	}))
 }
 
 // fetchChunks reads a recording from auth.

@@ -15,7 +15,10 @@ import (
 
 func (c *cli) registerResources(app *kingpin.Application, add adder) {
 	roles := app.Command("roles", "Inspect roles.")
-	add(roles.Command("ls", "List roles."), c.rolesLs)
+	var lsFormat string
+	rl := roles.Command("ls", "List roles.")
+	listFormatFlag(rl, &lsFormat)
+	add(rl, func(ctx context.Context) error { return c.rolesLs(ctx, lsFormat) })
 
 	var file string
 	cr := app.Command("create", "Create or update resources from a YAML or JSON file (role, cluster_networking_config, trusted_cluster).")
@@ -23,13 +26,15 @@ func (c *cli) registerResources(app *kingpin.Application, add adder) {
 	add(cr, func(ctx context.Context) error { return c.create(ctx, file) })
 
 	var kind, name string
-	get := app.Command("get", "Print resources as YAML: role, user, node, lock, cluster_networking_config, trusted_cluster.")
+	var getFormat string
+	get := app.Command("get", "Print resources as YAML or JSON: role, user, node, lock, cluster_networking_config, trusted_cluster.")
 	get.Arg("kind", "Resource kind.").Required().StringVar(&kind)
 	get.Arg("name", "Resource name (all when omitted).").StringVar(&name)
-	add(get, func(ctx context.Context) error { return c.get(ctx, kind, name) })
+	formatFlag(get, &getFormat, "yaml (documents separated by ---, what pctl create -f reads) or json (one array).", formatYAML, formatJSON)
+	add(get, func(ctx context.Context) error { return c.get(ctx, kind, name, getFormat) })
 
 	var ref string
-	rm := app.Command("rm", "Remove a resource: trusted_cluster/NAME (this cluster stops trusting the root NAME).")
+	rm := app.Command("rm", "Remove a resource: role/NAME (not a preset, nor one still assigned), trusted_cluster/NAME (this cluster stops trusting the root NAME).")
 	rm.Arg("resource", "KIND/NAME.").Required().StringVar(&ref)
 	add(rm, func(ctx context.Context) error { return c.rm(ctx, ref) })
 
@@ -42,7 +47,7 @@ func (c *cli) registerResources(app *kingpin.Application, add adder) {
 	add(sn, func(ctx context.Context) error { return c.setNetworking(ctx, strategy, caseInsensitive, dialTimeout) })
 }
 
-func (c *cli) rolesLs(ctx context.Context) error {
+func (c *cli) rolesLs(ctx context.Context, format string) error {
 	clt, _, err := c.connect(ctx)
 	if err != nil {
 		return trace.Wrap(err)
@@ -52,11 +57,13 @@ func (c *cli) rolesLs(ctx context.Context) error {
 	if err != nil {
 		return trace.Wrap(err)
 	}
-	tw := services.NewTable(c.stdout, "ROLE", "LOGINS", "NODE LABELS", "AGENT", "PORT FWD", "MAX TTL")
-	for _, r := range roles {
-		tw.Row(r.Metadata.Name, services.EscapeList(r.Spec.Logins, ","), formatSelector(r.Spec.NodeLabels), r.Spec.ForwardAgent, r.Spec.PortForwarding, maxTTL(r))
-	}
-	return trace.Wrap(tw.Flush())
+	return trace.Wrap(writeList(c.stdout, format, roles, func() error {
+		tw := services.NewTable(c.stdout, "ROLE", "LOGINS", "NODE LABELS", "AGENT", "PORT FWD", "MAX TTL")
+		for _, r := range roles {
+			tw.Row(r.Metadata.Name, services.EscapeList(r.Spec.Logins, ","), formatSelector(r.Spec.NodeLabels), r.Spec.ForwardAgent, r.Spec.PortForwarding, maxTTL(r))
+		}
+		return tw.Flush()
+	}))
 }
 
 func maxTTL(r *services.Role) string {
@@ -113,7 +120,7 @@ func (c *cli) create(ctx context.Context, file string) error {
 	return nil
 }
 
-func (c *cli) get(ctx context.Context, kind, name string) error {
+func (c *cli) get(ctx context.Context, kind, name, format string) error {
 	clt, _, err := c.connect(ctx)
 	if err != nil {
 		return trace.Wrap(err)
@@ -200,17 +207,7 @@ func (c *cli) get(ctx context.Context, kind, name string) error {
 	default:
 		return trace.BadParameter("unknown kind %q: want role, user, node, lock, cluster_networking_config or trusted_cluster", kind)
 	}
-	for i, v := range out {
-		data, err := services.MarshalResourceYAML(v)
-		if err != nil {
-			return trace.Wrap(err)
-		}
-		if i > 0 {
-			fmt.Fprintln(c.stdout, "---")
-		}
-		c.stdout.Write(data)
-	}
-	return nil
+	return trace.Wrap(writeResources(c.stdout, format, out))
 }
 
 func (c *cli) setNetworking(ctx context.Context, strategy, caseInsensitive, dialTimeout string) error {
@@ -259,16 +256,25 @@ func orDefault(v, def string) string {
 func (c *cli) rm(ctx context.Context, ref string) error {
 	kind, name, ok := strings.Cut(ref, "/")
 	if !ok || kind == "" || name == "" {
-		return trace.BadParameter("invalid resource %q: want KIND/NAME, e.g. trusted_cluster/root", ref)
+		return trace.BadParameter("invalid resource %q: want KIND/NAME, e.g. role/dev or trusted_cluster/root", ref)
 	}
-	if kind != services.KindTrustedCluster {
-		return trace.BadParameter("pctl rm does not remove kind %q: it removes trusted_cluster/NAME (users, nodes and tokens have commands of their own)", kind)
+	if kind != services.KindTrustedCluster && kind != services.KindRole {
+		return trace.BadParameter("pctl rm does not remove kind %q: it removes role/NAME and trusted_cluster/NAME (users, nodes and tokens have commands of their own)", kind)
 	}
 	clt, _, err := c.connect(ctx)
 	if err != nil {
 		return trace.Wrap(err)
 	}
 	defer clt.Close()
+	if kind == services.KindRole {
+		// The auth server refuses the presets and a role in use, naming
+		// who uses it (auth.Server.DeleteRole).
+		if err := clt.DeleteRole(ctx, name); err != nil {
+			return trace.Wrap(err)
+		}
+		fmt.Fprintf(c.stdout, "role %q removed\n", name)
+		return nil
+	}
 	if err := clt.DeleteTrustedCluster(ctx, name); err != nil {
 		return trace.Wrap(err)
 	}

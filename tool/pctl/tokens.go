@@ -25,6 +25,18 @@ func (c *cli) registerTokens(app *kingpin.Application, add adder) {
 	ta.Flag("type", "node, proxy or trusted_cluster (a leaf cluster's trust in this one).").Default(services.TokenTypeNode).EnumVar(&typ, services.TokenTypeNode, services.TokenTypeProxy, services.TokenTypeTrustedCluster)
 	ta.Flag("ttl", "How long the token is valid.").Default(defaultTokenTTL.String()).DurationVar(&ttl)
 	add(ta, func(ctx context.Context) error { return c.tokensAdd(ctx, typ, ttl) })
+
+	var lsFormat string
+	var withSecrets bool
+	tl := tokens.Command("ls", "List join tokens: type, expiry and the first characters of each (the whole token with --with-secrets).")
+	tl.Flag("with-secrets", "Print each whole token, which joins a host to the cluster.").BoolVar(&withSecrets)
+	listFormatFlag(tl, &lsFormat)
+	add(tl, func(ctx context.Context) error { return c.tokensLs(ctx, lsFormat, withSecrets) })
+
+	var rmToken string
+	tr := tokens.Command("rm", "Revoke a join token.")
+	tr.Arg("token", "The token, or the prefix pctl tokens ls shows (at least 8 characters, matching one token).").Required().StringVar(&rmToken)
+	add(tr, func(ctx context.Context) error { return c.tokensRm(ctx, rmToken) })
 }
 
 func (c *cli) tokensAdd(ctx context.Context, typ string, ttl time.Duration) error {

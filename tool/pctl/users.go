@@ -27,12 +27,41 @@ func (c *cli) registerUsers(app *kingpin.Application, add adder) {
 	ua.Flag("otp", "Require a TOTP one-time password at login; prints the enrolment URL.").BoolVar(&otp)
 	add(ua, func(ctx context.Context) error { return c.usersAdd(ctx, name, logins, roles, otp) })
 
-	add(users.Command("ls", "List users."), c.usersLs)
+	var lsFormat string
+	ul := users.Command("ls", "List users.")
+	listFormatFlag(ul, &lsFormat)
+	add(ul, func(ctx context.Context) error { return c.usersLs(ctx, lsFormat) })
 
 	var rmName string
 	ur := users.Command("rm", "Remove a user.")
 	ur.Arg("name", "User name.").Required().StringVar(&rmName)
 	add(ur, func(ctx context.Context) error { return c.usersRm(ctx, rmName) })
+
+	var upName, upRoles, upLogins string
+	var upRolesSet, upLoginsSet bool
+	uu := users.Command("update", "Change an existing user's roles and/or logins (from the user's next login on).")
+	uu.Arg("name", "User name.").Required().StringVar(&upName)
+	uu.Flag("roles", "Replace the roles: R1,R2.").IsSetByUser(&upRolesSet).StringVar(&upRoles)
+	uu.Flag("logins", "Replace the OS logins (the logins trait): L1,L2.").IsSetByUser(&upLoginsSet).StringVar(&upLogins)
+	add(uu, func(ctx context.Context) error {
+		var roles, logins []string
+		if upRolesSet {
+			if roles = splitList(upRoles); roles == nil {
+				return trace.BadParameter("--roles is empty: a user needs at least one role")
+			}
+		}
+		if upLoginsSet {
+			if logins = splitList(upLogins); logins == nil {
+				return trace.BadParameter("--logins is empty: give at least one login")
+			}
+		}
+		return c.usersUpdate(ctx, upName, roles, logins)
+	})
+
+	var rpName string
+	rp := users.Command("reset-password", "Set a user's password (read like users add does) and end the user's web sessions.")
+	rp.Arg("name", "User name.").Required().StringVar(&rpName)
+	add(rp, func(ctx context.Context) error { return c.usersResetPassword(ctx, rpName) })
 
 	var clName, clAddr string
 	cl := users.Command("clear-lockout", "Clear a user's failed-login counts and lockouts, from every address (see also pctl unlock for locks).")
@@ -108,7 +137,7 @@ func (c *cli) usersAdd(ctx context.Context, name, logins, roles string, otp bool
 	return nil
 }
 
-func (c *cli) usersLs(ctx context.Context) error {
+func (c *cli) usersLs(ctx context.Context, format string) error {
 	clt, _, err := c.connect(ctx)
 	if err != nil {
 		return trace.Wrap(err)
@@ -118,15 +147,63 @@ func (c *cli) usersLs(ctx context.Context) error {
 	if err != nil {
 		return trace.Wrap(err)
 	}
-	tw := services.NewTable(c.stdout, "USER", "ROLES", "LOGINS", "OTP")
-	for _, u := range users {
-		otp := "no"
-		if u.OTPEnabled {
-			otp = "yes"
-		}
-		tw.Row(u.Name, services.EscapeList(u.Roles, ","), services.EscapeList(u.Traits["logins"], ","), otp)
+	for i := range users {
+		// The API strips them already; a listing never carries secrets
+		// whatever a future server sends.
+		users[i].PasswordHash, users[i].TOTPSecret = nil, ""
 	}
-	return trace.Wrap(tw.Flush())
+	return trace.Wrap(writeList(c.stdout, format, users, func() error {
+		tw := services.NewTable(c.stdout, "USER", "ROLES", "LOGINS", "OTP")
+		for _, u := range users {
+			otp := "no"
+			if u.OTPEnabled {
+				otp = "yes"
+			}
+			tw.Row(u.Name, services.EscapeList(u.Roles, ","), services.EscapeList(u.Traits["logins"], ","), otp)
+		}
+		return tw.Flush()
+	}))
+}
+
+func (c *cli) usersUpdate(ctx context.Context, name string, roles, logins []string) error {
+	if roles == nil && logins == nil {
+		return trace.BadParameter("nothing to change: give --roles and/or --logins")
+	}
+	clt, _, err := c.connect(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer clt.Close()
+	u, err := clt.UpdateUser(ctx, name, roles, logins)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	fmt.Fprintf(c.stdout, "User %q updated: roles %s, logins %s.\n", name,
+		services.EscapeList(u.Roles, ","), services.EscapeList(u.Traits[services.TraitLogins], ","))
+	fmt.Fprintln(c.stdout, "It applies from the user's next login; certificates issued before keep their roles and logins until they expire (pctl lock --user cuts them now).")
+	return nil
+}
+
+func (c *cli) usersResetPassword(ctx context.Context, name string) error {
+	password, err := c.readPassword()
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	if len(password) < minPasswordLength {
+		return trace.BadParameter("password too short: at least %d characters", minPasswordLength)
+	}
+	clt, _, err := c.connect(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer clt.Close()
+	ended, err := clt.ResetPassword(ctx, name, password)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	fmt.Fprintf(c.stdout, "Password of %q reset; %d web session(s) ended.\n", name, ended)
+	fmt.Fprintln(c.stdout, "SSH certificates issued before run until they expire (pctl lock --user cuts them now).")
+	return nil
 }
 
 func (c *cli) usersRm(ctx context.Context, name string) error {

@@ -156,6 +156,24 @@ type CreateUserRequest struct {
 	OTP      bool     `json:"otp,omitempty"`
 }
 
+// UpdateUserRequest is the body of PUT /v1/users/{name}: the fields
+// given replace the user's; an absent (null) one is left as it is.
+type UpdateUserRequest struct {
+	Roles  []string `json:"roles,omitempty"`
+	Logins []string `json:"logins,omitempty"`
+}
+
+// ResetPasswordRequest is the body of PUT /v1/users/{name}/password.
+type ResetPasswordRequest struct {
+	Password string `json:"password"`
+}
+
+// ResetPasswordResponse answers it: how many of the user's web sessions
+// were ended.
+type ResetPasswordResponse struct {
+	WebSessionsEnded int `json:"web_sessions_ended"`
+}
+
 // CreateUserResponse answers POST /v1/users: the TOTP enrolment URL when
 // the user was created with OTP.
 type CreateUserResponse struct {
