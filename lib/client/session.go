@@ -35,8 +35,8 @@ type SessionConfig struct {
 	// sends ESC once.
 	EscapeChar byte
 	Stdin      *os.File
-	Stdout    io.Writer
-	Stderr    io.Writer
+	Stdout     io.Writer
+	Stderr     io.Writer
 }
 
 // ExitStatusError carries the remote command's non-zero exit status, which

@@ -63,7 +63,7 @@ type cli struct {
 		target                              string
 		command                             []string
 	}
-	scp scpFlags
+	scp      scpFlags
 	proxySSH struct{ cluster, target string }
 	status   struct{ format string }
 	bench    benchFlags

@@ -18,7 +18,7 @@ import (
 
 // scpFlags are `psh scp`'s flags and arguments.
 type scpFlags struct {
-	recursive, preserve bool
+	recursive, preserve  bool
 	port, cluster, login string
 	paths                []string
 }
