@@ -41,7 +41,23 @@ func TestPshRefusalsSayWhy(t *testing.T) {
 	t.Run("a login missing on the node", func(t *testing.T) {
 		_, errOut, code := bob.run(t, "", "ssh", "-l", "postern-nosuch", "node-1", "echo must-not-run")
 		require.Equal(t, 255, code, errOut)
-		require.Equal(t, "psh: login \"postern-nosuch\" does not exist on this node\n", errOut)
+		require.Equal(t, "postern: login \"postern-nosuch\" does not exist on this node\r\n", errOut)
+	})
+
+	t.Run("a login missing on the node, to OpenSSH", func(t *testing.T) {
+		requireOpenSSH(t, "ssh")
+		keyPath := filepath.Join(t.TempDir(), "bob")
+		mustPctl(t, c.dataDir, "", "auth", "sign", "--user", "bob", "--ttl", "10m", "--out", keyPath)
+		bobSSH := *c
+		bobSSH.keyPath = keyPath
+		cfg := bobSSH.opensshConfig(t, "")
+		out, err := exec.Command("ssh", "-F", cfg, "-l", "postern-nosuch", c.hostname, "echo must-not-run").CombinedOutput()
+		require.Error(t, err, string(out))
+		require.Contains(t, string(out), `login "postern-nosuch" does not exist on this node`)
+		require.NotContains(t, string(out), "must-not-run")
+		var exitErr *exec.ExitError
+		require.ErrorAs(t, err, &exitErr)
+		require.Equal(t, 255, exitErr.ExitCode())
 	})
 
 	t.Run("exit status", func(t *testing.T) {
