@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/agent"
 	"golang.org/x/term"
@@ -77,9 +78,9 @@ func RunSession(ctx context.Context, clt *ssh.Client, cfg SessionConfig) error {
 	}
 	sess.Stdout = cfg.Stdout
 	// stderr is held back until the command has started: a node that
-	// refuses it (a login that does not exist there) says why on stderr,
-	// and that reason becomes psh's one-line error instead of x/crypto's
-	// "command ... failed".
+	// refuses it (a recording it cannot write, a pty it cannot open) says
+	// why on stderr, and that reason becomes psh's one-line error instead
+	// of x/crypto's "command ... failed".
 	errPipe, err := sess.StderrPipe()
 	if err != nil {
 		return trace.Wrap(err)
@@ -125,7 +126,7 @@ func RunSession(ctx context.Context, clt *ssh.Client, cfg SessionConfig) error {
 		// The node wrote its reason before refusing; closing the
 		// session ends the stderr stream once it is read.
 		_ = sess.Close()
-		waitTimeout(errDone, stderrWait)
+		waitTimeout(clockwork.NewRealClock(), errDone, stderrWait)
 		return &ExitStatusError{Status: 255, Message: refusalMessage(held.held(), err, len(cfg.Command) == 0)}
 	}
 	held.release()
@@ -152,14 +153,14 @@ func refusalMessage(stderr []byte, err error, shell bool) string {
 	return "the node refused to run the command: " + strings.TrimPrefix(err.Error(), "ssh: ")
 }
 
-// waitTimeout waits for ch to close, at most d (real time: it bounds how
-// long psh waits for a peer's bytes).
-func waitTimeout(ch <-chan struct{}, d time.Duration) {
-	t := time.NewTimer(d)
+// waitTimeout waits for ch to close, at most d on clock (the real one in
+// psh: it bounds how long psh waits for a peer's bytes).
+func waitTimeout(clock clockwork.Clock, ch <-chan struct{}, d time.Duration) {
+	t := clock.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ch:
-	case <-t.C:
+	case <-t.Chan():
 	}
 }
 
