@@ -186,11 +186,11 @@ func TestPshLoginAndSSH(t *testing.T) {
 
 	t.Run("ssh errors", func(t *testing.T) {
 		_, errOut, code := e.run(t, "", "ssh", "nope", "true")
-		require.Equal(t, 1, code)
+		require.Equal(t, 255, code)
 		requireOneLineError(t, errOut, `node "nope" not found in cluster "it"`)
 
 		_, errOut, code = e.run(t, "", "ssh", "--cluster", "elsewhere", "node-1", "true")
-		require.Equal(t, 1, code)
+		require.Equal(t, 255, code)
 		requireOneLineError(t, errOut, "elsewhere")
 
 		// The ProxyCommand tunnel passes the proxy's reason to stderr
@@ -293,15 +293,25 @@ func TestPshLoginAndSSH(t *testing.T) {
 	t.Run("config for OpenSSH", func(t *testing.T) {
 		requireOpenSSH(t, "ssh", "scp")
 		cfg := e.mustRun(t, "", "config")
-		require.Contains(t, cfg, "Host *."+clusterName)
 		require.Contains(t, cfg, "CertificateFile")
+		// The test cluster "it" is Italy's TLD, and the proxy is at
+		// 127.0.0.1: blocks for those would capture every *.it host and
+		// every `ssh 127.0.0.1`. The proxy gets an alias instead.
+		require.NotRegexp(t, `(?m)^Host .*\*\.`+clusterName+`\b`, cfg)
+		require.NotRegexp(t, `(?m)^Host .*\b127\.0\.0\.1\b`, cfg)
+		alias := clusterName + "-proxy"
+		require.Contains(t, cfg, "Host "+alias+"\n    HostName 127.0.0.1\n")
+		// The user's own block for the node, through the alias: the
+		// proxy block's key, certificate and known_hosts apply to the
+		// jump, the node's are repeated here.
+		keyFile := filepath.Join(e.home, "keys", e.webAddr(), "alice")
+		nodeBlock := fmt.Sprintf("Host node-1\n    ProxyJump %s\n    IdentityFile %s\n    CertificateFile %s-cert.pub\n    IdentitiesOnly yes\n    UserKnownHostsFile %s\n",
+			alias, keyFile, keyFile, filepath.Join(e.home, "known_hosts"))
 		path := filepath.Join(t.TempDir(), "ssh_config")
-		require.NoError(t, os.WriteFile(path, []byte(cfg+"Host *\n    StrictHostKeyChecking yes\n    GlobalKnownHostsFile /dev/null\n    BatchMode yes\n    LogLevel ERROR\n"), 0o600))
-		target := c.login + "@node-1." + clusterName
+		require.NoError(t, os.WriteFile(path, []byte(cfg+nodeBlock+"Host *\n    StrictHostKeyChecking yes\n    GlobalKnownHostsFile /dev/null\n    BatchMode yes\n    LogLevel ERROR\n"), 0o600))
+		target := c.login + "@node-1"
 
 		ssh := exec.Command("ssh", "-F", path, target, "echo via-openssh $SSH_POSTERN_USER")
-		// Without POSTERN_HOME: the block names psh's home itself, so it
-		// works from any shell, not only the one that ran `psh config`.
 		ssh.Env = withoutEnv(e.env(), "POSTERN_HOME")
 		out, err := output(ssh)
 		require.NoError(t, err, string(out))
@@ -349,7 +359,11 @@ func TestPshLoginAndSSH(t *testing.T) {
 		require.NoFileExists(t, filepath.Join(e.home, "profile.yaml"))
 		for _, args := range [][]string{{"ls"}, {"status"}, {"ssh", "node-1", "true"}, {"config"}} {
 			_, errOut, code := e.run(t, "", args...)
-			require.Equal(t, 1, code)
+			want := 1
+			if args[0] == "ssh" {
+				want = 255 // as OpenSSH: psh ssh never ran the command
+			}
+			require.Equal(t, want, code)
 			requireOneLineError(t, errOut, "psh login")
 		}
 	})
@@ -428,7 +442,7 @@ func TestPshBadInput(t *testing.T) {
 		key := filepath.Join(e.home, "keys", e.webAddr(), "alice")
 		require.NoError(t, os.Chmod(key, 0o644))
 		_, errOut, code := e.run(t, "", "ssh", "node-1", "true")
-		require.Equal(t, 1, code)
+		require.Equal(t, 255, code)
 		requireOneLineError(t, errOut, "chmod 600")
 	})
 }
@@ -453,7 +467,7 @@ func TestPshAmbiguousHost(t *testing.T) {
 	}, 20*time.Second, 50*time.Millisecond)
 
 	_, errOut, code := e.run(t, "", "ssh", "node-1", "true")
-	require.Equal(t, 1, code)
+	require.Equal(t, 255, code)
 	require.Contains(t, errOut, `ERROR: ambiguous host "node-1" matches 2 nodes in cluster "it"`)
 	require.Contains(t, errOut, c.p.HostUUID())
 	require.Contains(t, errOut, second.HostUUID())

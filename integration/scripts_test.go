@@ -112,6 +112,15 @@ func TestRunScriptPorts(t *testing.T) {
 	}, 60*time.Second, 100*time.Millisecond)
 	require.False(t, exited, "run.sh exited:\n%s", out.String())
 	require.Contains(t, out.String(), "https://127.0.0.1:"+strconv.Itoa(base+80)+"/")
+	// The demo cluster is named after the machine, never "local" (whose
+	// `psh config` block would capture every mDNS host).
+	require.NotContains(t, out.String(), `cluster "local"`)
+	if h, err := os.Hostname(); err == nil {
+		h = strings.ToLower(strings.SplitN(h, ".", 2)[0])
+		if h != "" && h != "localhost" && strings.Trim(h, "abcdefghijklmnopqrstuvwxyz0123456789-") == "" {
+			require.Contains(t, out.String(), `cluster "`+h+`"`)
+		}
+	}
 
 	// The cluster is on the base's ports: the node heartbeats its address.
 	require.Contains(t, mustPctl(t, dataDir, "", "nodes", "ls"), "127.0.0.1:"+strconv.Itoa(base+22))

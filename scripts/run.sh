@@ -12,7 +12,22 @@ set -euo pipefail
 
 DATA_DIR=${DATA_DIR:-$PWD/.postern-data}
 BUILD_DIR=${BUILD_DIR:-build}
-CLUSTER=${CLUSTER:-local}
+# The demo cluster is named after this machine: nodes are reached as
+# HOST.CLUSTER, and `psh config` writes `Host *.CLUSTER` for OpenSSH, which
+# for a name like "local" would capture every mDNS host. The short host
+# name, made a valid cluster name; a special-use one (localhost) or none
+# falls back to postern-demo.
+default_cluster() {
+  local h
+  h=$(hostname -s 2>/dev/null || uname -n)
+  h=${h%%.*}
+  h=$(printf '%s' "$h" | tr '[:upper:]' '[:lower:]' | tr -c 'a-z0-9-' '-' | sed -e 's/^-*//' -e 's/-*$//' | cut -c1-63)
+  case "$h" in
+    "" | localhost | local | localdomain | test | invalid | example | internal | lan | home) h=postern-demo ;;
+  esac
+  printf '%s\n' "$h"
+}
+CLUSTER=${CLUSTER:-$(default_cluster)}
 BIND=${POSTERN_BIND:-127.0.0.1}
 POSTERN="$BUILD_DIR/postern"
 PCTL="$BUILD_DIR/pctl"

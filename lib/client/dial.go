@@ -34,13 +34,55 @@ const stderrWait = 5 * time.Second
 // clientConfig offers sshalgo's defaults (psh has no config file: the
 // servers' lists are widened, if ever, for other clients) and asks for
 // host certificates only, which is all HostKeyCallback accepts.
-func (c *Credentials) clientConfig(login string) *ssh.ClientConfig {
+// Banners the server sends are kept in banner: a refused authentication
+// carries its reason there (a locked user, a login the roles do not
+// allow), as SSH has no other place for it.
+func (c *Credentials) clientConfig(login string, banner *bannerBuffer) *ssh.ClientConfig {
 	return sshalgo.Lists{}.ClientConfig(&ssh.ClientConfig{
 		User:            login,
 		Auth:            []ssh.AuthMethod{ssh.PublicKeys(c.Signer)},
 		HostKeyCallback: c.HostKeyCallback,
+		BannerCallback:  banner.add,
 		Timeout:         DialTimeout,
 	})
+}
+
+// bannerBuffer collects the SSH_MSG_USERAUTH_BANNERs of one handshake.
+type bannerBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+// maxBanner bounds what a server can make psh keep.
+const maxBanner = 4 << 10
+
+func (b *bannerBuffer) add(msg string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.buf.Len()+len(msg) <= maxBanner {
+		b.buf.WriteString(msg)
+	}
+	return nil
+}
+
+// reason is the banners as one line for an error: the server's
+// "postern: " prefix dropped, control characters (a hostile server's
+// terminal escapes) replaced.
+func (b *bannerBuffer) reason() string {
+	b.mu.Lock()
+	msg := b.buf.String()
+	b.mu.Unlock()
+	msg = strings.Map(func(r rune) rune {
+		if r == '\n' || r == '\r' || r == '\t' {
+			return ' '
+		}
+		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
+			return -1
+		}
+		return r
+	}, msg)
+	msg = strings.Join(strings.Fields(msg), " ")
+	return strings.TrimPrefix(msg, "postern: ")
 }
 
 // DefaultLogin is the login psh presents when the user names none: the
@@ -63,20 +105,25 @@ func DialProxy(ctx context.Context, creds *Credentials) (*ssh.Client, error) {
 	}
 	// The login presented to the proxy does not matter (the proxy checks
 	// the certificate, not the login); use the default one.
-	cfg := creds.clientConfig(creds.DefaultLogin())
+	var banner bannerBuffer
+	cfg := creds.clientConfig(creds.DefaultLogin(), &banner)
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 	sconn, chans, reqs, err := ssh.NewClientConn(conn, addr, cfg)
 	if err != nil {
 		conn.Close()
-		return nil, handshakeError("the proxy at "+addr, err)
+		return nil, handshakeError("the proxy at "+addr, err, banner.reason())
 	}
 	return ssh.NewClient(sconn, chans, reqs), nil
 }
 
-func handshakeError(what string, err error) error {
+// handshakeError explains a failed handshake; banner is the reason the
+// server gave, if any, which says more than psh can guess.
+func handshakeError(what string, err error, banner string) error {
 	msg := err.Error()
 	switch {
+	case strings.Contains(msg, "unable to authenticate") && banner != "":
+		return trace.AccessDenied("%s refused the login: %s", what, banner)
 	case strings.Contains(msg, "unable to authenticate"):
 		return trace.AccessDenied("%s refused the certificate: run `psh login` again", what)
 	case strings.Contains(msg, "host key") || strings.Contains(msg, "certificate") || strings.Contains(msg, "principal"):
@@ -391,7 +438,8 @@ func DialNode(ctx context.Context, creds *Credentials, target proxy.Target, logi
 	conn := &channelConn{Channel: ch, local: pc.LocalAddr(), remote: pc.RemoteAddr()}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	sconn, chans, reqs, err := ssh.NewClientConn(conn, addr, creds.clientConfig(login))
+	var banner bannerBuffer
+	sconn, chans, reqs, err := ssh.NewClientConn(conn, addr, creds.clientConfig(login, &banner))
 	if err != nil {
 		conn.Close()
 		// The proxy ends the channel when it cannot route; its reason
@@ -404,7 +452,7 @@ func DialNode(ctx context.Context, creds *Credentials, target proxy.Target, logi
 		if leaf := creds.leafOf(target); leaf != "" && !slices.Contains(creds.Profile.Clusters, leaf) {
 			return nil, trace.AccessDenied("node %s of cluster %q could not be verified: your login holds no host CA for that cluster (added since you logged in?): run `psh login` again", target.Host, leaf)
 		}
-		return nil, handshakeError("node "+target.Host, err)
+		return nil, handshakeError("node "+target.Host, err, banner.reason())
 	}
 	nc := &NodeClient{Client: ssh.NewClient(sconn, chans, reqs), proxy: pc, host: target.Host, clock: ka.Clock, sub: ch}
 	nc.nodeDone, nc.pxyDone = waitDone(nc.Client), waitDone(pc)

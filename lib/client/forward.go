@@ -53,6 +53,12 @@ func (f *Forwarder) Remote(spec ForwardSpec) (net.Addr, error) {
 }
 
 func (f *Forwarder) serve(ln net.Listener, dial func() (net.Conn, error)) {
+	f.serveConn(ln, func(net.Conn) (net.Conn, error) { return dial() })
+}
+
+// serveConn accepts on ln and splices each connection with what dial
+// returns for it (dial may talk to the connection first, as -D does).
+func (f *Forwarder) serveConn(ln net.Listener, dial func(in net.Conn) (net.Conn, error)) {
 	f.mu.Lock()
 	if f.closed {
 		f.mu.Unlock()
@@ -77,7 +83,7 @@ func (f *Forwarder) serve(ln net.Listener, dial func() (net.Conn, error)) {
 			go func() {
 				defer f.wg.Done()
 				defer f.untrack(in)
-				out, err := dial()
+				out, err := dial(in)
 				if err != nil {
 					in.Close()
 					if f.OnError != nil {

@@ -7,10 +7,15 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/agent"
 	"golang.org/x/term"
@@ -26,9 +31,13 @@ type SessionConfig struct {
 	// AgentSock, when set, is forwarded to the node (-A). Nothing is
 	// opened until something on the node uses it.
 	AgentSock string
-	Stdin     *os.File
-	Stdout    io.Writer
-	Stderr    io.Writer
+	// EscapeChar, when not 0, is OpenSSH's escape character (~) for a
+	// session with a pty: after a newline, ESC . disconnects and ESC ESC
+	// sends ESC once.
+	EscapeChar byte
+	Stdin      *os.File
+	Stdout     io.Writer
+	Stderr     io.Writer
 }
 
 // ExitStatusError carries the remote command's non-zero exit status, which
@@ -67,9 +76,39 @@ func RunSession(ctx context.Context, clt *ssh.Client, cfg SessionConfig) error {
 	if cfg.TTY != nil {
 		wantTTY = *cfg.TTY
 	}
-	sess.Stdout, sess.Stderr = cfg.Stdout, cfg.Stderr
+	sess.Stdout = cfg.Stdout
+	// stderr is held back until the command has started: a node that
+	// refuses it (a recording it cannot write, a pty it cannot open) says
+	// why on stderr, and that reason becomes psh's one-line error instead
+	// of x/crypto's "command ... failed".
+	errPipe, err := sess.StderrPipe()
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	stderr := cfg.Stderr
+	if stderr == nil {
+		stderr = io.Discard
+	}
+	held := &heldWriter{w: stderr}
+	errDone := make(chan struct{})
+	go func() {
+		defer close(errDone)
+		_, _ = io.Copy(held, errPipe)
+	}()
+	defer func() {
+		// The copy ends with the channel: close it first.
+		_ = sess.Close()
+		<-errDone
+	}()
+	var escaped atomic.Bool
 	if cfg.Stdin != nil {
 		sess.Stdin = cfg.Stdin
+		if wantTTY && cfg.EscapeChar != 0 {
+			sess.Stdin = newEscapeReader(cfg.Stdin, cfg.EscapeChar, func() {
+				escaped.Store(true)
+				_ = clt.Close()
+			})
+		}
 	}
 	if wantTTY {
 		restore, err := startPTY(ctx, sess, cfg.Stdin, stdinTerm)
@@ -84,11 +123,82 @@ func RunSession(ctx context.Context, clt *ssh.Client, cfg SessionConfig) error {
 		err = sess.Start(strings.Join(cfg.Command, " "))
 	}
 	if err != nil {
-		return trace.Wrap(err, "starting the remote command")
+		// The node wrote its reason before refusing; closing the
+		// session ends the stderr stream once it is read.
+		_ = sess.Close()
+		waitTimeout(clockwork.NewRealClock(), errDone, stderrWait)
+		return &ExitStatusError{Status: 255, Message: refusalMessage(held.held(), err, len(cfg.Command) == 0)}
 	}
+	held.release()
 	stop := context.AfterFunc(ctx, func() { sess.Close() })
 	defer stop()
-	return exitError(sess.Wait())
+	err = sess.Wait()
+	if escaped.Load() {
+		return &ExitStatusError{Status: 255, Message: "connection closed (~.)"}
+	}
+	return exitError(err)
+}
+
+// refusalMessage is the one line psh prints for a command or shell the
+// node refused: the node's reason when it gave one.
+func refusalMessage(stderr []byte, err error, shell bool) string {
+	var b bannerBuffer
+	_ = b.add(string(stderr))
+	if msg := b.reason(); msg != "" {
+		return msg
+	}
+	if shell {
+		return "the node refused to start a shell"
+	}
+	return "the node refused to run the command: " + strings.TrimPrefix(err.Error(), "ssh: ")
+}
+
+// waitTimeout waits for ch to close, at most d on clock (the real one in
+// psh: it bounds how long psh waits for a peer's bytes).
+func waitTimeout(clock clockwork.Clock, ch <-chan struct{}, d time.Duration) {
+	t := clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.Chan():
+	}
+}
+
+// heldWriter keeps what is written until release, then passes it on and
+// everything after it. The held bytes are bounded (maxStderr).
+type heldWriter struct {
+	mu       sync.Mutex
+	w        io.Writer
+	buf      []byte
+	released bool
+}
+
+func (h *heldWriter) Write(p []byte) (int, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.released {
+		return h.w.Write(p)
+	}
+	if len(h.buf)+len(p) <= maxStderr {
+		h.buf = append(h.buf, p...)
+	}
+	return len(p), nil
+}
+
+func (h *heldWriter) held() []byte {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.buf)
+}
+
+// release writes what was held and lets the rest through.
+func (h *heldWriter) release() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.buf) > 0 {
+		_, _ = h.w.Write(h.buf)
+	}
+	h.buf, h.released = nil, true
 }
 
 func exitError(err error) error {

@@ -1,6 +1,7 @@
 package srv
 
 import (
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -27,6 +28,10 @@ func TestAuthDenials(t *testing.T) {
 		ca     *srvtest.CA
 		setup  func()
 		reason string
+		// banner is what the client is told (a login refusal only);
+		// empty: nothing, so that a client cannot probe which check
+		// failed.
+		banner string
 	}
 	cases := []tc{
 		{
@@ -48,6 +53,19 @@ func TestAuthDenials(t *testing.T) {
 			name: "login not in principals", login: "nobody",
 			cert:   srvtest.UserCert{User: "alice", Logins: []string{me}, Cluster: testCluster},
 			reason: `principal \"nobody\" not in the set of valid principals`,
+			banner: `postern: login "nobody" is not allowed by your roles (your logins: ` + me + `)`,
+		},
+		{
+			// A forged or foreign certificate with a wrong login learns
+			// nothing: its login is not the only fault.
+			name: "login not in principals, cert from another CA", login: "nobody", ca: other,
+			cert:   srvtest.UserCert{User: "alice", Logins: []string{me}, Cluster: testCluster},
+			reason: `certificate is not signed by the user CA of cluster \"example\"`,
+		},
+		{
+			name: "login not in principals, expired cert", login: "nobody",
+			cert:   srvtest.UserCert{User: "alice", Logins: []string{me}, Cluster: testCluster, Now: clock.Now().Add(-2 * time.Hour), TTL: time.Hour},
+			reason: `principal \"nobody\" not in the set of valid principals`,
 		},
 		{
 			name: "login not granted by role", login: "nobody",
@@ -56,6 +74,7 @@ func TestAuthDenials(t *testing.T) {
 			cert: srvtest.UserCert{User: "alice", Logins: []string{"nobody"}, Cluster: testCluster,
 				Traits: map[string][]string{services.TraitLogins: {me}}},
 			reason: `as login \"nobody\" denied: no role grants that login on this node`,
+			banner: `postern: login "nobody" is not allowed by your roles on this node (see ` + "`psh ls`" + `)`,
 		},
 		{
 			name: "node labels not matched", login: me,
@@ -66,11 +85,14 @@ func TestAuthDenials(t *testing.T) {
 				e.ap.UpsertRole(r)
 			},
 			reason: `access to node \"node1\" denied: no role matches its labels`,
+			// Not a word about labels.
+			banner: `postern: login "` + me + `" is not allowed by your roles on this node (see ` + "`psh ls`" + `)`,
 		},
 		{
 			name: "unknown role", login: me,
 			cert:   srvtest.UserCert{User: "alice", Logins: []string{me}, Cluster: testCluster, Roles: []string{"ghost"}},
 			reason: "no role matches its labels",
+			banner: `postern: login "` + me + `" is not allowed by your roles on this node (see ` + "`psh ls`" + `)`,
 		},
 		{
 			name: "unknown critical option", login: me,
@@ -102,12 +124,30 @@ func TestAuthDenials(t *testing.T) {
 			if c.cert.Now.IsZero() {
 				c.cert.Now = clock.Now()
 			}
-			client, err := e.dialAs(c.login, ca.UserSigner(t, c.cert))
+			cfg := e.clientConfig(c.login, ca.UserSigner(t, c.cert))
+			var mu sync.Mutex
+			var banner string
+			cfg.BannerCallback = func(msg string) error {
+				mu.Lock()
+				defer mu.Unlock()
+				banner += msg
+				return nil
+			}
+			client, err := ssh.Dial("tcp", e.addr, cfg)
 			if err == nil {
 				client.Close()
 			}
 			require.Error(t, err)
 			require.Contains(t, err.Error(), "unable to authenticate")
+			mu.Lock()
+			got := banner
+			mu.Unlock()
+			if c.banner == "" {
+				require.Empty(t, got)
+			} else {
+				require.Equal(t, c.banner+"\r\n", got)
+				require.NotContains(t, got, "label")
+			}
 			if c.reason != "" {
 				e.requireLog("Access denied.", c.reason)
 			}

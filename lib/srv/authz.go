@@ -2,6 +2,8 @@ package srv
 
 import (
 	"bytes"
+	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -80,4 +82,28 @@ func certValidityReason(err error, cert *ssh.Certificate, now time.Time) string 
 		return "certificate not valid before " + time.Unix(int64(cert.ValidAfter), 0).UTC().Format(time.RFC3339)
 	}
 	return strings.TrimPrefix(msg, "ssh: ")
+}
+
+// loginRefusal is what a user whose roles do not allow login is told.
+// Unlike the audit reason it names neither the node's labels nor a role.
+// It may be sent before the client has proven it holds the certificate's
+// key (x/crypto runs the callback on the key query), so it says only what
+// the certificate itself says: its logins, which are the user's roles'.
+// `psh ls` lists the logins allowed per node to whoever is logged in.
+func loginRefusal(cert *ssh.Certificate, login string) string {
+	if !slices.Contains(cert.ValidPrincipals, login) {
+		return fmt.Sprintf("postern: login %q is not allowed by your roles (your logins: %s)", login, strings.Join(cert.ValidPrincipals, ", "))
+	}
+	return fmt.Sprintf("postern: login %q is not allowed by your roles on this node (see `psh ls`)", login)
+}
+
+// onlyPrincipalWrong reports whether cert is valid, signed by checker's
+// authority, for any of its own principals: the login asked for was the
+// only fault. x/crypto checks the principal first and stops there, so
+// the rest is checked again with a principal the certificate has.
+func onlyPrincipalWrong(checker *ssh.CertChecker, cert *ssh.Certificate, login string) bool {
+	if len(cert.ValidPrincipals) == 0 || slices.Contains(cert.ValidPrincipals, login) {
+		return false
+	}
+	return checker.CheckCert(cert.ValidPrincipals[0], cert) == nil
 }

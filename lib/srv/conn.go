@@ -111,6 +111,12 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 		if !isUserAuthority(ca, cert.SignatureKey) {
 			return deny(fmt.Sprintf("certificate is not signed by the user CA of cluster %q", caCluster))
 		}
+		if cert.CertType == ssh.UserCert && onlyPrincipalWrong(checker, cert, meta.User()) {
+			// A login the roles do not grant (the certificate's
+			// principals are the roles' logins): say so, as below.
+			_, _ = deny(certValidityReason(err, cert, s.cfg.Clock.Now()))
+			return nil, &ssh.BannerError{Err: errDenied, Message: loginRefusal(cert, meta.User()) + "\r\n"}
+		}
 		return deny(certValidityReason(err, cert, s.cfg.Clock.Now()))
 	}
 	id, err := authz.FromCertificate(cert, meta.User())
@@ -145,7 +151,14 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 	if s.policy.checkNode {
 		res.node = s.cfg.GetNode()
 		if err := id.CheckLogin(&res.node, id.Login); err != nil {
-			return deny(err.Error())
+			// The certificate checked out: the user is who they say and
+			// must learn that their roles, not their login, are at
+			// fault (else psh and OpenSSH say only "permission denied"
+			// and the user logs in again for nothing). The message
+			// names only what the user may see anyway: their own
+			// logins (loginRefusal).
+			_, _ = deny(err.Error())
+			return nil, &ssh.BannerError{Err: errDenied, Message: loginRefusal(cert, id.Login) + "\r\n"}
 		}
 		res.permits = permitsFor(perms.Extensions, id.Checker, &res.node)
 	}

@@ -252,6 +252,25 @@ func (s *session) refuse(req *ssh.Request, err error) {
 	reply(req, false)
 }
 
+// exitNotStarted is the exit status of a command the node could not start:
+// OpenSSH's own for "the command never ran", so that `ssh` and `psh ssh`
+// exit 255 for it too.
+const exitNotStarted = 255
+
+// failStart ends a shell or exec the node cannot start for a reason the
+// user must read (a login that does not exist here), the way sshd ends an
+// exec that failed: the request is accepted, the reason goes to stderr and
+// the channel ends with an exit status. A refused request would lose the
+// reason: OpenSSH prints only "exec request failed on channel 0".
+func (s *session) failStart(req *ssh.Request, err error) {
+	s.log.WithError(err).Warn("Session command cannot start.")
+	reply(req, true)
+	_, _ = fmt.Fprintf(s.ch.Stderr(), "postern: %v\r\n", trace.UserMessage(err))
+	_ = s.ch.CloseWrite()
+	_, _ = s.ch.SendRequest("exit-status", false, ssh.Marshal(exitStatus{Status: exitNotStarted}))
+	_ = s.ch.Close()
+}
+
 func (s *session) startCommand(req *ssh.Request, command string, isExec bool) {
 	if !s.claim() {
 		reply(req, false)
@@ -260,7 +279,7 @@ func (s *session) startCommand(req *ssh.Request, command string, isExec bool) {
 	s.setCommand(command)
 	login, cred, err := s.c.resolveLogin()
 	if err != nil {
-		s.refuse(req, err)
+		s.failStart(req, err)
 		return
 	}
 	args := []string{"-" + filepath.Base(login.Shell)}

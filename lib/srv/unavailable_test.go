@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/gravitational/trace"
 	"github.com/stretchr/testify/require"
@@ -88,9 +89,10 @@ func TestAuthUnavailableBanner(t *testing.T) {
 			require.Equal(t, MsgAuthUnavailable, banner)
 			ap.rolesDown.Store(false)
 
-			// A certificate the server can check and refuses: no banner,
-			// just the usual denial.
-			banner, err = dial(e.userCA.UserSigner(t, srvtest.UserCert{User: "alice", Logins: []string{"nobody"}, Cluster: testCluster, Now: e.clock.Now()}))
+			// A certificate the server can check and refuses (expired):
+			// no banner, just the usual denial. (A login the roles do
+			// not grant is explained: TestAuthDenials.)
+			banner, err = dial(e.userCA.UserSigner(t, srvtest.UserCert{User: "alice", Logins: []string{e.me}, Cluster: testCluster, Now: e.clock.Now().Add(-2 * time.Hour), TTL: time.Hour}))
 			require.ErrorContains(t, err, "unable to authenticate")
 			require.Empty(t, banner)
 		})

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
@@ -23,6 +24,11 @@ func main() {
 	debug := utils.DebugRequested(os.Args[1:])
 	err := run(context.Background(), os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	var exit *client.ExitStatusError
+	var connErr connectError
+	if errors.As(err, &connErr) && !errors.As(err, &exit) {
+		utils.PrintError(os.Stderr, connErr.error, debug)
+		os.Exit(exitConnect)
+	}
 	if errors.As(err, &exit) {
 		if exit.Message != "" {
 			// One line, as OpenSSH says "Connection to HOST closed.":
@@ -51,12 +57,13 @@ type cli struct {
 	}
 	ls  struct{ format, cluster string }
 	ssh struct {
-		forwardAgent, tty, noTTY bool
-		local, remote            []string
-		port, cluster            string
-		target                   string
-		command                  []string
+		forwardAgent, tty, noTTY, noCommand bool
+		local, remote, dynamic              []string
+		port, cluster, login, escape        string
+		target                              string
+		command                             []string
 	}
+	scp      scpFlags
 	proxySSH struct{ cluster, target string }
 	status   struct{ format string }
 	bench    benchFlags
@@ -86,6 +93,7 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 	cmds := map[string]func(context.Context) error{}
 	add := func(cc *kingpin.CmdClause, fn func(context.Context) error) { cmds[cc.FullCommand()] = fn }
 
+	app.Flag("version", "Print the version and exit (as `psh version`).").Short('V').Bool()
 	add(app.Command("version", "Print the version."), c.version)
 
 	login := app.Command("login", "Log in through the proxy and store a certificate.")
@@ -109,6 +117,10 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 	sshCmd.Flag("no-tty", "Never request a pty.").Short('T').BoolVar(&c.ssh.noTTY)
 	sshCmd.Flag("local", "Local forward [BIND:]PORT:HOST:HOSTPORT (repeatable).").Short('L').StringsVar(&c.ssh.local)
 	sshCmd.Flag("remote", "Remote forward [BIND:]PORT:HOST:HOSTPORT (repeatable).").Short('R').StringsVar(&c.ssh.remote)
+	sshCmd.Flag("dynamic", "Dynamic (SOCKS5) forward [BIND:]PORT, connections opened from the node (repeatable).").Short('D').StringsVar(&c.ssh.dynamic)
+	sshCmd.Flag("no-command", "Run no command: only forward ports (-L, -R, -D) until interrupted.").Short('N').BoolVar(&c.ssh.noCommand)
+	sshCmd.Flag("login", "Login on the node (as LOGIN@HOST; default: your first).").Short('l').StringVar(&c.ssh.login)
+	sshCmd.Flag("escape", "Escape character of a pty session (~. disconnects), ^X, or none.").Short('e').Default("~").StringVar(&c.ssh.escape)
 	sshCmd.Flag("port", "Node SSH port (when several nodes share a name).").Short('p').StringVar(&c.ssh.port)
 	sshCmd.Flag("cluster", "Cluster of the node (default: the proxy's).").StringVar(&c.ssh.cluster)
 	sshCmd.Arg("host", "[LOGIN@]HOST").Required().StringVar(&c.ssh.target)
@@ -125,10 +137,14 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 	status := app.Command("status", "Show the current login.")
 	status.Flag("format", "Output format: text or json.").Default("text").EnumVar(&c.status.format, "text", "json")
 	add(status, c.doStatus)
+	c.addScp(app, add)
 	c.addBench(app, add)
 	c.addRecordings(app, add)
 	add(app.Command("logout", "Remove the stored key, certificate and profile."), c.doLogout)
 
+	if versionAsked(args) {
+		return c.version(ctx)
+	}
 	cmd, err := app.Parse(args)
 	if helped {
 		return nil
@@ -141,6 +157,20 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 		return nil // --help
 	}
 	return fn(ctx)
+}
+
+// versionAsked reports whether --version or -V comes before the command:
+// checked before parsing, which would otherwise insist on a command.
+func versionAsked(args []string) bool {
+	for _, a := range args {
+		switch {
+		case a == "--version" || a == "-V":
+			return true
+		case !strings.HasPrefix(a, "-"):
+			return false
+		}
+	}
+	return false
 }
 
 func (c *cli) version(context.Context) error {
