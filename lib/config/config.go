@@ -157,6 +157,8 @@ type FileConfig struct {
 	// after its browser went away; nil means the default (5m), 0 none.
 	WebTerminalGrace *time.Duration `yaml:"web_terminal_grace,omitempty"`
 	Limits           Limits         `yaml:"limits,omitempty"`
+	// Recordings is where the auth server keeps session recordings.
+	Recordings RecordingsConfig `yaml:"recordings,omitempty"`
 
 	// SSHKexAlgorithms, SSHCiphers and SSHMACs are the key exchanges,
 	// ciphers and MACs, in preference order, that every SSH port of this
@@ -355,6 +357,16 @@ func (c *Config) CheckAndSetDefaults() error {
 		}
 	default:
 		return trace.BadParameter("unknown backend %q: want sqlite or etcd", c.Backend.Type)
+	}
+	if err := c.Recordings.check(); err != nil {
+		return trace.Wrap(err)
+	}
+	if c.Recordings.Dir != "" {
+		abs, err := filepath.Abs(c.Recordings.Dir)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		c.Recordings.Dir = abs
 	}
 	switch c.LogFormat {
 	case "":

@@ -24,11 +24,13 @@ func TestFixtureShowsEveryKey(t *testing.T) {
 	for _, key := range yamlKeys(reflect.TypeOf(FileConfig{}), "") {
 		parts := strings.Split(key, ".")
 		leaf := regexp.QuoteMeta(parts[len(parts)-1])
-		indent := `[ \t]+`
+		// Nested: indented, set or commented, or a commented block
+		// ("#   key:"); top level: at the start of the line.
+		at := `(?:[ \t]+(?:#\s*)?|#\s+)`
 		if len(parts) == 1 {
-			indent = ``
+			at = `(?:# ?)?`
 		}
-		if !regexp.MustCompile(`(?m)^` + indent + `(#\s*)?` + leaf + `:`).MatchString(text) {
+		if !regexp.MustCompile(`(?m)^` + at + leaf + `:`).MatchString(text) {
 			missing = append(missing, key)
 		}
 	}

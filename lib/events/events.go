@@ -103,6 +103,9 @@ const (
 	RecordingFailed = "recording.failed"
 	// RecordingPlay: someone read a recording (playback or export).
 	RecordingPlay = "recording.play"
+	// RecordingDeleted: retention (recordings.retention) deleted a
+	// recording; reason says which setting.
+	RecordingDeleted = "recording.deleted"
 )
 
 // Field names, snake_case like the log keys. Use these

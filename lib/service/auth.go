@@ -16,7 +16,6 @@ import (
 	"github.com/postern-dev/postern/lib/backend/etcdbk"
 	"github.com/postern-dev/postern/lib/backend/sqlite"
 	"github.com/postern-dev/postern/lib/config"
-	"github.com/postern-dev/postern/lib/recording"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 	"github.com/postern-dev/postern/lib/web"
@@ -45,6 +44,10 @@ func (p *Process) startAuth(ctx context.Context) error {
 		return trace.Wrap(err)
 	}
 
+	recordings, err := p.openRecordings(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
 	ln, err := p.listen(ListenerAuth, cfg.AuthAddr)
 	if err != nil {
 		return trace.Wrap(err)
@@ -59,7 +62,7 @@ func (p *Process) startAuth(ctx context.Context) error {
 		AuditLog:         p.audit,
 		Clock:            p.clock,
 		Logger:           p.log.WithField("component", "auth"),
-		Recordings:       recording.DirStorage{Dir: cfg.AuthRecordingsDir()},
+		Recordings:       recordings,
 		// A leaf reaches its root's auth API through the root proxy's
 		// join relay: the same pinned path a node behind NAT joins by.
 		DialProxy: web.DialJoinRelay,
