@@ -97,4 +97,3 @@ func readSecretFile(key, path string) (string, error) {
 	}
 	return v, nil
 }
-
