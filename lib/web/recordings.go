@@ -387,7 +387,7 @@ func (s *Server) recordingIndex(w http.ResponseWriter, r *http.Request, live *li
 
 // recordingMarkers serves GET /webapi/recordings/{id}/markers: the
 // markers (exec command, sftp, agent, exit status) for the player page's
-// list. Like the listing it is metadata, not a play: the player's read of
+// list, and the verdict on the hash chain for its banner. Like the listing it is metadata, not a play: the player's read of
 // the index is the audited play.
 func (s *Server) recordingMarkers(w http.ResponseWriter, r *http.Request, live *liveSession) {
 	src, _, session, ok := s.authorizeRecording(w, r, live)
@@ -402,7 +402,7 @@ func (s *Server) recordingMarkers(w http.ResponseWriter, r *http.Request, live *
 	e.mu.Lock()
 	check := e.check.Result("")
 	e.mu.Unlock()
-	writeJSON(w, http.StatusOK, webapi.RecordingMarkers{Markers: markersOf(ix, check)})
+	writeJSON(w, http.StatusOK, webapi.RecordingMarkers{Markers: markersOf(ix, check), Verification: verificationOf(check)})
 }
 
 // brokenMarkerPrefix starts the marker put where a recording's hash chain

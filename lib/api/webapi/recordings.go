@@ -133,4 +133,7 @@ func (m *RecordingMarker) UnmarshalJSON(b []byte) error {
 // RecordingMarkers is GET /webapi/recordings/{id}/markers.
 type RecordingMarkers struct {
 	Markers []RecordingMarker `json:"markers"`
+	// Verification is the index's verdict on the hash chain, for the
+	// banner the player page shows before the player opens.
+	Verification RecordingVerification `json:"verification"`
 }
