@@ -975,10 +975,16 @@ function showVerification(banner, v, past) {
       text = `Incomplete, not tampered: hash chain intact over ${v.chunks} chunks (up to ${fmtTime(v.until)}), but there is no final chunk: the session is still running, or its node stopped before it ended.`;
       break;
     default:
-      text = `NOT VERIFIED — tampered: the hash chain breaks at chunk ${v.broken_chunk} (${v.problem}) at ${fmtTime(v.until)}: ${v.reason}. Everything after ${fmtTime(v.until)} is not vouched for.`;
+      text = `NOT VERIFIED — tampered: the hash chain breaks at chunk ${v.broken_chunk} (${v.problem}) at ${fmtTime(v.until)}. Everything after ${fmtTime(v.until)} is not vouched for.`;
       if (past) text += ' Playback is past that point: what you see now is NOT VERIFIED.';
   }
   banner.textContent = text;
+  if (v.state === 'tampered' && v.reason) {
+    const why = document.createElement('small');
+    why.className = 'reason';
+    why.textContent = v.reason;
+    banner.append(document.createElement('br'), why);
+  }
   banner.title = v.summary || '';
   banner.hidden = false;
 }
