@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/gravitational/trace"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/recording"
@@ -235,6 +236,17 @@ func FetchRecordingChunks(ctx context.Context, creds *Credentials, id string, fn
 		return trace.Wrap(err)
 	}
 	defer pc.Close()
+	return trace.Wrap(fetchRecordingChunks(ctx, pc, id, fn))
+}
+
+// ChunksUnsupported reports whether err is an older proxy's refusal of
+// the recording-chunks subsystem (it takes any unknown name for a
+// proxy:HOST:PORT request): the caller can only fetch the cast, unchecked.
+func ChunksUnsupported(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "invalid proxy subsystem request")
+}
+
+func fetchRecordingChunks(ctx context.Context, pc *ssh.Client, id string, fn func(recording.Chunk) error) error {
 	name := proxyapi.SubsystemRecordingChunksPrefix + id
 	ch, err := OpenSubsystem(ctx, pc, SubsystemConfig{Name: name})
 	if err != nil {
