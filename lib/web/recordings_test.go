@@ -268,7 +268,8 @@ func TestWebRecordingSegments(t *testing.T) {
 // TestWebRecordingVerification: the index tells the player what the hash
 // chain says: verified for a recording as written; for one whose chunk
 // was altered on disk, tampered at that chunk with the time it stops
-// being vouched for and a marker there; incomplete, not tampered, for one
+// being vouched for and a marker there; for one with a chunk deleted,
+// tampered at the gap and playable up to it; incomplete, not tampered, for one
 // without its final chunk. A chunk altered after the index was cached is
 // not served under the cached verdict.
 func TestWebRecordingVerification(t *testing.T) {
@@ -321,6 +322,18 @@ func TestWebRecordingVerification(t *testing.T) {
 	require.Contains(t, ix.Markers, webapi.RecordingMarker{Time: v.Until, Label: "NOT VERIFIED from here on: the hash chain breaks at chunk 3 (hash mismatch)"})
 	resp, body := e.do(t, http.MethodGet, "/webapi/recordings/"+bad+"/"+ix.Segments[len(ix.Segments)-1].URL, "", alice, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "a tampered recording still plays, under its banner: %s", body)
+
+	gap, _ := writeRecording(t, src.DirStorage, testUser, 300, 0)
+	require.NoError(t, os.Remove(chunkFile(gap, 2)))
+	ix = index(gap)
+	v = ix.Postern.Verification
+	require.Equal(t, recording.CheckTampered, v.State)
+	require.Equal(t, recording.ProblemMissingChunk, v.Problem)
+	require.Equal(t, 2, *v.BrokenChunk)
+	require.Contains(t, v.Reason, "chunk 2 is missing")
+	require.LessOrEqual(t, ix.Duration, v.Until+1e-9, "the player plays up to the gap")
+	resp, body = e.do(t, http.MethodGet, "/webapi/recordings/"+gap+"/"+ix.Segments[len(ix.Segments)-1].URL, "", alice, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
 
 	cut, _ := writeRecording(t, src.DirStorage, testUser, 300, 0)
 	idx, err := src.ChunkIndexes(context.Background(), cut)
