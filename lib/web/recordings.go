@@ -176,6 +176,11 @@ func (s *Server) seekIndex(ctx context.Context, src RecordingSource, session str
 			e.check.Add(c)
 			sum, h, err := recording.SummarizeChunk(c)
 			if err != nil {
+				if e.check.Result("").State == recording.CheckTampered {
+					// Past the break and unreadable: the player plays up
+					// to it, the verdict says why.
+					return errStopStream
+				}
 				return trace.Wrap(err)
 			}
 			if h != nil {

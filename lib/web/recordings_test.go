@@ -335,6 +335,19 @@ func TestWebRecordingVerification(t *testing.T) {
 	resp, body = e.do(t, http.MethodGet, "/webapi/recordings/"+gap+"/"+ix.Segments[len(ix.Segments)-1].URL, "", alice, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
 
+	garbage, _ := writeRecording(t, src.DirStorage, testUser, 300, 0)
+	data, err := os.ReadFile(chunkFile(garbage, 4))
+	require.NoError(t, err)
+	var c4 recording.Chunk
+	require.NoError(t, json.Unmarshal(data, &c4))
+	c4.Data = []byte("not gzip at all")
+	data, err = json.Marshal(c4)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(chunkFile(garbage, 4), data, 0o600))
+	v = index(garbage).Postern.Verification
+	require.Equal(t, recording.CheckTampered, v.State, "an unreadable chunk is a break the player plays up to")
+	require.Equal(t, 4, *v.BrokenChunk)
+
 	cut, _ := writeRecording(t, src.DirStorage, testUser, 300, 0)
 	idx, err := src.ChunkIndexes(context.Background(), cut)
 	require.NoError(t, err)
