@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,8 +10,10 @@ import (
 	"strings"
 
 	"github.com/gravitational/trace"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/api/proxyapi"
+	"github.com/postern-dev/postern/lib/recording"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -239,6 +242,69 @@ func ListRecordings(ctx context.Context, creds *Credentials) ([]proxyapi.Recordi
 func FetchRecording(ctx context.Context, creds *Credentials, id string, w io.Writer) error {
 	_, err := readSubsystem(ctx, creds, proxyapi.SubsystemRecordingPrefix+id, 0, w)
 	return trace.Wrap(err)
+}
+
+// maxChunkLine bounds one line of the recording-chunks answer: a chunk
+// is at most a few MiB compressed (recording.MaxChunkDecoded bounds it
+// decompressed), base64 in JSON.
+const maxChunkLine = 4*recording.MaxChunkDecoded/3 + 4096
+
+// FetchRecordingChunks streams recording id's stored chunks, hashes
+// included, calling fn for each in index order, so that the caller checks
+// the hash chain itself. A stream the proxy ended with a failure (a chunk
+// it could not read) is an error naming the proxy's reason.
+func FetchRecordingChunks(ctx context.Context, creds *Credentials, id string, fn func(recording.Chunk) error) error {
+	pc, err := DialProxy(ctx, creds)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer pc.Close()
+	return trace.Wrap(fetchRecordingChunks(ctx, pc, id, fn))
+}
+
+// ChunksUnsupported reports whether err is an older proxy's refusal of
+// the recording-chunks subsystem (it takes any unknown name for a
+// proxy:HOST:PORT request): the caller can only fetch the cast, unchecked.
+func ChunksUnsupported(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "invalid proxy subsystem request")
+}
+
+func fetchRecordingChunks(ctx context.Context, pc *ssh.Client, id string, fn func(recording.Chunk) error) error {
+	name := proxyapi.SubsystemRecordingChunksPrefix + id
+	ch, err := OpenSubsystem(ctx, pc, SubsystemConfig{Name: name})
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer ch.closeWith(pc)
+	stop := context.AfterFunc(ctx, func() { ch.Close() })
+	defer stop()
+	sc := bufio.NewScanner(ch)
+	sc.Buffer(make([]byte, 64<<10), maxChunkLine)
+	n := 0
+	for sc.Scan() {
+		var c recording.Chunk
+		if err := json.Unmarshal(sc.Bytes(), &c); err != nil {
+			return trace.BadParameter("the proxy sent an invalid chunk after %d chunks: %v", n, err)
+		}
+		if err := fn(c); err != nil {
+			return trace.Wrap(err)
+		}
+		n++
+	}
+	if err := sc.Err(); err != nil {
+		return trace.ConnectionProblem(err, "reading %s: %v", name, err)
+	}
+	if code := ch.ExitStatus(); code != 0 {
+		msg := ch.Explain()
+		if msg == "" {
+			msg = fmt.Sprintf("the proxy ended the stream after %d chunks without saying why (exit status %d)", n, code)
+		}
+		if n == 0 {
+			return trace.BadParameter("%s", msg)
+		}
+		return trace.BadParameter("reading recording %s stopped after %d chunks: %s", id, n, msg)
+	}
+	return nil
 }
 
 // readSubsystem opens a proxy subsystem and reads its answer: into w when

@@ -2,8 +2,10 @@ package recording
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 
@@ -50,6 +52,13 @@ func RenderText(w io.Writer, cast []byte) error {
 // Replay writes a recording's output to a terminal with its timing,
 // speed times faster (speed must be positive).
 func Replay(ctx context.Context, w io.Writer, cast []byte, speed float64, clock clockwork.Clock) error {
+	return trace.Wrap(ReplayMarked(ctx, w, cast, speed, clock, nil))
+}
+
+// ReplayMarked is Replay calling onMarker (when set) at each marker event
+// as playback reaches it: psh says there, outside the replayed output,
+// that the hash chain breaks.
+func ReplayMarked(ctx context.Context, w io.Writer, cast []byte, speed float64, clock clockwork.Clock, onMarker func(Event) error) error {
 	if speed <= 0 {
 		return trace.BadParameter("--speed %v: want a positive number", speed)
 	}
@@ -59,6 +68,13 @@ func Replay(ctx context.Context, w io.Writer, cast []byte, speed float64, clock 
 	}
 	start := clock.Now()
 	for _, e := range evs {
+		if e.Code == "m" && onMarker != nil {
+			// A marker is due when the output before it has been shown.
+			if err := onMarker(e); err != nil {
+				return trace.Wrap(err)
+			}
+			continue
+		}
 		if e.Code != "o" {
 			continue
 		}
@@ -75,4 +91,24 @@ func Replay(ctx context.Context, w io.Writer, cast []byte, speed float64, clock 
 		}
 	}
 	return nil
+}
+
+// InsertMarker returns cast with a marker event, at time t, inserted at
+// byte offset at (a line boundary: the end of a chunk). It is how a
+// player marks the point a recording's hash chain stops vouching for,
+// in every format (a .cast file written with it carries the mark to
+// whoever plays it next).
+func InsertMarker(cast []byte, at int64, t float64, label string) ([]byte, error) {
+	if at <= 0 || at > int64(len(cast)) || cast[at-1] != '\n' {
+		return nil, trace.BadParameter("marker offset %d is not the end of a line of a %d-byte recording", at, len(cast))
+	}
+	line, err := json.Marshal([]any{json.Number(strconv.FormatFloat(t, 'f', 6, 64)), "m", label})
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	out := make([]byte, 0, len(cast)+len(line)+1)
+	out = append(out, cast[:at]...)
+	out = append(out, line...)
+	out = append(out, '\n')
+	return append(out, cast[at:]...), nil
 }

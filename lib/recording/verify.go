@@ -26,38 +26,20 @@ type Result struct {
 func Verify(chunks []Chunk, wantFinal string) (*Result, error) {
 	sorted := append([]Chunk(nil), chunks...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Index < sorted[j].Index })
-	if len(sorted) == 0 {
-		return nil, trace.BadParameter("recording has no chunks")
+	var k Checker
+	for _, c := range sorted {
+		k.Add(c)
 	}
-	prev := ""
-	for i, c := range sorted {
-		if c.Index != i {
-			return nil, trace.BadParameter("chunk %d is missing (next stored chunk is %d)", i, c.Index)
+	res := k.Result(wantFinal)
+	if res.State == CheckTampered {
+		switch res.Problem {
+		case ProblemHashMismatch, ProblemUndecodable, ProblemAfterFinal:
+			return nil, trace.BadParameter("chunk %d is wrong: %s", res.BrokenChunk, res.Reason)
+		default:
+			return nil, trace.BadParameter("%s", res.Reason)
 		}
-		got, err := ChainHash(prev, c.Data)
-		if err != nil {
-			return nil, trace.Wrap(err)
-		}
-		if got != c.Hash {
-			return nil, trace.BadParameter("chunk %d is wrong: its hash is %s, the chain says %s", i, c.Hash, got)
-		}
-		if _, err := DecodeChunk(c.Data); err != nil {
-			return nil, trace.BadParameter("chunk %d is wrong: %v", i, err)
-		}
-		if c.Final && i != len(sorted)-1 {
-			return nil, trace.BadParameter("chunk %d is marked final but chunks follow it", i)
-		}
-		prev = got
 	}
-	last := sorted[len(sorted)-1]
-	res := &Result{Chunks: len(sorted), FinalHash: prev, Complete: last.Final}
-	if wantFinal != "" && wantFinal != prev {
-		return nil, trace.BadParameter("the tail is cut or altered after chunk %d: the chain ends in %s, the session.end event says %s", last.Index, prev, wantFinal)
-	}
-	if wantFinal != "" {
-		res.Complete = true
-	}
-	return res, nil
+	return &Result{Chunks: res.Chunks, FinalHash: res.FinalHash, Complete: res.State == CheckVerified}, nil
 }
 
 // Export writes the recording as one asciicast v2 file. A recording

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -63,12 +64,40 @@ type recIndexEntry struct {
 	mu     sync.Mutex
 	header *recording.Header
 	sums   []recording.ChunkSummary
-	// hash is the chain hash of the last summarised chunk; chainErr is
-	// set when the chain did not check out (the player shows it).
-	hash     string
-	chainErr error
-	final    bool
-	used     time.Time
+	// check follows the hash chain over the summarised chunks (the
+	// player shows its verdict). hashes are the stored hashes by index
+	// and sealed the chain hash each chunk's bytes gave then: a segment's
+	// chunks, read again, are checked against them, so that a chunk
+	// changed in the store after the index was built (and its verdict
+	// cached) is not served under that verdict.
+	check  recording.Checker
+	hashes []string
+	sealed []string
+	final  bool
+	used   time.Time
+}
+
+// seal notes chunk c as summarised.
+func (e *recIndexEntry) seal(c recording.Chunk) {
+	e.sealed = append(e.sealed, e.chainOf(c))
+	e.hashes = append(e.hashes, c.Hash)
+}
+
+func (e *recIndexEntry) chainOf(c recording.Chunk) string {
+	prev := ""
+	if c.Index > 0 && c.Index <= len(e.hashes) {
+		prev = e.hashes[c.Index-1]
+	}
+	h, _ := recording.ChainHash(prev, c.Data)
+	return h
+}
+
+// unchanged reports whether chunk c, read again for a segment, is the
+// chunk the index was built from.
+func (e *recIndexEntry) unchanged(c recording.Chunk) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return c.Index < len(e.sealed) && e.hashes[c.Index] == c.Hash && e.chainOf(c) == e.sealed[c.Index]
 }
 
 type recIndexCache struct {
@@ -99,6 +128,14 @@ func (c *recIndexCache) entry(session string, now time.Time) *recIndexEntry {
 	}
 	e.used = now
 	return e
+}
+
+// forget drops session's entry whatever it holds: its chunks changed in
+// the store, the next read rebuilds it (and its verdict) from them.
+func (c *recIndexCache) forget(session string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.entries, session)
 }
 
 // drop forgets session (asked for but not stored: guessed ids must not
@@ -132,26 +169,29 @@ func (s *Server) seekIndex(ctx context.Context, src RecordingSource, session str
 	if !e.final {
 		err := src.GetRecordingFrom(ctx, session, len(e.sums), func(c recording.Chunk) error {
 			if c.Index != len(e.sums) {
-				return trace.BadParameter("recording %s: chunk %d is missing", session, len(e.sums))
+				// A gap: the player plays up to it, the verdict names it.
+				e.check.Add(c)
+				return errStopStream
 			}
-			if e.chainErr == nil {
-				if h, err := recording.ChainHash(e.hash, c.Data); err != nil || h != c.Hash {
-					e.chainErr = trace.BadParameter("chunk %d does not match the hash chain", c.Index)
-				}
-				e.hash = c.Hash
-			}
+			e.check.Add(c)
 			sum, h, err := recording.SummarizeChunk(c)
 			if err != nil {
+				if e.check.Result("").State == recording.CheckTampered {
+					// Past the break and unreadable: the player plays up
+					// to it, the verdict says why.
+					return errStopStream
+				}
 				return trace.Wrap(err)
 			}
 			if h != nil {
 				e.header = h
 			}
 			e.sums = append(e.sums, sum)
+			e.seal(c)
 			e.final = c.Final
 			return nil
 		})
-		if err != nil {
+		if err != nil && !errors.Is(err, errStopStream) {
 			return nil, nil, trace.Wrap(err)
 		}
 	}
@@ -322,7 +362,7 @@ func (s *Server) recordingIndex(w http.ResponseWriter, r *http.Request, live *li
 	}
 	s.emitPlay(r, live, session, "web player")
 	e.mu.Lock()
-	chainErr, final := e.chainErr, e.final
+	check, final := e.check.Result(""), e.final
 	e.mu.Unlock()
 	resp := webapi.RecordingIndex{
 		Version: 1, Duration: ix.Duration,
@@ -335,12 +375,11 @@ func (s *Server) recordingIndex(w http.ResponseWriter, r *http.Request, live *li
 			Started: time.Unix(ix.Header.Timestamp, 0).UTC(), Complete: final, Chunks: len(ix.Chunks),
 		},
 	}
-	if chainErr != nil {
-		resp.Postern.Integrity = chainErr.Error()
+	resp.Postern.Verification = verificationOf(check)
+	if err := check.Err(); err != nil {
+		resp.Postern.Integrity = err.Error()
 	}
-	for _, m := range ix.Markers {
-		resp.Markers = append(resp.Markers, webapi.RecordingMarker{Time: m.Time, Label: m.Label})
-	}
+	resp.Markers = append(resp.Markers, markersOf(ix, check)...)
 	for i, seg := range ix.Segments {
 		// last pins the segment's end to this index: a recording still
 		// being written grows, and the player checks a segment against
@@ -353,23 +392,60 @@ func (s *Server) recordingIndex(w http.ResponseWriter, r *http.Request, live *li
 
 // recordingMarkers serves GET /webapi/recordings/{id}/markers: the
 // markers (exec command, sftp, agent, exit status) for the player page's
-// list. Like the listing it is metadata, not a play: the player's read of
+// list, and the verdict on the hash chain for its banner. Like the listing it is metadata, not a play: the player's read of
 // the index is the audited play.
 func (s *Server) recordingMarkers(w http.ResponseWriter, r *http.Request, live *liveSession) {
 	src, _, session, ok := s.authorizeRecording(w, r, live)
 	if !ok {
 		return
 	}
-	ix, _, err := s.seekIndex(r.Context(), src, session)
+	ix, e, err := s.seekIndex(r.Context(), src, session)
 	if err != nil {
 		s.writeRecordingError(w, live, session, err)
 		return
 	}
-	out := webapi.RecordingMarkers{Markers: make([]webapi.RecordingMarker, 0, len(ix.Markers))}
+	e.mu.Lock()
+	check := e.check.Result("")
+	e.mu.Unlock()
+	writeJSON(w, http.StatusOK, webapi.RecordingMarkers{Markers: markersOf(ix, check), Verification: verificationOf(check)})
+}
+
+// brokenMarkerPrefix starts the marker put where a recording's hash chain
+// breaks (psh play marks the same place).
+const brokenMarkerPrefix = "NOT VERIFIED from here on: "
+
+// markersOf are the recording's markers and, for a tampered one, a
+// marker where the chain stops vouching for it, so that the timeline
+// shows the point.
+func markersOf(ix *recording.SeekIndex, check recording.Check) []webapi.RecordingMarker {
+	out := make([]webapi.RecordingMarker, 0, len(ix.Markers)+1)
+	broken := check.State == recording.CheckTampered
 	for _, m := range ix.Markers {
-		out.Markers = append(out.Markers, webapi.RecordingMarker{Time: m.Time, Label: m.Label})
+		if broken && m.Time > check.Until {
+			out = append(out, brokenMarker(check))
+			broken = false
+		}
+		out = append(out, webapi.RecordingMarker{Time: m.Time, Label: m.Label})
 	}
-	writeJSON(w, http.StatusOK, out)
+	if broken {
+		out = append(out, brokenMarker(check))
+	}
+	return out
+}
+
+func brokenMarker(check recording.Check) webapi.RecordingMarker {
+	return webapi.RecordingMarker{Time: check.Until, Label: fmt.Sprintf("%sthe hash chain breaks at chunk %d (%s)", brokenMarkerPrefix, check.BrokenChunk, check.Problem)}
+}
+
+func verificationOf(c recording.Check) webapi.RecordingVerification {
+	v := webapi.RecordingVerification{
+		State: c.State, Chunks: c.Chunks, Bytes: c.Bytes, Until: c.Until, Audited: c.Audited,
+		Problem: c.Problem, Reason: c.Reason, Summary: c.Summary(),
+	}
+	if c.State == recording.CheckTampered {
+		v.BrokenChunk = &c.BrokenChunk
+	}
+	return v
 }
 
 func (s *Server) writeRecordingError(w http.ResponseWriter, live *liveSession, session string, err error) {
@@ -397,7 +473,7 @@ func (s *Server) recordingSegment(w http.ResponseWriter, r *http.Request, live *
 		writeError(w, http.StatusBadRequest, "segment "+strconv.Quote(r.PathValue("n"))+" is not a segment number")
 		return
 	}
-	ix, _, err := s.seekIndex(r.Context(), src, session)
+	ix, e, err := s.seekIndex(r.Context(), src, session)
 	if err != nil {
 		s.writeRecordingError(w, live, session, err)
 		return
@@ -422,6 +498,10 @@ func (s *Server) recordingSegment(w http.ResponseWriter, r *http.Request, live *
 	err = src.GetRecordingFrom(r.Context(), session, warm, func(c recording.Chunk) error {
 		if c.Index > seg.LastChunk {
 			return errStopStream
+		}
+		if !e.unchanged(c) {
+			s.web.recIndex.forget(session)
+			return trace.BadParameter("chunk %d changed in the store since the player's index was built; reload the player to see the verdict on it", c.Index)
 		}
 		b, err := recording.DecodeChunk(c.Data)
 		if err != nil {

@@ -2,10 +2,12 @@ package web
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -261,4 +263,114 @@ func TestWebRecordingSegments(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, resp.StatusCode, string(body))
 	resp, body = e.do(t, http.MethodGet, "/webapi/recordings/"+id+"/segments/x", "", alice, nil)
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode, string(body))
+}
+
+// TestWebRecordingVerification: the index tells the player what the hash
+// chain says: verified for a recording as written; for one whose chunk
+// was altered on disk, tampered at that chunk with the time it stops
+// being vouched for and a marker there; for one with a chunk deleted,
+// tampered at the gap and playable up to it; incomplete, not tampered, for one
+// without its final chunk. A chunk altered after the index was cached is
+// not served under the cached verdict.
+func TestWebRecordingVerification(t *testing.T) {
+	src := &dirSource{DirStorage: recording.DirStorage{Dir: t.TempDir()}}
+	e := newTermEnv(t, func(c *WebSessionsConfig) { c.Recordings = src })
+	alice := e.login(t)
+	index := func(id string) webapi.RecordingIndex {
+		resp, body := e.do(t, http.MethodGet, "/webapi/recordings/"+id+"/index", "", alice, nil)
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+		var ix webapi.RecordingIndex
+		require.NoError(t, json.Unmarshal(body, &ix))
+		return ix
+	}
+	chunkFile := func(id string, i int) string { return fmt.Sprintf("%s/%s/%08d.chunk", src.Dir, id, i) }
+	alter := func(id string, i int) {
+		data, err := os.ReadFile(chunkFile(id, i))
+		require.NoError(t, err)
+		var c recording.Chunk
+		require.NoError(t, json.Unmarshal(data, &c))
+		plain, err := recording.DecodeChunk(c.Data)
+		require.NoError(t, err)
+		var gz bytes.Buffer
+		zw := gzip.NewWriter(&gz)
+		_, err = zw.Write(bytes.ReplaceAll(plain, []byte("count"), []byte("forge")))
+		require.NoError(t, err)
+		require.NoError(t, zw.Close())
+		c.Data = gz.Bytes()
+		data, err = json.Marshal(c)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(chunkFile(id, i), data, 0o600))
+	}
+
+	good, _ := writeRecording(t, src.DirStorage, testUser, 300, 0)
+	v := index(good).Postern.Verification
+	require.Equal(t, recording.CheckVerified, v.State)
+	require.Nil(t, v.BrokenChunk)
+	require.Contains(t, v.Summary, "verified: hash chain intact over")
+
+	bad, _ := writeRecording(t, src.DirStorage, testUser, 300, 0)
+	alter(bad, 3)
+	ix := index(bad)
+	v = ix.Postern.Verification
+	require.Equal(t, recording.CheckTampered, v.State)
+	require.NotNil(t, v.BrokenChunk)
+	require.Equal(t, 3, *v.BrokenChunk)
+	require.Equal(t, recording.ProblemHashMismatch, v.Problem)
+	require.Equal(t, 3, v.Chunks)
+	require.Greater(t, v.Until, 0.0)
+	require.Contains(t, v.Summary, "NOT VERIFIED, TAMPERED: the hash chain breaks at chunk 3")
+	require.Contains(t, ix.Markers, webapi.RecordingMarker{Time: v.Until, Label: "NOT VERIFIED from here on: the hash chain breaks at chunk 3 (hash mismatch)"})
+	resp, body := e.do(t, http.MethodGet, "/webapi/recordings/"+bad+"/"+ix.Segments[len(ix.Segments)-1].URL, "", alice, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "a tampered recording still plays, under its banner: %s", body)
+
+	gap, _ := writeRecording(t, src.DirStorage, testUser, 300, 0)
+	require.NoError(t, os.Remove(chunkFile(gap, 2)))
+	ix = index(gap)
+	v = ix.Postern.Verification
+	require.Equal(t, recording.CheckTampered, v.State)
+	require.Equal(t, recording.ProblemMissingChunk, v.Problem)
+	require.Equal(t, 2, *v.BrokenChunk)
+	require.Contains(t, v.Reason, "chunk 2 is missing")
+	require.LessOrEqual(t, ix.Duration, v.Until+1e-9, "the player plays up to the gap")
+	resp, body = e.do(t, http.MethodGet, "/webapi/recordings/"+gap+"/"+ix.Segments[len(ix.Segments)-1].URL, "", alice, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+
+	garbage, _ := writeRecording(t, src.DirStorage, testUser, 300, 0)
+	data, err := os.ReadFile(chunkFile(garbage, 4))
+	require.NoError(t, err)
+	var c4 recording.Chunk
+	require.NoError(t, json.Unmarshal(data, &c4))
+	c4.Data = []byte("not gzip at all")
+	data, err = json.Marshal(c4)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(chunkFile(garbage, 4), data, 0o600))
+	v = index(garbage).Postern.Verification
+	require.Equal(t, recording.CheckTampered, v.State, "an unreadable chunk is a break the player plays up to")
+	require.Equal(t, 4, *v.BrokenChunk)
+
+	cut, _ := writeRecording(t, src.DirStorage, testUser, 300, 0)
+	idx, err := src.ChunkIndexes(context.Background(), cut)
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(chunkFile(cut, idx[len(idx)-1])))
+	v = index(cut).Postern.Verification
+	require.Equal(t, recording.CheckIncomplete, v.State, "no final chunk is incomplete, not tampered")
+	require.Nil(t, v.BrokenChunk)
+
+	// good's index (verified) is cached; a chunk changed now is refused
+	// when its segment is read, and the next index says tampered.
+	ix = index(good)
+	alter(good, 1)
+	refused := ""
+	for _, ref := range ix.Segments {
+		resp, body = e.do(t, http.MethodGet, "/webapi/recordings/"+good+"/"+ref.URL, "", alice, nil)
+		if resp.StatusCode != http.StatusOK {
+			require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, string(body))
+			refused = string(body)
+			break
+		}
+	}
+	require.Contains(t, refused, "chunk 1 changed in the store", "the segment holding chunk 1 is refused")
+	v = index(good).Postern.Verification
+	require.Equal(t, recording.CheckTampered, v.State)
+	require.Equal(t, 1, *v.BrokenChunk)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"github.com/postern-dev/postern/lib/services"
 	"time"
 
@@ -32,21 +33,24 @@ func (c *cli) addRecordings(app *kingpin.Application, add func(*kingpin.CmdClaus
 
 	var id, playFormat string
 	var speed float64
+	var force bool
 	var rest []string
-	play := app.Command("play", "Play a session recording: psh play ID [--speed N] [--format tty|text|asciicast].")
+	play := app.Command("play", "Play a session recording: psh play ID [--speed N] [--format tty|text|asciicast] [--force]. "+
+		"The hash chain is checked first and the result printed to stderr; a tampered recording is not played without --force.")
 	addPlayFlags := func(cc interface {
 		Flag(name, help string) *kingpin.FlagClause
 	}) {
 		cc.Flag("speed", "Replay this many times faster (tty format).").Default("1").Float64Var(&speed)
 		cc.Flag("format", "tty (replay with timing), text (output with control sequences rendered away, for grep) or asciicast (the v2 file).").
 			Default("tty").EnumVar(&playFormat, "tty", "text", "asciicast")
+		cc.Flag("force", "Play a recording whose hash chain is broken (tampered) anyway, marked where the chain breaks; psh still exits 1.").BoolVar(&force)
 	}
 	addPlayFlags(play)
 	play.Arg("id", "Session id (psh recordings ls).").Required().StringVar(&id)
 	// psh parses without interspersed flags (what follows `psh ssh HOST`
 	// is the remote command's), so flags after the id arrive here and are
 	// parsed by a parser of their own.
-	play.Arg("flags", "--speed and --format may also follow the id.").StringsVar(&rest)
+	play.Arg("flags", "--speed, --format and --force may also follow the id.").StringsVar(&rest)
 	add(play, func(ctx context.Context) error {
 		if len(rest) > 0 {
 			sub := kingpin.New("psh play", "")
@@ -55,7 +59,7 @@ func (c *cli) addRecordings(app *kingpin.Application, add func(*kingpin.CmdClaus
 				return trace.BadParameter("psh play: %v", err)
 			}
 		}
-		return c.doPlay(ctx, id, playFormat, speed)
+		return c.doPlay(ctx, id, playOptions{format: playFormat, speed: speed, force: force})
 	})
 }
 
@@ -109,12 +113,19 @@ func (c *cli) doRecordingsLs(ctx context.Context, format string, f recordingFilt
 	return trace.Wrap(tw.Flush())
 }
 
-func (c *cli) doPlay(ctx context.Context, id, format string, speed float64) error {
+// playOptions are psh play's flags.
+type playOptions struct {
+	format string
+	speed  float64
+	force  bool
+}
+
+func (c *cli) doPlay(ctx context.Context, id string, opts playOptions) error {
 	if err := recording.CheckSessionID(id); err != nil {
 		return trace.Wrap(err)
 	}
-	if speed <= 0 {
-		return trace.BadParameter("--speed %v: want a positive number", speed)
+	if opts.speed <= 0 {
+		return trace.BadParameter("--speed %v: want a positive number", opts.speed)
 	}
 	_, creds, err := c.credentials()
 	if err != nil {
@@ -122,15 +133,31 @@ func (c *cli) doPlay(ctx context.Context, id, format string, speed float64) erro
 	}
 	fetchCtx, cancel := context.WithTimeout(ctx, playTimeout)
 	defer cancel()
-	if format == "asciicast" {
+	p := newCheckedPlay()
+	err = client.FetchRecordingChunks(fetchCtx, creds, id, p.add)
+	if client.ChunksUnsupported(err) {
+		return trace.Wrap(c.playUnchecked(ctx, fetchCtx, creds, id, opts))
+	}
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	return trace.Wrap(c.play(ctx, id, p, opts))
+}
+
+// playUnchecked plays through a proxy older than psh, which serves the
+// cast only: it plays as it always did, saying first that nothing was
+// checked (the proxy is trusted; the store is what the chain guards).
+func (c *cli) playUnchecked(ctx, fetchCtx context.Context, creds *client.Credentials, id string, opts playOptions) error {
+	fmt.Fprintf(c.stderr, "psh: recording %s NOT VERIFIED: the proxy is older than psh and does not serve a recording's chunks, so its hash chain could not be checked (pctl recordings verify can)\n", id)
+	if opts.format == "asciicast" {
 		return trace.Wrap(client.FetchRecording(fetchCtx, creds, id, c.stdout))
 	}
 	var cast bytes.Buffer
 	if err := client.FetchRecording(fetchCtx, creds, id, &cast); err != nil {
 		return trace.Wrap(err)
 	}
-	if format == "text" {
+	if opts.format == "text" {
 		return trace.Wrap(recording.RenderText(c.stdout, cast.Bytes()))
 	}
-	return trace.Wrap(recording.Replay(ctx, c.stdout, cast.Bytes(), speed, clockwork.NewRealClock()))
+	return trace.Wrap(recording.Replay(ctx, c.stdout, cast.Bytes(), opts.speed, clockwork.NewRealClock()))
 }

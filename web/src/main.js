@@ -64,8 +64,10 @@ async function api(method, path, body) {
 
 // ---- views ---------------------------------------------------------------
 
+let playerGen = 0; // counts player openings: an older openPlayer's awaits stop
+
 function show(view) {
-  if (view !== 'player') closePlayer();
+  if (view !== 'player') { playerGen++; closePlayer(); }
   for (const v of ['login', 'nodes', 'terminal', 'sessions', 'recordings', 'player']) $(`view-${v}`).hidden = v !== view;
   const user = sessionStorage.getItem(USER_KEY);
   $('logout').hidden = view === 'login';
@@ -784,6 +786,7 @@ $('nav-nodes').addEventListener('click', () => navigate('/'));
 
 let recordings = [];
 let player = null; // the open asciinema-player
+let playerWatch = null; // the interval that follows playback past a broken chain
 
 function recordingMatches(r, query) {
   if (!query) return true;
@@ -847,6 +850,8 @@ function renderRecordings() {
 $('recording-search').addEventListener('input', renderRecordings);
 
 function closePlayer() {
+  clearInterval(playerWatch);
+  playerWatch = null;
   if (!player) return;
   try { player.dispose(); } catch { /* already gone */ }
   player = null;
@@ -863,6 +868,7 @@ function fmtTime(s) {
 // only the segment it shows, so a seek into a long recording fetches a
 // few MB, never the whole file. The bearer token goes in a header.
 async function openPlayer(id, startAt) {
+  const gen = ++playerGen;
   closeTerminal();
   closePlayer();
   show('player');
@@ -884,6 +890,29 @@ async function openPlayer(id, startAt) {
       setTimeout(() => URL.revokeObjectURL(url), 1000);
     } catch (err) { $('player-error').textContent = `download: ${err.message}`; }
   };
+  // The verdict on the hash chain comes first, in a banner that stays
+  // above the player: verified, incomplete (no final chunk: not
+  // tampering) or tampered, with where the chain breaks. It is read with
+  // the markers (metadata, not an audited play) before the player opens.
+  const banner = $('player-verification');
+  banner.hidden = true;
+  banner.textContent = '';
+  delete banner.dataset.state;
+  delete banner.dataset.past;
+  let markers = [];
+  let verification = null;
+  try {
+    const resp = await fetch(`${base}/markers`, auth);
+    if (resp.status === 401) return showLogin('Your session ended; log in again.');
+    const body = await resp.json();
+    if (!resp.ok) throw new Error(body.error || body.message || `${resp.status} ${resp.statusText}`);
+    markers = body.markers || [];
+    verification = body.verification || null;
+  } catch (err) {
+    $('player-error').textContent = err.message;
+  }
+  if (gen !== playerGen) return; // another recording (or view) was opened meanwhile
+  if (verification) showVerification(banner, verification);
   const el = $('player');
   el.replaceChildren();
   const p = createPlayer({ url: `${base}/index`, format: 'segmented', fetchOpts: auth }, el, {
@@ -905,22 +934,62 @@ async function openPlayer(id, startAt) {
     if (err.status === 401) return showLogin('Your session ended; log in again.');
     $('player-error').textContent = err.message;
   }
-  try {
-    const resp = await fetch(`${base}/markers`, auth);
-    if (resp.ok && player === p) {
-      const { markers } = await resp.json();
-      for (const [t, label] of markers || []) {
-        const li = document.createElement('li');
-        const b = document.createElement('button');
-        b.type = 'button';
-        b.className = 'marker';
-        b.textContent = `${fmtTime(t)} ${label}`;
-        b.addEventListener('click', () => { if (player === p) p.seek(t); });
-        li.append(b);
-        $('player-markers').append(li);
+  if (player !== p) return;
+  for (const [t, label] of markers) {
+    const li = document.createElement('li');
+    const b = document.createElement('button');
+    b.type = 'button';
+    b.className = 'marker';
+    if (label.startsWith(BROKEN_MARKER)) b.classList.add('broken');
+    b.textContent = `${fmtTime(t)} ${label}`;
+    b.addEventListener('click', () => { if (player === p) p.seek(t); });
+    li.append(b);
+    $('player-markers').append(li);
+  }
+  if (verification && verification.state === 'tampered') {
+    // Once playback is past the break the banner says so: what is on
+    // screen then is not vouched for.
+    playerWatch = setInterval(async () => {
+      if (player !== p) return;
+      let now;
+      try { now = await p.getCurrentTime(); } catch { return; }
+      const past = typeof now === 'number' && now > verification.until;
+      if (String(past) !== (banner.dataset.past || 'false')) {
+        banner.dataset.past = String(past);
+        showVerification(banner, verification, past);
       }
-    }
-  } catch { /* the timeline still shows them */ }
+    }, 250);
+  }
+}
+
+// BROKEN_MARKER starts the marker the proxy puts where the chain breaks.
+const BROKEN_MARKER = 'NOT VERIFIED from here on: ';
+
+// showVerification fills the banner above the player from the index's
+// verdict (webapi.RecordingVerification).
+function showVerification(banner, v, past) {
+  banner.dataset.state = v.state;
+  let text;
+  switch (v.state) {
+    case 'verified':
+      text = `Verified: hash chain intact over ${v.chunks} chunks (${v.bytes} bytes, complete). Not checked against the audit log's final hash (pctl recordings verify does).`;
+      break;
+    case 'incomplete':
+      text = `Incomplete, not tampered: hash chain intact over ${v.chunks} chunks (up to ${fmtTime(v.until)}), but there is no final chunk: the session is still running, or its node stopped before it ended.`;
+      break;
+    default:
+      text = `NOT VERIFIED — tampered: the hash chain breaks at chunk ${v.broken_chunk} (${v.problem}) at ${fmtTime(v.until)}. Everything after ${fmtTime(v.until)} is not vouched for.`;
+      if (past) text += ' Playback is past that point: what you see now is NOT VERIFIED.';
+  }
+  banner.textContent = text;
+  if (v.state === 'tampered' && v.reason) {
+    const why = document.createElement('small');
+    why.className = 'reason';
+    why.textContent = v.reason;
+    banner.append(document.createElement('br'), why);
+  }
+  banner.title = v.summary || '';
+  banner.hidden = false;
 }
 
 // For e2e tests: play an exported .cast given as text in an element.

@@ -58,6 +58,14 @@ const SubsystemRecordings = "recordings"
 // refused exactly like one that does not exist.
 const SubsystemRecordingPrefix = "recording:"
 
+// SubsystemRecordingChunksPrefix + a session id streams that recording's
+// stored chunks, one JSON object (recording.Chunk: index, hash, final,
+// data) a line, in index order, so that psh checks the hash chain itself
+// before it plays (`psh play`). Access and auditing are those of
+// SubsystemRecordingPrefix. An older proxy refuses it as an unknown
+// subsystem; psh then says it could not verify.
+const SubsystemRecordingChunksPrefix = "recording-chunks:"
+
 // RecordingEntry is one recording of the SubsystemRecordings answer.
 type RecordingEntry struct {
 	SessionID string    `json:"session_id"`

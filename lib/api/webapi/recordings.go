@@ -78,6 +78,33 @@ type RecordingInfo struct {
 	// Integrity is empty when the hash chain checked out as far as it was
 	// read, else what is wrong (pctl recordings verify names the chunk).
 	Integrity string `json:"integrity,omitempty"`
+	// Verification is the verdict on the hash chain of the chunks read so
+	// far, which the player shows above the recording.
+	Verification RecordingVerification `json:"verification"`
+}
+
+// RecordingVerification is what the proxy found checking a recording's
+// hash chain.
+type RecordingVerification struct {
+	// State is "verified", "incomplete" (no final chunk: the session runs
+	// or its node died; not tampering) or "tampered".
+	State string `json:"state"`
+	// Chunks and Bytes are what the chain vouches for, from the start;
+	// Until is the time of its last event (where a tampered recording
+	// stops being vouched for).
+	Chunks int     `json:"chunks"`
+	Bytes  int64   `json:"bytes"`
+	Until  float64 `json:"until"`
+	// Audited is true when the chain was checked against the session.end
+	// audit event's final hash (the web does not: pctl recordings verify).
+	Audited bool `json:"audited"`
+	// BrokenChunk, Problem and Reason say where and how the chain breaks
+	// (tampered only).
+	BrokenChunk *int   `json:"broken_chunk,omitempty"`
+	Problem     string `json:"problem,omitempty"`
+	Reason      string `json:"reason,omitempty"`
+	// Summary is the verdict in one sentence.
+	Summary string `json:"summary"`
 }
 
 // RecordingSnapshot is a segment's starting screen: replaying Init on a
@@ -106,4 +133,7 @@ func (m *RecordingMarker) UnmarshalJSON(b []byte) error {
 // RecordingMarkers is GET /webapi/recordings/{id}/markers.
 type RecordingMarkers struct {
 	Markers []RecordingMarker `json:"markers"`
+	// Verification is the index's verdict on the hash chain, for the
+	// banner the player page shows before the player opens.
+	Verification RecordingVerification `json:"verification"`
 }

@@ -80,7 +80,7 @@ func New(cfg Config) (*Handler, error) {
 }
 
 // Subsystem serves `proxysites`, `nodes[@CLUSTER]`, `recordings`,
-// `recording:ID`, `route:HOST[:PORT][@CLUSTER]` and
+// `recording:ID`, `recording-chunks:ID`, `route:HOST[:PORT][@CLUSTER]` and
 // `proxy:HOST[:PORT][@CLUSTER]`.
 func (h *Handler) Subsystem(ctx context.Context, id *authz.Identity, name string) (srv.SubsystemFunc, error) {
 	if name == proxyapi.SubsystemSites {
@@ -112,6 +112,9 @@ func (h *Handler) Subsystem(ctx context.Context, id *authz.Identity, name string
 	}
 	if strings.HasPrefix(name, proxyapi.SubsystemRecordingPrefix) {
 		return h.playSubsystem(ctx, id, name)
+	}
+	if strings.HasPrefix(name, proxyapi.SubsystemRecordingChunksPrefix) {
+		return h.chunksSubsystem(ctx, id, name)
 	}
 	target, err := proxy.ParseProxySubsystem(name)
 	if err != nil {
