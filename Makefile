@@ -85,6 +85,9 @@ fuzz:
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 lint:
 	@test -z "$$(gofmt -l lib tool integration 2>/dev/null)" || { gofmt -l lib tool integration; echo "gofmt needed"; exit 1; }
+	@# The repository carries its own reference (docs/reference.md): no
+	@# citing documents that are not in it.
+	@! git grep -nE '(SPEC|DESIGN)(\.md)?\b[^_]' -- lib tool integration e2e docs web/src scripts fixtures README.md || { echo "cite docs/reference.md or docs/*.md instead"; exit 1; }
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
 

@@ -144,7 +144,7 @@ func jumpCreds(t *testing.T, ca *testCA, addr string) *Credentials {
 
 // TestNodeClientCloseWaits: when NodeClient.Close returns, the goroutines
 // DialNode started for the connection (the connection watchers and the
-// subsystem's readers) have ended (DESIGN.md style rule 7). The check
+// subsystem's readers) have ended (whoever starts a goroutine ends it). The check
 // runs the moment Close returns, without goleak's retries: a goroutine
 // that ends "soon after" is one nobody owns.
 func TestNodeClientCloseWaits(t *testing.T) {

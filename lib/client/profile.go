@@ -27,7 +27,7 @@ import (
 // HomeEnv overrides the home directory (default ~/.postern).
 const HomeEnv = "POSTERN_HOME"
 
-// File names inside the home directory (SPEC.md, psh).
+// File names inside the home directory (docs/reference.md, psh).
 const (
 	ProfileFile    = "profile.yaml"
 	KnownHostsFile = "known_hosts"

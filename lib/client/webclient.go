@@ -34,7 +34,7 @@ type WebConfig struct {
 	Timeout time.Duration
 }
 
-// DefaultWebPort is the proxy's HTTPS port (SPEC.md, Ports).
+// DefaultWebPort is the proxy's HTTPS port (docs/reference.md, Ports).
 const DefaultWebPort = "3080"
 
 // DefaultWebTimeout bounds one call: a login on a loaded proxy pays for a

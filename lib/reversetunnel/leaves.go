@@ -18,7 +18,7 @@ import (
 	"github.com/postern-dev/postern/lib/utils"
 )
 
-// Leaf clusters' tunnels (SPEC "Leaf clusters"): a leaf's proxy dials a
+// Leaf clusters' tunnels (docs/leaf-clusters.md): a leaf's proxy dials a
 // root proxy's tunnel port, the same port nodes use, with a host
 // certificate of role leaf that the leaf's auth server signed with the
 // leaf's host CA and whose cluster extension names the leaf. The root
@@ -71,7 +71,7 @@ type LeavesConfig struct {
 }
 
 // DefaultLeafReportInterval: a removed leaf's tunnel is cut, and a live
-// one reported, within 5s (SPEC: removing trust cuts access within 5s).
+// one reported, within 5s (removing trust must cut access within 5s).
 const DefaultLeafReportInterval = 5 * time.Second
 
 // leafCheckTimeout bounds one trust lookup (an auth API call).

@@ -50,7 +50,7 @@ import (
 	"github.com/postern-dev/postern/lib/utils"
 )
 
-// Defaults (SPEC.md "Reverse tunnels"). 5s x 3: a half-open tunnel is
+// Defaults (reverse tunnels). 5s x 3: a half-open tunnel is
 // found within ~15s, where Teleport's defaults take 15 minutes.
 const (
 	DefaultKeepAliveInterval = 5 * time.Second
