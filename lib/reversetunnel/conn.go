@@ -11,6 +11,8 @@ import (
 
 	"github.com/gravitational/trace"
 	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // Channel types on a tunnel. The proxy opens them; the agent serves them.
@@ -121,7 +123,12 @@ func newDataConn(nc net.Conn, tunnelDone <-chan struct{}, local, remote net.Addr
 	go func() {
 		select {
 		case <-tunnelDone:
-			_ = c.Close()
+			// From outside the splice that reads it (the proxy's, to
+			// the client's channel): a plain Close would leave a quiet
+			// direction of that splice parked for good, and an idle
+			// `ssh -J` open until its client hung up, though the tunnel
+			// (say, to a stopped node) is gone.
+			_ = utils.CloseSpliced(c)
 		case <-c.closed:
 		}
 	}()

@@ -361,3 +361,23 @@ func isClosedErr(err error) bool {
 	return errors.Is(err, net.ErrClosed) || errors.Is(err, io.EOF) ||
 		errors.Is(err, io.ErrClosedPipe) || errors.Is(err, os.ErrClosed)
 }
+
+// CloseSpliced closes c, a connection a Splice may be reading, from outside
+// that Splice (a tunnel that ended closes its data connections). A Splice
+// direction that went quiet waits in the poller with no goroutine, and
+// closing a socket takes it out of every epoll set without an event: the
+// direction would never learn of the close, and the other side of the
+// splice (an idle client's channel) would stay open until its own peer
+// hung up. So the directions parked on the socket under c (found through
+// Unwrap) are ended first, as if their Read had failed on the closed
+// socket, which makes their splices close both sides; then c is closed.
+// A direction not parked is woken by the Close itself. Splice's own
+// closes need none of this (it resumes its parked direction itself).
+func CloseSpliced(c io.Closer) error {
+	if r, ok := c.(io.Reader); ok {
+		if raw := socketOf(r); raw != nil {
+			endParked(raw)
+		}
+	}
+	return c.Close()
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
+	"slices"
 	"sync"
 	"syscall"
 
@@ -74,7 +76,11 @@ func parkerFor(src io.Reader) func(h *half) bool {
 
 // parkedRead is one direction waiting in the poller.
 type parkedRead struct {
-	id   uint64
+	id uint64
+	// fd is the socket's descriptor while it is parked: CloseSpliced
+	// finds the directions parked on a socket by it (before closing it,
+	// so the number is not yet anyone else's).
+	fd   int
 	h    *half
 	once sync.Once
 }
@@ -87,11 +93,25 @@ func (p *parkedRead) fire() { p.fireFrom(false) }
 // wake-up to notice an empty set).
 func (p *parkedRead) fireFrom(fromLoop bool) {
 	p.once.Do(func() {
-		thePoller.remove(p.id, !fromLoop)
+		thePoller.remove(p, !fromLoop)
 		p.h.mu.Lock()
 		p.h.parked = nil
 		p.h.mu.Unlock()
 		go p.h.run()
+	})
+}
+
+// fireClosed takes the direction out of the poller and ends it as if its
+// Read had failed on a closed socket (CloseSpliced is about to close it):
+// the splice then closes both sides. Nothing of the socket is read, so
+// it does not matter when the close lands. Once, like fire.
+func (p *parkedRead) fireClosed() {
+	p.once.Do(func() {
+		thePoller.remove(p, true)
+		p.h.mu.Lock()
+		p.h.parked = nil
+		p.h.mu.Unlock()
+		go p.h.finish(net.ErrClosed)
 	})
 }
 
@@ -104,8 +124,12 @@ type poller struct {
 	epfd     int
 	wakefd   int // eventfd: wakes the loop to let it end
 
-	mu      sync.Mutex
-	parked  map[uint64]*parkedRead
+	mu     sync.Mutex
+	parked map[uint64]*parkedRead
+	// byFD holds the same directions by socket descriptor. A slice: a
+	// socket closed by plain Close while parked stays here (its number
+	// may be reused), and CloseSpliced of the number ends it too.
+	byFD    map[int][]*parkedRead
 	next    uint64 // ids from 1; 0 is wakefd
 	running bool
 	broken  bool // epoll_wait failed: no more parking
@@ -136,7 +160,11 @@ func (p *poller) init() error {
 			return
 		}
 		p.epfd, p.wakefd = epfd, wakefd
+		// Under mu: WaitParkedSplices reads it without init.
+		p.mu.Lock()
 		p.parked = map[uint64]*parkedRead{}
+		p.byFD = map[int][]*parkedRead{}
+		p.mu.Unlock()
 	})
 	return p.initErr
 }
@@ -147,8 +175,8 @@ func (p *poller) init() error {
 func (p *poller) park(h *half, raw syscall.RawConn) bool {
 	// Data already there would be reported by epoll at once anyway, but
 	// a poll is cheaper than a round trip through the poller goroutine.
-	readable := true
-	if err := raw.Control(func(fd uintptr) { readable = pollReadable(fd) }); err != nil || readable {
+	readable, sock := true, -1
+	if err := raw.Control(func(fd uintptr) { readable, sock = pollReadable(fd), int(fd) }); err != nil || readable {
 		return false
 	}
 	p.mu.Lock()
@@ -157,8 +185,9 @@ func (p *poller) park(h *half, raw syscall.RawConn) bool {
 		return false
 	}
 	p.next++
-	pr := &parkedRead{id: p.next, h: h}
+	pr := &parkedRead{id: p.next, fd: sock, h: h}
 	p.parked[pr.id] = pr
+	p.byFD[sock] = append(p.byFD[sock], pr)
 	if p.parkedMore != nil {
 		close(p.parkedMore)
 		p.parkedMore = nil
@@ -205,7 +234,7 @@ func (p *poller) park(h *half, raw syscall.RawConn) bool {
 	resumed := true
 	pr.once.Do(func() {
 		resumed = false
-		p.remove(pr.id, true)
+		p.remove(pr, true)
 		h.mu.Lock()
 		h.parked = nil
 		h.mu.Unlock()
@@ -215,9 +244,14 @@ func (p *poller) park(h *half, raw syscall.RawConn) bool {
 
 // remove forgets a parked direction and, when none is left and wake is
 // set, wakes the loop so that it can end.
-func (p *poller) remove(id uint64, wake bool) {
+func (p *poller) remove(pr *parkedRead, wake bool) {
 	p.mu.Lock()
-	delete(p.parked, id)
+	delete(p.parked, pr.id)
+	if rest := slices.DeleteFunc(p.byFD[pr.fd], func(x *parkedRead) bool { return x == pr }); len(rest) == 0 {
+		delete(p.byFD, pr.fd)
+	} else {
+		p.byFD[pr.fd] = rest
+	}
 	empty := len(p.parked) == 0 && p.running
 	p.mu.Unlock()
 	if empty && wake {
@@ -306,5 +340,23 @@ func WaitParkedSplices(ctx context.Context, n int) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+	}
+}
+
+// endParked ends the splice directions parked on raw's socket
+// (CloseSpliced, just before it closes the socket): closing it would take
+// it out of the epoll set without an event, and they would wait for good.
+func endParked(raw syscall.RawConn) {
+	if thePoller.init() != nil {
+		return
+	}
+	var prs []*parkedRead
+	_ = raw.Control(func(fd uintptr) {
+		thePoller.mu.Lock()
+		prs = slices.Clone(thePoller.byFD[int(fd)])
+		thePoller.mu.Unlock()
+	})
+	for _, pr := range prs {
+		pr.fireClosed()
 	}
 }

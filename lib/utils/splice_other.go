@@ -5,6 +5,7 @@ package utils
 import (
 	"context"
 	"io"
+	"syscall"
 )
 
 // readWaiter: elsewhere an idle direction blocks in Read with its small
@@ -22,3 +23,7 @@ func (*parkedRead) fire() {}
 // WaitParkedSplices: nothing parks outside Linux, so there is nothing to
 // wait for.
 func WaitParkedSplices(context.Context, int) error { return nil }
+
+// endParked: without the poller a quiet direction blocks in Read, which
+// Close wakes by itself.
+func endParked(syscall.RawConn) {}

@@ -361,3 +361,30 @@ func waitParked(t *testing.T, n int) {
 	defer cancel()
 	require.NoError(t, WaitParkedSplices(ctx, n), "%d quiet splice directions did not all park", n)
 }
+
+// TestCloseSplicedEndsParkedDirection: a quiet splice of a pipe (an SSH
+// channel stand-in) with a socket whose peer stays silent and open (a
+// stopped process), whose socket is then closed from outside the splice
+// with CloseSpliced: the splice ends and closes the pipe, though no event
+// ever comes from the socket. Repeated, since the close races the parking.
+func TestCloseSplicedEndsParkedDirection(t *testing.T) {
+	for range 20 {
+		pipeFar, pipeNear := net.Pipe()
+		_, sock := tcpPair(t)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _, _ = Splice(context.Background(), pipeNear, sock)
+		}()
+		waitParked(t, 1)
+		require.NoError(t, CloseSpliced(sock))
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatal("a splice parked on a socket closed with CloseSpliced did not end")
+		}
+		_ = pipeFar.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err := io.Copy(io.Discard, pipeFar)
+		require.NoError(t, err, "the pipe was closed")
+	}
+}
