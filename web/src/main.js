@@ -951,6 +951,13 @@ async function openPlayer(id, startAt) {
   });
   player = p;
   window.posternPlayer = p;
+  // A recording the player cannot load (a header it refuses, a broken
+  // stream) would otherwise leave a blank box.
+  p.addEventListener('error', (ev) => {
+    if (player !== p) return;
+    const why = ev && (ev.message || (ev.detail && ev.detail.message));
+    $('player-error').textContent = `This recording cannot be played${why ? `: ${why}` : ''}. The download link still gives the file.`;
+  });
   // The index again, for the title and the marker list (the player keeps
   // its own copy); metadata only: the listing's entry.
   try {
