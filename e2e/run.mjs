@@ -441,8 +441,25 @@ async function main() {
       await page.fill('#node-search', 'team=web');
       await page.locator(`tr[data-hostname="${nodename}"]`).waitFor();
       await page.fill('#node-search', 'no-such-node');
-      await page.locator('#nodes-empty').waitFor({ state: 'visible' });
+      await page.locator('#nodes-empty', { hasText: 'matches "no-such-node"' }).waitFor({ state: 'visible' });
       await page.fill('#node-search', '');
+      await page.locator(`tr[data-hostname="${nodename}"] select.login`).selectOption(login);
+    });
+
+    await step(page, 'a phone-sized window keeps the node list on the page; an unknown path is a 404 page', async () => {
+      await page.setViewportSize({ width: 390, height: 800 });
+      try {
+        const over = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+        if (over > 1) throw new Error(`the page is ${over} px wider than a 390 px window`);
+      } finally {
+        await page.setViewportSize(launchOptions.viewport);
+      }
+      const res = await page.goto(new URL('/web/no-such-page', page.url()).href);
+      if (res.status() !== 404) throw new Error(`/web/no-such-page: ${res.status()}`);
+      await page.locator('#view-notfound', { hasText: 'Page not found' }).waitFor();
+      if (await page.locator('#view-nodes').isVisible()) throw new Error('the node list under an unknown path');
+      await page.click('#notfound-home');
+      await page.locator(`tr[data-hostname="${nodename}"]`).waitFor();
       await page.locator(`tr[data-hostname="${nodename}"] select.login`).selectOption(login);
     });
 
@@ -779,6 +796,20 @@ async function main() {
     });
 
     let recA;
+    await step(page, 'logged out: a notice, not an error; a deep link says where the login leads', async () => {
+      await page.goto(`${base}/`);
+      await page.locator('#view-nodes').waitFor({ state: 'visible' });
+      await page.click('#logout');
+      await page.locator('#login-notice', { hasText: 'Logged out.' }).waitFor();
+      if ((await page.locator('#login-error').innerText()).trim()) throw new Error('logged out shown as an error');
+      await page.goto(`${base}/web/cluster/e2e/node/0d421dfd-4ba4-4028-9165-65ef13f0c62b/${login}`);
+      await page.locator('#login-notice', { hasText: `Log in to open a terminal as ${login} on node 0d421dfd` }).waitFor();
+      console.log(`     ${await page.locator('#login-notice').innerText()}`);
+      // Logged in again for what follows, as the step before left it.
+      const status = await page.evaluate(async ([u, p]) => (await fetch('/webapi/sessions', { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ user: u, password: p, otp_token: '' }) })).status, [user, password]);
+      if (status < 200 || status >= 300) throw new Error(`login again: ${status}`);
+    });
+
     await step(page, 'the recordings page lists the session, complete', async () => {
       // From the front page: logging in at the old terminal's URL would
       // open a new terminal there.

@@ -358,6 +358,18 @@ func TestUIServedWithCSP(t *testing.T) {
 	require.Contains(t, csp, "'wasm-unsafe-eval'")
 	resp, _ = e.do(t, http.MethodGet, "/webapi/nope", "", webSession{}, nil)
 	require.Equal(t, http.StatusNotFound, resp.StatusCode)
+
+	// The app's pages are 200; a path it has no page for is 404 (with
+	// the app, which says so), not the node list under a 200.
+	for _, p := range []string{"/web/sessions", "/web/recordings", "/web/recordings/0d421dfd-4ba4-4028-9165-65ef13f0c62b", "/web/cluster/c/node/u/root.admin", "/web/"} {
+		resp, _ = e.do(t, http.MethodGet, p, "", webSession{}, nil)
+		require.Equal(t, http.StatusOK, resp.StatusCode, p)
+	}
+	for _, p := range []string{"/web/nope", "/nope", "/web/cluster/c/node", "/web/recordings/not-a-uuid"} {
+		resp, body := e.do(t, http.MethodGet, p, "", webSession{}, nil)
+		require.Equal(t, http.StatusNotFound, resp.StatusCode, p)
+		require.Contains(t, string(body), "Postern", p)
+	}
 }
 
 func TestTerminalUseKeepsSessionAlive(t *testing.T) {

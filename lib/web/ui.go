@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"net/http"
 	"path"
+	"regexp"
 	"strings"
 )
 
@@ -51,6 +52,7 @@ func (s *Server) registerUI(mux *http.ServeMux) {
 			return
 		}
 		w.Header().Set("Content-Security-Policy", uiCSP)
+		p := path.Clean(r.URL.Path)
 		if root == nil {
 			data, err := uiFiles.ReadFile("ui/placeholder.html")
 			if err != nil {
@@ -58,17 +60,57 @@ func (s *Server) registerUI(mux *http.ServeMux) {
 				return
 			}
 			w.Header().Set("Content-Type", "text/html; charset=utf-8")
+			if !isAppRoute(p) {
+				w.WriteHeader(http.StatusNotFound)
+			}
 			_, _ = w.Write(data)
 			return
 		}
-		p := path.Clean(r.URL.Path)
 		// Under /web/ every path is the app's (a terminal's deep link
 		// /web/cluster/C/node/UUID/LOGIN may end in a login with a dot).
+		// One the app has no page for gets the app too, which says so,
+		// with 404: a mistyped link must not look like a page that exists.
 		if p == "/" || path.Ext(p) == "" || strings.HasPrefix(p, "/web/") {
 			w.Header().Set("Cache-Control", "no-cache")
+			if !isAppRoute(p) {
+				serveIndexNotFound(w, root)
+				return
+			}
 			http.ServeFileFS(w, r, root, "index.html")
 			return
 		}
 		files.ServeHTTP(w, r)
 	})
+}
+
+// appRoutes are the pages web/src/main.js's route() has.
+var appRoutes = []*regexp.Regexp{
+	regexp.MustCompile(`^/$`),
+	regexp.MustCompile(`^/web/?$`),
+	regexp.MustCompile(`^/web/(sessions|recordings)$`),
+	regexp.MustCompile(`^/web/recordings/[0-9a-f-]{36}$`),
+	regexp.MustCompile(`^/web/cluster/[^/]+/node/[^/]+/[^/]+$`),
+}
+
+// isAppRoute reports whether the app has a page at the cleaned path p.
+func isAppRoute(p string) bool {
+	for _, re := range appRoutes {
+		if re.MatchString(p) {
+			return true
+		}
+	}
+	return false
+}
+
+// serveIndexNotFound answers 404 with the app, which shows its not-found
+// page for the path.
+func serveIndexNotFound(w http.ResponseWriter, root fs.FS) {
+	data, err := fs.ReadFile(root, "index.html")
+	if err != nil {
+		http.Error(w, "page not found", http.StatusNotFound)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(http.StatusNotFound)
+	_, _ = w.Write(data)
 }

@@ -68,7 +68,7 @@ let playerGen = 0; // counts player openings: an older openPlayer's awaits stop
 
 function show(view) {
   if (view !== 'player') { playerGen++; closePlayer(); }
-  for (const v of ['login', 'nodes', 'terminal', 'sessions', 'recordings', 'player']) $(`view-${v}`).hidden = v !== view;
+  for (const v of ['login', 'nodes', 'terminal', 'sessions', 'recordings', 'player', 'notfound']) $(`view-${v}`).hidden = v !== view;
   const user = sessionStorage.getItem(USER_KEY);
   $('logout').hidden = view === 'login';
   $('nav-nodes').hidden = view === 'login';
@@ -84,11 +84,15 @@ function forgetSession() {
   sessionStorage.removeItem(USER_KEY);
 }
 
-async function showLogin(message) {
+// showLogin shows the login form; message is an error (red), notice a
+// plain word (logged out, where the login leads).
+async function showLogin(message, notice) {
   closeTerminal(true);
   forgetSession();
   show('login');
   $('login-error').textContent = message || '';
+  $('login-notice').textContent = notice || '';
+  $('login-notice').hidden = !notice;
   try {
     const ping = await api('GET', '/webapi/ping');
     $('otp-row').hidden = ping.second_factor !== 'otp';
@@ -123,7 +127,7 @@ $('logout').addEventListener('click', async () => {
   try { await api('DELETE', '/webapi/sessions'); } catch { /* already gone */ }
   for (const k of Object.keys(sessionStorage)) if (k.startsWith(TERM_KEY)) sessionStorage.removeItem(k);
   history.pushState(null, '', '/');
-  await showLogin('Logged out.');
+  await showLogin('', 'Logged out.');
 });
 
 // ---- node list -----------------------------------------------------------
@@ -266,6 +270,8 @@ function renderNodes() {
     btnCell.append(link);
     body.append(tr);
   }
+  // An empty list says why: no node at all, or none matching the search.
+  $('nodes-empty').textContent = nodes.length && query ? `No node you may reach matches "${query}".` : 'No nodes you may reach.';
   $('nodes-empty').hidden = shown.length > 0;
 }
 
@@ -286,9 +292,23 @@ function navigate(path) {
 
 // route shows what the URL names; a deep link opened while logged out
 // lands on the terminal after the login.
+// loginLeadsTo says, on the login form, where a deep link goes once
+// logged in, so a shared link does not look like a plain login page.
+function loginLeadsTo(p) {
+  const m = p.match(/^\/web\/cluster\/([^/]+)\/node\/([^/]+)\/([^/]+)\/?$/);
+  if (m) {
+    const [cluster, uuid, login] = m.slice(1).map(decodeURIComponent);
+    return `Log in to open a terminal as ${login} on node ${uuid}${cluster && cluster !== clusterName ? ` in cluster ${cluster}` : ''}.`;
+  }
+  if (/^\/web\/recordings\/[0-9a-f-]{36}\/?$/.test(p)) return 'Log in to play the recording.';
+  if (p === '/web/sessions') return 'Log in to see your active terminals.';
+  if (p === '/web/recordings') return 'Log in to see the recordings.';
+  return '';
+}
+
 async function route() {
-  if (!token) return showLogin();
   const p = location.pathname;
+  if (!token) return showLogin('', loginLeadsTo(p));
   const m = p.match(/^\/web\/cluster\/([^/]+)\/node\/([^/]+)\/([^/]+)\/?$/);
   if (m) {
     const [cluster, uuid, login] = m.slice(1).map(decodeURIComponent);
@@ -301,8 +321,18 @@ async function route() {
     const t = Number(new URLSearchParams(location.search).get('t'));
     return openPlayer(rm[1], Number.isFinite(t) && t > 0 ? t : undefined);
   }
-  return showNodes();
+  if (p === '/' || p === '/web' || p === '/web/') return showNodes();
+  // The server answered 404 for this path too.
+  closeTerminal();
+  show('notfound');
+  $('notfound-path').textContent = p;
 }
+
+$('notfound-home').addEventListener('click', (ev) => {
+  if (ev.button !== 0 || ev.ctrlKey || ev.metaKey || ev.shiftKey) return;
+  ev.preventDefault();
+  navigate('/');
+});
 
 window.addEventListener('popstate', () => route());
 
@@ -921,6 +951,13 @@ async function openPlayer(id, startAt) {
   });
   player = p;
   window.posternPlayer = p;
+  // A recording the player cannot load (a header it refuses, a broken
+  // stream) would otherwise leave a blank box.
+  p.addEventListener('error', (ev) => {
+    if (player !== p) return;
+    const why = ev && (ev.message || (ev.detail && ev.detail.message));
+    $('player-error').textContent = `This recording cannot be played${why ? `: ${why}` : ''}. The download link still gives the file.`;
+  });
   // The index again, for the title and the marker list (the player keeps
   // its own copy); metadata only: the listing's entry.
   try {
