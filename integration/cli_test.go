@@ -23,9 +23,16 @@ type daemon struct {
 
 func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
 	t.Helper()
+	return startDaemonAt(t, dataDir, "127.0.0.1:0", "127.0.0.1:0", extra...)
+}
+
+// startDaemonAt is startDaemon with the tunnel and peer ports at
+// tunnelAddr and peerAddr, for tests that connect to them.
+func startDaemonAt(t *testing.T, dataDir, tunnelAddr, peerAddr string, extra ...string) *daemon {
+	t.Helper()
 	args := append([]string{"start", "--data-dir", dataDir, "--cluster-name", clusterName,
 		"--auth-addr", "127.0.0.1:0", "--node-addr", "127.0.0.1:0", "--ssh-addr", "127.0.0.1:0",
-		"--web-addr", "127.0.0.1:0", "--tunnel-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:0", "--diag-addr", "127.0.0.1:0"}, extra...)
+		"--web-addr", "127.0.0.1:0", "--tunnel-addr", tunnelAddr, "--peer-addr", peerAddr, "--diag-addr", "127.0.0.1:0"}, extra...)
 	d := &daemon{cmd: exec.Command(bin("postern"), args...), dataDir: dataDir, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
 	d.cmd.Stderr = d.stderr
 	require.NoError(t, d.cmd.Start())

@@ -160,13 +160,22 @@ func (c *dataConn) Unwrap() net.Conn { return c.Conn }
 // SyscallConn is the socket's, so that the proxy's splice waits on an
 // idle data connection without holding a buffer (utils.readWaiter), as
 // it does on a direct node's socket.
+// The socket is looked for under the wrappers of the accepted connection
+// (the listener's limiter slot): a data connection whose wrapper hid it
+// never parked, and its idle sessions each held a goroutine and a buffer.
 func (c *dataConn) SyscallConn() (syscall.RawConn, error) {
-	sc, ok := c.Conn.(syscall.Conn)
-	if !ok {
-		return nil, trace.NotImplemented("a data connection over %T has no socket", c.Conn)
+	for nc := c.Conn; nc != nil; {
+		if sc, ok := nc.(syscall.Conn); ok {
+			raw, err := sc.SyscallConn()
+			return raw, trace.Wrap(err)
+		}
+		u, ok := nc.(interface{ Unwrap() net.Conn })
+		if !ok {
+			break
+		}
+		nc = u.Unwrap()
 	}
-	raw, err := sc.SyscallConn()
-	return raw, trace.Wrap(err)
+	return nil, trace.NotImplemented("a data connection over %T has no socket", c.Conn)
 }
 
 var _ net.Conn = (*dataConn)(nil)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/postern-dev/postern/lib/limiter"
 	"github.com/postern-dev/postern/lib/utils"
 )
 
@@ -17,9 +18,17 @@ import (
 // that was then stopped: its kernel keeps the socket open and sends
 // nothing) ends that splice, and so closes the client's side, at once.
 // The node end here never reads or closes, like a SIGSTOPped process.
+// The connection comes through the tunnel port's limiter, as it does in a
+// proxy: its socket is found under the wrapper, and the quiet direction
+// parks.
 func TestDataConnEndsParkedSplice(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
+	// The tunnel port's listener as the proxy wraps it: the accepted
+	// connection is the limiter's, which hides the socket but unwraps.
+	lim, err := limiter.NewConnectionLimiter(limiter.Config{Name: "tunnel"})
+	require.NoError(t, err)
+	ln := limiter.WrapListener(raw, lim, limiter.ListenerOptions{})
 	defer ln.Close()
 	node, err := net.Dial("tcp", ln.Addr().String())
 	require.NoError(t, err)

@@ -190,7 +190,9 @@ func dataConnAttempt(t *testing.T, addr string, head []byte) []byte {
 // TestDataConnectionRefusals: a data connection is taken only with a
 // token a waiting dial offered, once. A made-up token, a truncated one,
 // and a token replayed by someone who saw a node's data connection go by
-// (plain TCP) are refused and audited, and get no answer.
+// (plain TCP) are refused and audited, and get no answer. The replay
+// repeats the made-up token's refusal from the same address: it is counted
+// into the window's summary (limiter.Denials), written here by Close.
 func TestDataConnectionRefusals(t *testing.T) {
 	f := newFixture(t, nil)
 	d := &tapDialer{}
@@ -211,16 +213,21 @@ func TestDataConnectionRefusals(t *testing.T) {
 		name   string
 		head   []byte
 		reason string
+		repeat bool
 	}{
-		{"made-up token", append([]byte(dataConnMagic), random...), "token no dial is waiting for"},
-		{"replayed token", seen, "token no dial is waiting for"},
-		{"truncated token", []byte(dataConnMagic + "abc"), "without a token"},
+		{"made-up token", append([]byte(dataConnMagic), random...), "token no dial is waiting for", false},
+		{"replayed token", seen, "token no dial is waiting for", true},
+		{"truncated token", []byte(dataConnMagic + "abc"), "without a token", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := len(f.audit.Events())
 			// The port audits before it hangs up.
 			require.Empty(t, dataConnAttempt(t, f.addr, tc.head))
 			evs := f.audit.Events()[n:]
+			if tc.repeat {
+				require.Empty(t, evs, "a repeat waits for the summary")
+				return
+			}
 			require.Len(t, evs, 1)
 			require.Equal(t, events.AccessDenied, evs[0].Type)
 			require.Equal(t, "tunnel", evs[0].Fields[events.FieldKind])
@@ -229,4 +236,10 @@ func TestDataConnectionRefusals(t *testing.T) {
 	}
 	// The session that used the token is untouched.
 	echoOnce(t, conn, "still")
+	n := len(f.audit.Events())
+	f.srv.denials.Close()
+	evs := f.audit.Events()[n:]
+	require.Len(t, evs, 1)
+	require.Equal(t, 1, evs[0].Fields[events.FieldCount])
+	require.Contains(t, evs[0].Fields[events.FieldReason], "refused 1 more time within 1m0s; the latest: data connection with a token no dial is waiting for")
 }

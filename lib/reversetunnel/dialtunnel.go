@@ -153,7 +153,7 @@ func (s *Server) awaitTransport(ctx context.Context, t *tunnel, ch ssh.Channel, 
 func (s *Server) handleDataConn(nc net.Conn) {
 	var b [dataTokenSize]byte
 	if _, err := io.ReadFull(nc, b[:]); err != nil {
-		s.deny(nc.RemoteAddr(), "data connection without a token: "+err.Error())
+		s.denyAs(nc.RemoteAddr(), "data connection without a token", "data connection without a token: "+err.Error())
 		_ = nc.Close()
 		return
 	}

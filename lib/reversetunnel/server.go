@@ -84,8 +84,10 @@ type ServerConfig struct {
 	KeepAliveCountMax int
 	// HandshakeTimeout: zero means DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
-	// Audit receives refusals (events.AccessDenied, kind "tunnel"); nil
-	// discards them.
+	// Audit receives refusals (events.AccessDenied, kind "tunnel", with
+	// the count they stand for): each kind of refusal from one source at
+	// once, its repeats within limiter.RefusalReportInterval in one
+	// summary (limiter.Denials); nil discards them.
 	Audit events.Emitter
 	// Clock checks certificates and times keep-alives; nil: real.
 	Clock clockwork.Clock
@@ -207,6 +209,8 @@ type Server struct {
 	// stop ends the announce loop.
 	stop     chan struct{}
 	stopOnce sync.Once
+	// denials coalesces the audit events of refusals (deny).
+	denials *limiter.Denials
 }
 
 // NewServer returns a Server; call Serve.
@@ -239,6 +243,10 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		stop:       make(chan struct{}),
 
 		dataWaiters: map[string]dataWaiter{},
+	}
+	s.denials, err = limiter.NewDenials(limiter.DenialsConfig{Report: s.auditDenial, Clock: cfg.Clock})
+	if err != nil {
+		return nil, trace.Wrap(err)
 	}
 	s.sshCfg = &ssh.ServerConfig{ServerVersion: "SSH-2.0-postern-tunnel"}
 	if err := cfg.Algorithms.ServerConfig(s.sshCfg, cfg.HostSigner); err != nil {
@@ -447,6 +455,8 @@ func (s *Server) Close() error {
 	}
 	s.cfg.Leaves.closeAll()
 	s.wg.Wait()
+	// After the last handler: no refusal is left to count.
+	s.denials.Close()
 	return nil
 }
 
@@ -477,12 +487,30 @@ func (s *Server) checkNodeCert(key ssh.PublicKey) (string, error) {
 	return cert.KeyId, nil
 }
 
+// deny logs and audits a refusal whose reason is the same each time the
+// same peer does the same thing (a refused certificate): the reason is
+// its kind for limiter.Denials.
 func (s *Server) deny(remote net.Addr, reason string) {
-	s.cfg.Logger.WithFields(logrus.Fields{"remote_addr": remote.String(), "reason": reason}).Warn("Tunnel refused.")
+	s.denyAs(remote, reason, reason)
+}
+
+// denyAs is deny for a reason that differs between connections of one
+// attack (a handshake error names the connection's addresses): kind is
+// what stays the same.
+func (s *Server) denyAs(remote net.Addr, kind, reason string) {
+	s.cfg.Logger.WithFields(logrus.Fields{"remote_addr": remote.String(), "reason": reason}).Debug("Tunnel refused.")
+	s.denials.Deny(remote.String(), kind, reason)
+}
+
+// auditDenial writes what limiter.Denials reports, and logs it as a
+// warning: a flood costs a bounded number of lines too (each refusal is
+// logged at debug level).
+func (s *Server) auditDenial(d limiter.Denial) {
+	s.cfg.Logger.WithFields(logrus.Fields{"remote_addr": d.Addr, "reason": d.Text(), "count": d.Count}).Warn("Tunnel refused.")
 	s.cfg.Audit.Emit(context.Background(), events.Event{
 		Type: events.AccessDenied,
 		Fields: events.Fields{
-			events.FieldKind: "tunnel", events.FieldRemoteAddr: remote.String(), events.FieldReason: reason,
+			events.FieldKind: "tunnel", events.FieldRemoteAddr: d.Addr, events.FieldReason: d.Text(), events.FieldCount: d.Count,
 		},
 	})
 }
@@ -528,7 +556,7 @@ func (s *Server) handleConn(nc net.Conn) {
 	sconn, chans, reqs, err := ssh.NewServerConn(nc, &cfg)
 	if err != nil {
 		if !refused {
-			s.deny(nc.RemoteAddr(), "tunnel handshake failed: "+err.Error())
+			s.denyAs(nc.RemoteAddr(), "tunnel handshake failed", "tunnel handshake failed: "+err.Error())
 		}
 		_ = nc.Close()
 		return

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -166,10 +167,16 @@ type peerEnv struct {
 
 func newPeerEnv(t *testing.T, serverID string, nodes ...string) *peerEnv {
 	t.Helper()
+	return newPeerEnvWithClock(t, nil, serverID, nodes...)
+}
+
+// newPeerEnvWithClock is newPeerEnv with the server on clock (nil: real).
+func newPeerEnvWithClock(t *testing.T, clock clockwork.Clock, serverID string, nodes ...string) *peerEnv {
+	t.Helper()
 	ca := newTestCA(t)
 	tun := newEchoTunnels(t, nodes...)
 	rec := events.NewRecorder()
-	srv, err := NewServer(ServerConfig{Identity: ca.identity(t, serverID, RoleProxy), Tunnels: tun, Audit: rec, HandshakeTimeout: 5 * time.Second})
+	srv, err := NewServer(ServerConfig{Identity: ca.identity(t, serverID, RoleProxy), Tunnels: tun, Audit: rec, HandshakeTimeout: 5 * time.Second, Clock: clock})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

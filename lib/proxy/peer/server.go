@@ -41,11 +41,14 @@ type ServerConfig struct {
 	Tunnels LocalTunnels
 	// HandshakeTimeout: zero means DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
-	// Audit receives refusals (events.AccessDenied, kind "peer"); nil
-	// discards them.
+	// Audit receives refusals (events.AccessDenied, kind "peer", with the
+	// count they stand for): each kind of refusal from one source at
+	// once, its repeats within limiter.RefusalReportInterval in one
+	// summary (limiter.Denials); nil discards them.
 	Audit events.Emitter
-	// Clock checks certificate validity; nil: the real clock. (Timeouts
-	// on sockets are real time: they bound kernel I/O.)
+	// Clock checks certificate validity and times the audit windows of
+	// refusals; nil: the real clock. (Timeouts on sockets are real time:
+	// they bound kernel I/O.)
 	Clock clockwork.Clock
 	// Logger; nil: component "proxy:peer".
 	Logger logrus.FieldLogger
@@ -90,6 +93,8 @@ type Server struct {
 	wg        sync.WaitGroup
 	// streams counts open streams, for Shutdown's drain.
 	streams sync.WaitGroup
+	// denials coalesces the audit events of refusals (deny).
+	denials *limiter.Denials
 }
 
 // NewServer returns a Server; call Serve.
@@ -97,7 +102,13 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err := cfg.CheckAndSetDefaults(); err != nil {
 		return nil, trace.Wrap(err)
 	}
-	return &Server{cfg: cfg, listeners: map[net.Listener]struct{}{}, sessions: map[*yamux.Session]struct{}{}}, nil
+	s := &Server{cfg: cfg, listeners: map[net.Listener]struct{}{}, sessions: map[*yamux.Session]struct{}{}}
+	var err error
+	s.denials, err = limiter.NewDenials(limiter.DenialsConfig{Report: s.auditDenial, Clock: cfg.Clock})
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return s, nil
 }
 
 func yamuxConfig() *yamux.Config {
@@ -156,15 +167,45 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 }
 
+// deny logs and audits a refusal whose reason is the same each time the
+// same peer does the same thing (a refused certificate, a dial to a node
+// not here): the reason, with the peer and the node, is its kind for
+// limiter.Denials.
 func (s *Server) deny(remote, peerID, reason string, extra events.Fields) {
-	s.cfg.Logger.WithFields(logrus.Fields{"remote_addr": remote, "peer": peerID, "reason": reason}).Warn("Peer refused.")
-	f := events.Fields{events.FieldKind: "peer", events.FieldRemoteAddr: remote, events.FieldReason: reason}
+	kind := reason
+	if target, ok := extra[events.FieldTarget].(string); ok {
+		kind += "\x00" + target
+	}
+	s.denyAs(remote, peerID, kind, reason, extra)
+}
+
+// denyAs is deny for a reason that differs between connections of one
+// attack (a handshake error names the connection's addresses): kind is
+// what stays the same. The peer and extra fields audited with a summary
+// are those of its first refusal (the kind holds what differs).
+func (s *Server) denyAs(remote, peerID, kind, reason string, extra events.Fields) {
+	s.cfg.Logger.WithFields(logrus.Fields{"remote_addr": remote, "peer": peerID, "reason": reason}).Debug("Peer refused.")
+	f := events.Fields{}
 	if peerID != "" {
 		f[events.FieldServerID] = peerID
+		kind += "\x00" + peerID
 	}
 	for k, v := range extra {
 		f[k] = v
 	}
+	s.denials.DenyWith(remote, kind, reason, f)
+}
+
+// auditDenial writes what limiter.Denials reports, and logs it as a
+// warning: a flood costs a bounded number of lines too (each refusal is
+// logged at debug level).
+func (s *Server) auditDenial(d limiter.Denial) {
+	s.cfg.Logger.WithFields(logrus.Fields{"remote_addr": d.Addr, "reason": d.Text(), "count": d.Count}).Warn("Peer refused.")
+	f := events.Fields{}
+	for k, v := range d.Fields {
+		f[k] = v
+	}
+	f[events.FieldKind], f[events.FieldRemoteAddr], f[events.FieldReason], f[events.FieldCount] = "peer", d.Addr, d.Text(), d.Count
 	s.cfg.Audit.Emit(context.Background(), events.Event{Type: events.AccessDenied, Fields: f})
 }
 
@@ -200,7 +241,7 @@ func (s *Server) handleConn(nc net.Conn) {
 	_ = nc.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
 	if err := tc.Handshake(); err != nil {
 		if !refused {
-			s.deny(remote, "", "peer TLS handshake failed: "+err.Error(), nil)
+			s.denyAs(remote, "", "peer TLS handshake failed", "peer TLS handshake failed: "+err.Error(), nil)
 		}
 		_ = nc.Close()
 		return
@@ -309,6 +350,8 @@ func (s *Server) Close() error {
 		_ = sess.Close()
 	}
 	s.wg.Wait()
+	// After the last handler: no refusal is left to count.
+	s.denials.Close()
 	return nil
 }
 
