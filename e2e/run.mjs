@@ -381,6 +381,8 @@ async function main() {
       const at = m.location() || {};
       const ours = /\/app\.js/.test(at.url || '');
       if (!ours && /WebSocket is already in CLOSING or CLOSED state/.test(m.text())) return;
+      // The 404 step loads an unknown path on purpose.
+      if (/\/web\/no-such-page$/.test(at.url || '') && /status of 404/.test(m.text())) return;
       consoleErrors.push(`${m.text()} (at ${at.url || 'no script'}:${at.lineNumber ?? '?'})`);
     };
     page.on('console', onConsole);
