@@ -59,9 +59,11 @@ func TestIdleJumpToStoppedTunnelNode(t *testing.T) {
 	require.Equal(t, "ready\n", line)
 	require.Equal(t, 1.0, metric(getMetrics(t, c.p), `postern_tunnel_transports_total{path="data_connection"}`),
 		"the session rides a data connection of its own, as a tunnel node's sessions do")
-	// The attack needs an idle session: one quiet for longer than the
-	// proxy's splice waits before it parks a direction.
-	time.Sleep(2 * utils.SpliceParkAfter)
+	// The attack needs an idle session: the (in-process) proxy's splice
+	// of the data connection has parked a quiet direction.
+	pctx, pcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer pcancel()
+	require.NoError(t, utils.WaitParkedSplices(pctx, 1), "the idle session's splice never parked")
 
 	t.Cleanup(func() { _ = n.cmd.Process.Signal(syscall.SIGCONT) })
 	require.NoError(t, n.cmd.Process.Signal(syscall.SIGSTOP))
