@@ -357,7 +357,7 @@ func algorithmsDaemon(t *testing.T, extra string) (*daemon, map[string]string, s
 	path := filepath.Join(t.TempDir(), "postern.yaml")
 	require.NoError(t, os.WriteFile(path, []byte(yaml.String()), 0o600))
 	dataDir := filepath.Join(t.TempDir(), "data")
-	d := &daemon{cmd: exec.Command(bin("postern"), "start", "--config", path, "--data-dir", dataDir), dataDir: dataDir, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
+	d := &daemon{cmd: exec.Command(bin("postern"), "start", "--config", path, "--data-dir", dataDir), dataDir: dataDir, stderr: &syncBuffer{}, done: make(chan error, 1)}
 	return d, addrs, path
 }
 
@@ -374,7 +374,7 @@ ssh_ciphers:
   - aes256-ctr
 ssh_macs: [hmac-sha2-512-etm@openssh.com]
 `)
-		d.cmd.Stderr = &lockedWriter{w: d.stderr}
+		d.cmd.Stderr = d.stderr
 		require.NoError(t, d.cmd.Start())
 		go func() { d.done <- d.cmd.Wait() }()
 		t.Cleanup(func() {

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,7 +16,7 @@ import (
 type daemon struct {
 	cmd     *exec.Cmd
 	dataDir string
-	stderr  *bytes.Buffer
+	stderr  *syncBuffer
 	done    chan error
 }
 
@@ -33,7 +32,7 @@ func startDaemonAt(t *testing.T, dataDir, tunnelAddr, peerAddr string, extra ...
 	args := append([]string{"start", "--data-dir", dataDir, "--cluster-name", clusterName,
 		"--auth-addr", "127.0.0.1:0", "--node-addr", "127.0.0.1:0", "--ssh-addr", "127.0.0.1:0",
 		"--web-addr", "127.0.0.1:0", "--tunnel-addr", tunnelAddr, "--peer-addr", peerAddr, "--diag-addr", "127.0.0.1:0"}, extra...)
-	d := &daemon{cmd: exec.Command(bin("postern"), args...), dataDir: dataDir, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
+	d := &daemon{cmd: exec.Command(bin("postern"), args...), dataDir: dataDir, stderr: &syncBuffer{}, done: make(chan error, 1)}
 	d.cmd.Stderr = d.stderr
 	require.NoError(t, d.cmd.Start())
 	go func() { d.done <- d.cmd.Wait() }()

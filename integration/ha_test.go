@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"net"
@@ -10,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -33,8 +31,8 @@ func launchDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
 	args := append([]string{"start", "--data-dir", dataDir, "--cluster-name", clusterName,
 		"--auth-addr", "127.0.0.1:0", "--node-addr", "127.0.0.1:0", "--ssh-addr", "127.0.0.1:0",
 		"--web-addr", "127.0.0.1:0", "--tunnel-addr", "127.0.0.1:0", "--diag-addr", "127.0.0.1:0"}, extra...)
-	d := &daemon{cmd: exec.Command(bin("postern"), args...), dataDir: dataDir, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
-	d.cmd.Stderr = &lockedWriter{w: d.stderr}
+	d := &daemon{cmd: exec.Command(bin("postern"), args...), dataDir: dataDir, stderr: &syncBuffer{}, done: make(chan error, 1)}
+	d.cmd.Stderr = d.stderr
 	require.NoError(t, d.cmd.Start())
 	go func() { d.done <- d.cmd.Wait() }()
 	t.Cleanup(func() {
@@ -72,18 +70,6 @@ func (d *daemon) kill9(t *testing.T) {
 	require.NoError(t, d.cmd.Process.Signal(syscall.SIGKILL))
 	err := <-d.done
 	d.done <- err
-}
-
-// lockedWriter lets the test read a daemon's stderr while it writes.
-type lockedWriter struct {
-	mu sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
 
 // haAuth is two auth daemons on one three-member etcd, started at the

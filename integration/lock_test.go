@@ -191,7 +191,7 @@ func TestDeletedUserLosesAccess(t *testing.T) {
 	sshCfg := c.opensshConfig(t, "")
 	ctlPath := filepath.Join(t.TempDir(), "cm")
 	master := exec.Command("ssh", "-F", sshCfg, "-M", "-S", ctlPath, "-N", c.hostname)
-	masterErr := &lockedBuffer{}
+	masterErr := &syncBuffer{}
 	master.Stderr = masterErr
 	require.NoError(t, master.Start())
 	t.Cleanup(func() { _ = master.Process.Kill() })
@@ -396,7 +396,7 @@ func TestLockReachesJoinedNode(t *testing.T) {
 	require.NoError(t, os.WriteFile(sshCfg, bytes.ReplaceAll(data, []byte("LogLevel ERROR"), []byte("LogLevel INFO")), 0o600))
 
 	cmd := exec.Command("ssh", "-F", sshCfg, "second", "echo ready; exec sleep 600")
-	stderr := &lockedBuffer{}
+	stderr := &syncBuffer{}
 	cmd.Stderr = stderr
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -446,22 +446,4 @@ func TestLockReachesJoinedNode(t *testing.T) {
 		_, banner, err := bannerDial(t, nil, secondAddr, c.clientConfig(t))
 		return err != nil && strings.Contains(banner, wantNode)
 	}, lockWait, 20*time.Millisecond, "the joined node does not refuse connections while locked")
-}
-
-// lockedBuffer is a bytes.Buffer safe to read while a process writes it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

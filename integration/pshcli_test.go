@@ -143,7 +143,7 @@ func TestPshForwardingAndCopy(t *testing.T) {
 		echo := startEcho(t)
 		port := freePort(t)
 		cmd := e.cmd("", "ssh", "-N", "-D", fmt.Sprint(port), "node-1")
-		var errOut lockedBuffer
+		var errOut syncBuffer
 		cmd.Stderr = &errOut
 		require.NoError(t, cmd.Start())
 		exited := make(chan error, 1)

@@ -28,7 +28,7 @@ import (
 type nodeProcess struct {
 	args   []string
 	cmd    *exec.Cmd
-	stderr *lockedBuffer
+	stderr *syncBuffer
 	done   chan error
 }
 
@@ -45,7 +45,7 @@ func startNodeProcess(t *testing.T, c *allInOne, name, dataDir string) *nodeProc
 
 func (n *nodeProcess) start(t *testing.T) {
 	t.Helper()
-	n.stderr = &lockedBuffer{}
+	n.stderr = &syncBuffer{}
 	n.cmd = exec.Command(bin("postern"), n.args...)
 	n.cmd.Stderr = n.stderr
 	n.done = make(chan error, 1)
