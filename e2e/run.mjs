@@ -448,6 +448,21 @@ async function main() {
       await page.locator(`tr[data-hostname="${nodename}"] select.login`).selectOption(login);
     });
 
+    await step(page, 'a phone-sized window (390 px) keeps the node list and the top bar on the page', async () => {
+      await page.setViewportSize({ width: 390, height: 800 });
+      try {
+        const over = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+        if (over > 1) {
+          const wide = await page.evaluate(() => [...document.querySelectorAll('body *')]
+            .filter((e) => e.getBoundingClientRect().right > window.innerWidth + 1 && e.offsetParent !== null)
+            .slice(0, 5).map((e) => `${e.tagName.toLowerCase()}${e.id ? `#${e.id}` : ''} ${Math.round(e.getBoundingClientRect().right)}`));
+          throw new Error(`the page is ${over} px wider than a 390 px window: ${wide.join(', ')}`);
+        }
+      } finally {
+        await page.setViewportSize(launchOptions.viewport);
+      }
+    });
+
     await step(page, 'an unknown path is a 404 page, not the node list', async () => {
       const res = await page.goto(new URL('/web/no-such-page', page.url()).href);
       if (res.status() !== 404) throw new Error(`/web/no-such-page: ${res.status()}`);
@@ -916,6 +931,11 @@ async function main() {
       } catch {
         throw new Error(`${await bar.count()} markers on the progress bar`);
       }
+      // The controls stay on screen: the player fits the room under the
+      // toolbar and the verification banner.
+      const ctl = await page.locator('#player .ap-control-bar').boundingBox();
+      const vh = page.viewportSize().height;
+      if (!ctl || ctl.y + ctl.height > vh) throw new Error(`the player's controls are below the fold: ${JSON.stringify(ctl)} in a ${vh} px window`);
       const onBar = await bar.count();
       console.log(`     opened in ${Date.now() - o0} ms; ${onBar} markers on the timeline`);
     });

@@ -946,7 +946,7 @@ async function openPlayer(id, startAt) {
   const el = $('player');
   el.replaceChildren();
   const p = createPlayer({ url: `${base}/index`, format: 'segmented', fetchOpts: auth }, el, {
-    fit: 'width', controls: true, preload: true, autoPlay: false, startAt,
+    fit: 'both', controls: true, preload: true, autoPlay: false, startAt,
     terminalFontFamily: FONT_FAMILY, logger: console,
   });
   player = p;
