@@ -174,6 +174,10 @@ func (u *closeOnChunk) PutRecordingChunk(ctx context.Context, s string, c Chunk)
 	return nil
 }
 
+func (u *closeOnChunk) LastRecordingChunk(ctx context.Context, s string) (*ChunkRef, error) {
+	return u.dst.LastChunk(ctx, s)
+}
+
 // TestUploaderKeepsAFinalChunkWrittenDuringAScan: a session that ends
 // while a scan ships its chunks keeps its final chunk; the next scan
 // ships it and the recording is complete.
