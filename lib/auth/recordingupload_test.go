@@ -42,7 +42,9 @@ func secondAuth(t *testing.T, env *testEnv, rec recording.Storage) *testEnv {
 	return second
 }
 
-func storeOf(env *testEnv) recording.DirStorage { return env.auth.cfg.Recordings.(recording.DirStorage) }
+func storeOf(env *testEnv) recording.DirStorage {
+	return env.auth.cfg.Recordings.(recording.DirStorage)
+}
 
 // recordChunks records a session of node: outputs chunks of output, the
 // first with the header, and the final one.
