@@ -265,6 +265,10 @@ func (u uploadTo) PutRecordingChunk(ctx context.Context, s string, c Chunk) erro
 	return u.PutChunk(ctx, s, c)
 }
 
+func (u uploadTo) LastRecordingChunk(ctx context.Context, s string) (*ChunkRef, error) {
+	return u.LastChunk(ctx, s)
+}
+
 func TestCheckSessionID(t *testing.T) {
 	require.NoError(t, CheckSessionID(testSession))
 	for _, bad := range []string{"", "../etc", strings.Repeat("a", 36), testSession + "/x"} {

@@ -7,7 +7,9 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 )
@@ -174,6 +176,10 @@ func (u *closeOnChunk) PutRecordingChunk(ctx context.Context, s string, c Chunk)
 	return nil
 }
 
+func (u *closeOnChunk) LastRecordingChunk(ctx context.Context, s string) (*ChunkRef, error) {
+	return u.dst.LastChunk(ctx, s)
+}
+
 // TestUploaderKeepsAFinalChunkWrittenDuringAScan: a session that ends
 // while a scan ships its chunks keeps its final chunk; the next scan
 // ships it and the recording is complete.
@@ -204,4 +210,117 @@ func TestUploaderKeepsAFinalChunkWrittenDuringAScan(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, res.Complete, "the final chunk was shipped: %d chunks", len(chunks))
 	require.Nil(t, spoolEntries(t, spool), "then the session left the spool")
+}
+
+// flakyUpload fails every call about session down while it is set (auth
+// unreachable for it) and counts them.
+type flakyUpload struct {
+	uploadTo
+	mu    sync.Mutex
+	down  string
+	calls int
+}
+
+func (f *flakyUpload) fail(session string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if session != f.down {
+		return nil
+	}
+	f.calls++
+	return trace.ConnectionProblem(nil, "auth is unreachable")
+}
+
+func (f *flakyUpload) failed() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls
+}
+
+func (f *flakyUpload) PutRecordingChunk(ctx context.Context, s string, c Chunk) error {
+	if err := f.fail(s); err != nil {
+		return err
+	}
+	return f.uploadTo.PutRecordingChunk(ctx, s, c)
+}
+
+func (f *flakyUpload) LastRecordingChunk(ctx context.Context, s string) (*ChunkRef, error) {
+	if err := f.fail(s); err != nil {
+		return nil, err
+	}
+	return f.uploadTo.LastRecordingChunk(ctx, s)
+}
+
+// TestUploaderBacksOffPerSession: a session whose upload fails is tried
+// again after its own backoff on the clock, not at every scan, while
+// another session ships at once through the one worker; once auth takes
+// it again, it ships.
+func TestUploaderBacksOffPerSession(t *testing.T) {
+	ctx := context.Background()
+	const failing = "00000000-0000-4000-8000-000000000001"
+	spool := DirStorage{Dir: t.TempDir()}
+	mem := newMemSink()
+	w := newTestWriter(t, clockwork.NewFakeClock(), mem, nil)
+	w.Output([]byte("hello\r\n"))
+	final, err := w.Close("exit-status 0")
+	require.NoError(t, err)
+	for _, s := range []string{failing, testSession} {
+		sink := &SpoolSink{Storage: spool, Session: s}
+		for _, c := range mem.all() {
+			require.NoError(t, sink.WriteChunk(c))
+		}
+		require.NoError(t, sink.Close())
+	}
+	dst := DirStorage{Dir: t.TempDir()}
+	up := &flakyUpload{uploadTo: uploadTo{dst}, down: failing}
+	clock := clockwork.NewFakeClock()
+	u, err := NewUploader(UploaderConfig{Spool: spool, Upload: up, Clock: clock, Concurrency: 1})
+	require.NoError(t, err)
+	defer u.Close()
+
+	require.Eventually(t, func() bool {
+		_, err := os.Stat(filepath.Join(spool.Dir, testSession))
+		return os.IsNotExist(err)
+	}, 10*time.Second, 5*time.Millisecond, "the other session ships at once")
+	got, err := GetChunks(ctx, dst, testSession)
+	require.NoError(t, err)
+	_, err = Verify(got, final)
+	require.NoError(t, err)
+	require.Equal(t, 1, up.failed())
+	// Not due before its backoff (at least half of RetryInterval): a scan
+	// leaves it alone. The scan's queue is in the spool's order, so once
+	// a session spooled now (sorted after it) is shipped, that scan would
+	// have tried the failing one first.
+	clock.Advance(DefaultRetryInterval / 4)
+	later := "00000000-0000-4000-8000-000000000003"
+	sink := &SpoolSink{Storage: spool, Session: later}
+	for _, c := range mem.all() {
+		require.NoError(t, sink.WriteChunk(c))
+	}
+	require.NoError(t, sink.Close())
+	u.Notify()
+	require.Eventually(t, func() bool {
+		_, err := os.Stat(filepath.Join(spool.Dir, later))
+		return os.IsNotExist(err)
+	}, 10*time.Second, 5*time.Millisecond)
+	require.Equal(t, 1, up.failed(), "not tried again before its backoff")
+
+	before := up.failed()
+	clock.Advance(DefaultRetryInterval)
+	u.Notify()
+	require.Eventually(t, func() bool { return up.failed() > before }, 10*time.Second, 5*time.Millisecond, "tried again after its backoff")
+
+	// Auth takes it again: it ships once its (doubled) backoff is over.
+	up.mu.Lock()
+	up.down = ""
+	up.mu.Unlock()
+	clock.Advance(2 * DefaultRetryInterval)
+	u.Notify()
+	require.Eventually(t, func() bool {
+		_, err := os.Stat(filepath.Join(spool.Dir, failing))
+		return os.IsNotExist(err)
+	}, 10*time.Second, 5*time.Millisecond)
+	got, err = GetChunks(ctx, dst, failing)
+	require.NoError(t, err)
+	require.Len(t, got, len(mem.all()))
 }

@@ -22,6 +22,11 @@ func (l localChunkUploader) PutRecordingChunk(ctx context.Context, session strin
 	return trace.Wrap(l.auth.PutRecordingChunk(ctx, l.nodeID, session, c))
 }
 
+func (l localChunkUploader) LastRecordingChunk(ctx context.Context, session string) (*recording.ChunkRef, error) {
+	ref, err := l.auth.LastRecordingChunk(ctx, l.nodeID, session)
+	return ref, trace.Wrap(err)
+}
+
 // startRecordingUploads starts the uploader of the node's recording spool
 // (which first ships whatever an earlier run left there) and returns the
 // session recorder. Uploads go as the node identity: auth accepts a
@@ -46,10 +51,11 @@ func (p *Process) startRecordingUploads(nodeID *auth.Identity, ap accessPoint) (
 	}
 	spool := recording.DirStorage{Dir: p.cfg.RecordingSpoolDir()}
 	u, err := recording.NewUploader(recording.UploaderConfig{
-		Spool:  spool,
-		Upload: up,
-		Clock:  p.clock,
-		Logger: p.log.WithField("component", "recording:upload"),
+		Spool:   spool,
+		Upload:  up,
+		Clock:   p.clock,
+		Logger:  p.log.WithField("component", "recording:upload"),
+		Metrics: p.registry,
 	})
 	if err != nil {
 		return nil, trace.Wrap(err)
