@@ -203,26 +203,8 @@ func TestPshLoginAndSSH(t *testing.T) {
 	t.Run("ssh with a pty", func(t *testing.T) {
 		cmd := e.cmd("", "ssh", "node-1")
 		cmd.Stdin = nil
-		ptmx, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 30, Cols: 101})
-		require.NoError(t, err)
-		defer ptmx.Close()
-		var mu sync.Mutex
-		var buf bytes.Buffer
-		readDone := make(chan struct{})
-		go func() {
-			defer close(readDone)
-			b := make([]byte, 4096)
-			for {
-				n, err := ptmx.Read(b)
-				mu.Lock()
-				buf.Write(b[:n])
-				mu.Unlock()
-				if err != nil {
-					return
-				}
-			}
-		}()
-		output := func() string { mu.Lock(); defer mu.Unlock(); return buf.String() }
+		ptmx, output, readDone := startOnPty(t, cmd, 30, 101)
+		var err error
 		_, err = ptmx.Write([]byte("tty >/dev/null && echo IS-A-TTY; stty size; echo $((6*7))X\n"))
 		require.NoError(t, err)
 		require.Eventually(t, func() bool { return strings.Contains(output(), "42X") }, 120*time.Second, 20*time.Millisecond, "output: %q", output())
@@ -530,4 +512,28 @@ func output(cmd *exec.Cmd) ([]byte, error) {
 		return out, fmt.Errorf("%v: %s", err, errOut.String())
 	}
 	return out, nil
+}
+
+// startOnPty starts cmd on a new pty of rows x cols and collects what it
+// prints: output reads it so far, readDone closes once the pty is closed
+// (or the process's side is gone). The test closes ptmx (also on cleanup).
+func startOnPty(t *testing.T, cmd *exec.Cmd, rows, cols uint16) (ptmx *os.File, output func() string, readDone <-chan struct{}) {
+	t.Helper()
+	ptmx, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: rows, Cols: cols})
+	require.NoError(t, err)
+	t.Cleanup(func() { ptmx.Close() })
+	var buf syncBuffer
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		b := make([]byte, 4096)
+		for {
+			n, err := ptmx.Read(b)
+			buf.Write(b[:n])
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return ptmx, buf.String, done
 }

@@ -9,12 +9,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/creack/pty"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/proxy"
 )
@@ -190,26 +188,8 @@ func TestPshForwardingAndCopy(t *testing.T) {
 	t.Run("~. disconnects", func(t *testing.T) {
 		cmd := e.cmd("", "ssh", "node-1")
 		cmd.Stdin = nil
-		ptmx, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 24, Cols: 80})
-		require.NoError(t, err)
-		defer ptmx.Close()
-		var mu sync.Mutex
-		var buf bytes.Buffer
-		readDone := make(chan struct{})
-		go func() {
-			defer close(readDone)
-			b := make([]byte, 4096)
-			for {
-				n, err := ptmx.Read(b)
-				mu.Lock()
-				buf.Write(b[:n])
-				mu.Unlock()
-				if err != nil {
-					return
-				}
-			}
-		}()
-		output := func() string { mu.Lock(); defer mu.Unlock(); return buf.String() }
+		ptmx, output, readDone := startOnPty(t, cmd, 24, 80)
+		var err error
 		// A ~. inside a line is typed as is.
 		_, err = ptmx.Write([]byte("echo a~.b$((6*7))\r"))
 		require.NoError(t, err)
