@@ -96,6 +96,10 @@ func (a *APIServer) watchEvents(w http.ResponseWriter, r *http.Request, p *peer,
 	if queue < 0 || queue > 1<<16 {
 		queue = 0
 	}
+	if a.shuttingDown() {
+		writeGoingAway(w)
+		return
+	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	watcher, err := a.auth.store.Backend().NewWatcher(ctx, backend.Watch{
