@@ -200,8 +200,12 @@ const (
 	// broken: the call was sent but its connection broke or it timed
 	// out; it may have run.
 	broken
-	// cancelled: the caller's context ended.
+	// cancelled: the caller cancelled its context.
 	cancelled
+	// expired: the caller's own deadline passed with the call sent (or
+	// the connection not made) and no answer: the server is as suspect as
+	// after a broken call, but there is no time left to send it again.
+	expired
 )
 
 // send makes one call, trying the auth servers as failover.go explains.
@@ -220,12 +224,28 @@ func (c *Client) send(ctx context.Context, method, path string, timeout time.Dur
 	var dialErrs []string
 	var lastErr error
 	for _, idx := range c.servers.order() {
-		failure, err := c.attempt(ctx, idx, timeout, newReq, handle)
+		attemptTimeout := timeout
+		if deadline, ok := ctx.Deadline(); ok && canRepeat && !repeated && len(c.servers.addrs) > 1 {
+			// Leave half of the caller's time for sending the call
+			// again to the next server if this one froze.
+			if half := time.Until(deadline) / 2; attemptTimeout == 0 || half < attemptTimeout {
+				attemptTimeout = half
+			}
+		}
+		failure, err := c.attempt(ctx, idx, attemptTimeout, newReq, handle)
 		switch failure {
 		case gotAnswer:
 			c.servers.answered(idx)
 			return err
 		case cancelled:
+			return trace.ConnectionProblem(err, "auth server at %s: %v", c.servers.addrs[idx], err)
+		case expired:
+			// A heartbeat's deadline (its interval) is shorter than the
+			// call timeout: without this, each one would wait on the
+			// frozen server's next pooled connection, and the node would
+			// never leave it.
+			c.servers.suspect(idx, err)
+			c.transport.CloseIdleConnections()
 			return trace.ConnectionProblem(err, "auth server at %s: %v", c.servers.addrs[idx], err)
 		case notSent:
 			c.servers.suspect(idx, err)
@@ -280,7 +300,7 @@ func (c *Client) attempt(ctx context.Context, idx int, timeout time.Duration,
 	resp, err := c.http.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
-			return cancelled, err
+			return callerEnded(ctx), err
 		}
 		var de *dialError
 		if errors.As(err, &de) {
@@ -298,11 +318,19 @@ func (c *Client) attempt(ctx context.Context, idx int, timeout time.Duration,
 	}
 	if err != nil && isBrokenRead(err) {
 		if ctx.Err() != nil {
-			return cancelled, err
+			return callerEnded(ctx), err
 		}
 		return broken, err
 	}
 	return gotAnswer, err
+}
+
+// callerEnded classifies an attempt the caller's context ended.
+func callerEnded(ctx context.Context) attemptFailure {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return expired
+	}
+	return cancelled
 }
 
 // brokenRead marks an error reading an answer whose connection broke.

@@ -37,7 +37,11 @@ import (
 //     is sent again there once if repeating it is harmless (idempotent:
 //     reads and the PUTs listed in idempotentPuts, heartbeats among them).
 //     Only this one call per frozen server waits out the call timeout:
-//     the calls after it go elsewhere.
+//     the calls after it go elsewhere. A caller's own deadline counts
+//     too: a heartbeat's (its interval) is shorter than the call timeout,
+//     so a repeatable call with a deadline gets half of it on the first
+//     server, leaving the other half for the next; and a call whose
+//     deadline passed unanswered marks its server suspect all the same.
 //   - the server answers that it is shutting down (headerGoingAway): its
 //     handler did not run, so any call is sent again to the next server.
 //

@@ -325,6 +325,71 @@ func TestClientFailoverNotRepeated(t *testing.T) {
 	f.thaw()
 }
 
+// TestClientFailoverCallerDeadline: a heartbeat runs under its own
+// deadline (the interval, 10 s) shorter than the call timeout (30 s). With
+// the server frozen under kept-alive connections, the heartbeat still
+// lands on the other server within its deadline; a call that cannot be
+// repeated fails at its deadline but moves the next calls all the same
+// (before, every heartbeat took the next pooled connection to the frozen
+// server, hit its own deadline first, and the node never failed over).
+func TestClientFailoverCallerDeadline(t *testing.T) {
+	env := newTestAuth(t)
+	startAPI(t, env)
+	f := newFreezer(t, env.addr)
+	startAPI(t, env)
+	node := env.newHostNode(t, "node1", RoleNode)
+	clt, err := NewClient(ClientConfig{Addr: f.addr() + "," + env.addr, Identity: node.id, Clock: env.clock})
+	require.NoError(t, err)
+	defer clt.Close()
+	const interval = time.Second
+	beat := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), interval)
+		defer cancel()
+		now := env.clock.Now()
+		return clt.UpsertNode(ctx, services.Node{UUID: "node1", Hostname: "node1", Addr: node.addr, LastHeartbeat: now, Expires: now.Add(time.Minute)})
+	}
+	require.NoError(t, beat())
+	// Several connections in the pool, as a busy node has.
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := clt.PingDetails(context.Background())
+			require.NoError(t, err)
+		}()
+	}
+	wg.Wait()
+
+	f.freeze()
+	require.NoError(t, beat(), "the heartbeat reaches the other server within its own deadline")
+	require.Equal(t, 1, clt.servers.current())
+	for range 3 {
+		require.NoError(t, beat())
+	}
+
+	// Back to the first server, then a call that is not repeated.
+	f.thaw()
+	env.clock.Advance(failbackInterval)
+	awaitFailback(t, clt)
+	admin, err := ReadIdentity(env.adminDir)
+	require.NoError(t, err)
+	aclt, err := NewClient(ClientConfig{Addr: f.addr() + "," + env.addr, Identity: admin, Clock: env.clock})
+	require.NoError(t, err)
+	defer aclt.Close()
+	_, err = aclt.GetTokens(context.Background())
+	require.NoError(t, err)
+	f.freeze()
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	_, err = aclt.CreateToken(ctx, services.TokenTypeNode, time.Hour)
+	cancel()
+	require.Error(t, err)
+	require.Equal(t, 1, aclt.servers.current(), "its deadline passing marks the frozen server")
+	_, err = aclt.CreateToken(context.Background(), services.TokenTypeNode, time.Hour)
+	require.NoError(t, err)
+	f.thaw()
+}
+
 // TestAPIShutdownLosesNoCalls is item 6: one of two auth API servers is
 // shut down gracefully while clients call in a loop (reads, heartbeats,
 // and a PUT that replaces a record); not one call fails: calls in flight
