@@ -229,22 +229,57 @@ func (a *APIServer) Close() error {
 
 // Shutdown stops accepting, ends watches, and waits (bounded by ctx) for
 // in-flight requests to finish.
+//
+// Why in this order: http.Server.Shutdown closes the listener and the idle
+// kept-alive connections at once, and closes each busy one after its
+// answer (which says "Connection: close"). A request that arrives on a
+// kept-alive connection before that is served in full: refusing it (as
+// Close does) would fail a call that had already left the client, which
+// can repeat only idempotent ones. Watches end first (their streams would
+// hold Shutdown until ctx ends; a watch asked for meanwhile is refused as
+// going away), and the closed flag is only set once the server no longer
+// reads requests, so that handlers.Wait does not race with a late Add.
 func (a *APIServer) Shutdown(ctx context.Context) error {
-	a.stopHandlers()
+	a.endStreams()
 	err := a.srv.Shutdown(ctx)
 	if err != nil {
 		a.srv.Close()
 	}
+	a.stopHandlers()
 	a.handlers.Wait()
 	return trace.Wrap(err)
 }
 
-func (a *APIServer) stopHandlers() {
+// endStreams ends watches and the join relay, and refuses new watches.
+func (a *APIServer) endStreams() {
 	a.closeOnce.Do(func() { close(a.closing) })
 	a.relayLn.Close()
+}
+
+func (a *APIServer) stopHandlers() {
+	a.endStreams()
 	a.mu.Lock()
 	a.closed = true
 	a.mu.Unlock()
+}
+
+// shuttingDown reports whether Close or Shutdown has started.
+func (a *APIServer) shuttingDown() bool {
+	select {
+	case <-a.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+// writeGoingAway refuses a request, without running its handler, because
+// the server is stopping: the header tells the client that the call did
+// not run and may go to another auth server (failover.go), whatever it is.
+func writeGoingAway(w http.ResponseWriter) {
+	w.Header().Set(headerGoingAway, "1")
+	w.Header().Set("Connection", "close")
+	writeError(w, trace.ConnectionProblem(nil, "auth API is shutting down"))
 }
 
 // serveHTTP dispatches on the connection's negotiated server name.
@@ -252,7 +287,7 @@ func (a *APIServer) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
-		writeError(w, trace.ConnectionProblem(nil, "auth API is shutting down"))
+		writeGoingAway(w)
 		return
 	}
 	a.handlers.Add(1)

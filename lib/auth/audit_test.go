@@ -2,12 +2,14 @@ package auth
 
 import (
 	"context"
+	"net/url"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
+	"github.com/pquerna/otp/totp"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/bcrypt"
 
@@ -218,4 +220,43 @@ func TestLoginRateLimitAudited(t *testing.T) {
 	require.Equal(t, "alice", e.User)
 	require.Equal(t, "192.0.2.7:5555", e.Fields[events.FieldRemoteAddr])
 	require.NotEmpty(t, e.Fields[events.FieldReason])
+}
+
+// TestTOTPReplayAudited: a TOTP code accepted once and sent again is
+// refused like any wrong code (the caller learns nothing), but audited as
+// a replay, which an operator can tell from a typo; a wrong code is still
+// audited as invalid credentials.
+func TestTOTPReplayAudited(t *testing.T) {
+	env, rec := newAuditedAPI(t)
+	ctx := context.Background()
+	otpURL, err := env.auth.CreateUser(ctx, "frank", []byte("pw"), []string{"frank"}, nil, true)
+	require.NoError(t, err)
+	u, err := url.Parse(otpURL)
+	require.NoError(t, err)
+	code, err := totp.GenerateCodeCustom(u.Query().Get("secret"), env.clock.Now(), totpOpts)
+	require.NoError(t, err)
+	proxy := env.client(t, env.identity(t, "proxy-1", RoleProxy))
+
+	login := func(remote, otp string) error {
+		_, err := proxy.AuthenticateUser(ctx, authapi.AuthRequest{User: "frank", Password: "pw", OTP: otp, RemoteAddr: remote})
+		return err
+	}
+	failedFrom := func(remote string) events.Event {
+		return waitEvent(t, rec, events.AuthFailed, func(e events.Event) bool { return e.Fields[events.FieldRemoteAddr] == remote })
+	}
+
+	typo := "000000"
+	if code == typo {
+		typo = "111111"
+	}
+	errTypo := login("10.0.0.1:1", typo)
+	requireKind(t, errTypo, trace.IsAccessDenied, "invalid credentials")
+	require.Equal(t, "invalid credentials", failedFrom("10.0.0.1:1").Fields[events.FieldReason])
+
+	require.NoError(t, login("10.0.0.2:1", code))
+	errReplay := login("10.0.0.3:1", code)
+	requireKind(t, errReplay, trace.IsAccessDenied, "invalid credentials")
+	require.Equal(t, trace.UserMessage(errTypo), trace.UserMessage(errReplay), "the caller cannot tell a replay from a typo")
+	require.Equal(t, auditReasonOTPReplayed, failedFrom("10.0.0.3:1").Fields[events.FieldReason])
+	require.Equal(t, "otp code already used", auditReasonOTPReplayed)
 }

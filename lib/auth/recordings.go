@@ -270,18 +270,25 @@ func (c *Client) GetRecording(ctx context.Context, session string, fn func(recor
 // GetRecordingFrom is GetRecording from chunk from on. fn returning an
 // error stops the stream (the response body is closed unread).
 func (c *Client) GetRecordingFrom(ctx context.Context, session string, from int, fn func(recording.Chunk) error) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/recordings/"+url.PathEscape(session)+"?from="+strconv.Itoa(from), nil)
-	if err != nil {
+	path := "/v1/recordings/" + url.PathEscape(session)
+	newReq := func(ctx context.Context, base string) (*http.Request, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path+"?from="+strconv.Itoa(from), nil)
+		return req, trace.Wrap(err)
+	}
+	var resp *http.Response
+	handle := func(r *http.Response) (bool, error) {
+		if r.StatusCode != http.StatusOK {
+			return false, authapi.ReadErrorResponse(r)
+		}
+		resp = r
+		return true, nil
+	}
+	// Opening the stream fails over like any call; a stream that breaks
+	// midway is not restarted here (fn has seen part of it).
+	if err := c.send(ctx, http.MethodGet, path, 0, newReq, handle); err != nil {
 		return trace.Wrap(err)
 	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return trace.ConnectionProblem(err, "auth server at %s: %v", c.cfg.Addr, err)
-	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return authapi.ReadErrorResponse(resp)
-	}
 	dec := json.NewDecoder(resp.Body)
 	for dec.More() {
 		var ch recording.Chunk

@@ -30,6 +30,35 @@ var totpOpts = totp.ValidateOpts{Period: 30, Skew: 1, Digits: otp.DigitsSix, Alg
 // would tell a guesser which user names exist.
 func errInvalidCredentials() error { return trace.AccessDenied("invalid credentials") }
 
+// auditReasonField carries, on a refused login's error, the reason the
+// audit log records when it is more specific than what the caller is told.
+// The caller always sees "invalid credentials" (nothing to probe with),
+// but an operator must be able to tell a replayed one-time code (a
+// phished or shoulder-surfed code, or a client that resent the login) from
+// a typo.
+const auditReasonField = "audit_reason"
+
+// auditReasonOTPReplayed is the audited reason of a login refused because
+// its TOTP code was already accepted once.
+const auditReasonOTPReplayed = "otp code already used"
+
+// errOTPReplayed is errInvalidCredentials carrying auditReasonOTPReplayed.
+func errOTPReplayed() error {
+	return trace.WithField(trace.Wrap(errInvalidCredentials()), auditReasonField, auditReasonOTPReplayed)
+}
+
+// auditReason is the reason to audit for a refused login: the one err
+// carries, else its generic "invalid credentials".
+func auditReason(err error) string {
+	var te trace.Error
+	if errors.As(err, &te) {
+		if r, ok := te.GetFields()[auditReasonField].(string); ok && r != "" {
+			return r
+		}
+	}
+	return "invalid credentials"
+}
+
 // CreateUser adds a user with a bcrypt-hashed password. logins become the
 // user's logins trait; roles default to ["access"] and must exist. With
 // withOTP a TOTP secret is generated and its otpauth:// URL returned (show
@@ -144,7 +173,7 @@ func (s *Server) AuthenticateUser(ctx context.Context, req authapi.AuthRequest) 
 		if trace.IsAccessDenied(err) {
 			s.limiter.failure(req.User, req.RemoteAddr)
 			s.log.WithFields(map[string]any{"user": req.User, "remote_addr": req.RemoteAddr}).Info("Failed login.")
-			s.emitLogin(ctx, events.AuthFailed, req, "invalid credentials")
+			s.emitLogin(ctx, events.AuthFailed, req, auditReason(err))
 		}
 		return nil, trace.Wrap(err)
 	}
@@ -210,7 +239,7 @@ func (s *Server) checkOTP(ctx context.Context, user *services.User, code string)
 	err := s.store.MarkOTPUsed(ctx, user.Name, step, otpUsedUntil(step))
 	if trace.IsAlreadyExists(err) {
 		s.log.WithField("user", user.Name).Warn("Refused a one-time password that was already used.")
-		return errInvalidCredentials()
+		return errOTPReplayed()
 	}
 	return trace.Wrap(err)
 }

@@ -96,6 +96,10 @@ func (a *APIServer) watchEvents(w http.ResponseWriter, r *http.Request, p *peer,
 	if queue < 0 || queue > 1<<16 {
 		queue = 0
 	}
+	if a.shuttingDown() {
+		writeGoingAway(w)
+		return
+	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	watcher, err := a.auth.store.Backend().NewWatcher(ctx, backend.Watch{
@@ -181,20 +185,24 @@ func (c *Client) newWatcher(ctx context.Context, path string, watch backend.Watc
 		size = backend.DefaultWatchQueueSize
 	}
 	wctx, cancel := context.WithCancel(ctx)
-	req, err := http.NewRequestWithContext(wctx, http.MethodGet, c.base+path+"?"+q.Encode(), nil)
-	if err != nil {
+	newReq := func(ctx context.Context, base string) (*http.Request, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path+"?"+q.Encode(), nil)
+		return req, trace.Wrap(err)
+	}
+	var resp *http.Response
+	handle := func(r *http.Response) (bool, error) {
+		if r.StatusCode != http.StatusOK {
+			return false, authapi.ReadErrorResponse(r)
+		}
+		resp = r
+		return true, nil
+	}
+	// The watch goes to the server calls go to, failing over like them
+	// when it cannot be opened there; once open, a broken stream is its
+	// owner's to re-open (Done, Error).
+	if err := c.send(wctx, http.MethodGet, path, 0, newReq, handle); err != nil {
 		cancel()
 		return nil, trace.Wrap(err)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		cancel()
-		return nil, trace.ConnectionProblem(err, "auth server at %s: %v", c.cfg.Addr, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		defer resp.Body.Close()
-		cancel()
-		return nil, authapi.ReadErrorResponse(resp)
 	}
 	w := &remoteWatcher{
 		events: make(chan backend.Event, size),
