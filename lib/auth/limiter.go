@@ -1,13 +1,15 @@
 package auth
 
 import (
+	"fmt"
 	"net"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
+
+	"github.com/postern-dev/postern/lib/api/authapi"
 )
 
 // LoginLimits bounds failed login attempts. The policy, in full:
@@ -166,7 +168,7 @@ func addrKey(remoteAddr string) string {
 }
 
 func errLocked(wait time.Duration) error {
-	return trace.LimitExceeded("too many failed login attempts; try again in %v", wait.Round(time.Second))
+	return authapi.RetryAfter(wait, fmt.Sprintf("too many failed login attempts; try again in %v", wait.Round(time.Second)))
 }
 
 // check refuses an attempt while the address, or the user from this

@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"net/http"
 
-	"github.com/gravitational/trace"
-
 	"github.com/postern-dev/postern/lib/api/authapi"
 )
 
@@ -13,8 +11,8 @@ import (
 // shared with the client that reads them back.
 
 func writeError(w http.ResponseWriter, err error) {
-	kind, status := authapi.ErrorKind(err)
-	writeJSON(w, status, authapi.ErrorResponse{Error: authapi.ErrorBody{Kind: kind, Message: trace.UserMessage(err)}})
+	_, status := authapi.ErrorKind(err)
+	writeJSON(w, status, authapi.ErrorResponse{Error: authapi.NewErrorBody(err)})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -10,7 +10,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"regexp"
 	"strconv"
 	"time"
 
@@ -64,8 +63,8 @@ const msgAuthUnavailable = "the auth server is unavailable; try again later"
 // than its own timeout. Real time, like the auth client's own bound.
 const loginTimeout = 10 * time.Second
 
-// defaultRetryAfter is the Retry-After sent with a 429 when auth's message
-// carries no wait time.
+// defaultRetryAfter is the Retry-After sent with a 429 when auth's refusal
+// names no wait (an older auth server's).
 const defaultRetryAfter = time.Minute
 
 // DecodeSSHLoginRequest parses and validates a login body: one JSON object,
@@ -120,21 +119,18 @@ func (s *Server) sshCerts(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// retryAfterRe finds the wait in auth's "try again in 9m59s".
-var retryAfterRe = regexp.MustCompile(`try again in ([0-9hms.]+)`)
-
-// retryAfter reads the lockout from auth's LimitExceeded message (the
-// error carries no structured field), rounded up to whole seconds.
-func retryAfter(msg string) time.Duration {
-	m := retryAfterRe.FindStringSubmatch(msg)
-	if m == nil {
+// retryAfter is how long a rate-limited login should wait: the wait auth
+// named (authapi.RetryAfterError, in this process or across the wire),
+// rounded up to whole seconds, else defaultRetryAfter.
+func retryAfter(err error) time.Duration {
+	wait, ok := authapi.RetryAfterOf(err)
+	if !ok || wait <= 0 {
 		return defaultRetryAfter
 	}
-	d, err := time.ParseDuration(m[1])
-	if err != nil || d <= 0 {
-		return defaultRetryAfter
+	if whole := wait.Truncate(time.Second); whole != wait {
+		return whole + time.Second
 	}
-	return d.Truncate(time.Second) + time.Second
+	return wait
 }
 
 // remoteHost is the address part of RemoteAddr: the per-address login
@@ -203,7 +199,7 @@ func (s *Server) authenticateSSHUser(w http.ResponseWriter, r *http.Request, log
 		return resp, true
 	case trace.IsLimitExceeded(err):
 		log.Info("Login rate limited.")
-		w.Header().Set("Retry-After", strconv.Itoa(int(retryAfter(trace.UserMessage(err)).Seconds())))
+		w.Header().Set("Retry-After", strconv.Itoa(int(retryAfter(err).Seconds())))
 		writeError(w, http.StatusTooManyRequests, "too many failed login attempts; try again later")
 	case services.IsLocked(err):
 		// Auth says "locked" only after the password and second factor

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/gravitational/trace"
 
@@ -39,6 +40,15 @@ type ErrorResponse struct {
 type ErrorBody struct {
 	Kind    string `json:"kind"`
 	Message string `json:"message"`
+	// RetryAfterSeconds, on a limit_exceeded error, is when the caller may
+	// try again (a RetryAfterError); absent when the refusal names no wait.
+	RetryAfterSeconds int64 `json:"retry_after_seconds,omitempty"`
+}
+
+// NewErrorBody is the wire form of err.
+func NewErrorBody(err error) ErrorBody {
+	kind, _ := ErrorKind(err)
+	return ErrorBody{Kind: kind, Message: trace.UserMessage(err), RetryAfterSeconds: retryAfterSeconds(err)}
 }
 
 // ErrorKind classifies err and picks the HTTP status that goes with it.
@@ -99,6 +109,9 @@ func ReadErrorResponse(resp *http.Response) error {
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, MaxErrorBody))
 	var we ErrorResponse
 	if err := json.Unmarshal(data, &we); err == nil && we.Error.Kind != "" {
+		if we.Error.Kind == KindLimitExceeded && we.Error.RetryAfterSeconds > 0 {
+			return RetryAfter(time.Duration(we.Error.RetryAfterSeconds)*time.Second, we.Error.Message)
+		}
 		return ErrorFromKind(we.Error.Kind, we.Error.Message)
 	}
 	msg := http.StatusText(resp.StatusCode)
