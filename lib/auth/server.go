@@ -139,6 +139,8 @@ type Server struct {
 	dummyHash []byte
 
 	limiter *loginLimiter
+	// local checks local users' passwords and second factors (login.go).
+	local localConnector
 	// joinLimiter counts failed joins per source address (user part
 	// empty): a join token is 128 random bits, so this is about keeping an
 	// unauthenticated peer from hammering the backend and the logs, not
@@ -172,6 +174,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 			MaxAddrFailures: maxJoinFailures, Window: cfg.Limits.Window,
 		}, cfg.Clock),
 	}
+	s.local = localConnector{s: s}
 	ctx := context.Background()
 	if err := s.initCAs(ctx); err != nil {
 		return nil, trace.Wrap(err)

@@ -160,26 +160,12 @@ func publicUser(u services.User) services.User {
 	return u
 }
 
-// AuthenticateUser checks a password (and OTP). Every failure is the same
-// AccessDenied("invalid credentials"); repeated failures for a user or from
-// an address are refused with LimitExceeded before any check runs.
+// AuthenticateUser checks a password (and OTP) with the local connector
+// and returns the user's record without secrets: the auth API's
+// /v1/users/authenticate, for callers that issue nothing.
 func (s *Server) AuthenticateUser(ctx context.Context, req authapi.AuthRequest) (*services.User, error) {
-	if err := s.limiter.check(req.User, req.RemoteAddr); err != nil {
-		s.emitLogin(ctx, events.AuthFailed, req, err.Error())
-		return nil, trace.Wrap(err)
-	}
-	user, err := s.checkCredentials(ctx, req)
-	if err != nil {
-		if trace.IsAccessDenied(err) {
-			s.limiter.failure(req.User, req.RemoteAddr)
-			s.log.WithFields(map[string]any{"user": req.User, "remote_addr": req.RemoteAddr}).Info("Failed login.")
-			s.emitLogin(ctx, events.AuthFailed, req, auditReason(err))
-		}
-		return nil, trace.Wrap(err)
-	}
-	s.limiter.success(req.User, req.RemoteAddr)
-	s.emitLogin(ctx, events.AuthLogin, req, "")
-	return user, nil
+	user, err := s.local.authenticate(ctx, req)
+	return user, trace.Wrap(err)
 }
 
 // emitLogin records a login attempt. The user is the name that was tried,
@@ -290,32 +276,16 @@ func (s *Server) ClearLockout(_ context.Context, name, remoteAddr string) (bool,
 	return n > 0, nil
 }
 
-// AuthenticateSSHUser logs a user in and certifies their key: what the
-// proxy's /webapi/ssh/certs does.
+// AuthenticateSSHUser logs a user in with a password (and second factor)
+// and certifies their key: what the proxy's /webapi/ssh/certs does.
 func (s *Server) AuthenticateSSHUser(ctx context.Context, req authapi.SSHLoginRequest) (*authapi.SSHLoginResponse, error) {
 	if _, err := parseAuthorizedKey(req.PublicKey); err != nil {
 		return nil, trace.Wrap(err)
 	}
-	user, err := s.AuthenticateUser(ctx, req.AuthRequest)
+	res, err := s.local.Authenticate(ctx, req.AuthRequest)
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	cert, err := s.generateUserCert(ctx, user, authapi.UserCertRequest{User: user.Name, PublicKey: req.PublicKey, TTL: req.TTL})
-	if err != nil {
-		return nil, trace.Wrap(err)
-	}
-	if req.WebSession != nil {
-		if err := s.createWebSession(ctx, user.Name, req.WebSession, cert); err != nil {
-			return nil, trace.Wrap(err)
-		}
-	}
-	signers, err := s.hostSigners(ctx)
-	if err != nil {
-		return nil, trace.Wrap(err)
-	}
-	return &authapi.SSHLoginResponse{
-		Username:    user.Name,
-		Cert:        cert,
-		HostSigners: signers,
-	}, nil
+	resp, err := s.completeLogin(ctx, res, LoginOutput{PublicKey: req.PublicKey, TTL: req.TTL, WebSession: req.WebSession})
+	return resp, trace.Wrap(err)
 }
