@@ -39,9 +39,9 @@ type staleness struct {
 	answers  atomic.Uint64
 	refusals atomic.Uint64
 
-	// mu guards the two below: the start of the break last logged as
-	// answered from and as refused past the bound, so each break logs
-	// once each way rather than once per login.
+	// mu guards the two below: the start of the latest break logged as
+	// answered from and as refused past the bound, so that an outage logs
+	// once each way (its watchers break together) rather than per login.
 	mu         sync.Mutex
 	answeredAt time.Time
 	refusedAt  time.Time
@@ -62,8 +62,10 @@ func (s *staleness) check(health error, brokeAt time.Time) error {
 	if s.max < 0 || d < s.max {
 		s.answers.Add(1)
 		s.mu.Lock()
-		first := !s.answeredAt.Equal(brokeAt)
-		s.answeredAt = brokeAt
+		first := brokeAt.After(s.answeredAt)
+		if first {
+			s.answeredAt = brokeAt
+		}
 		s.mu.Unlock()
 		if first {
 			s.log.WithError(health).WithFields(logrus.Fields{"stale_for": d.String(), "max_stale": s.max.String()}).
@@ -73,8 +75,10 @@ func (s *staleness) check(health error, brokeAt time.Time) error {
 	}
 	s.refusals.Add(1)
 	s.mu.Lock()
-	first := !s.refusedAt.Equal(brokeAt)
-	s.refusedAt = brokeAt
+	first := brokeAt.After(s.refusedAt)
+	if first {
+		s.refusedAt = brokeAt
+	}
 	s.mu.Unlock()
 	if first {
 		s.log.WithError(health).WithFields(logrus.Fields{"stale_for": d.String(), "max_stale": s.max.String()}).
