@@ -46,23 +46,24 @@ type AccessCacheConfig struct {
 	Logger logrus.FieldLogger
 	// StaleGrace, when positive, lets the cache answer from its last
 	// view for this long after a watch that was live broke, while it
-	// re-syncs: for a node reaching auth over its tunnels, whose watch
-	// breaks whenever the proxy carrying it restarts and re-syncs over
-	// another tunnel within a second, so that a rolling restart of the
-	// proxies fails no login. A change to roles or CAs made within the
-	// grace applies that much later on this host. Zero (the default)
-	// refuses as soon as the watch breaks.
+	// re-syncs, so that a backend outage (an etcd quorum loss, auth
+	// restarting, the proxy carrying a tunnel node's watch restarting)
+	// fails no login with a valid certificate; past it, it refuses until
+	// the watch is back (see the comment atop stale.go). A change to
+	// roles or CAs that this host cannot see meanwhile applies that much
+	// later here. Zero (the default) refuses as soon as the watch breaks;
+	// a cache never loaded refuses whatever the grace.
 	StaleGrace time.Duration
 }
 
 // AccessCache serves roles and the public halves of the CAs from memory.
 // Its answers are those of the backend as of the last event; while the
-// watch is broken (re-syncing) it refuses with a ConnectionProblem, as a
-// failed backend read would, rather than answer from a view it cannot
-// vouch for: deny by default.
+// watch is broken (re-syncing) it answers from that view for StaleGrace
+// at most, counting each such answer (StaleStats), then refuses with a
+// ConnectionProblem, as a failed backend read would: deny by default.
 type AccessCache struct {
-	// grace is StaleGrace.
-	grace time.Duration
+	// stale decides and counts answers from a broken watch (StaleGrace).
+	stale *staleness
 	roles *ResourceWatcher[*Role]
 	cas   *ResourceWatcher[CertAuthority]
 	// trusted are the roots this (leaf) cluster trusts: whether a
@@ -85,8 +86,11 @@ func NewAccessCache(cfg AccessCacheConfig) (*AccessCache, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = logrus.WithField("component", "watcher:access")
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = clockwork.NewRealClock()
+	}
 	a := &AccessCache{
-		grace: cfg.StaleGrace,
+		stale: &staleness{view: "roles and certificate authorities", max: max(cfg.StaleGrace, 0), clock: cfg.Clock, log: cfg.Logger},
 		rc:    newMapCollector(func(r *Role) string { return backend.Key(rolesPrefix, r.Metadata.Name) }),
 		cc:    newMapCollector(func(ca CertAuthority) string { return caKey(ca.Type, ca.ClusterName) }),
 		tc:    newMapCollector(func(tc TrustedCluster) string { return backend.Key(trustedClustersPrefix, tc.Metadata.Name) }),
@@ -187,24 +191,18 @@ func NewAccessCache(cfg AccessCacheConfig) (*AccessCache, error) {
 }
 
 // ready waits for w's first load (bounded by ctx) and refuses while its
-// watch is broken, past grace after it broke (see StaleGrace).
-func ready[T any](ctx context.Context, w *ResourceWatcher[T], grace time.Duration) error {
+// watch is broken, past the grace after it broke (see StaleGrace).
+func ready[T any](ctx context.Context, w *ResourceWatcher[T], stale *staleness) error {
 	if err := w.WaitSynced(ctx); err != nil {
 		return trace.Wrap(err)
 	}
-	err := w.Healthy()
-	if err != nil && grace > 0 {
-		if d, ok := w.BrokenFor(); ok && d < grace {
-			return nil
-		}
-	}
-	return trace.Wrap(err)
+	return trace.Wrap(stale.check(w.state()))
 }
 
 // GetRole returns a role from memory. The result is shared: callers must
 // not modify it (the AccessChecker only reads).
 func (a *AccessCache) GetRole(ctx context.Context, name string) (*Role, error) {
-	if err := ready(ctx, a.roles, a.grace); err != nil {
+	if err := ready(ctx, a.roles, a.stale); err != nil {
 		return nil, trace.Wrap(err)
 	}
 	r, ok := a.rc.get(backend.Key(rolesPrefix, name))
@@ -220,7 +218,7 @@ func (a *AccessCache) GetCertAuthority(ctx context.Context, clusterName string, 
 	if withSecrets {
 		return nil, trace.BadParameter("the access cache holds no private keys")
 	}
-	if err := ready(ctx, a.cas, a.grace); err != nil {
+	if err := ready(ctx, a.cas, a.stale); err != nil {
 		return nil, trace.Wrap(err)
 	}
 	ca, ok := a.cc.get(caKey(t, clusterName))
@@ -234,7 +232,7 @@ func (a *AccessCache) GetCertAuthority(ctx context.Context, clusterName string, 
 // GetTrustedCluster returns a root this cluster trusts, from memory,
 // without its token.
 func (a *AccessCache) GetTrustedCluster(ctx context.Context, name string) (*TrustedCluster, error) {
-	if err := ready(ctx, a.trusted, a.grace); err != nil {
+	if err := ready(ctx, a.trusted, a.stale); err != nil {
 		return nil, trace.Wrap(err)
 	}
 	tc, ok := a.tc.get(backend.Key(trustedClustersPrefix, name))
@@ -272,6 +270,21 @@ func (a *AccessCache) Healthy() error {
 		return err
 	}
 	return a.trusted.Healthy()
+}
+
+// StaleStats reports the answers given from a broken watch and how long
+// the oldest of the three views has not been current.
+func (a *AccessCache) StaleStats() StaleStats {
+	_, r := a.roles.state()
+	_, c := a.cas.state()
+	_, t := a.trusted.state()
+	var oldest time.Time
+	for _, at := range []time.Time{r, c, t} {
+		if !at.IsZero() && (oldest.IsZero() || at.Before(oldest)) {
+			oldest = at
+		}
+	}
+	return a.stale.stats(oldest)
 }
 
 // Close stops the watchers.

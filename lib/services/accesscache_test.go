@@ -7,6 +7,7 @@ import (
 
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
+	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/postern-dev/postern/lib/backend"
@@ -69,7 +70,8 @@ func TestAccessCache(t *testing.T) {
 // broken, it refuses (ConnectionProblem) rather than answer "no roles".
 func TestAccessCacheNotLoaded(t *testing.T) {
 	rw := &ResourceWatcher[*Role]{synced: make(chan struct{}), done: make(chan struct{}), cfg: ResourceWatcherConfig[*Role]{Name: "roles"}}
-	c := &AccessCache{roles: rw, rc: newMapCollector(func(r *Role) string { return r.Metadata.Name })}
+	c := &AccessCache{roles: rw, rc: newMapCollector(func(r *Role) string { return r.Metadata.Name }),
+		stale: &staleness{view: "roles", clock: clockwork.NewFakeClock(), log: logrus.New()}}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
 	_, err := c.GetRole(ctx, "dev")
@@ -170,8 +172,8 @@ func TestAccessCacheStaleGrace(t *testing.T) {
 	rc.Reset([]*Role{{Metadata: Metadata{Name: "dev"}}})
 	close(rw.synced)
 	rw.setHealth(nil)
-	strict := &AccessCache{roles: rw, rc: rc}
-	lenient := &AccessCache{roles: rw, rc: rc, grace: 5 * time.Second}
+	strict := &AccessCache{roles: rw, rc: rc, stale: &staleness{view: "roles", clock: clock, log: logrus.New()}}
+	lenient := &AccessCache{roles: rw, rc: rc, stale: &staleness{view: "roles", max: 5 * time.Second, clock: clock, log: logrus.New()}}
 	ctx := context.Background()
 
 	_, err := lenient.GetRole(ctx, "dev")

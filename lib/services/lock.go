@@ -260,6 +260,14 @@ type LockWatcherConfig struct {
 	Clock clockwork.Clock
 	// Logger; nil means logrus with component "watcher:locks".
 	Logger logrus.FieldLogger
+	// MaxStale, when positive, bounds how long Check answers from the
+	// last lock set after a watch that was live broke: past it, Check
+	// refuses everyone (a ConnectionProblem) until the watch is back, as
+	// before the first load. The last set keeps denying what it locks
+	// either way. Zero keeps answering from the last set without bound:
+	// the set can only lack the locks written while this process could
+	// not see them. See the comment atop stale.go.
+	MaxStale time.Duration
 }
 
 // LockWatcher serves the cluster's locks from memory. Servers ask it on
@@ -269,6 +277,8 @@ type LockWatcher struct {
 	w     *ResourceWatcher[Lock]
 	c     *lockCollector
 	clock clockwork.Clock
+	// stale decides and counts answers from a broken watch (MaxStale).
+	stale *staleness
 }
 
 // NewLockWatcher starts the watcher; stop it with Close.
@@ -278,6 +288,13 @@ func NewLockWatcher(cfg LockWatcherConfig) (*LockWatcher, error) {
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clockwork.NewRealClock()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = logrus.WithField("component", "watcher:locks")
+	}
+	maxStale := cfg.MaxStale
+	if maxStale <= 0 {
+		maxStale = -1 // no bound
 	}
 	c := newLockCollector()
 	rw, err := NewResourceWatcher(ResourceWatcherConfig[Lock]{
@@ -293,7 +310,8 @@ func NewLockWatcher(cfg LockWatcherConfig) (*LockWatcher, error) {
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	return &LockWatcher{w: rw, c: c, clock: cfg.Clock}, nil
+	return &LockWatcher{w: rw, c: c, clock: cfg.Clock,
+		stale: &staleness{view: "locks", max: maxStale, clock: cfg.Clock, log: cfg.Logger}}, nil
 }
 
 func unmarshalLock(item backend.Item) (Lock, error) {
@@ -317,14 +335,22 @@ var errLocksNotLoaded = trace.ConnectionProblem(nil, "the auth server's lock lis
 // Check returns a *LockedError for the first lock in force on any of
 // targets (empty fields are skipped), nil when none is, and a
 // ConnectionProblem before the first load. After a load, a broken watch
-// keeps the last set: a lock that arrives while the watch is down applies
-// once it re-syncs.
+// keeps the last set, whose locks keep denying; a lock that arrives while
+// the watch is down applies once it re-syncs, and past MaxStale nothing
+// but a ConnectionProblem is answered until then.
 func (l *LockWatcher) Check(targets ...LockTarget) error {
 	select {
 	case <-l.w.Synced():
 	default:
 		return errLocksNotLoaded
 	}
+	if err := l.checkSet(targets); err != nil {
+		return err
+	}
+	return trace.Wrap(l.stale.check(l.w.state()))
+}
+
+func (l *LockWatcher) checkSet(targets []LockTarget) error {
 	now := l.clock.Now()
 	l.c.mu.Lock()
 	defer l.c.mu.Unlock()
@@ -337,6 +363,13 @@ func (l *LockWatcher) Check(targets ...LockTarget) error {
 		}
 	}
 	return nil
+}
+
+// StaleStats reports the answers given from the last set while the watch
+// was broken, and how long it has not been current.
+func (l *LockWatcher) StaleStats() StaleStats {
+	_, at := l.w.state()
+	return l.stale.stats(at)
 }
 
 // Changes returns a channel closed at the next change of the lock set.

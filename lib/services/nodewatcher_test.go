@@ -344,14 +344,15 @@ func TestNodeWatcherBackoff(t *testing.T) {
 	require.True(t, trace.IsConnectionProblem(err), "%v", err)
 	require.ErrorContains(t, w.Healthy(), "backend unreachable")
 
-	// Backoff doubles: 1s, 2s, 4s. Advancing less than the current wait
-	// does not retry.
+	// Backoff doubles: 1s, 2s, 4s, each wait drawn from [d/2, d] (jitter).
+	// Advancing less than the shortest wait does not retry; the longest
+	// always does.
 	for i, d := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second} {
 		require.NoError(t, clock.BlockUntilContext(ctx, 2))
 		require.Equal(t, uint64(i+1), w.Failures())
-		clock.Advance(d - time.Millisecond)
+		clock.Advance(d/2 - time.Millisecond)
 		require.Equal(t, uint64(i+1), w.Failures())
-		clock.Advance(time.Millisecond)
+		clock.Advance(d/2 + time.Millisecond)
 		if i < 2 {
 			require.Eventually(t, func() bool { return w.Failures() == uint64(i+2) }, 10*time.Second, time.Millisecond)
 		}

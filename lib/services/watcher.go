@@ -52,8 +52,9 @@ type ResourceWatcherConfig[T any] struct {
 	// QueueSize is the backend watch queue; zero means the backend default.
 	QueueSize int
 	// MinBackoff is the first wait before re-syncing a broken watch; it
-	// doubles on each consecutive failure up to MaxBackoff. Zero means
-	// DefaultMinBackoff / DefaultMaxBackoff.
+	// doubles on each consecutive failure up to MaxBackoff, and each wait
+	// is drawn from [d/2, d]. Zero means DefaultMinBackoff /
+	// DefaultMaxBackoff.
 	MinBackoff time.Duration
 	MaxBackoff time.Duration
 	// Clock drives the backoff. Nil means the real clock.
@@ -62,12 +63,19 @@ type ResourceWatcherConfig[T any] struct {
 	Logger logrus.FieldLogger
 }
 
-// Backoff bounds for re-syncing a broken watch: quick enough that a blip of
-// the backend costs a second of staleness, slow enough at the top that a
-// backend that is down is not hammered by every proxy at once.
+// Backoff bounds for re-syncing a broken watch. The top is what a backend
+// outage costs after the backend is back: a process is unready (/readyz,
+// the NodeWatcher) and answers from a stale view until its next attempt,
+// so it must be short, and 30 s kept a proxy unready for ~20 s after etcd
+// regained its quorum. At 1 s, with each wait drawn from [d/2, d] so that
+// a fleet does not retry in lock step, every watch is current again within
+// 2 s of the backend answering. An attempt is one watch and, once it is
+// live, one read: against a backend that is down, that is one cheap
+// failing request per watcher per second or less, which etcd and the auth
+// API absorb for hundreds of processes.
 const (
 	DefaultMinBackoff = 500 * time.Millisecond
-	DefaultMaxBackoff = 30 * time.Second
+	DefaultMaxBackoff = time.Second
 )
 
 // CheckAndSetDefaults validates the config.
@@ -212,9 +220,18 @@ func (w *ResourceWatcher[T]) BrokenFor() (d time.Duration, ok bool) {
 	return w.cfg.Clock.Since(w.brokeAt), true
 }
 
+// state is Healthy and, while the watch is broken after having been
+// live, when it broke (zero otherwise): read together, so that a check
+// does not pair one break's error with another's start.
+func (w *ResourceWatcher[T]) state() (health error, brokeAt time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.health, w.brokeAt
+}
+
 func (w *ResourceWatcher[T]) run(ctx context.Context) {
 	defer close(w.done)
-	bo := backoff.Backoff{Min: w.cfg.MinBackoff, Max: w.cfg.MaxBackoff}
+	bo := backoff.Backoff{Min: w.cfg.MinBackoff, Max: w.cfg.MaxBackoff, Jitter: true}
 	for {
 		synced, err := w.sync(ctx)
 		if ctx.Err() != nil {

@@ -157,10 +157,14 @@ func (r *sessionRegistry) addIfAbsent(s *liveSession) *liveSession {
 	return s
 }
 
-// Bounds of the session watch's retry after it broke.
+// Bounds of the session watch's retry after it broke. The top is how late
+// a logout made elsewhere during a backend outage ends this proxy's
+// terminals once the backend is back: 1 s, as for the resource watchers
+// (services.DefaultMaxBackoff), so that a proxy is current again within
+// 2 s of the backend's return.
 const (
 	sessionWatchMinBackoff = 500 * time.Millisecond
-	sessionWatchMaxBackoff = 15 * time.Second
+	sessionWatchMaxBackoff = time.Second
 )
 
 // watchSessions ends this proxy's live sessions whose records are
