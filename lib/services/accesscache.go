@@ -275,9 +275,9 @@ func (a *AccessCache) Healthy() error {
 // StaleStats reports the answers given from a broken watch and how long
 // the oldest of the three views has not been current.
 func (a *AccessCache) StaleStats() StaleStats {
-	_, r := a.roles.state()
-	_, c := a.cas.state()
-	_, t := a.trusted.state()
+	r, _ := a.roles.state()
+	c, _ := a.cas.state()
+	t, _ := a.trusted.state()
 	var oldest time.Time
 	for _, at := range []time.Time{r, c, t} {
 		if !at.IsZero() && (oldest.IsZero() || at.Before(oldest)) {

@@ -368,7 +368,7 @@ func (l *LockWatcher) checkSet(targets []LockTarget) error {
 // StaleStats reports the answers given from the last set while the watch
 // was broken, and how long it has not been current.
 func (l *LockWatcher) StaleStats() StaleStats {
-	_, at := l.w.state()
+	at, _ := l.w.state()
 	return l.stale.stats(at)
 }
 

@@ -51,7 +51,7 @@ type staleness struct {
 // break started at brokeAt while it is younger than the bound; otherwise
 // a ConnectionProblem. A zero brokeAt with an error is a view that was
 // never live: always refused.
-func (s *staleness) check(health error, brokeAt time.Time) error {
+func (s *staleness) check(brokeAt time.Time, health error) error {
 	if health == nil {
 		return nil
 	}

@@ -220,13 +220,13 @@ func (w *ResourceWatcher[T]) BrokenFor() (d time.Duration, ok bool) {
 	return w.cfg.Clock.Since(w.brokeAt), true
 }
 
-// state is Healthy and, while the watch is broken after having been
-// live, when it broke (zero otherwise): read together, so that a check
+// state is, while the watch is broken after having been live, when it
+// broke (zero otherwise), and Healthy: read together, so that a check
 // does not pair one break's error with another's start.
-func (w *ResourceWatcher[T]) state() (health error, brokeAt time.Time) {
+func (w *ResourceWatcher[T]) state() (brokeAt time.Time, health error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.health, w.brokeAt
+	return w.brokeAt, w.health
 }
 
 func (w *ResourceWatcher[T]) run(ctx context.Context) {

@@ -13,14 +13,14 @@ import (
 
 // roundTrip sends err the way the auth API server answers (ErrorKind's
 // status, NewErrorBody) and reads it back the way the client does.
-func roundTrip(t *testing.T, err error) (error, ErrorBody) {
+func roundTrip(t *testing.T, err error) (ErrorBody, error) {
 	t.Helper()
 	rec := httptest.NewRecorder()
 	_, status := ErrorKind(err)
 	rec.WriteHeader(status)
 	body := NewErrorBody(err)
 	require.NoError(t, json.NewEncoder(rec.Body).Encode(ErrorResponse{Error: body}))
-	return ReadErrorResponse(rec.Result()), body
+	return body, ReadErrorResponse(rec.Result())
 }
 
 func TestRetryAfterCrossesTheWire(t *testing.T) {
@@ -30,7 +30,7 @@ func TestRetryAfterCrossesTheWire(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, 1500*time.Millisecond, wait)
 
-	got, body := roundTrip(t, err)
+	body, got := roundTrip(t, err)
 	require.Equal(t, KindLimitExceeded, body.Kind)
 	require.Equal(t, int64(2), body.RetryAfterSeconds, "rounded up: waiting that long is enough")
 	require.True(t, trace.IsLimitExceeded(got))
@@ -40,7 +40,7 @@ func TestRetryAfterCrossesTheWire(t *testing.T) {
 	require.Equal(t, 2*time.Second, wait)
 
 	// A refusal without a wait carries none, and reads back without one.
-	got, body = roundTrip(t, trace.LimitExceeded("slow down"))
+	body, got = roundTrip(t, trace.LimitExceeded("slow down"))
 	require.Zero(t, body.RetryAfterSeconds)
 	require.True(t, trace.IsLimitExceeded(got))
 	_, ok = RetryAfterOf(got)
