@@ -379,5 +379,10 @@ func CloseSpliced(c io.Closer) error {
 			endParked(raw)
 		}
 	}
-	return c.Close()
+	// The splice a parked direction ended closes c itself, and may do so
+	// before this Close: c is closed either way, which is what was asked.
+	if err := c.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+		return err
+	}
+	return nil
 }
