@@ -12,7 +12,7 @@ import (
 // Zero when unknown.
 func fileID(fi os.FileInfo) uint64 {
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return uint64(st.Ino) //nolint:unconvert // Ino is not uint64 everywhere
+		return uint64(st.Ino)
 	}
 	return 0
 }

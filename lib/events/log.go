@@ -29,18 +29,21 @@ const (
 	// whole keyspace is held in memory) does not grow without bound. The
 	// file in the data dir is kept for as long as the operator keeps it.
 	DefaultTTL = 30 * 24 * time.Hour
-	// DefaultQueueSize is how many events wait per sink while it is slow:
-	// at ~300 bytes each, 4096 events are ~1 MB, minutes of a busy
-	// cluster's activity, which rides out a backend election or a slow
-	// fsync without dropping anything.
+	// DefaultQueueSize is how many events wait for the file (and, in a
+	// Log without a Dir, for the backend or the auth server) while it is
+	// slow: at ~300 bytes each, 4096 events are ~1 MB, minutes of a busy
+	// cluster's activity, which rides out a slow fsync without dropping
+	// anything. With a Dir, the backend and the auth server are fed from
+	// the file and have no queue to overflow (wal.go).
 	DefaultQueueSize = 4096
-	// DefaultBackendTimeout bounds one backend write, so that an
-	// unreachable backend costs the queue a few seconds per event and
-	// shows up as drops, rather than hanging the writer forever.
+	// DefaultBackendTimeout bounds one backend write (or shipment), so
+	// that a backend that hangs is retried rather than hanging the writer
+	// forever.
 	DefaultBackendTimeout = 5 * time.Second
-	// DefaultCloseGrace is how long Close lets the queues drain before it
-	// gives up on the backend and the auth server (the file always
-	// drains: it is local).
+	// DefaultCloseGrace is how long Close lets the backend and the auth
+	// server catch up before it stops waiting for them (the file always
+	// drains: it is local; what they did not take is replayed from it at
+	// the next start).
 	DefaultCloseGrace = 5 * time.Second
 	// DefaultBatchSize is how many events one shipment to auth carries at
 	// most: a round trip per 100 events keeps a busy node's shipping
@@ -58,10 +61,10 @@ const (
 	// API's 1 MiB request limit with room for JSON overhead.
 	maxBatchBytes = 256 << 10
 	// DefaultRetryMin and DefaultRetryMax bound the backoff between
-	// attempts to ship a batch while auth is unreachable: a second to
-	// ride out a restart, at most 30 s between attempts so that events
-	// arrive soon after auth is back, without a down auth server meeting
-	// a reconnect storm from every node.
+	// attempts to store a batch while the backend or auth is unreachable:
+	// a second to ride out a restart, at most 30 s between attempts so
+	// that events arrive soon after it is back, without a down auth
+	// server meeting a reconnect storm from every node.
 	DefaultRetryMin = time.Second
 	DefaultRetryMax = 30 * time.Second
 )
@@ -81,15 +84,18 @@ type Config struct {
 	// commands. Empty means no file.
 	Dir string
 	// Backend, when set, also stores events under /events/ with TTL, for
-	// Search. Set it where the auth role (the backend's owner) runs.
+	// Search. Set it where the auth role (the backend's owner) runs. A
+	// batch the backend fails is retried with backoff, on the Clock, until
+	// it is stored; with a Dir, across restarts too (wal.go).
 	Backend backend.Backend
 	// Remote, when set, also ships events in batches to the auth server.
 	// Set it where the auth role does not run. A batch that cannot be
 	// shipped is retried with backoff, on the Clock; meanwhile new events
-	// wait in the queue, and past QueueSize they are dropped and counted,
-	// never blocking a session. The auth server answers a batch it
-	// refuses outright (BadParameter, AccessDenied, NotFound) once, and
-	// that batch is dropped: retrying would never succeed.
+	// wait in the file (with a Dir; without one, in a queue of QueueSize,
+	// past which they are dropped and counted), never blocking a session.
+	// The auth server answers a batch it refuses outright (BadParameter,
+	// AccessDenied, NotFound) once, and that batch is dropped: retrying
+	// would never succeed.
 	Remote Shipper
 	// BatchSize bounds one shipment; zero means DefaultBatchSize.
 	BatchSize int
@@ -100,7 +106,7 @@ type Config struct {
 	// request to auth), not per event, so under load a few milliseconds of
 	// delay turn many writes into one. See DefaultBatchWait.
 	BatchWait time.Duration
-	// RetryMin and RetryMax bound the shipping backoff; zero means
+	// RetryMin and RetryMax bound the backend's and shipping's backoff; zero means
 	// DefaultRetryMin and DefaultRetryMax.
 	RetryMin, RetryMax time.Duration
 	// TTL of backend events; zero means DefaultTTL.
