@@ -18,6 +18,14 @@ import (
 // name, the emitter's UUID and role from its certificate); an event of a
 // type hosts do not produce is refused alone, so one bad event does not
 // cost the rest of its batch.
+//
+// The batch is answered only once the backend has stored it (the audit
+// log's events.Storer): the host drops its copy on a 200, so a batch
+// acknowledged while only queued here was lost with this process or
+// during a backend outage. When the backend does not take it in time the
+// answer is a ConnectionProblem (503), which the host retries, never a
+// refusal it would drop the batch for; the retry is recorded once
+// (ShippedEvent derives the same ids).
 func (a *APIServer) shipEvents(ctx context.Context, p *peer, r *http.Request) (any, error) {
 	var req authapi.ShipEventsRequest
 	if err := readJSON(r, &req); err != nil {
@@ -29,8 +37,9 @@ func (a *APIServer) shipEvents(ctx context.Context, p *peer, r *http.Request) (a
 	now := a.auth.clock.Now()
 	var resp authapi.ShipEventsResponse
 	var firstErr error
+	stamped := make([]events.Event, 0, len(req.Events))
 	for _, e := range req.Events {
-		stamped, err := events.ShippedEvent(e, now, a.auth.cfg.ClusterName, p.ID, p.Role)
+		s, err := events.ShippedEvent(e, now, a.auth.cfg.ClusterName, p.ID, p.Role)
 		if err != nil {
 			resp.Refused++
 			if firstErr == nil {
@@ -38,12 +47,25 @@ func (a *APIServer) shipEvents(ctx context.Context, p *peer, r *http.Request) (a
 			}
 			continue
 		}
-		a.auth.cfg.Audit.Emit(ctx, stamped)
+		stamped = append(stamped, s)
 		resp.Accepted++
 	}
 	if firstErr != nil {
 		a.log.WithError(firstErr).WithFields(logrus.Fields{"peer": p.ID, "role": p.Role, "refused": resp.Refused}).
 			Warn("Refused audit events a host shipped.")
+	}
+	if len(stamped) == 0 {
+		return resp, nil
+	}
+	if st, ok := a.auth.cfg.Audit.(events.Storer); ok {
+		if err := st.Store(ctx, stamped); err != nil {
+			return nil, trace.ConnectionProblem(err, "audit events not stored; ship them again: %v", trace.UserMessage(err))
+		}
+		return resp, nil
+	}
+	// An emitter that stores nothing (tests' Recorder, Discard).
+	for _, e := range stamped {
+		a.auth.cfg.Audit.Emit(ctx, e)
 	}
 	return resp, nil
 }

@@ -11,8 +11,12 @@
 // interface; Emit never blocks and never fails the caller: auditing a
 // session must not be the thing that stalls it. Events are queued and
 // written by one goroutine per sink, so a slow disk or an unreachable
-// backend delays the log, not the session; when a queue is full the event
-// is dropped, counted in postern_audit_dropped_total and logged.
+// backend delays the log, not the session. The file is written first and
+// is the write-ahead log of the backend and of shipping: they follow it,
+// retrying until each event is stored, across restarts (wal.go), and
+// postern_audit_pending counts what they have yet to store. When the
+// file's own queue is full the event is dropped, counted in
+// postern_audit_dropped_total and logged.
 //
 // A session is followed through its session_id: session.start,
 // port.forward, agent.forward and session.end of one session carry the same

@@ -29,18 +29,21 @@ const (
 	// whole keyspace is held in memory) does not grow without bound. The
 	// file in the data dir is kept for as long as the operator keeps it.
 	DefaultTTL = 30 * 24 * time.Hour
-	// DefaultQueueSize is how many events wait per sink while it is slow:
-	// at ~300 bytes each, 4096 events are ~1 MB, minutes of a busy
-	// cluster's activity, which rides out a backend election or a slow
-	// fsync without dropping anything.
+	// DefaultQueueSize is how many events wait for the file (and, in a
+	// Log without a Dir, for the backend or the auth server) while it is
+	// slow: at ~300 bytes each, 4096 events are ~1 MB, minutes of a busy
+	// cluster's activity, which rides out a slow fsync without dropping
+	// anything. With a Dir, the backend and the auth server are fed from
+	// the file and have no queue to overflow (wal.go).
 	DefaultQueueSize = 4096
-	// DefaultBackendTimeout bounds one backend write, so that an
-	// unreachable backend costs the queue a few seconds per event and
-	// shows up as drops, rather than hanging the writer forever.
+	// DefaultBackendTimeout bounds one backend write (or shipment), so
+	// that a backend that hangs is retried rather than hanging the writer
+	// forever.
 	DefaultBackendTimeout = 5 * time.Second
-	// DefaultCloseGrace is how long Close lets the queues drain before it
-	// gives up on the backend and the auth server (the file always
-	// drains: it is local).
+	// DefaultCloseGrace is how long Close lets the backend and the auth
+	// server catch up before it stops waiting for them (the file always
+	// drains: it is local; what they did not take is replayed from it at
+	// the next start).
 	DefaultCloseGrace = 5 * time.Second
 	// DefaultBatchSize is how many events one shipment to auth carries at
 	// most: a round trip per 100 events keeps a busy node's shipping
@@ -58,10 +61,10 @@ const (
 	// API's 1 MiB request limit with room for JSON overhead.
 	maxBatchBytes = 256 << 10
 	// DefaultRetryMin and DefaultRetryMax bound the backoff between
-	// attempts to ship a batch while auth is unreachable: a second to
-	// ride out a restart, at most 30 s between attempts so that events
-	// arrive soon after auth is back, without a down auth server meeting
-	// a reconnect storm from every node.
+	// attempts to store a batch while the backend or auth is unreachable:
+	// a second to ride out a restart, at most 30 s between attempts so
+	// that events arrive soon after it is back, without a down auth
+	// server meeting a reconnect storm from every node.
 	DefaultRetryMin = time.Second
 	DefaultRetryMax = 30 * time.Second
 )
@@ -81,15 +84,18 @@ type Config struct {
 	// commands. Empty means no file.
 	Dir string
 	// Backend, when set, also stores events under /events/ with TTL, for
-	// Search. Set it where the auth role (the backend's owner) runs.
+	// Search. Set it where the auth role (the backend's owner) runs. A
+	// batch the backend fails is retried with backoff, on the Clock, until
+	// it is stored; with a Dir, across restarts too (wal.go).
 	Backend backend.Backend
 	// Remote, when set, also ships events in batches to the auth server.
 	// Set it where the auth role does not run. A batch that cannot be
 	// shipped is retried with backoff, on the Clock; meanwhile new events
-	// wait in the queue, and past QueueSize they are dropped and counted,
-	// never blocking a session. The auth server answers a batch it
-	// refuses outright (BadParameter, AccessDenied, NotFound) once, and
-	// that batch is dropped: retrying would never succeed.
+	// wait in the file (with a Dir; without one, in a queue of QueueSize,
+	// past which they are dropped and counted), never blocking a session.
+	// The auth server answers a batch it refuses outright (BadParameter,
+	// AccessDenied, NotFound) once, and that batch is dropped: retrying
+	// would never succeed.
 	Remote Shipper
 	// BatchSize bounds one shipment; zero means DefaultBatchSize.
 	BatchSize int
@@ -100,7 +106,7 @@ type Config struct {
 	// request to auth), not per event, so under load a few milliseconds of
 	// delay turn many writes into one. See DefaultBatchWait.
 	BatchWait time.Duration
-	// RetryMin and RetryMax bound the shipping backoff; zero means
+	// RetryMin and RetryMax bound the backend's and shipping's backoff; zero means
 	// DefaultRetryMin and DefaultRetryMax.
 	RetryMin, RetryMax time.Duration
 	// TTL of backend events; zero means DefaultTTL.
@@ -170,9 +176,29 @@ func (c *Config) CheckAndSetDefaults() error {
 type Log struct {
 	cfg     Config
 	log     logrus.FieldLogger
-	file    *os.File // nil without Dir
-	sinks   []*sink
+	file    *os.File // nil without Dir; read (ReadAt) by the followers too
 	metrics *logMetrics
+
+	// sinks are fed by Emit through their queues: the file's always (it
+	// is sinks[0] when there is a Dir), the backend's and the remote's
+	// only without a Dir. followers read the file instead (wal.go).
+	sinks     []*sink
+	followers []*sink
+	// durable are the sinks postern_audit_pending is kept for (backend
+	// and remote, followers or not).
+	durable []*sink
+
+	// fileEnd is the size of the file as of its last write by the file
+	// sink: what followers may read up to. fileDone is closed when the
+	// file sink has written its last batch (after Close).
+	fileEnd  atomic.Int64
+	fileDone chan struct{}
+	// queued counts events in the file sink's queue: emitted, not yet in
+	// the file, so pending for every follower.
+	queued atomic.Int64
+	// pendingMu orders the pending gauge's updates, so that the last one
+	// set is the latest value.
+	pendingMu sync.Mutex
 
 	// ctx ends the sinks' writes when Close's grace runs out.
 	ctx    context.Context
@@ -186,6 +212,8 @@ type Log struct {
 }
 
 // NewEmitter opens the audit log and starts its writers; Close stops them.
+// With a Dir, events the backend or the auth server had not taken when the
+// previous process stopped are replayed to them from the file (wal.go).
 func NewEmitter(cfg Config) (*Log, error) {
 	if err := cfg.CheckAndSetDefaults(); err != nil {
 		return nil, trace.Wrap(err)
@@ -194,45 +222,103 @@ func NewEmitter(cfg Config) (*Log, error) {
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	l := &Log{cfg: cfg, log: cfg.Logger, metrics: m}
-	if cfg.Dir != "" {
-		if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
-			return nil, trace.ConvertSystemError(err)
-		}
-		path := filepath.Join(cfg.Dir, FileName)
-		// O_APPEND: each line is one write at the end of the file, so an
-		// external `logrotate copytruncate` or a reader tailing it sees
-		// whole lines.
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-		if err != nil {
-			return nil, trace.ConvertSystemError(err)
-		}
-		l.file = f
-	}
+	l := &Log{cfg: cfg, log: cfg.Logger, metrics: m, fileDone: make(chan struct{})}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
-	if l.file != nil {
+	if cfg.Dir != "" {
+		if err := l.openFile(); err != nil {
+			l.cancel()
+			return nil, trace.Wrap(err)
+		}
 		l.sinks = append(l.sinks, l.newSink("file", l.writeFile))
+	} else {
+		close(l.fileDone)
 	}
+	var durable []*sink
 	if cfg.Backend != nil {
-		l.sinks = append(l.sinks, l.newSink("backend", l.writeBackend))
+		durable = append(durable, &sink{name: "backend", l: l, deliver: l.writeBackend})
 	}
 	if cfg.Remote != nil {
-		s := l.newSink("remote", nil)
-		s.ship = cfg.Remote.ShipEvents
-		l.sinks = append(l.sinks, s)
+		durable = append(durable, &sink{name: "remote", l: l, deliver: l.shipBatch, permanent: permanentShipError})
 	}
+	for _, s := range durable {
+		if l.file != nil {
+			if err := s.openCursor(); err != nil {
+				l.cancel()
+				l.file.Close()
+				return nil, trace.Wrap(err)
+			}
+			l.followers = append(l.followers, s)
+		} else {
+			s.queue = make(chan record, cfg.QueueSize)
+			l.sinks = append(l.sinks, s)
+		}
+		l.durable = append(l.durable, s)
+	}
+	l.updatePending()
 	for _, s := range l.sinks {
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
 			s.run()
+			if s.name == "file" {
+				close(l.fileDone)
+			}
+		}()
+	}
+	for _, s := range l.followers {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			defer close(s.done)
+			s.follow()
 		}()
 	}
 	return l, nil
 }
 
-// Emit queues e for every sink and returns at once.
-func (l *Log) Emit(_ context.Context, e Event) {
+// openFile opens (creates) events.log for appending and reading, ending a
+// line a crash left half written so that the next event starts a line of
+// its own.
+func (l *Log) openFile() error {
+	if err := os.MkdirAll(l.cfg.Dir, 0o700); err != nil {
+		return trace.ConvertSystemError(err)
+	}
+	path := filepath.Join(l.cfg.Dir, FileName)
+	// O_APPEND: each line is one write at the end of the file, so an
+	// external `logrotate copytruncate` or a reader tailing it sees
+	// whole lines. O_RDWR: the followers read it back (ReadAt, which
+	// O_APPEND does not affect).
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return trace.ConvertSystemError(err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return trace.ConvertSystemError(err)
+	}
+	size := fi.Size()
+	if size > 0 {
+		last := make([]byte, 1)
+		if _, err := f.ReadAt(last, size-1); err != nil {
+			f.Close()
+			return trace.ConvertSystemError(err)
+		}
+		if last[0] != '\n' {
+			if _, err := f.Write([]byte{'\n'}); err != nil {
+				f.Close()
+				return trace.ConvertSystemError(err)
+			}
+			size++
+		}
+	}
+	l.file = f
+	l.fileEnd.Store(size)
+	return nil
+}
+
+// prepare fills in what an event left out and encodes it.
+func (l *Log) prepare(e Event) (Event, []byte) {
 	if e.Type == "" {
 		l.log.WithField("fields", e.Fields).Warn("Audit event without a type; recorded as \"unknown\".")
 		e.Type = "unknown"
@@ -248,6 +334,16 @@ func (l *Log) Emit(_ context.Context, e Event) {
 		e.Cluster = l.cfg.ClusterName
 	}
 	line, _ := e.MarshalJSON() // never fails: see MarshalJSON
+	return e, line
+}
+
+// Emit queues e for every sink and returns at once.
+func (l *Log) Emit(_ context.Context, e Event) {
+	e, line := l.prepare(e)
+	l.emit(e, line)
+}
+
+func (l *Log) emit(e Event, line []byte) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	if l.closed {
@@ -258,10 +354,47 @@ func (l *Log) Emit(_ context.Context, e Event) {
 	for _, s := range l.sinks {
 		s.enqueue(record{event: e, line: line})
 	}
+	l.updatePending()
 }
 
-// Flush waits until every event emitted before it has been written (or
-// failed), or ctx is done. Tests use it; so can a shutdown path.
+// Storer is what the auth server needs to acknowledge a batch a host
+// shipped only once it is stored: *Log implements it where it has a
+// Backend.
+type Storer interface {
+	Store(ctx context.Context, events []Event) error
+}
+
+var _ Storer = (*Log)(nil)
+
+// Store records events like Emit (file, backend) and also writes them to
+// the backend itself, returning once the backend has them, within
+// BackendTimeout: a host that shipped them drops its copy only then. The
+// backend sink writes them again from the file later; that copy is
+// skipped (Create), the price of keeping the file the one log the backend
+// follows. A backend error is a ConnectionProblem: the shipper keeps the
+// batch and retries.
+func (l *Log) Store(ctx context.Context, es []Event) error {
+	if l.cfg.Backend == nil {
+		return trace.NotImplemented("this audit log has no backend to store events in")
+	}
+	items := make([]backend.Item, 0, len(es))
+	for _, e := range es {
+		e, line := l.prepare(e)
+		l.emit(e, line)
+		items = append(items, l.backendItem(e, line))
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.BackendTimeout)
+	defer cancel()
+	if _, err := backend.CreateMany(ctx, l.cfg.Backend, items); err != nil {
+		return trace.ConnectionProblem(err, "the audit backend did not store %d events: %v", len(items), err)
+	}
+	return nil
+}
+
+// Flush waits until every event emitted before it has been written by
+// every sink (the file: or failed; the backend and the auth server: taken,
+// or refused for good), or ctx is done. While the backend is down it waits
+// for ctx. Tests use it; so can a shutdown path.
 func (l *Log) Flush(ctx context.Context) error {
 	l.mu.RLock()
 	if l.closed {
@@ -287,12 +420,20 @@ func (l *Log) Flush(ctx context.Context) error {
 			return trace.Wrap(ctx.Err())
 		}
 	}
+	target := l.fileEnd.Load()
+	for _, s := range l.followers {
+		if err := s.waitAcked(ctx, target); err != nil {
+			return trace.Wrap(err)
+		}
+	}
 	return nil
 }
 
-// Close stops accepting events, lets the queues drain for CloseGrace, then
-// abandons what the backend has not taken, closes the file and waits for
-// the writers. Events emitted after Close are dropped and counted.
+// Close stops accepting events, lets the file drain and the backend and
+// the auth server catch up for CloseGrace, then stops waiting for them,
+// closes the file and waits for the writers. With a Dir, what they did not
+// take is still in the file, past their cursors: the next start replays
+// it. Events emitted after Close are dropped and counted.
 func (l *Log) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -315,7 +456,11 @@ func (l *Log) Close() error {
 	case <-done:
 		timer.Stop()
 	case <-timer.Chan():
-		l.log.Warn("Audit queues did not drain in time; abandoning the events still queued for the backend.")
+		if l.file != nil {
+			l.log.Warn("Audit events were not all stored in time; the next start replays them from the file.")
+		} else {
+			l.log.Warn("Audit queues did not drain in time; abandoning the events still queued for the backend.")
+		}
 		l.cancel()
 		<-done
 	}
@@ -333,23 +478,33 @@ type record struct {
 	flushed chan struct{}
 }
 
-// sink is one destination with its own queue and writer goroutine, so that
-// a slow backend never delays the file.
+// sink is one destination with its own writer goroutine, so that a slow
+// backend never delays the file. The file sink and, without a Dir, the
+// backend and remote sinks are fed by a queue; with a Dir, the backend
+// and remote sinks follow the file instead (wal.go).
 type sink struct {
 	name  string
 	l     *Log
 	queue chan record
-	// write writes a batch and says how many of its events it failed
-	// to write.
+	// write, for the file, writes a batch and says how many of its
+	// events it failed to write; a failure is counted, not retried.
 	write func([]record) (failed int, err error)
-	// ship, when set, replaces write: records are shipped in batches
-	// (runBatches).
-	ship func(context.Context, []Event) error
+	// deliver, for the backend and remote sinks, writes a batch; a
+	// failure is retried with backoff (deliverWithRetry) unless
+	// permanent (nil: none is) says it never can succeed.
+	deliver   func(context.Context, []record) error
+	permanent func(error) bool
 	// dropping is true from the first dropped event to the next queued
 	// one: one Warn per streak of drops.
 	dropping atomic.Bool
 	// failing is the same for write errors; touched by the writer only.
 	failing bool
+	// ahead counts this sink's pending events: for a follower, the
+	// lines in the file past its cursor; for a queue-fed durable sink,
+	// the events queued or being written.
+	ahead atomic.Int64
+
+	follower // wal.go; unused by queue-fed sinks
 }
 
 func (l *Log) newSink(name string, write func([]record) (int, error)) *sink {
@@ -359,6 +514,11 @@ func (l *Log) newSink(name string, write func([]record) (int, error)) *sink {
 func (s *sink) enqueue(r record) {
 	select {
 	case s.queue <- r:
+		if s.write != nil {
+			s.l.queued.Add(1)
+		} else {
+			s.ahead.Add(1)
+		}
 		if s.dropping.Swap(false) {
 			s.l.log.WithField("sink", s.name).Info("Audit queue has room again.")
 		}
@@ -371,11 +531,24 @@ func (s *sink) enqueue(r record) {
 	}
 }
 
-func (s *sink) run() {
-	if s.ship != nil {
-		s.runBatches()
+// updatePending sets postern_audit_pending for every durable sink.
+func (l *Log) updatePending() {
+	if len(l.durable) == 0 {
 		return
 	}
+	l.pendingMu.Lock()
+	defer l.pendingMu.Unlock()
+	queued := l.queued.Load()
+	for _, s := range l.durable {
+		v := s.ahead.Load()
+		if s.queue == nil { // a follower: the file's queue is ahead of it too
+			v += queued
+		}
+		l.metrics.pending.WithLabelValues(s.name).Set(float64(v))
+	}
+}
+
+func (s *sink) run() {
 	// Events are written in batches (collect): one file write and one
 	// backend transaction (one fsync) per batch instead of per event.
 	// Under load (a proxy setting up hundreds of sessions a second, each
@@ -384,7 +557,17 @@ func (s *sink) run() {
 	for r := range s.queue {
 		batch, acks := s.collect(r)
 		if len(batch) > 0 {
-			s.writeBatch(batch)
+			if s.write != nil {
+				s.writeBatch(batch)
+			} else {
+				if !s.deliverWithRetry(batch) {
+					// Close's grace ran out; without a Dir there
+					// is no file to replay them from.
+					s.l.metrics.dropped.WithLabelValues(s.name).Add(float64(len(batch)))
+				}
+				s.ahead.Add(-int64(len(batch)))
+				s.l.updatePending()
+			}
 		}
 		for _, ack := range acks {
 			close(ack)
@@ -444,13 +627,23 @@ func (s *sink) collect(first record) (batch []record, acks []chan struct{}) {
 	return batch, acks
 }
 
-// writeBatch writes one batch, counting each event not written as a write
-// error (a failed write is not retried: see writeBackend).
+// writeBatch writes one batch to the file, counting each event not
+// written as a write error. The file is local: a failed write (a full
+// disk) is not retried, and its events reach neither the file nor the
+// followers, which read the file; they are counted as dropped for them.
 func (s *sink) writeBatch(batch []record) {
 	failed, err := s.write(batch)
+	// The followers count the lines written before they leave the
+	// queue, so the pending gauge never dips below the truth.
+	s.l.fileWritten(int64(len(batch) - failed))
+	s.l.queued.Add(-int64(len(batch)))
+	s.l.updatePending()
 	switch {
 	case err != nil:
 		s.l.metrics.writeErrors.WithLabelValues(s.name).Add(float64(failed))
+		for _, f := range s.l.followers {
+			s.l.metrics.dropped.WithLabelValues(f.name).Add(float64(failed))
+		}
 		if !s.failing {
 			s.failing = true
 			s.l.log.WithError(err).WithField("sink", s.name).Error("Cannot write audit events; will keep trying.")
@@ -461,60 +654,52 @@ func (s *sink) writeBatch(batch []record) {
 	}
 }
 
-// runBatches ships what is queued in batches of up to BatchSize events
-// (collect). A flush marker is acknowledged once the batch it arrived in has been
-// shipped (or given up on).
-func (s *sink) runBatches() {
-	for r := range s.queue {
-		batch, acks := s.collect(r)
-		if len(batch) > 0 {
-			events := make([]Event, len(batch))
-			for i, r := range batch {
-				events[i] = r.event
-			}
-			s.shipWithRetry(events)
-		}
-		for _, ack := range acks {
-			close(ack)
-		}
-	}
-}
-
-// shipWithRetry ships one batch, retrying with backoff until it is taken,
-// refused for good, or Close's grace runs out.
-func (s *sink) shipWithRetry(batch []Event) {
+// deliverWithRetry writes one batch to the backend or ships it to auth,
+// retrying with backoff (on the Clock) until it is taken, refused for
+// good (permanent), or Close's grace runs out (false). A backend error is
+// never permanent: CreateMany skips the events a failed attempt did
+// write, so retrying a batch never doubles an event.
+func (s *sink) deliverWithRetry(batch []record) bool {
 	cfg := &s.l.cfg
-	backoff := backoff.Backoff{Min: cfg.RetryMin, Max: cfg.RetryMax}
+	b := backoff.Backoff{Min: cfg.RetryMin, Max: cfg.RetryMax}
 	for {
 		ctx, cancel := context.WithTimeout(s.l.ctx, cfg.BackendTimeout)
-		err := s.ship(ctx, batch)
+		err := s.deliver(ctx, batch)
 		cancel()
 		if err == nil {
 			if s.failing {
 				s.failing = false
-				s.l.log.WithField("sink", s.name).Info("Audit events are being shipped to the auth server again.")
+				s.l.log.WithField("sink", s.name).Info("Audit events are being stored again.")
 			}
-			return
+			return true
 		}
-		s.l.metrics.writeErrors.WithLabelValues(s.name).Inc()
-		if permanentShipError(err) {
+		s.l.metrics.writeErrors.WithLabelValues(s.name).Add(float64(len(batch)))
+		if s.permanent != nil && s.permanent(err) {
 			s.l.metrics.dropped.WithLabelValues(s.name).Add(float64(len(batch)))
 			s.l.log.WithError(err).WithFields(logrus.Fields{"sink": s.name, "events": len(batch)}).
 				Error("The auth server refused a batch of audit events; dropped it.")
-			return
+			return true
 		}
 		if !s.failing {
 			s.failing = true
-			s.l.log.WithError(err).WithField("sink", s.name).Error("Cannot ship audit events to the auth server; will keep trying.")
+			s.l.log.WithError(err).WithField("sink", s.name).Error("Cannot write audit events; will keep trying.")
 		}
-		timer := cfg.Clock.NewTimer(backoff.Next())
-		select {
-		case <-timer.Chan():
-		case <-s.l.ctx.Done():
-			timer.Stop()
-			s.l.metrics.dropped.WithLabelValues(s.name).Add(float64(len(batch)))
-			return
+		if !s.sleep(&b) {
+			return false
 		}
+	}
+}
+
+// sleep waits for b's next delay on the Clock; false when Close's grace
+// ran out first.
+func (s *sink) sleep(b *backoff.Backoff) bool {
+	timer := s.l.cfg.Clock.NewTimer(b.Next())
+	defer timer.Stop()
+	select {
+	case <-timer.Chan():
+		return true
+	case <-s.l.ctx.Done():
+		return false
 	}
 }
 
@@ -541,36 +726,40 @@ func (l *Log) writeFile(batch []record) (int, error) {
 	return 0, nil
 }
 
-// writeBackend creates the batch's events in one backend.CreateMany. A
-// failure is counted and logged, not retried: the file sink has the
-// events, and a retry queue in front of a backend that is down would only
-// grow.
-func (l *Log) writeBackend(batch []record) (int, error) {
-	ctx, cancel := context.WithTimeout(l.ctx, l.cfg.BackendTimeout)
-	defer cancel()
-	// Create, not Put: an event is written once. A batch a host shipped
-	// again (its first answer was lost) carries the same ids and times,
-	// so the copy is skipped here instead of doubling the record, and no
-	// event can overwrite another.
+// writeBackend creates the batch's events in one backend.CreateMany.
+func (l *Log) writeBackend(ctx context.Context, batch []record) error {
+	// Create, not Put: an event is written once. A batch written again
+	// (a retry after an error that came after the commit, a replay from
+	// the file after a restart, a batch a host shipped again because its
+	// first answer was lost) carries the same ids and times, so the copy
+	// is skipped here instead of doubling the record, and no event can
+	// overwrite another.
 	items := make([]backend.Item, len(batch))
 	for i, r := range batch {
-		items[i] = backend.Item{
-			Key:     eventKey(r.event),
-			Value:   r.line,
-			Expires: r.event.Time.Add(l.cfg.TTL),
-		}
+		items[i] = l.backendItem(r.event, r.line)
 	}
-	n, err := backend.CreateMany(ctx, l.cfg.Backend, items)
-	if err != nil {
-		return len(batch) - n, trace.Wrap(err)
+	_, err := backend.CreateMany(ctx, l.cfg.Backend, items)
+	return trace.Wrap(err)
+}
+
+func (l *Log) backendItem(e Event, line []byte) backend.Item {
+	return backend.Item{Key: eventKey(e), Value: line, Expires: e.Time.Add(l.cfg.TTL)}
+}
+
+// shipBatch ships the batch's events to the auth server.
+func (l *Log) shipBatch(ctx context.Context, batch []record) error {
+	events := make([]Event, len(batch))
+	for i, r := range batch {
+		events[i] = r.event
 	}
-	return 0, nil
+	return trace.Wrap(l.cfg.Remote.ShipEvents(ctx, events))
 }
 
 type logMetrics struct {
 	emitted     *prometheus.CounterVec
 	dropped     *prometheus.CounterVec
 	writeErrors *prometheus.CounterVec
+	pending     *prometheus.GaugeVec
 }
 
 func newLogMetrics(reg prometheus.Registerer) (*logMetrics, error) {
@@ -587,6 +776,14 @@ func newLogMetrics(reg prometheus.Registerer) (*logMetrics, error) {
 			Namespace: "postern", Subsystem: "audit", Name: "write_errors_total",
 			Help: "Audit events a sink failed to write, by sink.",
 		}, []string{"sink"}),
+	}
+	pending := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "postern", Subsystem: "audit", Name: "pending",
+		Help: "Audit events emitted and not yet stored by the backend (sink=backend) or taken by the auth server (sink=remote).",
+	}, []string{"sink"})
+	var err error
+	if m.pending, err = promreg.Register(reg, pending); err != nil {
+		return nil, trace.Wrap(err)
 	}
 	for _, c := range []**prometheus.CounterVec{&m.emitted, &m.dropped, &m.writeErrors} {
 		// A second Log on the same registry (a role restarted in tests)
