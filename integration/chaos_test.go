@@ -203,6 +203,12 @@ type chaosFault struct {
 	// noLong: the fault ends every session through a proxy by design (it
 	// restarts them), so no long session is held through it.
 	noLong bool
+	// stoppedAuth, with checkDuring, is the auth server the fault stops:
+	// the sessions that ended in the first checkDuring of the fault must
+	// be audited and recorded through the other auth server by the end of
+	// hold, before the stopped one comes back (its clients failed over).
+	stoppedAuth int
+	checkDuring time.Duration
 }
 
 // chaosResult is one row of the results table.
@@ -223,6 +229,7 @@ type load struct {
 	mu            sync.Mutex
 	total, failed int
 	ok            []string
+	okAt          []time.Time // when each of ok ended
 	errs          []string
 	stop          context.CancelFunc
 	done          sync.WaitGroup
@@ -266,6 +273,7 @@ func (c *chaosCluster) startLoad(phase int) *load {
 					return
 				}
 				l.ok = append(l.ok, "echo "+marker)
+				l.okAt = append(l.okAt, time.Now())
 			}()
 		}
 	}()
@@ -349,7 +357,28 @@ func (c *chaosCluster) run(t *testing.T, faults []chaosFault) {
 		l := c.startLoad(i)
 		c.waitSessions(t, l, 4)
 		f.inject(t)
-		time.Sleep(f.hold) // the fault lasts this long, under load: no condition to await
+		injected := time.Now()
+		// The fault lasts f.hold, under load: no condition to await.
+		if f.checkDuring > 0 {
+			time.Sleep(f.checkDuring)
+			var early []string
+			l.mu.Lock()
+			for k, at := range l.okAt {
+				if at.After(injected) {
+					early = append(early, l.ok[k])
+				}
+			}
+			l.mu.Unlock()
+			time.Sleep(f.hold - f.checkDuring)
+			other := 1 - f.stoppedAuth
+			if problems := c.verify(t, early, []int{other}, time.Second); len(problems) > 0 {
+				t.Errorf("fault %q: while auth server %d is still stopped (%v into the fault), of %d sessions that ended in its first %v, some are not audited and recorded through auth server %d (no failover):\n  %s",
+					f.name, f.stoppedAuth+1, time.Since(injected).Round(time.Second), len(early), f.checkDuring, other+1, strings.Join(problems, "\n  "))
+				r.problems = append(r.problems, fmt.Sprintf("during the stop: %d of %d not audited through the other auth server", len(problems), len(early)))
+			}
+		} else {
+			time.Sleep(f.hold)
+		}
 		f.heal(t)
 		r.recovery, r.ready = c.recover(t, f.name, i)
 		c.waitSessions(t, l, 4)
@@ -370,11 +399,12 @@ func (c *chaosCluster) run(t *testing.T, faults []chaosFault) {
 			t.Logf("  %s: %s", f.name, e)
 		}
 		r.verified = len(ok)
-		r.problems = c.verify(t, ok)
-		if len(r.problems) > 0 {
+		problems := c.verify(t, ok, []int{0, 1}, auditBound)
+		if len(problems) > 0 {
 			t.Errorf("fault %q: of %d sessions that succeeded, some are not fully audited and recorded:\n  %s",
-				f.name, len(ok), strings.Join(r.problems, "\n  "))
+				f.name, len(ok), strings.Join(problems, "\n  "))
 		}
+		r.problems = append(r.problems, problems...)
 	}
 }
 
@@ -446,21 +476,21 @@ func (c *chaosCluster) recover(t *testing.T, name string, phase int) (session, r
 	return session, ready
 }
 
-// verify checks, through each auth server's API, that every command in
-// cmds (a session that succeeded) has a session.start and a session.end,
-// and a complete recording that verifies against the hash session.end
-// carries; it waits up to auditBound for stragglers (uploads run after
-// the session). It returns what is missing, per auth server; and runs
-// `pctl recordings verify` on one of them through the second auth server.
-func (c *chaosCluster) verify(t *testing.T, cmds []string) []string {
+// verify checks, through the API of each auth server in auths, that
+// every command in cmds (a session that succeeded) has a session.start
+// and a session.end, and a complete recording that verifies against the
+// hash session.end carries; it waits up to bound for stragglers (uploads
+// run after the session). It returns what is missing, per auth server;
+// and runs `pctl recordings verify` on one of them through the last.
+func (c *chaosCluster) verify(t *testing.T, cmds []string, auths []int, bound time.Duration) []string {
 	t.Helper()
 	var problems []string
-	for a, addr := range c.authAddr {
-		clt, err := auth.NewClient(auth.ClientConfig{Addr: addr, Identity: c.identity})
+	for _, a := range auths {
+		clt, err := auth.NewClient(auth.ClientConfig{Addr: c.authAddr[a], Identity: c.identity, Timeout: 20 * time.Second})
 		require.NoError(t, err)
 		pending := slices.Clone(cmds)
 		var why map[string]string
-		deadline := time.Now().Add(auditBound)
+		deadline := time.Now().Add(bound)
 		for len(pending) > 0 {
 			why = c.check(clt, pending)
 			pending = pending[:0]
@@ -476,26 +506,26 @@ func (c *chaosCluster) verify(t *testing.T, cmds []string) []string {
 		slices.Sort(pending)
 		for i, cmd := range pending {
 			if i == 5 {
-				problems = append(problems, fmt.Sprintf("through auth server %d: and %d more", a, len(pending)-5))
+				problems = append(problems, fmt.Sprintf("through auth server %d: and %d more", a+1, len(pending)-5))
 				break
 			}
-			problems = append(problems, fmt.Sprintf("through auth server %d: %q: %s", a, cmd, why[cmd]))
+			problems = append(problems, fmt.Sprintf("through auth server %d: %q: %s", a+1, cmd, why[cmd]))
 		}
 		if len(pending) > 0 {
-			problems = append(problems, fmt.Sprintf("through auth server %d: %d of %d sessions incomplete after %v", a, len(pending), len(cmds), auditBound))
+			problems = append(problems, fmt.Sprintf("through auth server %d: %d of %d sessions incomplete after %v", a+1, len(pending), len(cmds), bound))
 		}
 	}
+	last := auths[len(auths)-1]
 	if len(problems) == 0 && len(cmds) > 0 {
-		// The CLI an auditor would use, on one session, through the
-		// second auth server.
-		clt, err := auth.NewClient(auth.ClientConfig{Addr: c.authAddr[1], Identity: c.identity})
+		// The CLI an auditor would use, on one session.
+		clt, err := auth.NewClient(auth.ClientConfig{Addr: c.authAddr[last], Identity: c.identity, Timeout: 20 * time.Second})
 		require.NoError(t, err)
 		defer clt.Close()
 		starts, err := clt.SearchEvents(context.Background(), c.since, events.SessionStart, 10000)
 		require.NoError(t, err)
 		for _, e := range starts {
 			if e.Fields[events.FieldCommand] == cmds[0] {
-				out, errOut, err := pctl(t, c.auths[1].dataDir, "", "recordings", "verify", fmt.Sprint(e.Fields[events.FieldSessionID]))
+				out, errOut, err := pctl(t, c.auths[last].dataDir, "", "recordings", "verify", fmt.Sprint(e.Fields[events.FieldSessionID]))
 				if err != nil || !strings.Contains(out, "hash chain intact") {
 					problems = append(problems, fmt.Sprintf("pctl recordings verify %q: %s%s %v", cmds[0], out, errOut, err))
 				}
@@ -609,9 +639,13 @@ func (c *chaosCluster) authKill(i int) chaosFault {
 }
 
 func (c *chaosCluster) authStop(i int) chaosFault {
+	// Held well past auth.DefaultClientTimeout (30s), the bound of one
+	// call to it: its clients must have failed over by then.
 	return chaosFault{
-		name: fmt.Sprintf("auth server %d SIGSTOP, SIGCONT", i+1),
-		hold: 15 * time.Second,
+		name:        fmt.Sprintf("auth server %d SIGSTOP, SIGCONT", i+1),
+		hold:        45 * time.Second,
+		stoppedAuth: i,
+		checkDuring: 5 * time.Second,
 		inject: func(t *testing.T) {
 			require.NoError(t, c.auths[i].cmd.Process.Signal(syscall.SIGSTOP))
 		},
