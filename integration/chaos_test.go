@@ -209,6 +209,11 @@ type chaosFault struct {
 	// hold, before the stopped one comes back (its clients failed over).
 	stoppedAuth int
 	checkDuring time.Duration
+	// noFailures: the cluster is built to ride this fault out (another
+	// auth server, an etcd quorum, or the proxies' last good view of the
+	// cluster without one), so no short session may fail. A fault that
+	// takes a proxy away drops the sessions through it: those count.
+	noFailures bool
 }
 
 // chaosResult is one row of the results table.
@@ -385,6 +390,11 @@ func (c *chaosCluster) run(t *testing.T, faults []chaosFault) {
 		l.finish()
 		ok := l.ok
 		r.total, r.failed, r.firstErrs = l.total, l.failed, l.errs
+		if f.noFailures && r.failed > 0 {
+			t.Errorf("fault %q: %d of %d sessions failed; the cluster rides this fault out, none may fail. First: %s",
+				f.name, r.failed, r.total, strings.Join(r.firstErrs, "; "))
+			r.problems = append(r.problems, fmt.Sprintf("%d of %d sessions failed", r.failed, r.total))
+		}
 		for _, ls := range longs {
 			ls.end()
 			r.longTotal++
@@ -616,6 +626,9 @@ func chaosTable(results []*chaosResult, took time.Duration) string {
 		held := "all complete"
 		if len(r.problems) > 0 {
 			held = "FAILED: " + strings.ReplaceAll(r.problems[len(r.problems)-1], "|", "/")
+			if r.problems[0] != r.problems[len(r.problems)-1] && !strings.HasPrefix(r.problems[0], "through") {
+				held = "FAILED: " + strings.ReplaceAll(r.problems[0], "|", "/") + "; " + strings.TrimPrefix(held, "FAILED: ")
+			}
 		}
 		long := fmt.Sprintf("%d/%d", r.longFailed, r.longTotal)
 		if r.longTotal == 0 {
@@ -631,10 +644,11 @@ func chaosTable(results []*chaosResult, took time.Duration) string {
 
 func (c *chaosCluster) authKill(i int) chaosFault {
 	return chaosFault{
-		name:   fmt.Sprintf("auth server %d SIGKILL, restart", i+1),
-		hold:   5 * time.Second,
-		inject: func(t *testing.T) { c.auths[i].kill9(t) },
-		heal:   func(t *testing.T) { c.auths[i].restart(t) },
+		name:       fmt.Sprintf("auth server %d SIGKILL, restart", i+1),
+		hold:       5 * time.Second,
+		noFailures: true,
+		inject:     func(t *testing.T) { c.auths[i].kill9(t) },
+		heal:       func(t *testing.T) { c.auths[i].restart(t) },
 	}
 }
 
@@ -646,6 +660,7 @@ func (c *chaosCluster) authStop(i int) chaosFault {
 		hold:        45 * time.Second,
 		stoppedAuth: i,
 		checkDuring: 5 * time.Second,
+		noFailures:  true,
 		inject: func(t *testing.T) {
 			require.NoError(t, c.auths[i].cmd.Process.Signal(syscall.SIGSTOP))
 		},
@@ -669,17 +684,19 @@ func (c *chaosCluster) proxyKill(i int) chaosFault {
 
 func (c *chaosCluster) etcdMemberDown(i int) chaosFault {
 	return chaosFault{
-		name:   fmt.Sprintf("etcd member %d down", i+1),
-		hold:   8 * time.Second,
-		inject: func(t *testing.T) { c.etcd.Members[i].Stop() },
-		heal:   func(t *testing.T) { c.etcd.Members[i].Restart(t) },
+		name:       fmt.Sprintf("etcd member %d down", i+1),
+		hold:       8 * time.Second,
+		noFailures: true,
+		inject:     func(t *testing.T) { c.etcd.Members[i].Stop() },
+		heal:       func(t *testing.T) { c.etcd.Members[i].Restart(t) },
 	}
 }
 
 func (c *chaosCluster) etcdQuorumLost() chaosFault {
 	return chaosFault{
-		name: "etcd quorum lost (2 of 3 down)",
-		hold: 15 * time.Second,
+		name:       "etcd quorum lost (2 of 3 down)",
+		hold:       15 * time.Second,
+		noFailures: true,
 		inject: func(t *testing.T) {
 			c.etcd.Members[0].Stop()
 			c.etcd.Members[1].Stop()
@@ -698,8 +715,9 @@ func (c *chaosCluster) etcdQuorumLost() chaosFault {
 func (c *chaosCluster) etcdLeaderStopped() chaosFault {
 	var leader *etcdtest.Server
 	return chaosFault{
-		name: "etcd leader stopped",
-		hold: 8 * time.Second,
+		name:       "etcd leader stopped",
+		hold:       8 * time.Second,
+		noFailures: true,
 		inject: func(t *testing.T) {
 			require.Eventually(t, func() bool {
 				for _, m := range c.etcd.Members {
