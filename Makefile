@@ -4,7 +4,7 @@
 #   make run-ha build and start etcd x3, auth x2, proxy x2, node x2 in ./.postern-ha
 #               (both: PORT_BASE=N moves every port, see scripts/ports.sh)
 #   make test   every test (race detector on), as CI runs it
-#   make chaos  the full fault-injection test (root, ~10 minutes)
+#   make chaos  the full fault-injection test (root, ~5 minutes)
 #
 GO        ?= go
 BUILD_DIR ?= build
@@ -74,7 +74,7 @@ bench:
 # load, through auth SIGKILL and SIGSTOP, proxy SIGKILL, an etcd member
 # down, quorum lost, the etcd leader stopped and a rolling restart of
 # everything; it prints the results table. Root (network namespaces),
-# about ten minutes. `make test` runs its short form, TestChaosShort.
+# about five minutes. `make test` runs its short form, TestChaosShort.
 chaos:
 	POSTERN_CHAOS=1 $(GO) test -race -count=1 -v -run '^TestChaos' -timeout 30m ./integration/
 
