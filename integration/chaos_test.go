@@ -44,7 +44,9 @@ func TestChaosShort(t *testing.T) {
 }
 
 // TestChaosFull is every fault of docs/reliability.md, in turn: it runs
-// only with POSTERN_CHAOS=1 (`make chaos`), for about five minutes (plus a minute per fault that fails: the audit check waits for stragglers).
+// only with POSTERN_CHAOS=1 (`make chaos`), for about five minutes (a
+// minute more per fault that loses sessions: the check waits for
+// stragglers).
 func TestChaosFull(t *testing.T) {
 	if os.Getenv(chaosEnv) != "1" {
 		t.Skipf("the full fault-injection run takes about five minutes: set %s=1 to run it (make chaos); TestChaosShort is its CI form", chaosEnv)
