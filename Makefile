@@ -4,6 +4,7 @@
 #   make run-ha build and start etcd x3, auth x2, proxy x2, node x2 in ./.postern-ha
 #               (both: PORT_BASE=N moves every port, see scripts/ports.sh)
 #   make test   every test (race detector on), as CI runs it
+#   make chaos  the full fault-injection test (root, ~5 minutes)
 #
 GO        ?= go
 BUILD_DIR ?= build
@@ -15,7 +16,7 @@ FUZZTIME  ?= 10s
 
 BINARIES := postern psh pctl
 
-.PHONY: all build run run-ha test test-go test-integration bench bench-report fuzz lint clean web e2e
+.PHONY: all build run run-ha test test-go test-integration bench bench-report chaos fuzz lint clean web e2e
 
 all: build
 
@@ -66,6 +67,16 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(or $(BENCHTIME),2x) -timeout 30m ./...
 	@if [ "$(BENCH_OPENSSH)" = 1 ]; then BUILD_DIR="$(abspath $(BUILD_DIR))" ./bench/postern-vs-openssh.sh; fi
 	@if [ "$(BENCH_LOAD)" = 1 ]; then BUILD_DIR="$(abspath $(BUILD_DIR))" ./bench/load.sh; fi
+
+# chaos runs the full fault-injection test (integration TestChaosFull,
+# docs/reliability.md): a three-member etcd, two auth servers sharing an
+# S3 bucket, two proxies and a tunnel node in a network namespace, under
+# load, through auth SIGKILL and SIGSTOP, proxy SIGKILL, an etcd member
+# down, quorum lost, the etcd leader stopped and a rolling restart of
+# everything; it prints the results table. Root (network namespaces),
+# about five minutes. `make test` runs its short form, TestChaosShort.
+chaos:
+	POSTERN_CHAOS=1 $(GO) test -race -count=1 -v -run '^TestChaos' -timeout 30m ./integration/
 
 # bench-report runs the side-by-side suite (direct, bare x/crypto hop
 # bench/barehop, Postern, sshd bastion) REPORT_RUNS times (default 2) and

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -26,20 +27,45 @@ import (
 // launchDaemon starts `postern start` on loopback ports without waiting
 // for it; waitDaemon waits until its auth API answers pctl. Split so that
 // several daemons can be started at the same instant.
+// A listener flag in extra (--auth-addr 127.0.0.1:PORT, to come back on
+// the same address after a restart) replaces its 127.0.0.1:0 default.
 func launchDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
 	t.Helper()
-	args := append([]string{"start", "--data-dir", dataDir, "--cluster-name", clusterName,
-		"--auth-addr", "127.0.0.1:0", "--node-addr", "127.0.0.1:0", "--ssh-addr", "127.0.0.1:0",
-		"--web-addr", "127.0.0.1:0", "--tunnel-addr", "127.0.0.1:0", "--diag-addr", "127.0.0.1:0"}, extra...)
-	d := &daemon{cmd: exec.Command(bin("postern"), args...), dataDir: dataDir, stderr: &syncBuffer{}, done: make(chan error, 1)}
-	d.cmd.Stderr = d.stderr
-	require.NoError(t, d.cmd.Start())
-	go func() { d.done <- d.cmd.Wait() }()
+	args := []string{"start", "--data-dir", dataDir, "--cluster-name", clusterName}
+	for _, flag := range []string{"--auth-addr", "--node-addr", "--ssh-addr", "--web-addr", "--tunnel-addr", "--diag-addr"} {
+		if !slices.Contains(extra, flag) {
+			args = append(args, flag, "127.0.0.1:0")
+		}
+	}
+	d := &daemon{dataDir: dataDir, stderr: &syncBuffer{}}
+	d.exec(t, append(args, extra...))
 	t.Cleanup(func() {
 		d.cmd.Process.Kill()
 		<-d.done
 	})
 	return d
+}
+
+// exec starts the process with args; the one Cleanup of launchDaemon
+// kills whichever process is current.
+func (d *daemon) exec(t *testing.T, args []string) {
+	t.Helper()
+	cmd, done := exec.Command(bin("postern"), args...), make(chan error, 1)
+	cmd.Stderr = d.stderr
+	require.NoError(t, cmd.Start())
+	go func() { done <- cmd.Wait() }()
+	d.cmd, d.done = cmd, done
+}
+
+// restart starts the daemon again with the same arguments (same data dir
+// and, given fixed listener addresses, the same ports) after it exited,
+// and waits for it.
+func (d *daemon) restart(t *testing.T) {
+	t.Helper()
+	err := <-d.done
+	d.done <- err
+	d.exec(t, d.cmd.Args[1:])
+	d.wait(t)
 }
 
 func (d *daemon) wait(t *testing.T) {

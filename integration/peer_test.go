@@ -189,6 +189,13 @@ func leaseHolders(t testing.TB, clt *auth.Client, node string) []string {
 // ports so that it can be killed and started again.
 func startNSProxyDaemon(t *testing.T, authDir string, a *service.Process, name, host string) *proxyDaemon {
 	t.Helper()
+	return startNSProxyDaemonVia(t, authDir, a.Addr(service.ListenerAuth).String(), name, host)
+}
+
+// startNSProxyDaemonVia is startNSProxyDaemon joined to the auth servers
+// in authServers (comma-separated, failover).
+func startNSProxyDaemonVia(t *testing.T, authDir, authServers, name, host string) *proxyDaemon {
+	t.Helper()
 	m := joinRe.FindStringSubmatch(mustPctl(t, authDir, "", "tokens", "add", "--type", "proxy"))
 	require.NotNil(t, m)
 	d := &proxyDaemon{dataDir: t.TempDir()}
@@ -198,7 +205,7 @@ func startNSProxyDaemon(t *testing.T, authDir string, a *service.Process, name, 
 	cfgFile := filepath.Join(t.TempDir(), "postern.yaml")
 	require.NoError(t, os.WriteFile(cfgFile, []byte("public_addrs: ["+host+"]\n"), 0o600))
 	d.args = []string{"start", "--config", cfgFile, "--roles", "proxy", "--data-dir", d.dataDir, "--nodename", name,
-		"--auth-server", a.Addr(service.ListenerAuth).String(),
+		"--auth-server", authServers,
 		"--ssh-addr", d.sshAddr, "--web-addr", d.webAddr, "--tunnel-addr", d.tunAddr, "--diag-addr", d.diagAddr, "--peer-addr", lport()}
 	d.start(t, "--token", m[1], "--ca-pin", m[2])
 	return d

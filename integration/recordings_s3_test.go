@@ -28,19 +28,7 @@ import (
 // own disk and answered "not found" for the other half.
 func TestRecordingsSharedAcrossAuthServers(t *testing.T) {
 	requireOpenSSH(t, "ssh")
-	s3 := s3test.Start(t, s3test.Options{TLS: true})
-	cfgFile := filepath.Join(t.TempDir(), "postern.yaml")
-	require.NoError(t, os.WriteFile(cfgFile, []byte(fmt.Sprintf(`recordings:
-  s3:
-    endpoint: %s
-    bucket: %s
-    region: %s
-    access_key_file: %s
-    secret_key_file: %s
-    tls_ca_file: %s
-    path_style: true
-  retention: 90d
-`, s3.Endpoint, s3.Bucket, s3.Region, s3.AccessKeyFile, s3.SecretKeyFile, s3.CAFile)), 0o600))
+	cfgFile := s3RecordingsConfig(t, s3test.Start(t, s3test.Options{TLS: true}))
 
 	etcd := etcdtest.StartCluster(t, 1)
 	args := []string{"--roles", "auth", "--backend", "etcd", "--etcd-endpoints", strings.Join(etcd.Endpoints, ","), "--config", cfgFile}
@@ -96,4 +84,23 @@ func TestRecordingsSharedAcrossAuthServers(t *testing.T) {
 			require.Regexp(t, `OK: \d+ chunks, hash chain intact .*complete`, out, "%s through the %s auth server", node, name)
 		}
 	}
+}
+
+// s3RecordingsConfig writes a postern.yaml that keeps recordings in the
+// bucket of s3 (over TLS, path-style) and returns its path.
+func s3RecordingsConfig(t *testing.T, s3 *s3test.Server) string {
+	t.Helper()
+	cfgFile := filepath.Join(t.TempDir(), "postern.yaml")
+	require.NoError(t, os.WriteFile(cfgFile, []byte(fmt.Sprintf(`recordings:
+  s3:
+    endpoint: %s
+    bucket: %s
+    region: %s
+    access_key_file: %s
+    secret_key_file: %s
+    tls_ca_file: %s
+    path_style: true
+  retention: 90d
+`, s3.Endpoint, s3.Bucket, s3.Region, s3.AccessKeyFile, s3.SecretKeyFile, s3.CAFile)), 0o600))
+	return cfgFile
 }

@@ -49,6 +49,8 @@ type nsNode struct {
 	dataDir string
 	stderr  *syncBuffer
 	done    chan error
+	// args are the arguments of the last start, for a restart.
+	args []string
 }
 
 // startNSNode starts the node binary in ns, joined through the proxy's
@@ -89,6 +91,7 @@ func startNSNode(t *testing.T, ns *netNS, c *allInOne, clt *auth.Client, name st
 
 func (n *nsNode) start(t *testing.T, ns *netNS, args []string) {
 	t.Helper()
+	n.args = args
 	n.cmd = ns.command(bin("postern"), args...)
 	n.cmd.Stderr = n.stderr
 	n.done = make(chan error, 1)
