@@ -94,6 +94,8 @@ type Client struct {
 	servers   *authServers
 	transport *http.Transport
 	http      *http.Client
+	// tlsCfg is the client's mutual TLS, for DialRelay's liveness check.
+	tlsCfg *tls.Config
 
 	// closeCtx ends the fail-back probe (failover.go) on Close; wg waits
 	// for it.
@@ -147,6 +149,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		servers:   newAuthServers(addrs, cfg.Clock, cfg.Logger),
 		transport: transport,
 		http:      &http.Client{Transport: transport},
+		tlsCfg:    tlsCfg,
 		closeCtx:  closeCtx,
 		closeFn:   closeFn,
 	}, nil

@@ -301,6 +301,54 @@ func unwrapDialError(err error) string {
 	return err.Error()
 }
 
+// DialRelay connects to an auth server for a byte stream relayed on behalf
+// of another host (a tunnel node's auth calls through this proxy). The TLS
+// inside is that host's, so nothing here would see a frozen server (one
+// that accepts TCP and never answers) swallow every relayed connection,
+// and the host behind the relay cannot pick another server itself. So the
+// servers are tried in this client's own order (the one its calls go to
+// first, suspects last), and each, before it is handed out, must complete
+// a TLS handshake of this client's own under DialTimeout; one that does
+// not is marked suspect (this client's calls move too) and the next is
+// tried. The check costs one extra handshake per relayed connection, and
+// relayed connections are pooled by the host.
+func (c *Client) DialRelay(ctx context.Context) (net.Conn, error) {
+	if c.cfg.Dial != nil {
+		return nil, trace.BadParameter("auth client: DialRelay on a client that itself dials through a relay")
+	}
+	d := &tlsDialer{tls: c.tlsCfg, timeout: c.cfg.DialTimeout}
+	var errs []string
+	for _, idx := range c.servers.order() {
+		addr := c.servers.addrs[idx]
+		conn, err := c.dialLive(ctx, d, addr)
+		if err == nil {
+			return conn, nil
+		}
+		if ctx.Err() != nil {
+			return nil, trace.Wrap(err)
+		}
+		c.servers.suspect(idx, err)
+		errs = append(errs, err.Error())
+	}
+	return nil, trace.ConnectionProblem(nil, "no auth server reachable: %s", strings.Join(errs, "; "))
+}
+
+// dialLive checks that addr completes a TLS handshake, then opens the raw
+// connection to relay.
+func (c *Client) dialLive(ctx context.Context, d *tlsDialer, addr string) (net.Conn, error) {
+	probe, err := d.DialTLSContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	probe.Close()
+	nd := net.Dialer{Timeout: d.timeout, KeepAlive: 30 * time.Second}
+	conn, err := nd.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, trace.ConnectionProblem(err, "%s", unwrapDialError(err))
+	}
+	return conn, nil
+}
+
 // DialAny dials the first reachable of a comma-separated list of auth API
 // addresses, for what splices raw bytes to auth (a tunnel node's auth
 // calls, the join relay).

@@ -461,3 +461,49 @@ func TestAPIShutdownLosesNoCalls(t *testing.T) {
 	require.Equal(t, 1, nodeClt.servers.current())
 	require.Equal(t, 1, adminClt.servers.current())
 }
+
+// TestDialRelaySkipsAFrozenServer: what a proxy relays for a tunnel node
+// (whose TLS it cannot see) goes to a server that completes a handshake
+// with the proxy's own identity, never to a frozen one listed first; the
+// frozen one is marked suspect for the proxy's own calls too. The relayed
+// connection then carries a real mutual-TLS call of its own.
+func TestDialRelaySkipsAFrozenServer(t *testing.T) {
+	env := newTestAuth(t)
+	frozen := frozenListener(t)
+	startAPI(t, env)
+
+	id, err := ReadIdentity(env.adminDir)
+	require.NoError(t, err)
+	const dialTimeout = 300 * time.Millisecond
+	clt, err := NewClient(ClientConfig{Addr: frozen.Addr().String() + "," + env.addr, Identity: id, Clock: env.clock, DialTimeout: dialTimeout})
+	require.NoError(t, err)
+	defer clt.Close()
+	require.Equal(t, 0, clt.servers.current())
+
+	ctx := context.Background()
+	start := time.Now()
+	conn, err := clt.DialRelay(ctx)
+	require.NoError(t, err)
+	require.Less(t, time.Since(start), dialTimeout+2*time.Second)
+	require.Equal(t, env.addr, conn.RemoteAddr().String())
+	require.Equal(t, 1, clt.servers.current(), "the proxy's own calls move off the frozen server too")
+
+	// A host behind the relay speaks its own TLS on the connection.
+	relayed, err := NewClient(ClientConfig{
+		Addr: env.addr, Identity: id, Clock: env.clock,
+		Dial: func(context.Context, string, string) (net.Conn, error) {
+			if c := conn; c != nil {
+				conn = nil
+				return c, nil
+			}
+			return nil, errors.New("one relayed connection only")
+		},
+	})
+	require.NoError(t, err)
+	defer relayed.Close()
+	_, err = relayed.Ping(ctx)
+	require.NoError(t, err)
+
+	_, err = relayed.DialRelay(ctx)
+	require.Error(t, err, "a client that dials through a relay relays nothing")
+}

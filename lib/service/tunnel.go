@@ -47,6 +47,13 @@ func (p *Process) dialAuthAPI(ctx context.Context) (net.Conn, error) {
 	if addr == "" {
 		return nil, trace.NotFound("this proxy knows no auth server")
 	}
+	if clt := p.authClient; clt != nil && p.Addr(ListenerAuth) == nil {
+		// Once joined, relay to a server that answers this proxy
+		// (auth.Client.DialRelay): a frozen auth server must not hold
+		// every tunnel node's calls.
+		nc, err := clt.DialRelay(ctx)
+		return nc, trace.Wrap(err)
+	}
 	nc, err := auth.DialAny(ctx, addr)
 	return nc, trace.Wrap(err)
 }
