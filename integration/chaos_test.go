@@ -32,15 +32,15 @@ import (
 const chaosEnv = "POSTERN_CHAOS"
 
 // TestChaosShort is the CI form of the fault-injection test (see
-// chaosCluster): an auth server SIGKILLed and restarted, then
-// one etcd member down, one after another with
+// chaosCluster): an auth server SIGKILLed and restarted, an auth server
+// SIGSTOPped and SIGCONTed, one etcd member down, one after another with
 // recovery in between, under load. After each fault every session that
 // succeeded must have its session.start and session.end in the audit log
 // and a complete recording that verifies, read through either auth
 // server. docs/reliability.md describes it.
 func TestChaosShort(t *testing.T) {
 	c := startChaosCluster(t)
-	c.run(t, []chaosFault{c.authKill(0), c.etcdMemberDown(2)})
+	c.run(t, []chaosFault{c.authKill(0), c.authStop(1), c.etcdMemberDown(2)})
 }
 
 // TestChaosFull is every fault of docs/reliability.md, in turn: it runs

@@ -111,6 +111,9 @@ type APIServer struct {
 	// (watches) return on it.
 	closing   chan struct{}
 	closeOnce sync.Once
+	// keepAlive is how often watch streams are pinged; zero means
+	// DefaultWatchKeepAlive (tests shorten it).
+	keepAlive time.Duration
 
 	// mu guards closed and the Add side of handlers: no handler may start
 	// once closed is set, so handlers.Wait in Close does not race with Add.

@@ -96,6 +96,9 @@ type Client struct {
 	http      *http.Client
 	// tlsCfg is the client's mutual TLS, for DialRelay's liveness check.
 	tlsCfg *tls.Config
+	// watchSilence is how long a watch stream may stay silent before it
+	// is given up (DefaultWatchSilence; tests shorten it).
+	watchSilence time.Duration
 
 	// closeCtx ends the fail-back probe (failover.go) on Close; wg waits
 	// for it.
@@ -150,8 +153,10 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		transport: transport,
 		http:      &http.Client{Transport: transport},
 		tlsCfg:    tlsCfg,
-		closeCtx:  closeCtx,
-		closeFn:   closeFn,
+
+		watchSilence: DefaultWatchSilence,
+		closeCtx:     closeCtx,
+		closeFn:      closeFn,
 	}, nil
 }
 

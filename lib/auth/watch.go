@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/gravitational/trace"
 	"github.com/sirupsen/logrus"
@@ -114,7 +116,22 @@ func (a *APIServer) watchEvents(w http.ResponseWriter, r *http.Request, p *peer,
 	defer watcher.Close()
 	flusher, _ := w.(http.Flusher)
 	w.Header().Set("Content-Type", "application/x-ndjson")
+	// Keep-alives only for a client that asked: an older one would take
+	// the unknown event for a broken stream.
+	var keepalive <-chan time.Time
+	if q.Get(watchKeepAliveParam) == "1" {
+		every := a.watchKeepAlive()
+		w.Header().Set(headerWatchKeepAlive, every.String())
+		t := time.NewTicker(every)
+		defer t.Stop()
+		keepalive = t.C
+	}
 	w.WriteHeader(http.StatusOK)
+	if flusher != nil {
+		// The headers now: a client tells a live server from a frozen
+		// one by how soon it hears from it.
+		flusher.Flush()
+	}
 	enc := json.NewEncoder(w)
 	send := func(ev authapi.WatchEvent) bool {
 		if err := enc.Encode(ev); err != nil {
@@ -146,6 +163,10 @@ func (a *APIServer) watchEvents(w http.ResponseWriter, r *http.Request, p *peer,
 				Revision: ev.Item.Revision,
 			}
 			if !send(we) {
+				return
+			}
+		case <-keepalive:
+			if !send(authapi.WatchEvent{Type: authapi.WatchEventPing}) {
 				return
 			}
 		case <-watcher.Done():
@@ -180,6 +201,7 @@ func (c *Client) newWatcher(ctx context.Context, path string, watch backend.Watc
 	if watch.QueueSize > 0 {
 		q.Set("queue_size", strconv.Itoa(watch.QueueSize))
 	}
+	q.Set(watchKeepAliveParam, "1")
 	size := watch.QueueSize
 	if size <= 0 {
 		size = backend.DefaultWatchQueueSize
@@ -190,6 +212,7 @@ func (c *Client) newWatcher(ctx context.Context, path string, watch backend.Watc
 		return req, trace.Wrap(err)
 	}
 	var resp *http.Response
+	server := -1
 	handle := func(r *http.Response) (bool, error) {
 		if r.StatusCode != http.StatusOK {
 			return false, authapi.ReadErrorResponse(r)
@@ -197,22 +220,123 @@ func (c *Client) newWatcher(ctx context.Context, path string, watch backend.Watc
 		resp = r
 		return true, nil
 	}
-	// The watch goes to the server calls go to, failing over like them
-	// when it cannot be opened there; once open, a broken stream is its
-	// owner's to re-open (Done, Error).
+	// A frozen server (SIGSTOPped: it accepts, and never answers) would
+	// hold the watch forever, and its owner would serve a view that no
+	// longer moves: nodes that heartbeat elsewhere expire from it. So the
+	// stream must be heard from: its headers within c.watchSilence, then
+	// a line (an event or the server's keep-alive) at least that often.
+	// When it falls silent the request is cancelled, the server is marked
+	// suspect (the re-opened watch and the next calls go elsewhere), and
+	// the owner re-syncs. Real time, like every I/O deadline here: a fake
+	// clock would never end a stream.
+	silence := newSilenceGuard(c.watchSilence, cancel)
+	newReq = c.trackServer(newReq, &server)
 	if err := c.send(wctx, http.MethodGet, path, 0, newReq, handle); err != nil {
+		silence.stop()
 		cancel()
+		if silence.fired() {
+			err = c.watchSilent(server, err)
+		}
 		return nil, trace.Wrap(err)
 	}
+	if resp.Header.Get(headerWatchKeepAlive) == "" {
+		// An older server sends no keep-alives: a quiet stream is no sign.
+		silence.stop()
+	}
 	w := &remoteWatcher{
-		events: make(chan backend.Event, size),
-		done:   make(chan struct{}),
-		cancel: cancel,
+		events:  make(chan backend.Event, size),
+		done:    make(chan struct{}),
+		cancel:  cancel,
+		silence: silence,
+		silent:  func(err error) error { return c.watchSilent(server, err) },
 	}
 	w.wg.Add(1)
 	go w.run(wctx, resp)
 	return w, nil
 }
+
+// watchSilent marks the server a watch fell silent on as suspect and says
+// so.
+func (c *Client) watchSilent(server int, cause error) error {
+	addr := c.cfg.Addr
+	if server >= 0 {
+		addr = c.servers.addrs[server]
+		c.servers.suspect(server, cause)
+	}
+	return trace.ConnectionProblem(cause, "the auth server at %s sent nothing on the watch for %v: it is not answering", addr, c.watchSilence)
+}
+
+// trackServer wraps newReq to record which server (its index in
+// c.servers) the request went to last.
+func (c *Client) trackServer(newReq func(ctx context.Context, base string) (*http.Request, error), server *int) func(ctx context.Context, base string) (*http.Request, error) {
+	return func(ctx context.Context, base string) (*http.Request, error) {
+		*server = slices.Index(c.servers.addrs, strings.TrimPrefix(base, "https://"))
+		return newReq(ctx, base)
+	}
+}
+
+// Watch keep-alives: a client asks with watchKeepAliveParam=1; the server
+// then says how often it pings (headerWatchKeepAlive) and writes a ping
+// line at least that often. The client allows three intervals of silence.
+const (
+	watchKeepAliveParam  = "keepalive"
+	headerWatchKeepAlive = "Postern-Watch-Keepalive"
+	// DefaultWatchKeepAlive: a line every 5 s costs nothing, and three
+	// missed (15 s) is well inside a node record's 30 s TTL, so a proxy
+	// leaves a frozen server before the nodes it can no longer see
+	// expire from its view.
+	DefaultWatchKeepAlive = 5 * time.Second
+	// DefaultWatchSilence is how long a client waits to hear from a
+	// watch stream (headers, an event or a ping) before it gives up on
+	// the server.
+	DefaultWatchSilence = 3 * DefaultWatchKeepAlive
+)
+
+// watchKeepAlive is how often this server pings its watch streams.
+func (a *APIServer) watchKeepAlive() time.Duration {
+	if a.keepAlive > 0 {
+		return a.keepAlive
+	}
+	return DefaultWatchKeepAlive
+}
+
+// silenceGuard cancels a watch stream that has not been heard from for
+// its period; reset by every line. A nil guard never fires.
+type silenceGuard struct {
+	period time.Duration
+	timer  *time.Timer
+	// silent is set when the timer fired; off once stopped (heard must
+	// not re-arm it).
+	silent, off atomic.Bool
+}
+
+func newSilenceGuard(period time.Duration, cancel context.CancelFunc) *silenceGuard {
+	g := &silenceGuard{period: period}
+	g.timer = time.AfterFunc(period, func() {
+		g.silent.Store(true)
+		cancel()
+	})
+	return g
+}
+
+// heard restarts the period (a line arrived).
+func (g *silenceGuard) heard() {
+	if g != nil && !g.off.Load() {
+		g.timer.Reset(g.period)
+	}
+}
+
+// stop ends the guard for good.
+func (g *silenceGuard) stop() {
+	if g == nil {
+		return
+	}
+	g.off.Store(true)
+	g.timer.Stop()
+}
+
+// fired says the stream was cancelled for its silence.
+func (g *silenceGuard) fired() bool { return g != nil && g.silent.Load() }
 
 // remoteWatcher is a backend.Watcher fed by the watch stream. It owns one
 // goroutine (run), which Close stops by cancelling the request and waits for.
@@ -221,6 +345,10 @@ type remoteWatcher struct {
 	done   chan struct{}
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// silence ends the stream when the server falls silent; silent is
+	// the error that says so (and marks the server suspect).
+	silence *silenceGuard
+	silent  func(cause error) error
 
 	// mu guards err.
 	mu  sync.Mutex
@@ -236,7 +364,9 @@ func (w *remoteWatcher) run(ctx context.Context, resp *http.Response) {
 	sc := bufio.NewScanner(resp.Body)
 	// A node record is small, but leave room for labels.
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	defer w.silence.stop()
 	for sc.Scan() {
+		w.silence.heard()
 		var we authapi.WatchEvent
 		if err := json.Unmarshal(sc.Bytes(), &we); err != nil {
 			w.setErr(trace.BadParameter("corrupt watch event: %v", err))
@@ -244,6 +374,8 @@ func (w *remoteWatcher) run(ctx context.Context, resp *http.Response) {
 		}
 		var ev backend.Event
 		switch we.Type {
+		case authapi.WatchEventPing:
+			continue
 		case "init":
 			ev.Type = backend.OpInit
 		case "put":
@@ -263,6 +395,10 @@ func (w *remoteWatcher) run(ctx context.Context, resp *http.Response) {
 		case <-ctx.Done():
 			return
 		}
+	}
+	if w.silence.fired() {
+		w.setErr(w.silent(sc.Err()))
+		return
 	}
 	if ctx.Err() != nil {
 		return // closed by its owner: no error

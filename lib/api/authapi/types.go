@@ -215,8 +215,9 @@ type ShipEventsResponse struct {
 // WatchEvent is one line of a watch stream (/v1/watch/...): JSON lines
 // over one long HTTP response.
 type WatchEvent struct {
-	// Type is "init", "put", "delete", or "error" (the server's watcher
-	// broke; Error says why, and the stream ends).
+	// Type is "init", "put", "delete", "error" (the server's watcher
+	// broke; Error says why, and the stream ends) or "ping" (a keep-alive,
+	// sent only to a client that asked with keepalive=1).
 	Type     string    `json:"type"`
 	Key      string    `json:"key,omitempty"`
 	Value    []byte    `json:"value,omitempty"`
@@ -224,6 +225,9 @@ type WatchEvent struct {
 	Revision int64     `json:"revision,omitempty"`
 	Error    string    `json:"error,omitempty"`
 }
+
+// WatchEventPing is a watch stream's keep-alive line.
+const WatchEventPing = "ping"
 
 // KnownHostsLines formats host CA keys (HostSigner.CheckingKeys) as
 // known_hosts lines ("@cert-authority * KEY"), for psh and `pctl auth
