@@ -1,6 +1,7 @@
 package srv
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"testing"
@@ -182,12 +183,19 @@ func TestShutdownForcesAfterDeadline(t *testing.T) {
 	s, err := c.NewSession()
 	require.NoError(t, err)
 	defer s.Close()
-	require.NoError(t, s.Start("sleep 60"))
+	var stderr bytes.Buffer // read after Wait, which waits for the copy
+	s.Stderr = &stderr
+	stdout, err := s.StdoutPipe()
+	require.NoError(t, err)
+	w := watchOutput(stdout)
+	require.NoError(t, s.Start("echo started; sleep 60"))
+	w.waitFor(t, "started")
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // no grace at all
 	require.ErrorIs(t, e.srv.Shutdown(ctx), context.Canceled)
-	// The client sees its connection end.
+	// The client sees its connection end, and reads why on stderr.
 	require.Error(t, s.Wait())
+	require.Contains(t, stderr.String(), MsgShuttingDown)
 }
 
 // onlyConn returns the server's single connection.

@@ -126,6 +126,19 @@ func (c *conn) lockOut(err error) {
 // proxy's grace, ends the connection with msg as its cause. The caller
 // has won c.ending.
 func (c *conn) endWith(msg string) {
+	c.tell(msg, c.srv.policy.lockOutGrace)
+}
+
+// tellAndClose is endWith without the proxy's grace: the server is going
+// away now. The caller has won c.ending.
+func (c *conn) tellAndClose(msg string) {
+	c.tell(msg, 0)
+}
+
+// tell writes msg to the open sessions' stderr, waits grace (if any, or
+// until the connection ends), and closes the connection with msg as its
+// cause.
+func (c *conn) tell(msg string, grace time.Duration) {
 	c.mu.Lock()
 	sessions := make([]*session, 0, len(c.sessions))
 	for s := range c.sessions {
@@ -152,13 +165,13 @@ func (c *conn) endWith(msg string) {
 	case <-timer.Chan():
 	}
 	timer.Stop()
-	if d := c.srv.policy.lockOutGrace; d > 0 {
-		grace := c.cfg.Clock.NewTimer(d)
+	if grace > 0 {
+		t := c.cfg.Clock.NewTimer(grace)
 		select {
-		case <-grace.Chan():
+		case <-t.Chan():
 		case <-c.ctx.Done():
 		}
-		grace.Stop()
+		t.Stop()
 	}
 	c.close(msg)
 	<-written

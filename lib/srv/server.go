@@ -162,12 +162,47 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.waitLocks()
 		return nil
 	case <-ctx.Done():
+		// Tell first: cancelling the server's context ends the
+		// connections derived from it before they could read why.
+		s.endConns(MsgShuttingDown)
 		s.cancel()
-		s.closeConns()
 		<-done
 		s.waitLocks()
 		return trace.Wrap(ctx.Err())
 	}
+}
+
+// MsgShuttingDown is what an open session reads on stderr when the server
+// ends it at the end of its shutdown grace (a proxy draining on SIGTERM):
+// without it the user sees only "Broken pipe" and looks for the fault in
+// their network. (SSH has a disconnect message for this, but x/crypto
+// offers no way to send one; and a session forwarded with `ssh -J` is
+// end to end, with no stream of the proxy's to write to.)
+const MsgShuttingDown = "postern: this server is shutting down and its grace period is over; connect again to reach another"
+
+// endConns ends every connection, telling its open sessions msg on stderr
+// first (bounded like a lock's message: a client that stopped reading
+// does not hold the shutdown).
+func (s *Server) endConns(msg string) {
+	s.mu.Lock()
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, c := range conns {
+		if !c.ending.CompareAndSwap(false, true) {
+			c.close("server closing")
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.tellAndClose(msg)
+		}()
+	}
+	wg.Wait()
 }
 
 // waitLocks waits for enforceLocks and enforceTrust to return after
