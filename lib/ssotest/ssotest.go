@@ -326,7 +326,7 @@ func formError(page []byte) string {
 func (p *Provider) IDToken(ctx context.Context, username, password, nonce string) (string, error) {
 	cfg := &oauth2.Config{
 		ClientID: p.ClientID, ClientSecret: p.ClientSecret, RedirectURL: p.RedirectURLs[0],
-		Endpoint: oauth2.Endpoint{AuthURL: p.Issuer + "authorize", TokenURL: p.Issuer + "oauth/token"},
+		Endpoint: oauth2.Endpoint{AuthURL: p.Issuer + "auth", TokenURL: p.Issuer + "oauth/token"},
 		Scopes:   []string{"openid", "email", "profile"},
 	}
 	verifier := oauth2.GenerateVerifier()
