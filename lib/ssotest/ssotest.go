@@ -48,12 +48,12 @@ import (
 type User struct {
 	// Username is what the login form takes (and the preferred_username
 	// claim).
-	Username string
-	Password string
+	Username string `json:"username"`
+	Password string `json:"password"`
 	// Email is the email claim (userinfo, scope "email").
-	Email     string
-	FirstName string
-	LastName  string
+	Email     string `json:"email"`
+	FirstName string `json:"first_name,omitempty"`
+	LastName  string `json:"last_name,omitempty"`
 }
 
 // DefaultUsers are the provider's users when Config.Users is empty.
