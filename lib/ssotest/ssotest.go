@@ -119,9 +119,8 @@ type Provider struct {
 	srv  *httptest.Server
 	pool *x509.CertPool
 
-	mu       sync.Mutex
-	rewrite  func(idToken string) string
-	tokenErr string
+	mu      sync.Mutex
+	rewrite func(idToken string) string
 }
 
 // Start starts a provider; Close stops it.
