@@ -17,6 +17,7 @@ import (
 	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/service"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/srv"
 )
 
 // joinNode starts a node-only process that joins c with a fresh token.
@@ -210,7 +211,8 @@ func TestPshNodeDiesMidSession(t *testing.T) {
 		return false
 	}, 20*time.Second, 100*time.Millisecond)
 
-	// A kill, not a drain (the context is already done).
+	// No grace at all (the context is already done): the node ends the
+	// session at once.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	_ = b.Shutdown(ctx)
@@ -229,7 +231,11 @@ func TestPshNodeDiesMidSession(t *testing.T) {
 	var exitErr *exec.ExitError
 	require.ErrorAs(t, err, &exitErr)
 	require.Equal(t, 255, exitErr.ExitCode())
-	msg := strings.TrimSpace(stderr.String())
-	require.NotContains(t, msg, "\n", "one line: %q", msg)
-	require.True(t, strings.HasPrefix(msg, "psh: connection to second lost"), "stderr: %q", msg)
+	// The node, cut off at the end of its (zero) grace, says why on the
+	// session's stderr; then psh says the connection is gone: one line
+	// each.
+	lines2 := strings.Split(strings.TrimSpace(strings.ReplaceAll(stderr.String(), "\r\n", "\n")), "\n")
+	require.Len(t, lines2, 2, "stderr: %q", stderr.String())
+	require.Equal(t, srv.MsgShuttingDown, lines2[0])
+	require.True(t, strings.HasPrefix(lines2[1], "psh: connection to second lost"), "stderr: %q", stderr.String())
 }
