@@ -114,6 +114,16 @@ func (a *APIServer) registerRoutes() {
 	// Logins with the user's own credentials: the proxy's web API.
 	a.handle("POST /v1/login", allow(proxy), a.authenticateUser)
 	a.handle("POST /v1/login/ssh", allow(proxy), a.authenticateSSHUser)
+	// Single sign-on (sso.go): the proxy starts a login at the identity
+	// provider and hands auth the provider's callback; auth decides.
+	// Connector info (name, type, display) is for the proxy's login page.
+	a.handle("POST /v1/sso/requests", allow(proxy), a.createSSOAuthRequest)
+	a.handle("POST /v1/sso/callback", allow(proxy), a.validateSSOCallback)
+	a.handle("GET /v1/sso/connectors", allow(proxy), a.getSSOConnectors)
+	// SSO connectors: pctl create/get/rm (secrets never leave auth).
+	a.handle("PUT /v1/oidc_connectors", allow(admin), a.upsertOIDCConnector)
+	a.handle("GET /v1/oidc_connectors", allow(admin), a.getOIDCConnectors)
+	a.handle("DELETE /v1/oidc_connectors/{name}", allow(admin), a.deleteOIDCConnector)
 	// Web sessions: any proxy serves any browser (websessions.go says
 	// why a proxy cannot mint a session or a certificate from these, nor
 	// act on a session no browser presented to it: every call names the
@@ -459,4 +469,49 @@ func (a *APIServer) authenticateSSHUser(ctx context.Context, _ *peer, r *http.Re
 	}
 	resp, err := a.auth.AuthenticateSSHUser(ctx, req)
 	return resp, trace.Wrap(err)
+}
+
+func (a *APIServer) createSSOAuthRequest(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+	var req authapi.SSOAuthRequest
+	if err := readJSON(r, &req); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	resp, err := a.auth.CreateSSOAuthRequest(ctx, req)
+	return resp, trace.Wrap(err)
+}
+
+func (a *APIServer) validateSSOCallback(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+	var req authapi.SSOCallbackRequest
+	if err := readJSON(r, &req); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	resp, err := a.auth.ValidateSSOCallback(ctx, req)
+	return resp, trace.Wrap(err)
+}
+
+func (a *APIServer) getSSOConnectors(ctx context.Context, _ *peer, _ *http.Request) (any, error) {
+	cs, err := a.auth.GetSSOConnectors(ctx)
+	return nonNil(cs), trace.Wrap(err)
+}
+
+func (a *APIServer) upsertOIDCConnector(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+	var c services.OIDCConnector
+	if err := readJSON(r, &c); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return nil, trace.Wrap(a.auth.UpsertOIDCConnector(ctx, &c))
+}
+
+// getOIDCConnectors answers the connectors without their inline secrets,
+// even to an admin: the secret is the auth server's alone.
+func (a *APIServer) getOIDCConnectors(ctx context.Context, _ *peer, _ *http.Request) (any, error) {
+	cs, err := a.auth.GetOIDCConnectors(ctx)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return nonNil(cs), nil
+}
+
+func (a *APIServer) deleteOIDCConnector(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+	return nil, trace.Wrap(a.auth.DeleteOIDCConnector(ctx, r.PathValue("name")))
 }

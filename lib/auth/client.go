@@ -176,6 +176,8 @@ var idempotentPuts = map[string]bool{
 	"/v1/proxies":    true,
 	"/v1/roles":      true,
 	"/v1/networking": true,
+	// Replacing a connector with the same body twice is the same.
+	"/v1/oidc_connectors": true,
 }
 
 // idempotent reports whether a call may be sent again after its
@@ -670,6 +672,42 @@ func (c *Client) AuthenticateUser(ctx context.Context, req authapi.AuthRequest) 
 // AuthenticateSSHUser logs a user in and certifies their key (proxy only).
 func (c *Client) AuthenticateSSHUser(ctx context.Context, req authapi.SSHLoginRequest) (*authapi.SSHLoginResponse, error) {
 	return call[authapi.SSHLoginResponse](ctx, c, http.MethodPost, "/v1/login/ssh", nil, req)
+}
+
+// CreateSSOAuthRequest starts an SSO login (proxy only): it answers the
+// identity provider's authorization URL to send the browser to.
+func (c *Client) CreateSSOAuthRequest(ctx context.Context, req authapi.SSOAuthRequest) (*authapi.SSOAuthResponse, error) {
+	return call[authapi.SSOAuthResponse](ctx, c, http.MethodPost, "/v1/sso/requests", nil, req)
+}
+
+// ValidateSSOCallback finishes an SSO login with the identity provider's
+// callback query (proxy only). It is sent once: its state is single use.
+func (c *Client) ValidateSSOCallback(ctx context.Context, req authapi.SSOCallbackRequest) (*authapi.SSOCallbackResponse, error) {
+	return call[authapi.SSOCallbackResponse](ctx, c, http.MethodPost, "/v1/sso/callback", nil, req)
+}
+
+// GetSSOConnectors lists the SSO connectors' names, types and display
+// names (proxy only).
+func (c *Client) GetSSOConnectors(ctx context.Context) ([]authapi.SSOConnectorInfo, error) {
+	var out []authapi.SSOConnectorInfo
+	return out, trace.Wrap(c.do(ctx, http.MethodGet, "/v1/sso/connectors", nil, nil, &out))
+}
+
+// UpsertOIDCConnector creates or replaces an oidc_connector (admin).
+func (c *Client) UpsertOIDCConnector(ctx context.Context, conn *services.OIDCConnector) error {
+	return trace.Wrap(c.do(ctx, http.MethodPut, "/v1/oidc_connectors", nil, conn, nil))
+}
+
+// GetOIDCConnectors lists the oidc_connectors, without inline secrets
+// (admin).
+func (c *Client) GetOIDCConnectors(ctx context.Context) ([]services.OIDCConnector, error) {
+	var out []services.OIDCConnector
+	return out, trace.Wrap(c.do(ctx, http.MethodGet, "/v1/oidc_connectors", nil, nil, &out))
+}
+
+// DeleteOIDCConnector removes an oidc_connector (admin).
+func (c *Client) DeleteOIDCConnector(ctx context.Context, name string) error {
+	return trace.Wrap(c.do(ctx, http.MethodDelete, "/v1/oidc_connectors/"+url.PathEscape(name), nil, nil, nil))
 }
 
 // call is do for calls that return one object: nil on error.

@@ -82,6 +82,13 @@ var wantPolicy = map[string][]string{
 	"POST /v1/login":      {RoleProxy},
 	"POST /v1/login/ssh":  {RoleProxy},
 
+	"POST /v1/sso/requests":             {RoleProxy},
+	"POST /v1/sso/callback":             {RoleProxy},
+	"GET /v1/sso/connectors":            {RoleProxy},
+	"PUT /v1/oidc_connectors":           {RoleAdmin},
+	"GET /v1/oidc_connectors":           {RoleAdmin},
+	"DELETE /v1/oidc_connectors/{name}": {RoleAdmin},
+
 	"POST /v1/websessions/get":         {RoleProxy},
 	"POST /v1/websessions/touch":       {RoleProxy},
 	"POST /v1/websessions/delete":      {RoleProxy},

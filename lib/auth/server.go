@@ -150,6 +150,9 @@ type Server struct {
 	// addrs proves that announced node addresses answer with the node's
 	// own host certificate (see AnnounceNode).
 	addrs *addrVerifier
+
+	// sso caches the discovered identity providers (sso.go).
+	sso ssoProviders
 }
 
 // NewServer starts the auth server: it loads the cluster's CAs, creating

@@ -135,6 +135,11 @@ const (
 	FieldReason = "reason"
 	// FieldMethod is how a user came in: "ssh", "web", "psh", "api".
 	FieldMethod = "method"
+	// FieldConnector is the SSO connector a login came through;
+	// FieldClaims, on a refused SSO login, the identity provider's claims
+	// the role mapping looked at (names and values).
+	FieldConnector = "connector"
+	FieldClaims    = "claims"
 	// FieldKind is a sub-kind: "shell", "exec", "sftp", "proxy", "-L", "-R".
 	FieldKind     = "kind"
 	FieldCommand  = "command"

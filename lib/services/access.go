@@ -30,8 +30,75 @@ const (
 	CertExtensionHostRole = "postern-host-role@postern.dev"
 )
 
-// loginsTemplate is the only template roles support today.
+// loginsTemplate expands to the user's own logins trait.
 const loginsTemplate = "{{internal.logins}}"
+
+// TraitExternalPrefix starts the name of every trait an identity
+// provider's claims set: the claim "email" is the trait "external.email",
+// which roles name as {{external.email}}. The prefix keeps a provider's
+// claims apart from Postern's own traits: a claim called "logins" must
+// never feed {{internal.logins}}.
+const TraitExternalPrefix = "external."
+
+// loginTemplate is a parsed role login template: the trait it reads, and
+// whether only the local part (before the last "@") of each value is
+// used ({{email.local(external.email)}}).
+type loginTemplate struct {
+	trait      string
+	emailLocal bool
+}
+
+// parseLoginTemplate parses a role login that contains "{{": ok is false
+// for anything but {{internal.logins}}, {{external.CLAIM}} and
+// {{email.local(external.CLAIM)}}.
+func parseLoginTemplate(l string) (t loginTemplate, ok bool) {
+	if l == loginsTemplate {
+		return loginTemplate{trait: TraitLogins}, true
+	}
+	inner, ok := strings.CutPrefix(l, "{{")
+	if !ok {
+		return t, false
+	}
+	if inner, ok = strings.CutSuffix(inner, "}}"); !ok {
+		return t, false
+	}
+	inner = strings.TrimSpace(inner)
+	if arg, ok := strings.CutPrefix(inner, "email.local("); ok {
+		arg, ok = strings.CutSuffix(arg, ")")
+		if !ok {
+			return t, false
+		}
+		t.emailLocal = true
+		inner = strings.TrimSpace(arg)
+	}
+	claim, ok := strings.CutPrefix(inner, TraitExternalPrefix)
+	if !ok || CheckClaimName(claim) != nil {
+		return loginTemplate{}, false
+	}
+	t.trait = TraitExternalPrefix + claim
+	return t, true
+}
+
+// expand returns the logins t yields for traits. Values that are not
+// valid logins are dropped: an external trait is whatever the identity
+// provider said, and it becomes a certificate principal and an account
+// name on the node.
+func (t loginTemplate) expand(traits map[string][]string) []string {
+	var out []string
+	for _, v := range traits[t.trait] {
+		if t.emailLocal {
+			i := strings.LastIndexByte(v, '@')
+			if i <= 0 {
+				continue
+			}
+			v = v[:i]
+		}
+		if CheckLogin(v) == nil {
+			out = append(out, v)
+		}
+	}
+	return out
+}
 
 // AccessChecker answers RBAC questions for one user: the user's roles with
 // the user's traits. Decisions are pure functions over this data, so they
@@ -60,8 +127,8 @@ func (a *AccessChecker) RoleNames() []string {
 func (a *AccessChecker) expandLogins(r *Role) []string {
 	var out []string
 	for _, l := range r.Spec.Logins {
-		if l == loginsTemplate {
-			out = append(out, a.traits[TraitLogins]...)
+		if t, ok := parseLoginTemplate(l); ok {
+			out = append(out, t.expand(a.traits)...)
 			continue
 		}
 		if strings.Contains(l, "{{") {

@@ -53,6 +53,7 @@ func TestReferenceDocumentsEveryResourceField(t *testing.T) {
 		KindProxy:             Proxy{},
 		KindToken:             Token{},
 		KindRemoteCluster:     RemoteCluster{},
+		KindOIDCConnector:     OIDCConnector{},
 	}
 	require.Contains(t, jsonPaths(reflect.TypeOf(ClusterNetworkingConfig{}), ""), "spec.node_address_networks")
 	require.Contains(t, jsonPaths(reflect.TypeOf(TrustedCluster{}), ""), "spec.role_map.remote")

@@ -25,12 +25,13 @@ var resourceKinds = map[string]reflect.Type{
 	KindRole:              reflect.TypeFor[Role](),
 	KindClusterNetworking: reflect.TypeFor[ClusterNetworkingConfig](),
 	KindTrustedCluster:    reflect.TypeFor[TrustedCluster](),
+	KindOIDCConnector:     reflect.TypeFor[OIDCConnector](),
 }
 
 // UnmarshalResource decodes one resource from a YAML or JSON file (JSON is
 // YAML, so one parser serves both) for `pctl create -f`. It returns the
-// kind and a validated pointer (*Role, *ClusterNetworkingConfig or
-// *TrustedCluster).
+// kind and a validated pointer (*Role, *ClusterNetworkingConfig,
+// *TrustedCluster or *OIDCConnector).
 //
 // YAML is decoded into a yaml.Node first, checked key by key against the Go
 // type (so an unknown or mistyped key is reported as "FILE:LINE: ..." with
@@ -112,7 +113,7 @@ func UnmarshalResource(data []byte, filename string) (kind string, v any, err er
 }
 
 func supportedKinds() string {
-	return fmt.Sprintf("%q, %q or %q", KindRole, KindClusterNetworking, KindTrustedCluster)
+	return fmt.Sprintf("%q, %q, %q or %q", KindRole, KindClusterNetworking, KindTrustedCluster, KindOIDCConnector)
 }
 
 // yamlErrorText strips the "yaml: " prefix: the file name replaces it.

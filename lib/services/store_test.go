@@ -105,7 +105,7 @@ func TestStoreUsersRoles(t *testing.T) {
 	access, err := s.GetRole(ctx, "access")
 	require.NoError(t, err)
 	require.Equal(t, PresetRoles()[0], access)
-	require.True(t, trace.IsBadParameter(s.UpsertRole(ctx, &Role{Metadata: Metadata{Name: "x"}, Spec: RoleSpec{Logins: []string{"{{external.foo}}"}}})))
+	require.True(t, trace.IsBadParameter(s.UpsertRole(ctx, &Role{Metadata: Metadata{Name: "x"}, Spec: RoleSpec{Logins: []string{"{{internal.foo}}"}}})))
 	require.NoError(t, s.DeleteRole(ctx, "access"))
 	_, err = s.GetRole(ctx, "access")
 	require.EqualError(t, err, `role "access" not found`)

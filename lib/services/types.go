@@ -104,6 +104,11 @@ type User struct {
 	Traits map[string][]string `json:"traits,omitempty"`
 	// Created is when the user was added.
 	Created time.Time `json:"created"`
+	// Connector is empty for a local user (password and OTP kept here),
+	// and "sso:NAME" (ConnectorMarker) for a user an identity provider's
+	// connector created: such a record has no password and is rewritten
+	// at every login with the roles and traits the provider's claims gave.
+	Connector string `json:"connector,omitempty"`
 }
 
 // TraitLogins is the trait `pctl users add --logins` sets.

@@ -345,6 +345,11 @@ func (u *User) CheckAndSetDefaults() error {
 		if k == "" {
 			return trace.BadParameter("user %q: traits: empty trait name", u.Name)
 		}
+		if claim, ok := strings.CutPrefix(k, TraitExternalPrefix); ok {
+			if err := CheckClaimName(claim); err != nil {
+				return trace.BadParameter("user %q: traits: %v", u.Name, err)
+			}
+		}
 		if k == TraitLogins {
 			for _, l := range vals {
 				if err := CheckLogin(l); err != nil {
@@ -398,8 +403,8 @@ func (r *Role) CheckAndSetDefaults() error {
 	}
 	for _, l := range r.Spec.Logins {
 		if strings.Contains(l, "{{") || strings.Contains(l, "}}") {
-			if l != loginsTemplate {
-				return trace.BadParameter("role %q: spec.logins: unsupported template %q: only %s is supported", r.Metadata.Name, l, loginsTemplate)
+			if _, ok := parseLoginTemplate(l); !ok {
+				return trace.BadParameter("role %q: spec.logins: unsupported template %q: want %s, {{external.CLAIM}} or {{email.local(external.CLAIM)}}", r.Metadata.Name, l, loginsTemplate)
 			}
 			continue
 		}

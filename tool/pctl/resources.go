@@ -21,20 +21,20 @@ func (c *cli) registerResources(app *kingpin.Application, add adder) {
 	add(rl, func(ctx context.Context) error { return c.rolesLs(ctx, lsFormat) })
 
 	var file string
-	cr := app.Command("create", "Create or update resources from a YAML or JSON file (role, cluster_networking_config, trusted_cluster).")
+	cr := app.Command("create", "Create or update resources from a YAML or JSON file (role, cluster_networking_config, trusted_cluster, oidc_connector).")
 	cr.Flag("file", "Resource file.").Short('f').Required().StringVar(&file)
 	add(cr, func(ctx context.Context) error { return c.create(ctx, file) })
 
 	var kind, name string
 	var getFormat string
-	get := app.Command("get", "Print resources as YAML or JSON: role, user, node, lock, cluster_networking_config, trusted_cluster.")
+	get := app.Command("get", "Print resources as YAML or JSON: role, user, node, lock, cluster_networking_config, trusted_cluster, oidc_connector.")
 	get.Arg("kind", "Resource kind.").Required().StringVar(&kind)
 	get.Arg("name", "Resource name (all when omitted).").StringVar(&name)
 	formatFlag(get, &getFormat, "yaml (documents separated by ---, what pctl create -f reads) or json (one array).", formatYAML, formatJSON)
 	add(get, func(ctx context.Context) error { return c.get(ctx, kind, name, getFormat) })
 
 	var ref string
-	rm := app.Command("rm", "Remove a resource: role/NAME (not a preset, nor one still assigned), trusted_cluster/NAME (this cluster stops trusting the root NAME).")
+	rm := app.Command("rm", "Remove a resource: role/NAME (not a preset, nor one still assigned), trusted_cluster/NAME (this cluster stops trusting the root NAME), oidc_connector/NAME (its logins stop at once).")
 	rm.Arg("resource", "KIND/NAME.").Required().StringVar(&ref)
 	add(rm, func(ctx context.Context) error { return c.rm(ctx, ref) })
 
@@ -114,6 +114,11 @@ func (c *cli) create(ctx context.Context, file string) error {
 			return trace.Wrap(err)
 		}
 		fmt.Fprintf(c.stdout, "trusted_cluster %q saved: this cluster trusts the root %q\n", r.Metadata.Name, r.Metadata.Name)
+	case *services.OIDCConnector:
+		if err := clt.UpsertOIDCConnector(ctx, r); err != nil {
+			return trace.Wrap(err)
+		}
+		fmt.Fprintf(c.stdout, "oidc_connector %q saved\n", r.Metadata.Name)
 	default:
 		return trace.BadParameter("%s: pctl create does not handle kind %q", file, kind)
 	}
@@ -204,8 +209,24 @@ func (c *cli) get(ctx context.Context, kind, name, format string) error {
 		if name != "" && len(out) == 0 {
 			return trace.NotFound("trusted_cluster %q not found", name)
 		}
+	case services.KindOIDCConnector, "oidc_connectors":
+		cs, err := clt.GetOIDCConnectors(ctx)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		for _, conn := range cs {
+			// The API strips it already; never print a secret whatever
+			// a server sends.
+			conn = conn.WithoutSecrets()
+			if name == "" || conn.Metadata.Name == name {
+				out = append(out, conn)
+			}
+		}
+		if name != "" && len(out) == 0 {
+			return trace.NotFound("oidc_connector %q not found", name)
+		}
 	default:
-		return trace.BadParameter("unknown kind %q: want role, user, node, lock, cluster_networking_config or trusted_cluster", kind)
+		return trace.BadParameter("unknown kind %q: want role, user, node, lock, cluster_networking_config, trusted_cluster or oidc_connector", kind)
 	}
 	return trace.Wrap(writeResources(c.stdout, format, out))
 }
@@ -258,8 +279,8 @@ func (c *cli) rm(ctx context.Context, ref string) error {
 	if !ok || kind == "" || name == "" {
 		return trace.BadParameter("invalid resource %q: want KIND/NAME, e.g. role/dev or trusted_cluster/root", ref)
 	}
-	if kind != services.KindTrustedCluster && kind != services.KindRole {
-		return trace.BadParameter("pctl rm does not remove kind %q: it removes role/NAME and trusted_cluster/NAME (users, nodes and tokens have commands of their own)", kind)
+	if kind != services.KindTrustedCluster && kind != services.KindRole && kind != services.KindOIDCConnector {
+		return trace.BadParameter("pctl rm does not remove kind %q: it removes role/NAME, trusted_cluster/NAME and oidc_connector/NAME (users, nodes and tokens have commands of their own)", kind)
 	}
 	clt, _, err := c.connect(ctx)
 	if err != nil {
@@ -273,6 +294,13 @@ func (c *cli) rm(ctx context.Context, ref string) error {
 			return trace.Wrap(err)
 		}
 		fmt.Fprintf(c.stdout, "role %q removed\n", name)
+		return nil
+	}
+	if kind == services.KindOIDCConnector {
+		if err := clt.DeleteOIDCConnector(ctx, name); err != nil {
+			return trace.Wrap(err)
+		}
+		fmt.Fprintf(c.stdout, "oidc_connector %q removed: logins through it stop now\n", name)
 		return nil
 	}
 	if err := clt.DeleteTrustedCluster(ctx, name); err != nil {

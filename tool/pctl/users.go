@@ -153,13 +153,19 @@ func (c *cli) usersLs(ctx context.Context, format string) error {
 		users[i].PasswordHash, users[i].TOTPSecret = nil, ""
 	}
 	return trace.Wrap(writeList(c.stdout, format, users, func() error {
-		tw := services.NewTable(c.stdout, "USER", "ROLES", "LOGINS", "OTP")
+		tw := services.NewTable(c.stdout, "USER", "ROLES", "LOGINS", "OTP", "CONNECTOR")
 		for _, u := range users {
 			otp := "no"
 			if u.OTPEnabled {
 				otp = "yes"
 			}
-			tw.Row(u.Name, services.EscapeList(u.Roles, ","), services.EscapeList(u.Traits["logins"], ","), otp)
+			// A single sign-on user (sso:NAME) has no password: its
+			// roles come from the identity provider at each login.
+			conn := u.Connector
+			if conn == "" {
+				conn = "local"
+			}
+			tw.Row(u.Name, services.EscapeList(u.Roles, ","), services.EscapeList(u.Traits["logins"], ","), otp, services.EscapeText(conn))
 		}
 		return tw.Flush()
 	}))
