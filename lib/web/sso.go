@@ -19,6 +19,7 @@ import (
 	"github.com/postern-dev/postern/lib/api"
 	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/api/webapi"
+	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -88,8 +89,10 @@ type connectorCache struct {
 // ssoAuth is the auth server's single sign-on calls, nil when this web
 // server has no auth (login is not available).
 func (s *Server) ssoAuth() SSOAuthenticator {
-	sso, _ := s.cfg.Auth.(SSOAuthenticator)
-	return sso
+	if s.cfg.Auth == nil {
+		return nil
+	}
+	return s.cfg.Auth
 }
 
 // connectors lists the connectors for /webapi/ping, nil when there are
@@ -467,12 +470,18 @@ func (s *Server) ssoFinishConsole(w http.ResponseWriter, r *http.Request, log lo
 	http.Redirect(w, r, u.String(), http.StatusFound)
 }
 
+// isSSOStateGone reports auth's answer to a state it does not hold (used,
+// expired or never made): the user's fix is to start again.
+func isSSOStateGone(err error) bool {
+	return trace.IsNotFound(err) || (trace.IsAccessDenied(err) && strings.Contains(trace.UserMessage(err), auth.MsgSSOStateGone))
+}
+
 // ssoCallbackError turns auth's refusal of a callback into a status and a
 // message for the user. Auth's messages for what the user can act on (no
 // role, a provider that did not answer, a lock) are shown as they are.
 func (s *Server) ssoCallbackError(log logrus.FieldLogger, err error) (int, string) {
 	switch {
-	case trace.IsNotFound(err), trace.IsCompareFailed(err):
+	case isSSOStateGone(err):
 		log.Info("Single sign-on callback with a state auth does not hold (used or expired).")
 		return http.StatusBadRequest, msgSSOStale
 	case services.IsLocked(err):

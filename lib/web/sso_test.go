@@ -275,6 +275,7 @@ func TestSSOCallbackErrors(t *testing.T) {
 		want string
 	}{
 		{trace.NotFound("sso state not found"), http.StatusBadRequest, "already used or has expired: start again"},
+		{trace.AccessDenied(auth.MsgSSOStateGone), http.StatusBadRequest, "already used or has expired: start again"},
 		{trace.AccessDenied("your identity provider account maps to no Postern role"), http.StatusForbidden, "maps to no Postern role"},
 		{trace.ConnectionProblem(nil, "identity provider https://idp.example did not answer"), http.StatusServiceUnavailable, "identity provider https://idp.example did not answer"},
 		{trace.BadParameter(`the identity provider said: <b>"access_denied"</b>`), http.StatusBadRequest, "&lt;b&gt;&#34;access_denied&#34;&lt;/b&gt;"},
