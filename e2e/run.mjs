@@ -391,16 +391,19 @@ async function main() {
     oidcop.stderr.pipe(createWriteStream(join(artifacts, 'oidcop.log')));
     oidcop.on('exit', () => { oidcopExited = true; });
     const op = JSON.parse(await firstLine(oidcop, 'oidcop'));
-    writeFileSync(join(opDir, 'resources.yaml'), [
+    writeFileSync(join(opDir, 'role.yaml'), [
       'kind: role', 'version: v1', 'metadata: {name: sso-dev}', 'spec:',
-      `  logins: [${JSON.stringify(login)}]`, '  node_labels: {"*": "*"}', '---',
+      `  logins: [${JSON.stringify(login)}]`, '  node_labels: {"*": "*"}', '',
+    ].join('\n'));
+    pctl(['create', '-f', join(opDir, 'role.yaml')]);
+    writeFileSync(join(opDir, 'connector.yaml'), [
       'kind: oidc_connector', 'version: v1', `metadata: {name: ${ssoConnector}}`, 'spec:',
       `  display: ${JSON.stringify(ssoDisplay)}`, `  issuer_url: ${JSON.stringify(op.issuer)}`,
       `  ca_file: ${JSON.stringify(op.ca_file)}`, `  client_id: ${JSON.stringify(op.client_id)}`,
       `  client_secret: ${JSON.stringify(op.client_secret)}`, '  scopes: [email, profile]',
       '  username_claim: email', '  claims_to_roles:', '  - {claim: email, value: "*@example.com", roles: [sso-dev]}', '',
     ].join('\n'));
-    pctl(['create', '-f', join(opDir, 'resources.yaml')]);
+    pctl(['create', '-f', join(opDir, 'connector.yaml')]);
 
     // The node behind NAT joins now, so that it is up by the time its
     // step runs; the join command is the one `pctl tokens add` prints.
