@@ -141,9 +141,14 @@ func (s *ssoEnv) pshSSOLogin(t *testing.T, proxy string) (cmd *exec.Cmd, authURL
 // finishAt plays the browser back from the provider: the callback on the
 // proxy at addr (whose data dir holds its certificate), then wherever the
 // proxy sends it.
-func finishAt(t *testing.T, addr, dataDir, query string) *http.Response {
+func finishAt(t *testing.T, addr, dataDir, query string, cookies ...*http.Cookie) *http.Response {
 	t.Helper()
-	resp, err := proxyClient(t, dataDir).Get("https://" + addr + web.SSOCallbackPath + "?" + query)
+	req, err := http.NewRequest(http.MethodGet, "https://"+addr+web.SSOCallbackPath+"?"+query, nil)
+	require.NoError(t, err)
+	for _, c := range cookies {
+		req.AddCookie(c)
+	}
+	resp, err := proxyClient(t, dataDir).Do(req)
 	require.NoError(t, err)
 	resp.Body.Close()
 	return resp
@@ -266,9 +271,13 @@ func TestSSOLoginAcrossProxies(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusFound, resp.StatusCode)
+	// The browser carries the cookie that binds the login to it (one name
+	// in front of both proxies, in production).
+	binding := resp.Cookies()
+	require.NotEmpty(t, binding)
 	query, err = op.Login(context.Background(), resp.Header.Get("Location"), "alice", "verysecure")
 	require.NoError(t, err)
-	resp = finishAt(t, s.psh.webAddr(), c.dataDir, query)
+	resp = finishAt(t, s.psh.webAddr(), c.dataDir, query, binding...)
 	require.Equal(t, http.StatusFound, resp.StatusCode)
 	require.Equal(t, "/web/cluster/"+clusterName+"/node/x/y", resp.Header.Get("Location"))
 	var cookie *http.Cookie

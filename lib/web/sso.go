@@ -2,6 +2,7 @@ package web
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/base64"
 	"html/template"
 	"net"
@@ -244,9 +245,56 @@ func (s *Server) ssoWebLogin(w http.ResponseWriter, r *http.Request) {
 		s.ssoErrorPage(w, http.StatusInternalServerError, internalMessage(internalID))
 		return
 	}
+	state := authURLState(resp.AuthURL)
+	if state == "" {
+		id := s.logInternal(log, "Single sign-on: auth's authorization URL carries no state.", trace.BadParameter("no state in %q", resp.AuthURL))
+		s.ssoErrorPage(w, http.StatusInternalServerError, internalMessage(id))
+		return
+	}
+	setSSOBindingCookie(w, state, s.cfg.Clock.Now())
 	log.Debug("Single sign-on started for a browser.")
 	http.Redirect(w, r, resp.AuthURL, http.StatusFound)
 }
+
+// ssoBindingCookie ties a browser login to the browser that started it.
+// Without it, anyone could start a login with their own account, stop at
+// the provider's answer and hand the callback link to a victim, whose
+// browser would then be logged in as the attacker (login CSRF) and type
+// into the attacker's sessions. The cookie holds a hash of the login's
+// state: the callback of a browser login is served only with it.
+// SameSite=Lax, because the provider's redirect back is a cross-site
+// navigation that a Strict cookie would not ride; it is useless to read
+// (a hash of a single-use value) and dies with the state.
+const ssoBindingCookie = "__Host-postern-sso"
+
+func ssoBindingValue(state string) string {
+	h := hashSecret("postern sso browser binding\x00" + state)
+	return base64.RawURLEncoding.EncodeToString(h)
+}
+
+func setSSOBindingCookie(w http.ResponseWriter, state string, now time.Time) {
+	http.SetCookie(w, &http.Cookie{
+		Name: ssoBindingCookie, Value: ssoBindingValue(state), Path: "/", Expires: now.Add(authapi.SSOStateTTL),
+		MaxAge: int(authapi.SSOStateTTL / time.Second), HttpOnly: true, Secure: true, SameSite: http.SameSiteLaxMode,
+	})
+}
+
+func clearSSOBindingCookie(w http.ResponseWriter) {
+	http.SetCookie(w, &http.Cookie{Name: ssoBindingCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, Secure: true, SameSite: http.SameSiteLaxMode})
+}
+
+// authURLState is the state parameter auth put in the authorization URL.
+func authURLState(authURL string) string {
+	u, err := url.Parse(authURL)
+	if err != nil {
+		return ""
+	}
+	return u.Query().Get("state")
+}
+
+// msgSSONotThisBrowser refuses the callback of a browser login that this
+// browser did not start.
+const msgSSONotThisBrowser = "This login was not started in this browser: start again from the login page."
 
 // ssoConsoleLogin serves POST /webapi/oidc/login/console: psh login
 // --auth NAME.
@@ -412,6 +460,12 @@ func (s *Server) ssoCallback(w http.ResponseWriter, r *http.Request) {
 		s.ssoErrorPage(w, http.StatusBadRequest, "The identity provider's answer is too long.")
 		return
 	}
+	// Whether this browser started this login (its binding cookie names
+	// the state). Only a browser login needs it: psh's result is sealed
+	// to psh's key instead, and a browser may finish a psh login while it
+	// holds the cookie of another login it abandoned.
+	binding := cookieValue(r, ssoBindingCookie)
+	bound := binding != "" && subtle.ConstantTimeCompare([]byte(binding), []byte(ssoBindingValue(r.URL.Query().Get("state")))) == 1
 	// The secrets of the web session are made before auth knows whether
 	// this is a browser's login: auth creates the record only for one,
 	// bound to the user the provider proved, exactly as a password login
@@ -436,6 +490,16 @@ func (s *Server) ssoCallback(w http.ResponseWriter, r *http.Request) {
 		s.ssoFinishConsole(w, r, log, resp)
 		return
 	}
+	if !bound {
+		// A browser login whose start this browser never saw: somebody
+		// else's login, handed over. The session auth made is dropped;
+		// its secrets never left this process.
+		log.Warn("Single sign-on callback of a browser login this browser did not start; refused (login CSRF?).")
+		s.endSession(r.Context(), ref)
+		s.ssoErrorPage(w, http.StatusBadRequest, msgSSONotThisBrowser)
+		return
+	}
+	clearSSOBindingCookie(w)
 	returnTo, err := CheckReturnTo(resp.ReturnTo)
 	if err != nil {
 		// Checked at the start, and by auth: never reached unless

@@ -18,6 +18,7 @@ import (
 	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
 
@@ -109,10 +110,14 @@ func newSSOEnv(t *testing.T, publicAddrs ...string) *ssoEnv {
 	return &ssoEnv{env: env, sso: f, s: s}
 }
 
-// get runs a GET on the server as a browser would, at host.
-func (e *ssoEnv) get(host, target string) *httptest.ResponseRecorder {
+// get runs a GET on the server as a browser would, at host, with
+// cookies.
+func (e *ssoEnv) get(host, target string, cookies ...*http.Cookie) *httptest.ResponseRecorder {
 	req := httptest.NewRequest(http.MethodGet, target, nil)
 	req.Host = host
+	for _, c := range cookies {
+		req.AddCookie(c)
+	}
 	rec := httptest.NewRecorder()
 	e.s.srv.Handler.ServeHTTP(rec, req)
 	return rec
@@ -184,8 +189,9 @@ func TestSSOBrowserLogin(t *testing.T) {
 	deep := "/web/cluster/c1/node/2b5c/alice"
 	rec := e.get("proxy.example.com", ssoWebLoginPath+"?connector=corp&return_to="+url.QueryEscape(deep))
 	require.Equal(t, http.StatusFound, rec.Code)
+	binding := bindingCookie(t, rec)
 
-	rec = e.get("proxy.example.com", SSOCallbackPath+"?code=c&state=s1")
+	rec = e.get("proxy.example.com", SSOCallbackPath+"?code=c&state=s1", binding)
 	require.Equal(t, http.StatusFound, rec.Code, rec.Body.String())
 	require.Equal(t, deep, rec.Header().Get("Location"))
 	require.Equal(t, "no-store", rec.Header().Get("Cache-Control"))
@@ -197,6 +203,10 @@ func TestSSOBrowserLogin(t *testing.T) {
 	var plain *http.Cookie
 	var own int
 	for _, c := range rec.Result().Cookies() {
+		if c.Name == ssoBindingCookie {
+			require.Equal(t, -1, c.MaxAge, "the binding is cleared once used")
+			continue
+		}
 		require.True(t, c.HttpOnly && c.Secure && c.SameSite == http.SameSiteStrictMode, "%+v", c)
 		if c.Name == SessionCookieName {
 			plain = c
@@ -366,4 +376,47 @@ func TestSSOConsoleLogin(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, rec.Code, name)
 	}
 	require.Len(t, e.sso.starts, 1, "refused requests never reach auth")
+}
+
+func bindingCookie(t *testing.T, rec *httptest.ResponseRecorder) *http.Cookie {
+	t.Helper()
+	for _, c := range rec.Result().Cookies() {
+		if c.Name == ssoBindingCookie {
+			require.True(t, c.HttpOnly && c.Secure && c.SameSite == http.SameSiteLaxMode && c.Path == "/", "%+v", c)
+			return c
+		}
+	}
+	t.Fatal("no binding cookie")
+	return nil
+}
+
+// TestSSOBrowserLoginHandedOverIsRefused: the callback of a browser login
+// that another browser started (an attacker's own login, its link sent
+// to a victim: login CSRF) makes no session, with no cookie or with the
+// cookie of another login; a psh login finishes whatever the browser
+// holds.
+func TestSSOBrowserLoginHandedOverIsRefused(t *testing.T) {
+	e := newSSOEnv(t)
+	rec := e.get("proxy.example.com", ssoWebLoginPath+"?connector=corp")
+	require.Equal(t, http.StatusFound, rec.Code)
+	other := bindingCookie(t, rec) // this browser's own login, of state s1
+	other.Value = ssoBindingValue("another-state")
+
+	for name, cookies := range map[string][]*http.Cookie{"no cookie": nil, "another login's cookie": {other}} {
+		rec = e.get("proxy.example.com", SSOCallbackPath+"?code=c&state=s1", cookies...)
+		require.Equal(t, http.StatusBadRequest, rec.Code, name)
+		require.Contains(t, rec.Body.String(), "not started in this browser", name)
+		for _, c := range rec.Result().Cookies() {
+			require.NotEqual(t, SessionCookieName, c.Name, name)
+		}
+		cb := e.sso.callbacks[len(e.sso.callbacks)-1]
+		_, err := e.env.store.Backend().Get(context.Background(), services.WebSessionKey(cb.WebSession.Key))
+		require.True(t, trace.IsNotFound(err), "%s: the session auth made is dropped: %v", name, err)
+	}
+
+	e.sso.callback = func(authapi.SSOCallbackRequest) (*authapi.SSOCallbackResponse, error) {
+		return &authapi.SSOCallbackResponse{Username: testUser, ClientRedirectURL: "http://127.0.0.1:4000/callback", SealedLogin: []byte("x")}, nil
+	}
+	rec = e.get("proxy.example.com", SSOCallbackPath+"?code=c&state=s9", other)
+	require.Equal(t, http.StatusFound, rec.Code, "a psh login is not bound to a browser")
 }
