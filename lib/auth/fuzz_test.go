@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"io"
 	"net/http"
+	"net/url"
 	"testing"
 
 	"github.com/gravitational/trace"
@@ -93,6 +94,83 @@ func FuzzParseIdentityFile(f *testing.F) {
 		id, err := ParseIdentityFile(data)
 		if err == nil && (id.TLSLeaf == nil || id.TLSCAPool == nil) {
 			t.Fatal("parsed identity without its TLS parts")
+		}
+	})
+}
+
+// FuzzParseCallbackQuery feeds the query an identity provider (or
+// whoever shaped the browser's URL) sent to the callback parser: it
+// never panics, refuses with BadParameter, and what it accepts has a
+// state and a code or an error, each given once.
+func FuzzParseCallbackQuery(f *testing.F) {
+	for _, s := range []string{
+		"state=abc&code=def",
+		"state=abc&error=access_denied&error_description=no",
+		"state=a&state=b&code=c",
+		"code=x",
+		"state=%zz&code=1",
+		"",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		q, err := ParseCallbackQuery(raw)
+		if err != nil {
+			if !trace.IsBadParameter(err) {
+				t.Fatalf("want BadParameter, got %v", err)
+			}
+			return
+		}
+		if q.State == "" || (q.Code == "" && q.Error == "") {
+			t.Fatalf("accepted %q as %+v", raw, q)
+		}
+	})
+}
+
+// FuzzCheckReturnTo: whatever return_to it accepts is a path on the
+// proxy's own origin: resolved against the proxy's URL it never leaves
+// that host.
+func FuzzCheckReturnTo(f *testing.F) {
+	for _, s := range []string{"/", "/web/nodes?x=1#y", "//evil.example", "/\\evil.example", "https://evil.example", "/%2F%2Fevil", "/\t/evil", ""} {
+		f.Add(s)
+	}
+	base, _ := url.Parse("https://proxy.example.test/webapi/oidc/callback")
+	f.Fuzz(func(t *testing.T, p string) {
+		if err := CheckReturnTo(p); err != nil {
+			if !trace.IsBadParameter(err) {
+				t.Fatalf("want BadParameter, got %v", err)
+			}
+			return
+		}
+		if p == "" {
+			return
+		}
+		u, err := base.Parse(p)
+		if err != nil {
+			t.Fatalf("accepted %q, which does not parse: %v", p, err)
+		}
+		if u.Host != base.Host || u.Scheme != base.Scheme {
+			t.Fatalf("accepted %q, which leads to %s", p, u)
+		}
+	})
+}
+
+// FuzzCheckClientRedirectURL: what it accepts is plain http to a
+// loopback host.
+func FuzzCheckClientRedirectURL(f *testing.F) {
+	for _, s := range []string{"http://127.0.0.1:1234/cb", "http://[::1]:1/", "http://localhost:80/", "http://127.0.0.1:80@evil:1/", "https://127.0.0.1:1/", "http://127.0.0.1/"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		if CheckClientRedirectURL(raw) != nil {
+			return
+		}
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatalf("accepted %q, which does not parse", raw)
+		}
+		if h := u.Hostname(); u.Scheme != "http" || (h != "127.0.0.1" && h != "::1" && h != "localhost") {
+			t.Fatalf("accepted %q (host %q)", raw, h)
 		}
 	})
 }

@@ -11,6 +11,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"net"
 	"net/http"
 	"net/url"
@@ -419,6 +420,19 @@ func ParseCallbackQuery(raw string) (CallbackQuery, error) {
 	return q, nil
 }
 
+// ssoAuditReason is the audit reason of a refused SSO login: the one
+// marked on the error (auditReasonField) when there is one, else what the
+// caller was told.
+func ssoAuditReason(err error) string {
+	var te trace.Error
+	if errors.As(err, &te) {
+		if r, ok := te.GetFields()[auditReasonField].(string); ok && r != "" {
+			return r
+		}
+	}
+	return trace.UserMessage(err)
+}
+
 // ssoFailure is a refused callback: err goes to the caller, reason and
 // claims to the audit log.
 type ssoFailure struct {
@@ -434,7 +448,7 @@ func (s *Server) ValidateSSOCallback(ctx context.Context, req authapi.SSOCallbac
 	var fail ssoFailure
 	defer func() {
 		if err != nil {
-			s.emitSSOLogin(ctx, events.AuthFailed, fail.user, fail.connector, req.RemoteAddr, trace.UserMessage(err), fail.claims)
+			s.emitSSOLogin(ctx, events.AuthFailed, fail.user, fail.connector, req.RemoteAddr, ssoAuditReason(err), fail.claims)
 		}
 	}()
 	q, err := ParseCallbackQuery(req.Query)

@@ -5,9 +5,11 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"net/url"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -324,4 +326,288 @@ func (e *ssoEnv) stateItem(t *testing.T, query string) (*backend.Item, ssoState)
 	var st ssoState
 	require.NoError(t, json.Unmarshal(item.Value, &st))
 	return item, st
+}
+
+// TestSSOReplayedCallback: a state is good for one callback; the second
+// (the same callback URL replayed, from history or a log) is refused
+// and audited.
+func TestSSOReplayedCallback(t *testing.T) {
+	e := newSSOEnv(t)
+	cb := e.start(t, authapi.SSOAuthRequest{}, "alice")
+	_, err := e.finish(cb)
+	require.NoError(t, err)
+	_, err = e.finish(cb)
+	requireKind(t, err, trace.IsAccessDenied, "already used")
+	e.requireFailedAudit(t, "already used")
+}
+
+// TestSSOSwappedState: the code of one login presented with the state of
+// another (login CSRF, or a code stolen from another browser) fails: the
+// code was bound to the other login's PKCE challenge, and the token to
+// its nonce.
+func TestSSOSwappedState(t *testing.T) {
+	e := newSSOEnv(t)
+	a := e.start(t, authapi.SSOAuthRequest{}, "alice")
+	b := e.start(t, authapi.SSOAuthRequest{}, "mallory")
+	qa, err := url.ParseQuery(a)
+	require.NoError(t, err)
+	qb, err := url.ParseQuery(b)
+	require.NoError(t, err)
+	swapped := url.Values{"state": {qb.Get("state")}, "code": {qa.Get("code")}}.Encode()
+	_, err = e.finish(swapped)
+	requireKind(t, err, trace.IsAccessDenied, "refused the authorization code")
+	e.requireFailedAudit(t, "authorization code")
+	// The state it spent is gone; so nobody logged in.
+	_, err = e.finish(b)
+	requireKind(t, err, trace.IsAccessDenied, "already used")
+	_, err = e.store.GetUser(context.Background(), "alice@example.com")
+	require.True(t, trace.IsNotFound(err))
+}
+
+// TestSSONonceMismatch: an ID token whose nonce is not the login's is
+// refused (the stored nonce is edited to stand for a token minted for
+// another login).
+func TestSSONonceMismatch(t *testing.T) {
+	e := newSSOEnv(t)
+	cb := e.start(t, authapi.SSOAuthRequest{}, "alice")
+	item, st := e.stateItem(t, cb)
+	st.Nonce = "another-login"
+	item.Value, _ = json.Marshal(st)
+	_, err := e.store.Backend().Put(context.Background(), *item)
+	require.NoError(t, err)
+	_, err = e.finish(cb)
+	requireKind(t, err, trace.IsAccessDenied, "nonce does not match")
+	e.requireFailedAudit(t, "nonce")
+}
+
+// authNonce is the nonce of a login started with req.
+func (e *ssoEnv) startWithNonce(t *testing.T) (authURL, nonce string) {
+	t.Helper()
+	resp, err := e.auth.CreateSSOAuthRequest(context.Background(), authapi.SSOAuthRequest{Connector: "corp", RedirectURL: testSSORedirect})
+	require.NoError(t, err)
+	u, err := url.Parse(resp.AuthURL)
+	require.NoError(t, err)
+	return resp.AuthURL, u.Query().Get("nonce")
+}
+
+// TestSSOTokenFromAnotherProvider: a genuine token of a second provider
+// that registered the same client_id (with the right nonce, even) is
+// refused: it names another issuer and is signed by keys that are not
+// the connector's provider's.
+func TestSSOTokenFromAnotherProvider(t *testing.T) {
+	e := newSSOEnv(t)
+	ctx := context.Background()
+	other, err := ssotest.Start(ssotest.Config{Dir: t.TempDir(), RedirectURLs: []string{testSSORedirect}, ClientID: e.idp.ClientID, ClientSecret: e.idp.ClientSecret})
+	require.NoError(t, err)
+	t.Cleanup(other.Close)
+
+	authURL, nonce := e.startWithNonce(t)
+	foreign, err := other.IDToken(ctx, "alice", "verysecure", nonce)
+	require.NoError(t, err)
+	e.idp.RewriteIDTokens(func(string) string { return foreign })
+	cb, err := e.idp.Login(ctx, authURL, "alice", "verysecure")
+	require.NoError(t, err)
+	_, err = e.finish(cb)
+	// go-oidc checks the signature (against the connector's provider's
+	// JWKS) before the issuer: this one fails there.
+	requireKind(t, err, trace.IsAccessDenied, "ID token is not valid")
+	require.Contains(t, err.Error(), "signature")
+	e.requireFailedAudit(t, "ID token is not valid")
+}
+
+// TestSSOUnsignedToken: the provider's own token with its signature
+// stripped and alg "none" is refused, and the refusal reaches the caller
+// and the audit log.
+func TestSSOUnsignedToken(t *testing.T) {
+	e := newSSOEnv(t)
+	e.idp.RewriteIDTokens(func(tok string) string {
+		parts := strings.Split(tok, ".")
+		header := base64.RawURLEncoding.EncodeToString([]byte(`{"alg":"none","typ":"JWT"}`))
+		return header + "." + parts[1] + "."
+	})
+	cb := e.start(t, authapi.SSOAuthRequest{}, "alice")
+	_, err := e.finish(cb)
+	requireKind(t, err, trace.IsAccessDenied, "ID token is not valid")
+	e.requireFailedAudit(t, "ID token is not valid")
+
+	// Signed, but with the claims changed (another user): the signature
+	// no longer matches.
+	e.idp.RewriteIDTokens(func(tok string) string {
+		parts := strings.Split(tok, ".")
+		claims, _ := base64.RawURLEncoding.DecodeString(parts[1])
+		var m map[string]any
+		_ = json.Unmarshal(claims, &m)
+		m["sub"] = "id2"
+		claims, _ = json.Marshal(m)
+		return parts[0] + "." + base64.RawURLEncoding.EncodeToString(claims) + "." + parts[2]
+	})
+	cb = e.start(t, authapi.SSOAuthRequest{}, "alice")
+	_, err = e.finish(cb)
+	requireKind(t, err, trace.IsAccessDenied, "ID token is not valid")
+}
+
+// TestSSOExpiredToken: a token checked after its expiry by this auth
+// server's clock is refused. The provider's tokens live an hour and a
+// login's state ten minutes, so the state is kept alive by hand (as
+// though the login were slow) while the clock passes the token's expiry.
+func TestSSOExpiredToken(t *testing.T) {
+	e := newSSOEnv(t)
+	cb := e.start(t, authapi.SSOAuthRequest{}, "alice")
+	item, _ := e.stateItem(t, cb)
+	e.clock.Advance(2 * time.Hour)
+	item.Expires = e.clock.Now().Add(time.Minute)
+	_, err := e.store.Backend().Put(context.Background(), *item)
+	require.NoError(t, err)
+	_, err = e.finish(cb)
+	requireKind(t, err, trace.IsAccessDenied, "expired")
+	e.requireFailedAudit(t, "expired")
+}
+
+// TestSSOClockSkew: an auth server whose clock is an hour behind the
+// provider's sees a token issued in its future, and refuses it rather
+// than trust expiry checks on clocks that disagree.
+func TestSSOClockSkew(t *testing.T) {
+	e := newSSOEnvAt(t, time.Now().Add(-time.Hour).Truncate(time.Second))
+	cb := e.start(t, authapi.SSOAuthRequest{}, "alice")
+	_, err := e.finish(cb)
+	requireKind(t, err, trace.IsAccessDenied, "in the future")
+	e.requireFailedAudit(t, "clocks disagree")
+}
+
+// TestSSOOpenRedirect: return_to is a local path or the login does not
+// start; a state whose return_to was tampered with in the backend does
+// not send the browser away either.
+func TestSSOOpenRedirect(t *testing.T) {
+	e := newSSOEnv(t)
+	ctx := context.Background()
+	for _, bad := range []string{"//evil.example/", "/\\evil.example", "https://evil.example/", "evil.example", "/\t/evil.example", "javascript:alert(1)", "/ok\r\nLocation: https://evil"} {
+		_, err := e.auth.CreateSSOAuthRequest(ctx, authapi.SSOAuthRequest{Connector: "corp", RedirectURL: testSSORedirect, ReturnTo: bad})
+		require.True(t, trace.IsBadParameter(err), "%q: %v", bad, err)
+	}
+	_, err := e.auth.CreateSSOAuthRequest(ctx, authapi.SSOAuthRequest{Connector: "corp", RedirectURL: "http://proxy.example.test/cb"})
+	require.True(t, trace.IsBadParameter(err), "plain http proxy callback: %v", err)
+
+	cb := e.start(t, authapi.SSOAuthRequest{ReturnTo: "/web"}, "alice")
+	item, st := e.stateItem(t, cb)
+	st.ReturnTo = "//evil.example"
+	item.Value, _ = json.Marshal(st)
+	_, err = e.store.Backend().Put(ctx, *item)
+	require.NoError(t, err)
+	out, err := e.finish(cb)
+	require.Error(t, err, "answered %+v", out)
+	require.True(t, trace.IsBadParameter(err), "%v", err)
+}
+
+// TestSSONoRole: an account whose claims match no mapping is refused with
+// exactly MsgNoRole, and the audit event shows the claims the mapping
+// looked at (and nothing else of the profile); no user record is made.
+func TestSSONoRole(t *testing.T) {
+	e := newSSOEnv(t)
+	cb := e.start(t, authapi.SSOAuthRequest{}, "mallory")
+	_, err := e.finish(cb)
+	require.True(t, trace.IsAccessDenied(err), "%v", err)
+	require.Equal(t, "your identity provider account maps to no Postern role", trace.UserMessage(err))
+	ev := e.requireFailedAudit(t, "claims map to no role")
+	require.Equal(t, "mallory@elsewhere.test", ev.User)
+	require.Equal(t, "corp", ev.Fields[events.FieldConnector])
+	require.Equal(t, map[string][]string{"email": {"mallory@elsewhere.test"}}, ev.Fields[events.FieldClaims])
+	_, err = e.store.GetUser(context.Background(), "mallory@elsewhere.test")
+	require.True(t, trace.IsNotFound(err))
+}
+
+// TestSSODeletedConnector: removing the connector refuses new logins and
+// the one under way.
+func TestSSODeletedConnector(t *testing.T) {
+	e := newSSOEnv(t)
+	ctx := context.Background()
+	cb := e.start(t, authapi.SSOAuthRequest{}, "alice")
+	require.NoError(t, e.adminClient(t).DeleteOIDCConnector(ctx, "corp"))
+	_, err := e.finish(cb)
+	requireKind(t, err, trace.IsAccessDenied, `SSO connector "corp" was removed`)
+	e.requireFailedAudit(t, "was removed")
+	_, err = e.auth.CreateSSOAuthRequest(ctx, authapi.SSOAuthRequest{Connector: "corp", RedirectURL: testSSORedirect})
+	requireKind(t, err, trace.IsNotFound, `unknown SSO connector "corp"`)
+	infos, err := e.auth.GetSSOConnectors(ctx)
+	require.NoError(t, err)
+	require.Empty(t, infos)
+}
+
+// TestSSOAcrossAuthServers: a login started on one auth server finishes
+// on another that shares the backend (the state is there, not in
+// memory), and only once.
+func TestSSOAcrossAuthServers(t *testing.T) {
+	a := newSSOEnv(t)
+	b := newSSOAuth(t, a.clock, a.store)
+	cb := a.start(t, authapi.SSOAuthRequest{ReturnTo: "/web/nodes"}, "alice")
+	out, err := b.auth.ValidateSSOCallback(context.Background(), authapi.SSOCallbackRequest{Query: cb, WebSession: webSession()})
+	require.NoError(t, err)
+	require.Equal(t, "alice@example.com", out.Username)
+	require.Equal(t, "/web/nodes", out.ReturnTo)
+	_, err = a.finish(cb)
+	requireKind(t, err, trace.IsAccessDenied, "already used")
+}
+
+// TestSSORefusals: the provider's own refusal is named; a local user is
+// not taken over; an unreachable provider is named; connectors without a
+// secret are refused; pctl's reads never see the secret.
+func TestSSORefusals(t *testing.T) {
+	e := newSSOEnv(t)
+	ctx := context.Background()
+
+	resp, err := e.auth.CreateSSOAuthRequest(ctx, authapi.SSOAuthRequest{Connector: "corp", RedirectURL: testSSORedirect})
+	require.NoError(t, err)
+	u, err := url.Parse(resp.AuthURL)
+	require.NoError(t, err)
+	q := url.Values{"state": {u.Query().Get("state")}, "error": {"access_denied"}, "error_description": {"the user said no\x1b[31m"}}
+	_, err = e.finish(q.Encode())
+	requireKind(t, err, trace.IsAccessDenied, "the identity provider refused the login: access_denied: the user said no")
+	require.NotContains(t, err.Error(), "\x1b")
+	e.requireFailedAudit(t, "access_denied")
+
+	// A local user of the same name is not taken over.
+	_, err = e.auth.CreateUser(ctx, "alice@example.com", []byte("password1"), []string{"root"}, []string{"admin"}, false)
+	require.NoError(t, err)
+	_, err = e.finish(e.start(t, authapi.SSOAuthRequest{}, "alice"))
+	requireKind(t, err, trace.IsAccessDenied, "already exists as a local user")
+	usr, err := e.store.GetUser(ctx, "alice@example.com")
+	require.NoError(t, err)
+	require.Equal(t, []string{"admin"}, usr.Roles)
+	require.Empty(t, usr.Connector)
+
+	// An unreachable provider.
+	l, err := netListen()
+	require.NoError(t, err)
+	dead := "https://" + l.Addr().String() + "/"
+	require.NoError(t, l.Close())
+	down := testConnector(e.idp)
+	down.Metadata.Name = "down"
+	down.Spec.IssuerURL = dead
+	require.NoError(t, e.auth.UpsertOIDCConnector(ctx, down))
+	_, err = e.auth.CreateSSOAuthRequest(ctx, authapi.SSOAuthRequest{Connector: "down", RedirectURL: testSSORedirect})
+	requireKind(t, err, trace.IsConnectionProblem, "identity provider "+dead+" did not answer")
+
+	// The secret: required, kept when written back without it, never read back.
+	admin := e.adminClient(t)
+	nosecret := testConnector(e.idp)
+	nosecret.Metadata.Name = "nosecret"
+	nosecret.Spec.ClientSecret = ""
+	requireKind(t, admin.UpsertOIDCConnector(ctx, nosecret), trace.IsBadParameter, "client_secret")
+	cs, err := admin.GetOIDCConnectors(ctx)
+	require.NoError(t, err)
+	require.Len(t, cs, 2)
+	for _, c := range cs {
+		require.Empty(t, c.Spec.ClientSecret)
+	}
+	back := cs[0]
+	require.Equal(t, "corp", back.Metadata.Name)
+	require.NoError(t, admin.UpsertOIDCConnector(ctx, &back))
+	stored, err := e.store.GetOIDCConnector(ctx, "corp")
+	require.NoError(t, err)
+	require.Equal(t, e.idp.ClientSecret, stored.Spec.ClientSecret)
+
+	// Garbage callbacks.
+	for _, bad := range []string{"", "code=x", "state=a&state=b&code=c", "state=x&code=y"} {
+		_, err := e.finish(bad)
+		require.Error(t, err, bad)
+	}
 }

@@ -48,12 +48,12 @@ import (
 type User struct {
 	// Username is what the login form takes (and the preferred_username
 	// claim).
-	Username string
-	Password string
+	Username string `json:"username"`
+	Password string `json:"password"`
 	// Email is the email claim (userinfo, scope "email").
-	Email     string
-	FirstName string
-	LastName  string
+	Email     string `json:"email"`
+	FirstName string `json:"first_name,omitempty"`
+	LastName  string `json:"last_name,omitempty"`
 }
 
 // DefaultUsers are the provider's users when Config.Users is empty.
@@ -119,9 +119,8 @@ type Provider struct {
 	srv  *httptest.Server
 	pool *x509.CertPool
 
-	mu       sync.Mutex
-	rewrite  func(idToken string) string
-	tokenErr string
+	mu      sync.Mutex
+	rewrite func(idToken string) string
 }
 
 // Start starts a provider; Close stops it.
@@ -326,7 +325,7 @@ func formError(page []byte) string {
 func (p *Provider) IDToken(ctx context.Context, username, password, nonce string) (string, error) {
 	cfg := &oauth2.Config{
 		ClientID: p.ClientID, ClientSecret: p.ClientSecret, RedirectURL: p.RedirectURLs[0],
-		Endpoint: oauth2.Endpoint{AuthURL: p.Issuer + "authorize", TokenURL: p.Issuer + "oauth/token"},
+		Endpoint: oauth2.Endpoint{AuthURL: p.Issuer + "auth", TokenURL: p.Issuer + "oauth/token"},
 		Scopes:   []string{"openid", "email", "profile"},
 	}
 	verifier := oauth2.GenerateVerifier()
