@@ -35,7 +35,7 @@ const userB = 'e2e-b';
 const leafName = 'e2e-leaf';
 const leafNode = 'e2e-leaf-node';
 
-// The single sign-on step's identity provider (e2e/oidcop, a real
+// The single sign-on step's identity provider (fixtures/oidc-op, a real
 // OpenID provider) and its user, who maps to a role with this login.
 const ssoConnector = 'corp';
 const ssoDisplay = 'Corp SSO';
@@ -386,11 +386,11 @@ async function main() {
     // redirect URI is this proxy's callback, and the connector naming it.
     const opDir = join(dataDir, 'oidcop');
     mkdirSync(opDir);
-    oidcop = spawn(join(buildDir, 'oidcop'), ['--dir', opDir, '--redirect', `${base}/webapi/oidc/callback`],
+    oidcop = spawn(join(buildDir, 'oidc-op'), ['--dir', opDir, '--redirect-url', `${base}/webapi/oidc/callback`],
       { stdio: ['ignore', 'pipe', 'pipe'] });
-    oidcop.stderr.pipe(createWriteStream(join(artifacts, 'oidcop.log')));
+    oidcop.stderr.pipe(createWriteStream(join(artifacts, 'oidc-op.log')));
     oidcop.on('exit', () => { oidcopExited = true; });
-    const op = JSON.parse(await firstLine(oidcop, 'oidcop'));
+    const op = JSON.parse(await firstLine(oidcop, 'oidc-op'));
     writeFileSync(join(opDir, 'role.yaml'), [
       'kind: role', 'version: v1', 'metadata: {name: sso-dev}', 'spec:',
       `  logins: [${JSON.stringify(login)}]`, '  node_labels: {"*": "*"}', '',
