@@ -127,4 +127,5 @@ e2e/node_modules/.package-lock.json: e2e/package.json e2e/package-lock.json
 # "N passed, N failed" and fails when any step failed.
 e2e: build e2e/node_modules/.package-lock.json
 	$(GO) build -o $(BUILD_DIR)/genrec ./e2e/genrec
+	$(GO) build -o $(BUILD_DIR)/oidc-op ./fixtures/oidc-op
 	POSTERN_BUILD_DIR=$(BUILD_DIR) node e2e/run.mjs

@@ -35,6 +35,14 @@ const userB = 'e2e-b';
 const leafName = 'e2e-leaf';
 const leafNode = 'e2e-leaf-node';
 
+// The single sign-on step's identity provider (fixtures/oidc-op, a real
+// OpenID provider) and its user, who maps to a role with this login.
+const ssoConnector = 'corp';
+const ssoDisplay = 'Corp SSO';
+const ssoUser = 'alice';
+const ssoPassword = 'verysecure';
+const ssoEmail = 'alice@example.com';
+
 let passed = 0;
 let failed = 0;
 let stepNo = 0;
@@ -98,6 +106,23 @@ async function step(page, name, fn) {
     console.log(`FAIL ${name}: ${err.message}`);
   }
   try { await page.screenshot({ path: shot }); } catch { /* browser gone */ }
+}
+
+// firstLine resolves to the first line a child prints on stdout.
+function firstLine(child, what) {
+  return new Promise((res, rej) => {
+    let buf = '';
+    const on = (d) => {
+      buf += d.toString();
+      const i = buf.indexOf('\n');
+      if (i >= 0) {
+        child.stdout.off('data', on);
+        res(buf.slice(0, i));
+      }
+    };
+    child.stdout.on('data', on);
+    child.once('exit', () => rej(new Error(`${what} exited before printing its first line`)));
+  });
 }
 
 // rowsText is the terminal's visible text, read from xterm's buffer (the
@@ -331,6 +356,11 @@ async function main() {
   let profile;
   let contextB;
   let profileB;
+  let contextSSO;
+  let profileSSO;
+  let oidcop;
+  let oidcopExited = false;
+  let termHref = '';
   const launchOptions = {
     executablePath: chromiumPath,
     headless: true,
@@ -351,6 +381,29 @@ async function main() {
     const webPort = webAddr.slice(webAddr.lastIndexOf(':') + 1);
     const base = `https://127.0.0.1:${webPort}`;
     pctl(['users', 'add', user, '--logins', login], `${password}\n`);
+
+    // Single sign-on: a real OpenID provider whose one registered
+    // redirect URI is this proxy's callback, and the connector naming it.
+    const opDir = join(dataDir, 'oidcop');
+    mkdirSync(opDir);
+    oidcop = spawn(join(buildDir, 'oidc-op'), ['--dir', opDir, '--redirect-url', `${base}/webapi/oidc/callback`],
+      { stdio: ['ignore', 'pipe', 'pipe'] });
+    oidcop.stderr.pipe(createWriteStream(join(artifacts, 'oidc-op.log')));
+    oidcop.on('exit', () => { oidcopExited = true; });
+    const op = JSON.parse(await firstLine(oidcop, 'oidc-op'));
+    writeFileSync(join(opDir, 'role.yaml'), [
+      'kind: role', 'version: v1', 'metadata: {name: sso-dev}', 'spec:',
+      `  logins: [${JSON.stringify(login)}]`, '  node_labels: {"*": "*"}', '',
+    ].join('\n'));
+    pctl(['create', '-f', join(opDir, 'role.yaml')]);
+    writeFileSync(join(opDir, 'connector.yaml'), [
+      'kind: oidc_connector', 'version: v1', `metadata: {name: ${ssoConnector}}`, 'spec:',
+      `  display: ${JSON.stringify(ssoDisplay)}`, `  issuer_url: ${JSON.stringify(op.issuer)}`,
+      `  ca_file: ${JSON.stringify(op.ca_file)}`, `  client_id: ${JSON.stringify(op.client_id)}`,
+      `  client_secret: ${JSON.stringify(op.client_secret)}`, '  scopes: [email, profile]',
+      '  username_claim: email', '  claims_to_roles:', '  - {claim: email, value: "*@example.com", roles: [sso-dev]}', '',
+    ].join('\n'));
+    pctl(['create', '-f', join(opDir, 'connector.yaml')]);
 
     // The node behind NAT joins now, so that it is up by the time its
     // step runs; the join command is the one `pctl tokens add` prints.
@@ -477,6 +530,7 @@ async function main() {
       const link = page.locator(`tr[data-hostname="${nodename}"] a.connect`);
       const href = await link.getAttribute('href');
       if (!/^\/web\/cluster\/e2e\/node\/[0-9a-f-]{36}\/[^/]+$/.test(href)) throw new Error(`link ${href}`);
+      termHref = href;
       await link.click();
       await page.waitForURL((u) => u.pathname === href);
       await page.locator('#term-status[data-status="connected"]').waitFor({ timeout: 30000 });
@@ -1042,6 +1096,54 @@ async function main() {
       await page.locator(`tr[data-hostname="${nodename}"]`).waitFor();
     });
 
+    await step(page, 'single sign-on: a deep link, "Sign in with ...", the provider\'s own login page, and the terminal opens', async () => {
+      if (!termHref) throw new Error('no terminal link from the earlier step');
+      profileSSO = mkdtempSync(join(tmpdir(), 'postern-e2e-chromium-sso-'));
+      contextSSO = await chromium.launchPersistentContext(profileSSO, launchOptions);
+      const pageS = contextSSO.pages()[0] || await contextSSO.newPage();
+      const errorsS = [];
+      // Ours only: the provider's pages are not (its login page asks for
+      // a favicon it has not). The adoption attempt before the login is
+      // a 401, as in the main run.
+      pageS.on('console', (m) => {
+        const at = (m.location() || {}).url || '';
+        if (m.type() === 'error' && at.startsWith(base) && !/status of 401/.test(m.text())) errorsS.push(`${m.text()} (at ${at})`);
+      });
+      await pageS.goto(`${base}${termHref}`);
+      const button = pageS.locator('a.sso-button', { hasText: `Sign in with ${ssoDisplay}` });
+      await button.waitFor({ timeout: 15000 });
+      const href = new URL(await button.getAttribute('href'), base);
+      if (href.searchParams.get('return_to') !== termHref) throw new Error(`the button returns to ${href.searchParams.get('return_to')}`);
+      await button.click();
+      // The example OP's own login form, on its own origin.
+      await pageS.waitForURL((u) => u.origin !== base, { timeout: 15000 });
+      await pageS.locator('input[name="username"]').fill(ssoUser);
+      await pageS.locator('input[name="password"]').fill(ssoPassword);
+      await Promise.all([
+        pageS.waitForURL((u) => u.origin === base && u.pathname === termHref, { timeout: 30000 }),
+        pageS.locator('input[name="password"]').press('Enter'),
+      ]);
+      await pageS.locator('#term-status[data-status="connected"]').waitFor({ timeout: 30000 });
+      await waitFor('the SSO user\'s name', async () => (await pageS.locator('#whoami').textContent()) === ssoEmail, 15000);
+      await waitFor('a shell prompt', async () => (await rowsText(pageS)).trim().length > 0, 60000);
+      await typeInTerminal(pageS, 'echo "sso-$SSH_POSTERN_USER-$((6*7))"\n');
+      await waitFor('the SSO user in the shell', async () => (await rowsText(pageS)).includes(`sso-${ssoEmail}-42`), 30000);
+      const audit = pctl(['events', 'ls', '--type', 'auth.login', '--format', 'json']);
+      if (!audit.includes(ssoEmail)) throw new Error('no auth.login event for the SSO user');
+      await pageS.screenshot({ path: join(artifacts, 'sso-terminal.png') }).catch(() => {});
+      if (errorsS.length) throw new Error(`console errors: ${errorsS.join('; ')}`);
+      await contextSSO.close();
+      contextSSO = null;
+    });
+
+    await step(page, 'single sign-on: the provider\'s answer replayed is told to start again, escaped', async () => {
+      const resp = await page.request.get(`${base}/webapi/oidc/callback?state=${encodeURIComponent('<b>x</b>')}&code=c`, { maxRedirects: 0 });
+      const body = await resp.text();
+      if (resp.status() !== 400 || !/already used or has expired: start again/.test(body) || /<b>x/.test(body)) {
+        throw new Error(`${resp.status()}: ${body.slice(0, 300)}`);
+      }
+    });
+
     await step(page, 'no console errors', async () => {
       // The refused login's 401 is logged by chromium as a failed resource load.
       const real = consoleErrors.filter((e) => !/status of 401/.test(e));
@@ -1053,6 +1155,9 @@ async function main() {
   } finally {
     if (context) await context.close().catch(() => {});
     if (contextB) await contextB.close().catch(() => {});
+    if (contextSSO) await contextSSO.close().catch(() => {});
+    if (profileSSO) rmSync(profileSSO, { recursive: true, force: true });
+    if (oidcop && !oidcopExited) oidcop.kill('SIGTERM');
     if (profileB) rmSync(profileB, { recursive: true, force: true });
     if (profile) rmSync(profile, { recursive: true, force: true });
     if (tunnelNode && !tunnelExited) {

@@ -89,6 +89,9 @@ Ways in:
   # the admin CLI:
   $PCTL --data-dir $DATA_DIR nodes ls
 
+  # single sign-on: register https://$BIND:$WEB_PORT/webapi/oidc/callback at your identity
+  # provider, then $PCTL --data-dir $DATA_DIR create -f connector.yaml (README.md, "Single sign-on")
+
 Stop with Ctrl-C (or kill $(cat "$PIDFILE" 2>/dev/null || echo PID)).
 MSG
 }

@@ -337,10 +337,14 @@ func (s *Server) CreateSSOAuthRequest(ctx context.Context, req authapi.SSOAuthRe
 	return &authapi.SSOAuthResponse{AuthURL: authURL}, nil
 }
 
-// errSSOState is the answer to a state that is unknown, expired or
-// already used: the three are the same to whoever presents it.
+// MsgSSOStateGone answers a state that is unknown, expired or already
+// used: the three are the same to whoever presents it. The proxy tells
+// the user, in their terms, to start again when it sees it.
+const MsgSSOStateGone = "unknown, expired or already used SSO login (state); start the login again"
+
+// errSSOState is the answer to a state auth does not hold.
 func errSSOState() error {
-	return trace.AccessDenied("unknown, expired or already used SSO login (state); start the login again")
+	return trace.AccessDenied(MsgSSOStateGone)
 }
 
 // takeSSOState reads and deletes the state: the Delete is the commit

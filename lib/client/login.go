@@ -2,6 +2,7 @@ package client
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -124,28 +125,51 @@ func Login(ctx context.Context, cfg LoginConfig) (*LoginResult, error) {
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	certPub, _, _, _, err := ssh.ParseAuthorizedKey([]byte(resp.Cert))
+	return saveLogin(loginSave{wc: wc, ping: ping, priv: priv, pub: pub, resp: resp, store: cfg.Store, agentSock: cfg.AgentSock, now: cfg.Now})
+}
+
+// loginSave is what a login stores once the proxy issued a certificate,
+// however the user proved who they are.
+type loginSave struct {
+	wc        *WebClient
+	ping      *webapi.PingResponse
+	priv, pub []byte
+	resp      *webapi.SSHLoginResponse
+	store     *Store
+	agentSock string
+	now       func() time.Time
+}
+
+// saveLogin stores the key, the certificate, the cluster's host CAs (for
+// known_hosts) and the profile, and adds the key to the agent: the one way
+// every login ends, so that psh ssh, psh config and ssh -J work the same
+// after a password login and a single sign-on.
+func saveLogin(l loginSave) (*LoginResult, error) {
+	certPub, _, _, _, err := ssh.ParseAuthorizedKey([]byte(l.resp.Cert))
 	cert, ok := certPub.(*ssh.Certificate)
 	if err != nil || !ok {
-		return nil, trace.BadParameter("proxy %s returned an invalid certificate", wc.Addr())
+		return nil, trace.BadParameter("proxy %s returned an invalid certificate", l.wc.Addr())
 	}
-	known, leaves, err := knownHostsOf(resp.HostSigners, ping.ClusterName)
+	if key, _, _, _, err := ssh.ParseAuthorizedKey(l.pub); err != nil || !bytes.Equal(cert.Key.Marshal(), key.Marshal()) {
+		return nil, trace.BadParameter("proxy %s returned a certificate for another key", l.wc.Addr())
+	}
+	known, leaves, err := knownHostsOf(l.resp.HostSigners, l.ping.ClusterName)
 	if err != nil {
-		return nil, trace.Wrap(err, "proxy %s", wc.Addr())
+		return nil, trace.Wrap(err, "proxy %s", l.wc.Addr())
 	}
 	profile := Profile{
-		Proxy:    wc.Addr(),
-		ProxySSH: proxySSHAddr(wc.Addr(), ping.ProxySSHAddr),
-		User:     resp.Username,
-		Cluster:  ping.ClusterName,
+		Proxy:    l.wc.Addr(),
+		ProxySSH: proxySSHAddr(l.wc.Addr(), l.ping.ProxySSHAddr),
+		User:     l.resp.Username,
+		Cluster:  l.ping.ClusterName,
 		Clusters: leaves,
 	}
-	if err := cfg.Store.Save(&StoredLogin{Profile: profile, Key: priv, Pub: pub, Cert: []byte(resp.Cert + "\n"), KnownHosts: known}); err != nil {
+	if err := l.store.Save(&StoredLogin{Profile: profile, Key: l.priv, Pub: l.pub, Cert: []byte(l.resp.Cert + "\n"), KnownHosts: known}); err != nil {
 		return nil, trace.Wrap(err)
 	}
 	res := &LoginResult{Profile: &profile, Cert: cert}
-	if cfg.AgentSock != "" {
-		res.AgentErr = addToAgent(cfg.AgentSock, priv, cert, cfg.Now())
+	if l.agentSock != "" {
+		res.AgentErr = addToAgent(l.agentSock, l.priv, cert, l.now())
 	}
 	return res, nil
 }

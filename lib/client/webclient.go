@@ -163,6 +163,45 @@ func (c *WebClient) SSHLogin(ctx context.Context, req webapi.SSHLoginRequest) (*
 	return &resp, nil
 }
 
+// SSOConsoleLogin starts a single sign-on login for psh and returns the
+// identity provider's URL to open in the browser.
+func (c *WebClient) SSOConsoleLogin(ctx context.Context, req webapi.SSOConsoleLoginRequest) (string, error) {
+	data, err := json.Marshal(req)
+	if err != nil {
+		return "", trace.Wrap(err)
+	}
+	const path = "/webapi/oidc/login/console"
+	code, body, err := c.call(ctx, http.MethodPost, path, data)
+	if err != nil {
+		return "", trace.Wrap(err)
+	}
+	if code != http.StatusOK {
+		var e webapi.ErrorResponse
+		if json.Unmarshal(body, &e) != nil || e.Error == "" {
+			return "", c.notPostern(fmt.Sprintf("POST %s answered %d", path, code))
+		}
+		switch code {
+		case http.StatusNotFound:
+			return "", trace.NotFound("single sign-on refused: %s", e.Error)
+		case http.StatusBadRequest, http.StatusForbidden:
+			return "", trace.BadParameter("single sign-on refused: %s", e.Error)
+		case http.StatusTooManyRequests:
+			return "", trace.LimitExceeded("single sign-on refused: %s", e.Error)
+		case http.StatusNotImplemented:
+			return "", trace.NotImplemented("single sign-on is not available on proxy %s: %s", c.cfg.Proxy, e.Error)
+		case http.StatusServiceUnavailable:
+			return "", trace.ConnectionProblem(nil, "single sign-on failed: %s", e.Error)
+		default:
+			return "", trace.ConnectionProblem(nil, "single sign-on failed: proxy %s answered %d: %s", c.cfg.Proxy, code, e.Error)
+		}
+	}
+	var resp webapi.SSOConsoleLoginResponse
+	if err := json.Unmarshal(body, &resp); err != nil || resp.AuthURL == "" {
+		return "", c.notPostern("POST " + path + " answered without an authorization URL")
+	}
+	return resp.AuthURL, nil
+}
+
 // call does one request and returns the status and (bounded) body. TLS
 // failures get a message that says what to do about them.
 func (c *WebClient) call(ctx context.Context, method, path string, body []byte) (int, []byte, error) {

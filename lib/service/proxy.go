@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"net"
+	"strings"
 
 	"github.com/gravitational/trace"
 	"golang.org/x/crypto/ssh"
@@ -178,10 +179,11 @@ func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string, id *auth.Identit
 			}
 			return auth.DialJoinRelay(ctx, raw, id, client)
 		},
-		Certificate:   pair,
-		SSHAlgorithms: p.cfg.SSHAlgorithms(),
-		Clock:         p.clock,
-		Logger:        p.log.WithField("component", "web"),
+		Certificate:    pair,
+		PublicWebAddrs: publicWebAddrs(p.cfg.PublicAddrs, ln.Addr(), hosts),
+		SSHAlgorithms:  p.cfg.SSHAlgorithms(),
+		Clock:          p.clock,
+		Logger:         p.log.WithField("component", "web"),
 	}
 	if p.authServer != nil {
 		wcfg.Auth = p.authServer
@@ -229,4 +231,34 @@ func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string, id *auth.Identit
 	p.drainers = append(p.drainers, ws.Shutdown)
 	p.log.WithField("addr", ln.Addr().String()).Info("Web server is serving.")
 	return nil
+}
+
+// publicWebAddrs lists the addresses browsers may reach the web port at,
+// the preferred first: each public_addrs entry (one without a port is
+// the web port, or 443 behind a load balancer), then the listener's own
+// address and the names in its certificate. A single sign-on redirect
+// URI names one of these, never a Host header a client made up.
+func publicWebAddrs(public []string, listen net.Addr, hosts []string) []string {
+	_, port, err := net.SplitHostPort(listen.String())
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, a := range public {
+		if _, _, err := net.SplitHostPort(a); err == nil {
+			out = appendUnique(out, a)
+			continue
+		}
+		h := strings.Trim(a, "[]")
+		out = appendUnique(out, net.JoinHostPort(h, port))
+		if strings.Contains(h, ":") {
+			h = "[" + h + "]"
+		}
+		out = appendUnique(out, h)
+	}
+	out = appendUnique(out, advertisedAddr(listen))
+	for _, h := range hosts {
+		out = appendUnique(out, net.JoinHostPort(h, port))
+	}
+	return out
 }

@@ -1,6 +1,8 @@
 package web
 
 import (
+	"net/url"
+	"strings"
 	"testing"
 )
 
@@ -19,6 +21,55 @@ func FuzzDecodeSSHLoginRequest(f *testing.F) {
 			return
 		}
 		if req.User == "" || req.PubKey == "" || req.TTLSeconds < 0 || req.TTLSeconds > maxTTLSeconds {
+			t.Fatalf("accepted an invalid request: %+v", req)
+		}
+	})
+}
+
+// FuzzCheckReturnTo: return_to comes from any link anyone may send a
+// user; whatever CheckReturnTo accepts must stay on the proxy when a
+// browser resolves it against the proxy's address.
+func FuzzCheckReturnTo(f *testing.F) {
+	for _, s := range []string{"", "/", "/web/cluster/c1/node/u/alice", "//evil.example", "/\\evil.example", "/\t/evil.example", "https://evil.example", "/%2F%2Fevil.example"} {
+		f.Add(s)
+	}
+	base, err := url.Parse("https://proxy.example.com:3080/webapi/oidc/callback")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, p string) {
+		got, err := CheckReturnTo(p)
+		if err != nil {
+			return
+		}
+		if !strings.HasPrefix(got, "/") || strings.HasPrefix(got, "//") {
+			t.Fatalf("accepted %q as %q", p, got)
+		}
+		ref, err := url.Parse(got)
+		if err != nil {
+			t.Fatalf("accepted %q, which does not parse: %v", got, err)
+		}
+		if u := base.ResolveReference(ref); u.Host != base.Host || u.Scheme != base.Scheme {
+			t.Fatalf("accepted %q, which leads to %s", got, u)
+		}
+	})
+}
+
+// FuzzDecodeSSOConsoleLoginRequest: psh's single sign-on start comes from
+// anyone on the network; whatever the decoder accepts must name a
+// connector, a loopback redirect and a 32-byte seal key.
+func FuzzDecodeSSOConsoleLoginRequest(f *testing.F) {
+	f.Add([]byte(`{"connector":"corp","pub_key":"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFZ3oHBJZHprEDR6+ggYBVWS1ZCmbQjSpbpm0JrRMDIi","ttl_seconds":3600,"redirect_url":"http://127.0.0.1:40000/callback","seal_key":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}`))
+	f.Add([]byte(`{"connector":"corp","redirect_url":"http://evil.example/","seal_key":"AA=="}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		req, err := DecodeSSOConsoleLoginRequest(data)
+		if err != nil {
+			if req != nil {
+				t.Fatal("request returned with an error")
+			}
+			return
+		}
+		if req.Connector == "" || len(req.SealKey) != 32 || CheckLoopbackRedirect(req.RedirectURL) != nil {
 			t.Fatalf("accepted an invalid request: %+v", req)
 		}
 	})

@@ -30,6 +30,18 @@ func (b brokenAuth) AuthenticateSSHUser(context.Context, authapi.SSHLoginRequest
 	return nil, b.err
 }
 
+func (b brokenAuth) CreateSSOAuthRequest(context.Context, authapi.SSOAuthRequest) (*authapi.SSOAuthResponse, error) {
+	return nil, b.err
+}
+
+func (b brokenAuth) ValidateSSOCallback(context.Context, authapi.SSOCallbackRequest) (*authapi.SSOCallbackResponse, error) {
+	return nil, b.err
+}
+
+func (b brokenAuth) GetSSOConnectors(context.Context) ([]authapi.SSOConnectorInfo, error) {
+	return nil, b.err
+}
+
 // failingStore is a session store whose backend refuses every write.
 type failingStore struct {
 	SessionStore

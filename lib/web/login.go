@@ -23,11 +23,14 @@ import (
 	"github.com/postern-dev/postern/lib/services"
 )
 
-// SSHLoginAuthenticator is what the login endpoint needs from auth: both
+// SSHLoginAuthenticator is what the login endpoints need from auth: both
 // *auth.Server (auth in the same process) and *auth.Client (auth on
-// another machine, called with the proxy's identity) provide it.
+// another machine, called with the proxy's identity) provide it. A login
+// with a password and one through an identity provider (sso.go) are two
+// doors into the same auth server, so one value serves both.
 type SSHLoginAuthenticator interface {
 	AuthenticateSSHUser(ctx context.Context, req authapi.SSHLoginRequest) (*authapi.SSHLoginResponse, error)
+	SSOAuthenticator
 }
 
 var (

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/gravitational/trace"
@@ -44,6 +45,12 @@ type Config struct {
 	// through this proxy (joinrelay.go), naming the joining client's
 	// address (auth counts failed joins per client); nil means no relay.
 	JoinRelay func(ctx context.Context, clientAddr string) (net.Conn, error)
+	// PublicWebAddrs are the HOST[:PORT] addresses browsers reach this
+	// web port at, the preferred one first (public_addrs, then the
+	// listener's own names): a single sign-on login's redirect URI is
+	// the callback at the one the request came in on, else the first
+	// (sso.go). Empty means the listener's address.
+	PublicWebAddrs []string
 	// TunnelAddr is the proxy's reverse tunnel address reported by
 	// /webapi/ping; empty when it takes no tunnels.
 	TunnelAddr string
@@ -84,6 +91,12 @@ type Server struct {
 	web *webState
 	// joinRelay relays joins to auth (joinrelay.go); nil without one.
 	joinRelay *joinRelay
+	// connectorCache keeps the single sign-on connectors that
+	// /webapi/ping lists (sso.go).
+	connectorCache connectorCache
+	// listenAddr is the address Serve listens on (a string), the
+	// fallback of PublicWebAddrs.
+	listenAddr atomic.Value
 }
 
 // Timeouts of the HTTP server: a peer that trickles headers or never reads
@@ -106,6 +119,9 @@ func NewServer(cfg Config) (*Server, error) {
 		s.joinRelay = newJoinRelay(cfg.JoinRelay)
 	}
 	mux.HandleFunc("GET "+JoinRelayPath, s.serveJoinRelay)
+	mux.HandleFunc("GET "+ssoWebLoginPath, s.ssoWebLogin)
+	mux.HandleFunc("POST "+ssoConsoleLoginPth, s.ssoConsoleLogin)
+	mux.HandleFunc("GET "+SSOCallbackPath, s.ssoCallback)
 	if err := s.registerWebRoutes(mux); err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -133,6 +149,7 @@ func (s *Server) ping(w http.ResponseWriter, r *http.Request) {
 		TunnelAddr:    s.cfg.TunnelAddr,
 		SecondFactor:  secondFactor,
 		ServerVersion: version.Version,
+		Connectors:    s.connectors(r.Context()),
 	})
 }
 
@@ -151,6 +168,7 @@ func securityHeaders(next http.Handler) http.Handler {
 
 // Serve serves HTTPS on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
+	s.listenAddr.Store(ln.Addr().String())
 	err := s.srv.ServeTLS(ln, "", "")
 	if err == http.ErrServerClosed {
 		return nil

@@ -82,13 +82,12 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cfg := s.cfg.WebSessions
-	sid, err := randomHex()
+	ref, err := newSessionRef()
 	if err != nil {
 		internalError(w, log, "Web login: could not make a session id.", err)
 		return
 	}
-	token := sessionTokenFor(sid)
-	ref := SessionRef{ID: sid, Token: token}
+	token := ref.Token
 	// One auth call checks the password and OTP (under auth's per-user and
 	// per-address failure limits, shared with psh's login) and certifies
 	// the session's key: the key never leaves this process. With sessions
@@ -101,7 +100,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	}
 	atLogin := sessionsCreatedAtLogin(cfg.Store)
 	if atLogin {
-		loginReq.WebSession = &authapi.WebSessionInit{Key: ref.Key(), TokenHash: hashSecret(token)}
+		loginReq.WebSession = ref.sessionInit()
 	}
 	resp, ok := s.authenticateSSHUser(w, r, log, loginReq)
 	if !ok {
@@ -128,11 +127,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	}
 	live.ctx, live.cancel = context.WithCancelCause(s.web.ctx)
 	s.web.sessions.add(live)
-	// The plain cookie names the browser's latest login (a new tab adopts
-	// it); the session's own cookie keeps this session working in its tab
-	// after another tab logs in (sessionauth.go).
-	setSessionCookie(w, SessionCookieName, sid, expires)
-	setSessionCookie(w, sessionCookieFor(token), sid, expires)
+	setSessionCookies(w, ref, expires)
 	log.Info("Web session created.")
 	writeJSON(w, http.StatusOK, webapi.CreateSessionResponse{Token: token, Expires: expires.UTC(), User: resp.Username})
 }
@@ -150,6 +145,33 @@ func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request, live *liv
 	}
 	s.cfg.Logger.WithField("user", live.user).Info("Web session deleted.")
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// newSessionRef makes a new browser session's secrets: the id (the
+// cookie) and the bearer token derived from it. Every browser login makes
+// them here, with a password (createSession) or through an identity
+// provider (ssoCallback), so both kinds of session are alike.
+func newSessionRef() (SessionRef, error) {
+	sid, err := randomHex()
+	if err != nil {
+		return SessionRef{}, trace.Wrap(err)
+	}
+	return SessionRef{ID: sid, Token: sessionTokenFor(sid)}, nil
+}
+
+// sessionInit is what auth stores of a new session when it creates the
+// record: hashes only.
+func (r SessionRef) sessionInit() *authapi.WebSessionInit {
+	return &authapi.WebSessionInit{Key: r.Key(), TokenHash: hashSecret(r.Token)}
+}
+
+// setSessionCookies hands a new session to the browser. The plain cookie
+// names the browser's latest login (a new tab adopts it); the session's
+// own cookie keeps this session working in its tab after another tab logs
+// in (sessionauth.go).
+func setSessionCookies(w http.ResponseWriter, ref SessionRef, expires time.Time) {
+	setSessionCookie(w, SessionCookieName, ref.ID, expires)
+	setSessionCookie(w, sessionCookieFor(ref.Token), ref.ID, expires)
 }
 
 // setSessionCookie sets a session cookie: HttpOnly (no page script reads

@@ -28,15 +28,44 @@ func (c *cli) doLogin(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, loginTimeout)
 	defer cancel()
-	res, err := client.Login(ctx, client.LoginConfig{
-		Web:       client.WebConfig{Proxy: c.login.proxy, Insecure: c.login.insecure, CACertFile: c.login.cacert},
-		User:      c.login.user,
-		TTL:       c.login.ttl,
-		Store:     st,
-		Prompt:    &client.StdinPrompter{In: c.stdin, Out: c.stderr},
-		OTP:       c.login.otp,
-		AgentSock: agentSock,
-	})
+	web := client.WebConfig{Proxy: c.login.proxy, Insecure: c.login.insecure, CACertFile: c.login.cacert}
+	var res *client.LoginResult
+	switch {
+	case c.login.auth != "" && c.login.user != "":
+		return trace.BadParameter("--auth and --user exclude each other: with --auth your identity provider says who you are")
+	case c.login.auth != "":
+		if c.login.otp {
+			return trace.BadParameter("--otp is for a password login: with --auth your identity provider asks for a second factor")
+		}
+		open := client.OpenBrowser
+		if c.login.browser == "none" {
+			open = nil
+		}
+		res, err = client.SSOLogin(ctx, client.SSOLoginConfig{
+			Web:         web,
+			Connector:   c.login.auth,
+			TTL:         c.login.ttl,
+			Store:       st,
+			Out:         c.stderr,
+			OpenBrowser: open,
+			AgentSock:   agentSock,
+		})
+	case c.login.user != "":
+		if c.login.browser != "" {
+			return trace.BadParameter("--browser goes with --auth")
+		}
+		res, err = client.Login(ctx, client.LoginConfig{
+			Web:       web,
+			User:      c.login.user,
+			TTL:       c.login.ttl,
+			Store:     st,
+			Prompt:    &client.StdinPrompter{In: c.stdin, Out: c.stderr},
+			OTP:       c.login.otp,
+			AgentSock: agentSock,
+		})
+	default:
+		return trace.BadParameter("missing --user NAME (password login) or --auth CONNECTOR (single sign-on)")
+	}
 	if err != nil {
 		return trace.Wrap(err)
 	}

@@ -52,6 +52,7 @@ type cli struct {
 
 	login struct {
 		proxy, user, cacert, addKeys string
+		auth, browser                string
 		ttl                          time.Duration
 		insecure, otp                bool
 	}
@@ -98,7 +99,9 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 
 	login := app.Command("login", "Log in through the proxy and store a certificate.")
 	login.Flag("proxy", "Proxy web address HOST[:PORT] (port 3080 by default).").Required().StringVar(&c.login.proxy)
-	login.Flag("user", "Postern user name.").Required().StringVar(&c.login.user)
+	login.Flag("user", "Postern user name (password login).").StringVar(&c.login.user)
+	login.Flag("auth", "Log in through this single sign-on connector of the proxy instead of a password.").StringVar(&c.login.auth)
+	login.Flag("browser", "With --auth: none prints the identity provider's URL without opening a browser.").EnumVar(&c.login.browser, "none")
 	login.Flag("ttl", "Certificate lifetime (capped by your roles).").Default("8h").DurationVar(&c.login.ttl)
 	login.Flag("insecure", "Do not verify the proxy's TLS certificate (dangerous).").BoolVar(&c.login.insecure)
 	login.Flag("cacert", "PEM file of the CA that signed the proxy's TLS certificate.").StringVar(&c.login.cacert)

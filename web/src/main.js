@@ -96,8 +96,31 @@ async function showLogin(message, notice) {
   try {
     const ping = await api('GET', '/webapi/ping');
     $('otp-row').hidden = ping.second_factor !== 'otp';
+    showSSOButtons(ping.connectors || []);
   } catch { /* the form still works */ }
   $('login-user').focus();
+}
+
+// showSSOButtons puts one "Sign in with ..." link per single sign-on
+// connector under the form. A plain link, not a fetch: the browser must
+// follow the proxy's redirect to the identity provider itself. It carries
+// the page the user was going to (a terminal's deep link), where the
+// proxy sends the browser back once logged in; the app then adopts the
+// new session from its cookie (adoptBrowserSession), as a new tab does.
+function showSSOButtons(connectors) {
+  const box = $('sso-buttons');
+  box.replaceChildren();
+  const here = location.pathname + location.search;
+  const returnTo = loginLeadsTo(location.pathname) ? here : '/';
+  for (const c of connectors) {
+    const a = document.createElement('a');
+    a.className = 'button sso-button';
+    a.href = `/webapi/oidc/login/web?${new URLSearchParams({ connector: c.name, return_to: returnTo })}`;
+    a.textContent = `Sign in with ${c.display || c.name}`;
+    a.dataset.connector = c.name;
+    box.append(a);
+  }
+  $('sso').hidden = connectors.length === 0;
 }
 
 $('login-form').addEventListener('submit', async (ev) => {

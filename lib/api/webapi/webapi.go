@@ -21,6 +21,35 @@ type PingResponse struct {
 	TunnelAddr    string `json:"tunnel_addr,omitempty"`
 	SecondFactor  string `json:"second_factor"`
 	ServerVersion string `json:"server_version"`
+	// Connectors are the single sign-on connectors a user may log in
+	// with (a button each on the login page, psh login --auth NAME);
+	// absent when there are none or auth could not say.
+	Connectors []authapi.SSOConnectorInfo `json:"connectors,omitempty"`
+}
+
+// SSOConsoleLoginRequest is the body of POST /webapi/oidc/login/console:
+// psh starts a single sign-on login whose result the proxy hands to its
+// loopback listener, sealed to SealKey.
+type SSOConsoleLoginRequest struct {
+	// Connector names the oidc_connector.
+	Connector string `json:"connector"`
+	// PubKey is the key to certify, authorized_keys format.
+	PubKey string `json:"pub_key"`
+	// TTLSeconds is the wanted certificate lifetime; zero means the
+	// roles' max_session_ttl.
+	TTLSeconds int64 `json:"ttl_seconds"`
+	// RedirectURL is psh's loopback listener,
+	// http://127.0.0.1:PORT/callback.
+	RedirectURL string `json:"redirect_url"`
+	// SealKey is psh's ephemeral X25519 public key (32 bytes; base64 in
+	// JSON).
+	SealKey []byte `json:"seal_key"`
+}
+
+// SSOConsoleLoginResponse answers SSOConsoleLoginRequest: where psh sends
+// the browser (the identity provider's login page).
+type SSOConsoleLoginResponse struct {
+	AuthURL string `json:"auth_url"`
 }
 
 // Values of PingResponse.SecondFactor.
