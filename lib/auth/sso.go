@@ -105,15 +105,35 @@ func ssoStateKey(state string) string {
 // from; any change rebuilds it, so an edited connector applies at the
 // next login. A failed discovery is not cached: the next login tries
 // again.
+//
+// Keys: go-oidc keeps the provider's JWKS and fetches it again only for a
+// token signed by a key it does not know, so a provider's rotation to a
+// new key is picked up at the first token it signs. A key the provider
+// withdraws (rotated away, or compromised) would stay trusted for as long
+// as the cached key set lives; so an entry lives at most maxAge, after
+// which the next login discovers the provider and fetches its keys again.
 type ssoProviders struct {
+	// maxAge bounds an entry's life (DefaultSSOProviderMaxAge; tests
+	// shorten it).
+	maxAge time.Duration
+
 	mu sync.Mutex
 	m  map[string]*ssoProvider
 }
+
+// DefaultSSOProviderMaxAge is how long a discovered provider and its keys
+// are reused: how late a key the provider withdrew stops being trusted
+// here. An hour costs a discovery and a key fetch per connector an hour,
+// and is the lifetime of a typical ID token signed just before the
+// withdrawal.
+const DefaultSSOProviderMaxAge = time.Hour
 
 type ssoProvider struct {
 	fingerprint string
 	provider    *oidc.Provider
 	client      *http.Client
+	// built is when the provider was discovered (the server's clock).
+	built time.Time
 }
 
 // providerFingerprint is what a cached provider depends on.
@@ -158,7 +178,11 @@ func (s *Server) oidcProvider(ctx context.Context, c *services.OIDCConnector) (*
 	s.sso.mu.Lock()
 	p := s.sso.m[c.Metadata.Name]
 	s.sso.mu.Unlock()
-	if p != nil && p.fingerprint == fp {
+	maxAge := s.sso.maxAge
+	if maxAge <= 0 {
+		maxAge = DefaultSSOProviderMaxAge
+	}
+	if p != nil && p.fingerprint == fp && s.clock.Since(p.built) < maxAge {
 		return p, nil
 	}
 	client, err := idpHTTPClient(caPEM)
@@ -173,7 +197,7 @@ func (s *Server) oidcProvider(ctx context.Context, c *services.OIDCConnector) (*
 	if err != nil {
 		return nil, trace.ConnectionProblem(err, "identity provider %s did not answer: %v", c.Spec.IssuerURL, err)
 	}
-	p = &ssoProvider{fingerprint: fp, provider: provider, client: client}
+	p = &ssoProvider{fingerprint: fp, provider: provider, client: client, built: s.clock.Now()}
 	s.sso.mu.Lock()
 	if s.sso.m == nil {
 		s.sso.m = map[string]*ssoProvider{}
@@ -607,7 +631,12 @@ func (s *Server) exchangeAndVerify(ctx context.Context, c *services.OIDCConnecto
 // unsigned tokens are refused by go-oidc), issuer, audience (client_id),
 // expiry by this server's clock, iat not in the future, and the nonce.
 func (s *Server) verifyIDToken(ctx context.Context, c *services.OIDCConnector, p *ssoProvider, rawID, nonce string) (*oidc.IDToken, error) {
-	v := p.provider.VerifierContext(ctx, &oidc.Config{ClientID: c.Spec.ClientID, Now: s.clock.Now})
+	// Verifier, not VerifierContext: it uses the provider's one cached
+	// key set (fetched again only for a key it does not know), where
+	// VerifierContext makes a new, empty one, fetching the JWKS at every
+	// login. The key set's fetches use the provider's HTTP client (the
+	// connector's CA, idpTimeout).
+	v := p.provider.Verifier(&oidc.Config{ClientID: c.Spec.ClientID, Now: s.clock.Now})
 	idToken, err := v.Verify(ctx, rawID)
 	if err != nil {
 		return nil, trace.AccessDenied("the ID token is not valid: %v", err)

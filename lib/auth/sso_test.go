@@ -611,3 +611,59 @@ func TestSSORefusals(t *testing.T) {
 		require.Error(t, err, bad)
 	}
 }
+
+// TestSSOKeyRotation: the provider rotates its signing key. A token signed
+// by the new key verifies at once (the key set is fetched again for a key
+// it does not know); a token signed by a key the provider has withdrawn
+// stops verifying once the cached provider is older than its maximum age,
+// instead of being trusted for as long as this auth server runs.
+func TestSSOKeyRotation(t *testing.T) {
+	e := newSSOEnv(t)
+	ctx := context.Background()
+	e.auth.sso.maxAge = time.Minute
+
+	_, err := e.finish(e.start(t, authapi.SSOAuthRequest{}, "alice"))
+	require.NoError(t, err, "the first key")
+	_, err = e.finish(e.start(t, authapi.SSOAuthRequest{}, "alice"))
+	require.NoError(t, err)
+	require.Equal(t, 1, e.idp.KeyFetches(), "the keys are cached: one fetch for two logins")
+
+	require.NoError(t, e.idp.RotateKey(false))
+	_, err = e.finish(e.start(t, authapi.SSOAuthRequest{}, "alice"))
+	require.NoError(t, err, "a new key is picked up at the first token it signs")
+	require.Equal(t, 2, e.idp.KeyFetches())
+
+	// Two logins whose tokens the current key signs; then the provider
+	// withdraws that key.
+	url1, nonce1 := e.startWithNonce(t)
+	tok1, err := e.idp.IDToken(ctx, "alice", "verysecure", nonce1)
+	require.NoError(t, err)
+	url2, nonce2 := e.startWithNonce(t)
+	tok2, err := e.idp.IDToken(ctx, "alice", "verysecure", nonce2)
+	require.NoError(t, err)
+	require.NoError(t, e.idp.RotateKey(false))
+
+	// Within the maximum age the cached keys still hold the withdrawn
+	// one: that is the bound, and it is what this test pins down.
+	e.idp.RewriteIDTokens(func(string) string { return tok1 })
+	cb, err := e.idp.Login(ctx, url1, "alice", "verysecure")
+	require.NoError(t, err)
+	_, err = e.finish(cb)
+	require.NoError(t, err)
+
+	// Past it, the provider's keys are fetched again, and the withdrawn
+	// key is no longer among them.
+	e.clock.Advance(time.Minute + time.Second)
+	e.idp.RewriteIDTokens(func(string) string { return tok2 })
+	cb, err = e.idp.Login(ctx, url2, "alice", "verysecure")
+	require.NoError(t, err)
+	_, err = e.finish(cb)
+	requireKind(t, err, trace.IsAccessDenied, "ID token is not valid")
+	require.Contains(t, err.Error(), "signature")
+	e.requireFailedAudit(t, "ID token is not valid")
+
+	// And the current key still works after the refresh.
+	e.idp.RewriteIDTokens(nil)
+	_, err = e.finish(e.start(t, authapi.SSOAuthRequest{}, "alice"))
+	require.NoError(t, err)
+}

@@ -119,8 +119,21 @@ type Provider struct {
 	srv  *httptest.Server
 	pool *x509.CertPool
 
+	// keys sign the provider's tokens (RotateKey).
+	keys *rotatingKeys
+
 	mu      sync.Mutex
 	rewrite func(idToken string) string
+	// keyFetches counts requests for the provider's JWKS.
+	keyFetches int
+}
+
+// KeyFetches is how many times the provider's JWKS was fetched: a relying
+// party that caches keys fetches it once per key it has not seen.
+func (p *Provider) KeyFetches() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.keyFetches
 }
 
 // Start starts a provider; Close stops it.
@@ -163,7 +176,12 @@ func Start(cfg Config) (*Provider, error) {
 	// writes a package-wide map, which two providers in one test would
 	// share.
 	clients := map[string]*storage.Client{cfg.ClientID: storage.WebClient(cfg.ClientID, cfg.ClientSecret, cfg.RedirectURLs...)}
-	st := storage.NewStorageWithClients(users, clients)
+	st, err := newRotatingKeys(storage.NewStorageWithClients(users, clients))
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	p.keys = st
 	router := exampleop.SetupServer(p.Issuer+"/", st, nil, false)
 	srv := httptest.NewUnstartedServer(p.wrap(router))
 	srv.Listener.Close()
@@ -208,6 +226,9 @@ func (p *Provider) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p.mu.Lock()
 		f := p.rewrite
+		if r.URL.Path == "/keys" {
+			p.keyFetches++
+		}
 		p.mu.Unlock()
 		if f == nil || r.URL.Path != "/oauth/token" {
 			h.ServeHTTP(w, r)
