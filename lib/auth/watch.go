@@ -120,6 +120,8 @@ func (a *APIServer) watchEvents(w http.ResponseWriter, r *http.Request, p *peer,
 	// the unknown event for a broken stream.
 	var keepalive <-chan time.Time
 	if q.Get(watchKeepAliveParam) == "1" {
+		// Real time, as the client's deadline it feeds: a fake clock
+		// would never ping.
 		every := a.watchKeepAlive()
 		w.Header().Set(headerWatchKeepAlive, every.String())
 		t := time.NewTicker(every)
@@ -326,6 +328,13 @@ func (g *silenceGuard) heard() {
 	}
 }
 
+// pause stops the period until the next heard.
+func (g *silenceGuard) pause() {
+	if g != nil && !g.off.Load() {
+		g.timer.Stop()
+	}
+}
+
 // stop ends the guard for good.
 func (g *silenceGuard) stop() {
 	if g == nil {
@@ -392,7 +401,19 @@ func (w *remoteWatcher) run(ctx context.Context, resp *http.Response) {
 		ev.Item = backend.Item{Key: we.Key, Value: we.Value, Expires: we.Expires, Revision: we.Revision}
 		select {
 		case w.events <- ev:
+			continue
+		default:
+		}
+		// The owner is behind: while it catches up, the stream is not
+		// read, and that is not the server's silence.
+		w.silence.pause()
+		select {
+		case w.events <- ev:
+			w.silence.heard()
 		case <-ctx.Done():
+			if w.silence.fired() {
+				w.setErr(w.silent(ctx.Err()))
+			}
 			return
 		}
 	}

@@ -2,6 +2,8 @@ package auth
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"testing"
 	"time"
 
@@ -111,4 +113,47 @@ func TestWatchOpenOnAFrozenServer(t *testing.T) {
 	defer w.Close()
 	require.Equal(t, backend.OpInit, (<-w.Events()).Type)
 	f.thaw()
+}
+
+// TestWatchSlowOwnerIsNotSilence: an owner that stops reading its events
+// for longer than the silence period (the stream backs up behind it) does
+// not get its live watch ended and its server marked suspect: the time
+// spent waiting on the owner is not the server's silence. The stream is a
+// pipe the test writes, as a server would: events, then keep-alives.
+func TestWatchSlowOwnerIsNotSilence(t *testing.T) {
+	const silence = 200 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	w := &remoteWatcher{
+		events: make(chan backend.Event, 1), done: make(chan struct{}), cancel: cancel,
+		silence: newSilenceGuard(silence, func() { cancel(); pr.CloseWithError(context.Canceled) }),
+		silent:  func(err error) error { return trace.ConnectionProblem(err, "silent") },
+	}
+	w.wg.Add(1)
+	go w.run(ctx, &http.Response{Body: pr})
+	defer func() { cancel(); pw.Close(); w.wg.Wait() }()
+
+	write := func(line string) {
+		_, err := pw.Write([]byte(line + "\n"))
+		require.NoError(t, err)
+	}
+	write(`{"type":"init"}`)
+	write(`{"type":"put","key":"/nodes/c/a"}`)
+	// The reader now holds the put, waiting for the owner (the queue of 1
+	// holds init). The owner stays away for several silence periods.
+	select {
+	case <-w.Done():
+		t.Fatalf("the watch ended while its owner was slow: %v", w.Error())
+	case <-time.After(4 * silence):
+	}
+	require.Equal(t, backend.OpInit, (<-w.Events()).Type)
+	require.Equal(t, backend.OpPut, (<-w.Events()).Type)
+
+	// Once the owner reads again, silence counts again.
+	select {
+	case <-w.Done():
+		require.True(t, trace.IsConnectionProblem(w.Error()), "%v", w.Error())
+	case <-time.After(10 * silence):
+		t.Fatal("a silent stream was not ended")
+	}
 }
