@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,44 +13,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/bcrypt"
 
-	"github.com/postern-dev/postern/lib/backend"
 	"github.com/postern-dev/postern/lib/backend/memory"
+	backendtest "github.com/postern-dev/postern/lib/backend/test"
 	"github.com/postern-dev/postern/lib/events"
 )
-
-// downBackend stands for etcd without a quorum: while down, creates fail
-// with a ConnectionProblem.
-type downBackend struct {
-	backend.Backend
-	mu   sync.Mutex
-	down bool
-}
-
-func (d *downBackend) setDown(down bool) {
-	d.mu.Lock()
-	d.down = down
-	d.mu.Unlock()
-}
-
-func (d *downBackend) isDown() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.down
-}
-
-func (d *downBackend) CreateMany(ctx context.Context, items []backend.Item) (int, error) {
-	if d.isDown() {
-		return 0, trace.ConnectionProblem(nil, "etcdserver: no leader")
-	}
-	return backend.CreateMany(ctx, d.Backend, items)
-}
-
-func (d *downBackend) Create(ctx context.Context, item backend.Item) (*backend.Item, error) {
-	if d.isDown() {
-		return nil, trace.ConnectionProblem(nil, "etcdserver: no leader")
-	}
-	return d.Backend.Create(ctx, item)
-}
 
 func metricValue(t *testing.T, reg *prometheus.Registry, name, sink string) float64 {
 	t.Helper()
@@ -112,7 +77,7 @@ func TestShippedEventsAckedOnlyWhenStored(t *testing.T) {
 	mem, err := memory.New(memory.Config{Clock: clock})
 	require.NoError(t, err)
 	t.Cleanup(func() { mem.Close() })
-	bk := &downBackend{Backend: mem}
+	bk := backendtest.NewOutage(mem) // etcd without a quorum, for the audit log
 	authClock := clockwork.NewFakeClockAt(clock.Now()) // the audit logs' own: their timers alone
 	authReg := prometheus.NewRegistry()
 	authLog, err := events.NewEmitter(events.Config{
@@ -132,7 +97,7 @@ func TestShippedEventsAckedOnlyWhenStored(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
-	bk.setDown(true)
+	bk.Down()
 	// The answer itself: a retryable ConnectionProblem, not a refusal.
 	err = node.ShipEvents(ctx, []events.Event{{Type: events.SessionStart, ID: "direct", User: "direct", Time: clock.Now()}})
 	require.True(t, trace.IsConnectionProblem(err), "%v", err)
@@ -160,7 +125,7 @@ func TestShippedEventsAckedOnlyWhenStored(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, items)
 
-	bk.setDown(false)
+	bk.Up()
 	settleLog(t, nodeLog, nodeClock)
 	require.Zero(t, metricValue(t, nodeReg, "postern_audit_pending", "remote"))
 	require.Zero(t, metricValue(t, nodeReg, "postern_audit_dropped_total", "remote"))

@@ -47,6 +47,18 @@ type staleness struct {
 	refusedAt  time.Time
 }
 
+// firstOf reports whether the break that started at brokeAt is newer than
+// *logged (answeredAt or refusedAt), and records it: once per outage.
+func (s *staleness) firstOf(logged *time.Time, brokeAt time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !brokeAt.After(*logged) {
+		return false
+	}
+	*logged = brokeAt
+	return true
+}
+
 // check returns nil while health is nil, and for a broken watch whose
 // break started at brokeAt while it is younger than the bound; otherwise
 // a ConnectionProblem. A zero brokeAt with an error is a view that was
@@ -61,26 +73,14 @@ func (s *staleness) check(brokeAt time.Time, health error) error {
 	d := s.clock.Since(brokeAt)
 	if s.max < 0 || d < s.max {
 		s.answers.Add(1)
-		s.mu.Lock()
-		first := brokeAt.After(s.answeredAt)
-		if first {
-			s.answeredAt = brokeAt
-		}
-		s.mu.Unlock()
-		if first {
+		if s.firstOf(&s.answeredAt, brokeAt) {
 			s.log.WithError(health).WithFields(logrus.Fields{"stale_for": d.String(), "max_stale": s.max.String()}).
 				Warn("Answering from the last view of " + s.view + ": its watch is broken and re-syncing.")
 		}
 		return nil
 	}
 	s.refusals.Add(1)
-	s.mu.Lock()
-	first := brokeAt.After(s.refusedAt)
-	if first {
-		s.refusedAt = brokeAt
-	}
-	s.mu.Unlock()
-	if first {
+	if s.firstOf(&s.refusedAt, brokeAt) {
 		s.log.WithError(health).WithFields(logrus.Fields{"stale_for": d.String(), "max_stale": s.max.String()}).
 			Error("Refusing: the last view of " + s.view + " is older than its bound and its watch is still broken.")
 	}

@@ -86,6 +86,16 @@ func (o *Outage) Create(ctx context.Context, item backend.Item) (*backend.Item, 
 	return o.Backend.Create(ctx, item)
 }
 
+// CreateMany fails while down too. Without it a wrapped backend that
+// batches (sqlite) would write through the outage: the embedded method
+// would be promoted past the check.
+func (o *Outage) CreateMany(ctx context.Context, items []backend.Item) (int, error) {
+	if err := o.check(); err != nil {
+		return 0, err
+	}
+	return backend.CreateMany(ctx, o.Backend, items)
+}
+
 func (o *Outage) CompareAndSwap(ctx context.Context, expected, replaceWith backend.Item) (*backend.Item, error) {
 	if err := o.check(); err != nil {
 		return nil, err
