@@ -77,7 +77,7 @@ func TestShippedEventsAckedOnlyWhenStored(t *testing.T) {
 	mem, err := memory.New(memory.Config{Clock: clock})
 	require.NoError(t, err)
 	t.Cleanup(func() { mem.Close() })
-	bk := backendtest.NewOutage(mem) // etcd without a quorum, for the audit log
+	bk := backendtest.NewOutage(mem)                   // etcd without a quorum, for the audit log
 	authClock := clockwork.NewFakeClockAt(clock.Now()) // the audit logs' own: their timers alone
 	authReg := prometheus.NewRegistry()
 	authLog, err := events.NewEmitter(events.Config{
