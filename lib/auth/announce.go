@@ -66,8 +66,9 @@ const (
 //     lies in cluster_networking_config spec.node_address_networks:
 //     otherwise a node could make auth connect anywhere auth can reach.
 //
-// The all-in-one process's own node writes to the Store directly and is
-// trusted: it is the auth server.
+// The auth server's own host (ServerConfig.HostUUID: an all-in-one's node,
+// which announces through the in-process client like any other) is held
+// to all of this except the naming rules.
 func (s *Server) AnnounceNode(ctx context.Context, callerID, callerRole, sourceAddr string, node services.Node) error {
 	if node.Cluster == "" {
 		node.Cluster = s.cfg.ClusterName
@@ -78,7 +79,7 @@ func (s *Server) AnnounceNode(ctx context.Context, callerID, callerRole, sourceA
 	if node.Cluster != s.cfg.ClusterName {
 		return trace.AccessDenied("%s %q may not announce a node in cluster %q", callerRole, callerID, node.Cluster)
 	}
-	if node.Hostname != "" {
+	if node.Hostname != "" && !s.isOwnHost(callerID) {
 		clusters, err := s.knownClusters(ctx)
 		if err != nil {
 			return trace.Wrap(err)
@@ -108,6 +109,11 @@ func (s *Server) AnnounceNode(ctx context.Context, callerID, callerRole, sourceA
 		}
 	}
 	return trace.Wrap(s.store.UpsertNode(ctx, node))
+}
+
+// isOwnHost reports whether id is the host this auth server runs on.
+func (s *Server) isOwnHost(id string) bool {
+	return s.cfg.HostUUID != "" && id == s.cfg.HostUUID
 }
 
 // addrVerifier proves that an announced address answers with the

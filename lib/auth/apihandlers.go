@@ -114,6 +114,8 @@ func (a *APIServer) registerRoutes() {
 	// Logins with the user's own credentials: the proxy's web API.
 	a.handle("POST /v1/login", allow(proxy), a.authenticateUser)
 	a.handle("POST /v1/login/ssh", allow(proxy), a.authenticateSSHUser)
+	// The second-factor hint of the proxy's /webapi/ping (secondfactor.go).
+	a.handle("GET /v1/second-factor", allow(proxy), a.getSecondFactor)
 	// Single sign-on (sso.go): the proxy starts a login at the identity
 	// provider and hands auth the provider's callback; auth decides.
 	// Connector info (name, type, display) is for the proxy's login page.

@@ -103,6 +103,8 @@ type APIServer struct {
 	// relayLn serves the joins proxies relay (joinrelay.go) as join
 	// connections from the clients' own addresses.
 	relayLn *relayListener
+	// localLn serves this process's own host roles (inproc.go).
+	localLn *relayListener
 	// routes is every endpoint registered, in order (set up once by
 	// registerRoutes, read-only afterwards).
 	routes []apiRoute
@@ -189,6 +191,7 @@ func NewAPIServer(cfg APIConfig) (*APIServer, error) {
 	a.mainMux = http.NewServeMux()
 	a.joinMux = http.NewServeMux()
 	a.relayLn = newRelayListener(cfg.Listener.Addr())
+	a.localLn = newRelayListener(cfg.Listener.Addr())
 	a.registerRoutes()
 	a.srv = &http.Server{
 		Handler:           http.HandlerFunc(a.serveHTTP),
@@ -205,14 +208,18 @@ func (a *APIServer) Addr() net.Addr { return a.cfg.Listener.Addr() }
 
 // Serve serves until Close or Shutdown; it returns nil then.
 func (a *APIServer) Serve() error {
-	relayed := make(chan struct{})
-	go func() {
-		defer close(relayed)
-		_ = a.srv.Serve(tls.NewListener(a.relayLn, a.srv.TLSConfig))
-	}()
+	var side sync.WaitGroup
+	for _, ln := range []net.Listener{a.relayLn, a.localLn} {
+		side.Add(1)
+		go func() {
+			defer side.Done()
+			_ = a.srv.Serve(tls.NewListener(ln, a.srv.TLSConfig))
+		}()
+	}
 	err := a.srv.Serve(tls.NewListener(a.cfg.Listener, a.srv.TLSConfig))
 	a.relayLn.Close()
-	<-relayed
+	a.localLn.Close()
+	side.Wait()
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
@@ -253,10 +260,13 @@ func (a *APIServer) Shutdown(ctx context.Context) error {
 	return trace.Wrap(err)
 }
 
-// endStreams ends watches and the join relay, and refuses new watches.
+// endStreams ends watches, the join relay and in-process dials (the
+// host roles of this process have shut down before auth), and refuses new
+// watches.
 func (a *APIServer) endStreams() {
 	a.closeOnce.Do(func() { close(a.closing) })
 	a.relayLn.Close()
+	a.localLn.Close()
 }
 
 func (a *APIServer) stopHandlers() {

@@ -44,7 +44,7 @@ type ClientConfig struct {
 	// to Addr. A tunnel node dials through its tunnel (the proxy splices
 	// it to the auth API: auth still sees the node's own client cert).
 	// With Dial, the first address is the only server (the failover is
-	// then the proxy's, see DialAny).
+	// then the proxy's, see DialRelay).
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// DialTimeout bounds connecting to one auth server, TCP and TLS
 	// handshake (failover.go); zero means Timeout with one address, and
@@ -90,6 +90,9 @@ type Client struct {
 	http      *http.Client
 	// tlsCfg is the client's mutual TLS, for DialRelay's liveness check.
 	tlsCfg *tls.Config
+	// relay, when set, opens what DialRelay returns (an in-process
+	// client's memory connection, inproc.go).
+	relay func(ctx context.Context) (net.Conn, error)
 	// watchSilence is how long a watch stream may stay silent before it
 	// is given up (DefaultWatchSilence; tests shorten it).
 	watchSilence time.Duration

@@ -313,6 +313,10 @@ func unwrapDialError(err error) string {
 // tried. The check costs one extra handshake per relayed connection, and
 // relayed connections are pooled by the host.
 func (c *Client) DialRelay(ctx context.Context) (net.Conn, error) {
+	if c.relay != nil {
+		conn, err := c.relay(ctx)
+		return conn, trace.Wrap(err)
+	}
 	if c.cfg.Dial != nil {
 		return nil, trace.BadParameter("auth client: DialRelay on a client that itself dials through a relay")
 	}
@@ -347,15 +351,4 @@ func (c *Client) dialLive(ctx context.Context, d *tlsDialer, addr string) (net.C
 		return nil, trace.ConnectionProblem(err, "%s", unwrapDialError(err))
 	}
 	return conn, nil
-}
-
-// DialAny dials the first reachable of a comma-separated list of auth API
-// addresses, for what splices raw bytes to auth (a tunnel node's auth
-// calls, the join relay).
-func DialAny(ctx context.Context, addrs string) (net.Conn, error) {
-	list := SplitAuthAddrs(addrs)
-	if len(list) == 0 {
-		return nil, trace.NotFound("no auth server address")
-	}
-	return newFailoverDialer(list, maxFailoverDialTimeout).DialContext(ctx, "tcp", "")
 }

@@ -12,8 +12,8 @@ import (
 	"github.com/postern-dev/postern/lib/services"
 )
 
-// Announcer stores a node heartbeat: the Store, or a Client for a remote
-// node.
+// Announcer stores a node heartbeat: the node's Client (the Store in
+// tests that plant inventory).
 type Announcer interface {
 	UpsertNode(ctx context.Context, node services.Node) error
 }

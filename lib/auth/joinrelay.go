@@ -82,13 +82,19 @@ func (l *relayListener) Addr() net.Addr { return l.addr }
 
 // push hands c to Accept; false (and c closed) once closed.
 func (l *relayListener) push(c net.Conn) bool {
+	return l.pushContext(context.Background(), c)
+}
+
+// pushContext is push that also gives up (closing c) when ctx ends.
+func (l *relayListener) pushContext(ctx context.Context, c net.Conn) bool {
 	select {
 	case l.conns <- c:
 		return true
 	case <-l.done:
-		_ = c.Close()
-		return false
+	case <-ctx.Done():
 	}
+	_ = c.Close()
+	return false
 }
 
 // joinRelay serves GET /v1/join-relay for a proxy (the role check ran).

@@ -82,6 +82,8 @@ var wantPolicy = map[string][]string{
 	"POST /v1/login":      {RoleProxy},
 	"POST /v1/login/ssh":  {RoleProxy},
 
+	"GET /v1/second-factor": {RoleProxy},
+
 	"POST /v1/sso/requests":             {RoleProxy},
 	"POST /v1/sso/callback":             {RoleProxy},
 	"GET /v1/sso/connectors":            {RoleProxy},

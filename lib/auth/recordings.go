@@ -302,8 +302,7 @@ func (c *Client) GetRecordingFrom(ctx context.Context, session string, from int,
 	return nil
 }
 
-// ListRecordings lists the stored recordings (the proxy of an all-in-one
-// process reads them in-process).
+// ListRecordings lists the stored recordings.
 func (s *Server) ListRecordings(ctx context.Context) ([]recording.Meta, error) {
 	st, err := s.recordings()
 	if err != nil {

@@ -372,9 +372,13 @@ func TestRecordingUploadPermanentRefusalStaysSpooled(t *testing.T) {
 	requireUploadMetrics(t, reg, 1, map[string]int{recording.RefusedChunk: 1})
 	for i := 0; i < 2; i++ {
 		calls := up.callsOf(refused)
-		clock.Advance(recording.DefaultMaxRetryInterval)
-		u.Notify()
-		require.Eventually(t, func() bool { return up.callsOf(refused) >= calls+2 }, waitFor, 10*time.Millisecond)
+		// Advanced on every poll: the uploader dates the next try when it
+		// settles the pass, which may come after the calls were counted.
+		require.Eventually(t, func() bool {
+			clock.Advance(recording.DefaultMaxRetryInterval)
+			u.Notify()
+			return up.callsOf(refused) >= calls+2
+		}, waitFor, 10*time.Millisecond)
 	}
 	require.NoError(t, u.Close())
 

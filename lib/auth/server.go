@@ -62,6 +62,14 @@ type ServerConfig struct {
 	// PublicAddrs are extra host[:port] names under which nodes reach the
 	// auth API; they become SANs of its TLS certificate.
 	PublicAddrs []string
+	// HostUUID is the UUID of the host this auth server runs on, when its
+	// node role runs in the same process. That node's name is its
+	// operator's choice, made on the auth server itself (an all-in-one
+	// named after the machine, in a cluster named after the machine too),
+	// so the naming rules that keep a joined node from posing as a
+	// cluster, the proxy or another node do not apply to it. No joined
+	// host can have this UUID: auth mints every joined host's.
+	HostUUID string
 	// BcryptCost is the cost of new password hashes; zero means
 	// bcrypt.DefaultCost. Lower it only where hashing time matters more
 	// than resistance to offline cracking: tests (bcrypt.MinCost) and

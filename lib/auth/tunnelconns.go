@@ -127,20 +127,3 @@ func (c *Client) GetTunnelConnections(ctx context.Context) ([]services.TunnelCon
 	}
 	return out, nil
 }
-
-// LocalTunnelLeases writes a proxy's leases straight to the auth server
-// in the same process, under the proxy's own identity ID.
-type LocalTunnelLeases struct {
-	Server  *Server
-	ProxyID string
-}
-
-// UpsertTunnelConnections writes or renews the leases.
-func (l LocalTunnelLeases) UpsertTunnelConnections(ctx context.Context, req authapi.TunnelConnectionsRequest) error {
-	return trace.Wrap(l.Server.UpsertTunnelConnections(ctx, l.ProxyID, req))
-}
-
-// DeleteTunnelConnections removes the leases.
-func (l LocalTunnelLeases) DeleteTunnelConnections(ctx context.Context, req authapi.TunnelConnectionsRequest) error {
-	return trace.Wrap(l.Server.DeleteTunnelConnections(ctx, l.ProxyID, req))
-}

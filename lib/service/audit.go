@@ -16,7 +16,7 @@ import (
 // It is opened before any server and closed after all of them (and before
 // the auth client), so the last session.end of a drain is still recorded
 // and shipped. It must be opened after the host knows its cluster: a
-// joined host learns the name from its identity (accessPointFor), and
+// joined host learns the name from its identity (startHostRoles), and
 // events stamped with the config's default name would be misfiled.
 func (p *Process) openAudit() error {
 	if p.audit != nil {

@@ -57,6 +57,7 @@ func (p *Process) startAuth(ctx context.Context) error {
 		ClusterName:      cfg.ClusterName,
 		AdminIdentityDir: cfg.AdminIdentityDir(),
 		PublicAddrs:      cfg.PublicAddrs,
+		HostUUID:         p.hostUUID,
 		BcryptCost:       p.opts.BcryptCost,
 		Audit:            p.audit,
 		AuditLog:         p.audit,

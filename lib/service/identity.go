@@ -8,7 +8,6 @@ import (
 	"github.com/gravitational/trace"
 
 	"github.com/postern-dev/postern/lib/auth"
-	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/web"
 )
 
@@ -104,45 +103,43 @@ func (p *Process) adoptHostUUID(id string) error {
 	return nil
 }
 
-// accessPoint is what node and proxy roles read from auth: the store when
-// auth runs in this process, the auth API otherwise.
-type accessPoint interface {
-	GetCertAuthority(ctx context.Context, clusterName string, t services.CertAuthType, withSecrets bool) (*services.CertAuthority, error)
-	GetRole(ctx context.Context, name string) (*services.Role, error)
-	GetTrustedCluster(ctx context.Context, name string) (*services.TrustedCluster, error)
-	GetClusterNetworkingConfig(ctx context.Context) (*services.ClusterNetworkingConfig, error)
-	UpsertNode(ctx context.Context, n services.Node) error
-	GetNodes(ctx context.Context, cluster string) ([]services.Node, error)
-}
-
-var (
-	_ accessPoint = (*services.Store)(nil)
-	_ accessPoint = (*auth.Client)(nil)
-)
-
-// accessPointFor returns the store, or a client of the remote auth server
-// authenticated as id.
-func (p *Process) accessPointFor(id *auth.Identity) (accessPoint, error) {
-	if p.store != nil {
-		return p.store, nil
+// authClientFor returns this process's client of the auth API as id (one
+// per role, kept for the process's life). It is the one interface the
+// node and proxy roles have to auth, wherever auth runs:
+//   - auth in this process: an in-process client (auth.APIServer's
+//     NewInProcessClient), the same API handlers and role table reached
+//     in memory, so that an all-in-one host is checked exactly like a
+//     host on another machine and no feature needs a second, local path;
+//   - otherwise the configured auth servers over the network, or, for a
+//     node behind NAT, through its tunnel.
+func (p *Process) authClientFor(id *auth.Identity) (*auth.Client, error) {
+	if clt, ok := p.authClients[id.Role]; ok {
+		return clt, nil
 	}
-	if p.authClient == nil {
-		cc := auth.ClientConfig{Addr: p.cfg.AuthServer, Identity: id, Clock: p.clock}
+	log := p.log.WithField("component", "auth:client:"+id.Role)
+	var clt *auth.Client
+	var err error
+	if p.authAPI != nil {
+		clt, err = p.authAPI.NewInProcessClient(id, p.clock, log)
+	} else {
+		cc := auth.ClientConfig{Addr: p.cfg.AuthServer, Identity: id, Clock: p.clock, Logger: log}
 		if p.tunnelAgent != nil {
 			// Every auth call of a node behind NAT rides its tunnel; the
 			// address only names the API in messages and the URL.
 			cc.Addr = p.cfg.ProxyServer
 			cc.Dial = p.tunnelAgent.DialAuth
 		}
-		clt, err := auth.NewClient(cc)
-		if err != nil {
-			return nil, trace.Wrap(err)
-		}
-		p.authClient = clt
-		p.onShutdown(func(context.Context) error { return clt.Close() })
+		clt, err = auth.NewClient(cc)
 	}
-	p.clusterName = id.ClusterName
-	return p.authClient, nil
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if p.authClients == nil {
+		p.authClients = map[string]*auth.Client{}
+	}
+	p.authClients[id.Role] = clt
+	p.onShutdown(func(context.Context) error { return clt.Close() })
+	return clt, nil
 }
 
 func appendUnique(dst []string, vals ...string) []string {

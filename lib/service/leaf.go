@@ -27,8 +27,8 @@ import (
 // leaf, the proxy keeps a tunnel to the proxy of every root it trusts
 // (leafAgents), with a certificate of role leaf from its own auth server.
 
-// clusterTrustAPI is what the proxy's leaf code asks of its auth server:
-// the auth client, or localClusterTrust in an all-in-one process.
+// clusterTrustAPI is what the proxy's leaf code asks of its auth server
+// (the proxy's auth client).
 type clusterTrustAPI interface {
 	GetRemoteClusters(ctx context.Context) ([]services.RemoteCluster, error)
 	GetCertAuthority(ctx context.Context, clusterName string, t services.CertAuthType, withSecrets bool) (*services.CertAuthority, error)
@@ -37,50 +37,7 @@ type clusterTrustAPI interface {
 	GenerateLeafTunnelCert(ctx context.Context, publicKey []byte) ([]byte, error)
 }
 
-var (
-	_ clusterTrustAPI = (*auth.Client)(nil)
-	_ clusterTrustAPI = localClusterTrust{}
-)
-
-// localClusterTrust is clusterTrustAPI on the auth server in this
-// process, for the proxy whose identity is proxyID.
-type localClusterTrust struct {
-	srv     *auth.Server
-	store   *services.Store
-	proxyID string
-}
-
-func (l localClusterTrust) GetRemoteClusters(ctx context.Context) ([]services.RemoteCluster, error) {
-	return l.srv.GetRemoteClusters(ctx)
-}
-
-func (l localClusterTrust) GetCertAuthority(ctx context.Context, name string, t services.CertAuthType, _ bool) (*services.CertAuthority, error) {
-	return l.store.GetCertAuthority(ctx, name, t, false)
-}
-
-func (l localClusterTrust) TouchRemoteCluster(ctx context.Context, name string) error {
-	return l.srv.TouchRemoteCluster(ctx, name)
-}
-
-func (l localClusterTrust) GetTrustedClusters(ctx context.Context) ([]services.TrustedCluster, error) {
-	return l.srv.GetTrustedClusters(ctx)
-}
-
-func (l localClusterTrust) GenerateLeafTunnelCert(ctx context.Context, pub []byte) ([]byte, error) {
-	return l.srv.GenerateLeafTunnelCert(ctx, l.proxyID, pub)
-}
-
-// clusterTrust returns the proxy's clusterTrustAPI; nil when it has no
-// auth server to ask (then it neither takes nor keeps leaf tunnels).
-func (p *Process) clusterTrust(id *auth.Identity) clusterTrustAPI {
-	switch {
-	case p.store != nil && p.authServer != nil:
-		return localClusterTrust{srv: p.authServer, store: p.store, proxyID: id.ID}
-	case p.authClient != nil:
-		return p.authClient
-	}
-	return nil
-}
+var _ clusterTrustAPI = (*auth.Client)(nil)
 
 // leafTrust is reversetunnel.LeafTrust: host CAs from the proxy's
 // in-memory access cache (cas), the leaf check and the reports through
@@ -136,10 +93,7 @@ func parseCAKeys(ca *services.CertAuthority) ([]ssh.PublicKey, error) {
 
 // newLeaves is the root side: nil when the proxy has no auth server.
 func (p *Process) newLeaves(id *auth.Identity) (*reversetunnel.Leaves, error) {
-	api := p.clusterTrust(id)
-	if api == nil {
-		return nil, nil
-	}
+	var api clusterTrustAPI = p.authClient
 	var cas caGetter = api
 	if p.sshAccess != nil {
 		cas = p.sshAccess
@@ -178,10 +132,10 @@ func (p *Process) leafTunnels() proxy.LeafTunnels {
 // it is here) for the web terminal's host check; nil when this proxy
 // takes no leaf tunnels.
 func (p *Process) leafHostCAs(id *auth.Identity) func(ctx context.Context, cluster string) ([]ssh.PublicKey, error) {
-	api := p.clusterTrust(id)
-	if api == nil || p.leaves == nil {
+	if p.leaves == nil {
 		return nil
 	}
+	var api clusterTrustAPI = p.authClient
 	var cas caGetter = api
 	if p.sshAccess != nil {
 		cas = p.sshAccess
@@ -204,10 +158,10 @@ const remoteClusterTTL = 3 * time.Second
 // remoteClusterLister lists this cluster's leaves, cached
 // remoteClusterTTL; nil when the proxy has no auth server to ask.
 func (p *Process) remoteClusterLister(id *auth.Identity) proxy.RemoteClusterLister {
-	api := p.clusterTrust(id)
-	if api == nil || p.leaves == nil {
+	if p.leaves == nil {
 		return nil
 	}
+	var api clusterTrustAPI = p.authClient
 	var (
 		mu      sync.Mutex
 		cached  []services.RemoteCluster
@@ -265,10 +219,7 @@ type leafAgent struct {
 // proxy's Router (p.router, set before) among the nodes the root user's
 // mapped roles reach here.
 func (p *Process) startLeafAgents(id *auth.Identity) error {
-	api := p.clusterTrust(id)
-	if api == nil {
-		return nil
-	}
+	var api clusterTrustAPI = p.authClient
 	transport, err := proxy.NewLeafTransport(proxy.LeafTransportConfig{
 		Router: p.router,
 		Identify: func(ctx context.Context, cert *ssh.Certificate) (*authz.Identity, error) {

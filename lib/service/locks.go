@@ -17,21 +17,12 @@ import (
 // coming up (it keeps retrying in the background).
 const lockSyncWait = 10 * time.Second
 
-// startLocks starts the process's one LockWatcher: on the backend when
-// auth runs here, through the auth API otherwise. The node's SSH server,
-// the proxy's SSH server, its Router and its web sessions all enforce it.
+// startLocks starts the process's one LockWatcher, on the auth API's lock
+// watch. The node's SSH server, the proxy's SSH server, its Router and its
+// web sessions all enforce it.
 func (p *Process) startLocks(ctx context.Context) error {
-	var events services.LockEvents
-	switch {
-	case p.store != nil:
-		events = p.store
-	case p.authClient != nil:
-		events = p.authClient.LockEvents()
-	default:
-		return trace.BadParameter("no auth server to read locks from")
-	}
 	w, err := services.NewLockWatcher(services.LockWatcherConfig{
-		Events: events,
+		Events: p.authClient.LockEvents(),
 		Clock:  p.clock,
 		Logger: p.log.WithField("component", "watcher:locks"),
 		// The same bound as roles and CAs: the last known locks keep
@@ -79,21 +70,11 @@ const accessMaxStale = 5 * time.Minute
 
 // startAccessCache gives the SSH servers their roles and CAs from memory
 // (services.AccessCache): no backend read or auth API call per connection
-// or session. It watches the backend when auth runs here, the auth API's
-// access watch (roles and CA public keys) otherwise.
-func (p *Process) startAccessCache(ctx context.Context, ap accessPoint) error {
-	var events services.AccessEvents
-	switch {
-	case p.store != nil:
-		events = p.store
-	case p.authClient != nil:
-		events = p.authClient.AccessEvents()
-	default:
-		p.sshAccess = ap
-		return nil
-	}
+// or session. It follows the auth API's access watch (roles and CA public
+// keys).
+func (p *Process) startAccessCache(ctx context.Context) error {
 	c, err := services.NewAccessCache(services.AccessCacheConfig{
-		Events:     events,
+		Events:     p.authClient.AccessEvents(),
 		Clock:      p.clock,
 		Logger:     p.log.WithField("component", "watcher:access"),
 		StaleGrace: accessMaxStale,

@@ -5,32 +5,23 @@ import (
 
 	"github.com/gravitational/trace"
 
+	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/services"
 )
 
 // nodeNetworking returns what the node's session recorder reads the
 // cluster's recording settings with (session_recording, the recording
 // cap): a NetworkingWatcher, so that a session costs an atomic load rather
-// than a backend read (all-in-one) or a round trip to the auth API, which
-// the auth server then answered from its backend (measured: a sixth of the
-// auth process's CPU per `ssh -J` setup). A `pctl set networking` still
-// reaches the next session as soon as its watch event lands. Until the
-// watcher has synced (auth not answering yet, or an older auth server
-// that does not let nodes watch networking) each session reads through ap
-// as before, so a session never waits on the watch; without a watchable
-// source (no store, no auth client) ap is all there is.
-func (p *Process) nodeNetworking(ap accessPoint) (func(context.Context) (*services.ClusterNetworkingConfig, error), error) {
-	var events services.NetworkingEvents
-	switch {
-	case p.store != nil:
-		events = p.store
-	case p.authClient != nil:
-		events = p.authClient.NetworkingEvents()
-	default:
-		return ap.GetClusterNetworkingConfig, nil
-	}
+// than a round trip to the auth API, which the auth server then answered
+// from its backend (measured: a sixth of the auth process's CPU per `ssh
+// -J` setup). A `pctl set networking` still reaches the next session as
+// soon as its watch event lands. Until the watcher has synced (auth not
+// answering yet, or an older auth server that does not let nodes watch
+// networking) each session reads through clt as before, so a session
+// never waits on the watch.
+func (p *Process) nodeNetworking(clt *auth.Client) (func(context.Context) (*services.ClusterNetworkingConfig, error), error) {
 	w, err := services.NewNetworkingWatcher(services.NetworkingWatcherConfig{
-		Events: events,
+		Events: clt.NetworkingEvents(),
 		Clock:  p.clock,
 		Logger: p.log.WithField("component", "netwatcher:node"),
 	})
@@ -43,7 +34,7 @@ func (p *Process) nodeNetworking(ap accessPoint) (func(context.Context) (*servic
 		case <-w.Synced():
 			return w.GetClusterNetworkingConfig(ctx)
 		default:
-			return ap.GetClusterNetworkingConfig(ctx)
+			return clt.GetClusterNetworkingConfig(ctx)
 		}
 	}, nil
 }

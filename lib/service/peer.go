@@ -34,20 +34,8 @@ func (p *Process) startPeering(id *auth.Identity, ts *reversetunnel.Server) (*pe
 		Certificate: id.TLSCert,
 		CAPool:      func() *x509.CertPool { return id.TLSCAPool },
 	}
-	var events services.TunnelConnectionEvents
-	var writer peer.LeaseWriter
-	switch {
-	case p.store != nil && p.authServer != nil:
-		events = p.store
-		writer = auth.LocalTunnelLeases{Server: p.authServer, ProxyID: id.ID}
-	case p.authClient != nil:
-		events = p.authClient.TunnelConnectionEvents()
-		writer = p.authClient
-	default:
-		return nil, "", trace.BadParameter("a proxy needs an auth server to peer")
-	}
 	loc, err := services.NewTunnelLocator(services.TunnelLocatorConfig{
-		Events: events,
+		Events: p.authClient.TunnelConnectionEvents(),
 		Clock:  p.clock,
 		Logger: p.log.WithField("component", "tunnellocator"),
 	})
@@ -102,7 +90,7 @@ func (p *Process) startPeering(id *auth.Identity, ts *reversetunnel.Server) (*pe
 
 	kcfg := peer.LeaseKeeperConfig{
 		Tunnels:  ts,
-		Writer:   writer,
+		Writer:   p.authClient,
 		PeerAddr: addr,
 		Clock:    p.clock,
 		Logger:   p.log.WithField("component", "proxy:leases"),

@@ -21,15 +21,9 @@ import (
 // the proxy SSH port and the web port with them. Both listeners route
 // through the same Router object: nothing in this process dials its own
 // proxy port.
-func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.ConnectionLimiter, id *auth.Identity, ap accessPoint) error {
-	var nodeEvents services.NodeEvents
-	if p.store != nil {
-		nodeEvents = p.store.NodeEvents()
-	} else {
-		nodeEvents = p.authClient
-	}
+func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.ConnectionLimiter, id *auth.Identity, clt *auth.Client) error {
 	nw, err := services.NewNodeWatcher(services.NodeWatcherConfig{
-		Events: nodeEvents,
+		Events: clt,
 		Clock:  p.clock,
 		Logger: p.log.WithField("component", "nodewatcher"),
 	})
@@ -43,28 +37,17 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	p.onShutdown(func(context.Context) error { return nw.Close() })
 
 	// The networking config is read on every route. It is served from
-	// memory, kept current by a watch (a change applies as soon as its
-	// event lands, milliseconds): on the backend when auth runs here, on
-	// the auth API's networking watch otherwise.
-	var networking proxy.NetworkingGetter = ap
-	var netEvents services.NetworkingEvents
-	if p.store != nil {
-		netEvents = p.store
-	} else if p.authClient != nil {
-		netEvents = p.authClient.NetworkingEvents()
+	// memory, kept current by the auth API's networking watch (a change
+	// applies as soon as its event lands, milliseconds).
+	networking, err := services.NewNetworkingWatcher(services.NetworkingWatcherConfig{
+		Events: clt.NetworkingEvents(),
+		Clock:  p.clock,
+		Logger: p.log.WithField("component", "netwatcher"),
+	})
+	if err != nil {
+		return trace.Wrap(err)
 	}
-	if netEvents != nil {
-		netw, err := services.NewNetworkingWatcher(services.NetworkingWatcherConfig{
-			Events: netEvents,
-			Clock:  p.clock,
-			Logger: p.log.WithField("component", "netwatcher"),
-		})
-		if err != nil {
-			return trace.Wrap(err)
-		}
-		p.onShutdown(func(context.Context) error { return netw.Close() })
-		networking = netw
-	}
+	p.onShutdown(func(context.Context) error { return networking.Close() })
 	ts, tunnelAddr, err := p.startTunnelServer(id, networking)
 	if err != nil {
 		return trace.Wrap(err)
@@ -101,7 +84,7 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	handler, err := sshproxy.New(sshproxy.Config{
 		Router:     router,
 		Nodes:      nw,
-		Recordings: p.recordingSource(ap),
+		Recordings: clt,
 		Audit:      p.audit,
 		Logger:     p.log.WithField("component", "proxy:ssh"),
 	})
@@ -129,7 +112,7 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	p.drainers = append(p.drainers, server.Shutdown)
 	p.log.WithField("addr", ln.Addr().String()).Info("Proxy SSH server is serving.")
 
-	err = p.startWeb(ln.Addr(), tunnelAddr, id, p.recordingSource(ap))
+	err = p.startWeb(ln.Addr(), tunnelAddr, id, clt)
 	// Registered whether or not the web port came up, so the SSH server
 	// is shut down either way.
 	p.onShutdown(p.drainFrontends)
@@ -142,9 +125,12 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	return trace.Wrap(p.startProxyHeartbeat(tunnelAddr))
 }
 
-// startWeb serves the proxy's HTTPS port; recordings is where the web
-// player reads (the one psh play reads).
-func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string, id *auth.Identity, recordings sshproxy.RecordingSource) error {
+// startWeb serves the proxy's HTTPS port. Logins, browser sessions, the
+// second-factor hint and recordings go to auth through clt, the proxy's
+// client: session records live in the backend, so that any proxy serves
+// any browser and a logout on one ends the session on all
+// (lib/web/sessionshared.go).
+func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string, id *auth.Identity, clt *auth.Client) error {
 	raw, err := p.listen(ListenerWeb, p.cfg.WebAddr)
 	if err != nil {
 		return trace.Wrap(err)
@@ -162,10 +148,6 @@ func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string, id *auth.Identit
 		ln.Close()
 		return trace.Wrap(err)
 	}
-	// Logins go to the auth server in this process, or to the remote one
-	// with the proxy's identity; the second-factor hint needs the store
-	// (the auth API never serves TOTP secrets), so a remote-auth proxy
-	// reports "off".
 	wcfg := web.Config{
 		ClusterName:  p.clusterName,
 		ProxySSHAddr: advertisedAddr(sshAddr),
@@ -173,7 +155,7 @@ func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string, id *auth.Identit
 		// Hosts that reach only this proxy join through it; the proxy
 		// opens the auth side as itself and names the client.
 		JoinRelay: func(ctx context.Context, client string) (net.Conn, error) {
-			raw, err := p.dialAuthAPI(ctx)
+			raw, err := clt.DialRelay(ctx)
 			if err != nil {
 				return nil, trace.Wrap(err)
 			}
@@ -182,45 +164,26 @@ func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string, id *auth.Identit
 		Certificate:    pair,
 		PublicWebAddrs: publicWebAddrs(p.cfg.PublicAddrs, ln.Addr(), hosts),
 		SSHAlgorithms:  p.cfg.SSHAlgorithms(),
+		Auth:           clt,
+		SecondFactor:   web.CachedSecondFactor(clt, p.clock),
 		Clock:          p.clock,
 		Logger:         p.log.WithField("component", "web"),
 	}
-	if p.authServer != nil {
-		wcfg.Auth = p.authServer
-	} else if p.authClient != nil {
-		wcfg.Auth = p.authClient
-	}
-	if p.store != nil {
-		wcfg.SecondFactor = web.OTPEnrolled(p.store, p.clock)
-	}
 	// Browser sessions and the terminal use this process's Router and
-	// NodeWatcher in-process. Session records live in the backend, read
-	// directly when auth is in this process and through the auth API
-	// otherwise, so that any proxy serves any browser and a logout on one
-	// ends the session on all (lib/web/sessionshared.go).
-	wcfg.WebSessions = web.WebSessionsConfig{Router: p.router, Nodes: p.nodeWatcher, Locks: p.locks, Audit: p.audit}
+	// NodeWatcher; their records are auth's.
+	wcfg.WebSessions = web.WebSessionsConfig{
+		Router: p.router, Nodes: p.nodeWatcher, Locks: p.locks, Audit: p.audit,
+		Roles: clt, Store: &web.AuthSessionStore{Auth: clt}, Certs: clt, Watch: clt.WebSessionEvents,
+		Recordings: clt,
+	}
 	// Leaf clusters in the web UI (leaf.go).
 	wcfg.WebSessions.Clusters, wcfg.WebSessions.LeafHostCAs = p.router, p.leafHostCAs(id)
-	if src, ok := recordings.(web.RecordingSource); ok {
-		wcfg.WebSessions.Recordings = src
-	}
 	if g := p.cfg.WebTerminalGrace; g != nil {
 		// web: zero means the default, negative none.
 		wcfg.WebSessions.TerminalGrace = *g
 		if *g == 0 {
 			wcfg.WebSessions.TerminalGrace = -1
 		}
-	}
-	if p.store != nil {
-		wcfg.WebSessions.Roles = p.store
-		wcfg.WebSessions.Store = &web.BackendSessionStore{Backend: p.store.Backend()}
-		wcfg.WebSessions.Certs = p.authServer
-		wcfg.WebSessions.Watch = p.authServer.WebSessionEvents
-	} else {
-		wcfg.WebSessions.Roles = p.authClient
-		wcfg.WebSessions.Store = &web.AuthSessionStore{Auth: p.authClient}
-		wcfg.WebSessions.Certs = p.authClient
-		wcfg.WebSessions.Watch = p.authClient.WebSessionEvents
 	}
 	ws, err := web.NewServer(wcfg)
 	if err != nil {

@@ -30,29 +30,9 @@ func (p *Process) proxyRecord(tunnelAddr string) services.Proxy {
 	return rec
 }
 
-// upsertProxy writes this proxy's record: to the store when the backend is
-// here (this process is the auth server, which trusts itself, as for its
-// own node), through the auth API otherwise, which dates and checks it.
-func (p *Process) upsertProxy(ctx context.Context, rec services.Proxy) error {
-	if p.store != nil {
-		return trace.Wrap(p.store.UpsertProxy(ctx, rec))
-	}
-	if p.authClient == nil {
-		return trace.NotFound("this proxy has no auth client")
-	}
-	return trace.Wrap(p.authClient.UpsertProxy(ctx, rec))
-}
-
 // getProxies lists the cluster's live proxies, this one included once its
 // first heartbeat landed.
 func (p *Process) getProxies(ctx context.Context) ([]services.Proxy, error) {
-	if p.store != nil {
-		out, err := p.store.GetProxies(ctx, p.clusterName)
-		return out, trace.Wrap(err)
-	}
-	if p.authClient == nil {
-		return nil, trace.NotFound("this proxy has no auth client")
-	}
 	out, err := p.authClient.GetProxies(ctx)
 	return out, trace.Wrap(err)
 }
@@ -69,7 +49,7 @@ func (p *Process) startProxyHeartbeat(tunnelAddr string) error {
 		Announce: func(ctx context.Context, last, expires time.Time) error {
 			r := rec
 			r.LastHeartbeat, r.Expires = last, expires
-			return trace.Wrap(p.upsertProxy(ctx, r), "proxy %q", r.UUID)
+			return trace.Wrap(p.authClient.UpsertProxy(ctx, r), "proxy %q", r.UUID)
 		},
 		Clock:  p.clock,
 		Logger: p.log.WithField("component", "heartbeat:proxy"),
@@ -92,12 +72,7 @@ func (p *Process) startProxyHeartbeat(tunnelAddr string) error {
 	p.onShutdown(func(ctx context.Context) error {
 		_ = hb.Close()
 		<-hb.Done()
-		var err error
-		if p.store != nil {
-			err = p.store.DeleteProxy(ctx, rec.Cluster, rec.UUID)
-		} else if p.authClient != nil {
-			err = p.authClient.DeleteProxy(ctx)
-		}
+		err := p.authClient.DeleteProxy(ctx)
 		if err != nil && !trace.IsNotFound(err) {
 			p.log.WithError(err).Warn("Could not remove this proxy's record; it expires at its TTL.")
 		}

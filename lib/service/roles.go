@@ -88,8 +88,8 @@ func (p *Process) startHostRoles(ctx context.Context) error {
 	if clientID == nil {
 		return nil
 	}
-	ap, err := p.accessPointFor(clientID)
-	if err != nil {
+	p.clusterName = clientID.ClusterName
+	if p.authClient, err = p.authClientFor(clientID); err != nil {
 		return trace.Wrap(err)
 	}
 	if err := p.openAudit(); err != nil {
@@ -98,16 +98,23 @@ func (p *Process) startHostRoles(ctx context.Context) error {
 	if err := p.startLocks(ctx); err != nil {
 		return trace.Wrap(err)
 	}
-	if err := p.startAccessCache(ctx, ap); err != nil {
+	if err := p.startAccessCache(ctx); err != nil {
 		return trace.Wrap(err)
 	}
 	if nodeID != nil {
-		if err := p.startNode(ctx, nodeLn, nodeLim, nodeID, ap, tn); err != nil {
+		// The node's own calls (heartbeat, recording uploads, its
+		// networking watch) go as the node: auth takes a session's
+		// chunks only from a node identity.
+		clt, err := p.authClientFor(nodeID)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		if err := p.startNode(ctx, nodeLn, nodeLim, nodeID, clt, tn); err != nil {
 			return trace.Wrap(err)
 		}
 	}
 	if proxyLn != nil {
-		if err := p.startProxy(ctx, proxyLn, proxyLim, proxyID, ap); err != nil {
+		if err := p.startProxy(ctx, proxyLn, proxyLim, proxyID, p.authClient); err != nil {
 			return trace.Wrap(err)
 		}
 	}
@@ -148,7 +155,7 @@ func (r *nodeRecord) get() services.Node {
 // startNode serves the node's SSH port (or, behind NAT, the connections
 // its tunnel brings: ln is nil and tn set) and heartbeats into the
 // inventory.
-func (p *Process) startNode(ctx context.Context, ln net.Listener, lim *limiter.ConnectionLimiter, id *auth.Identity, ap accessPoint, tn *tunnelNode) error {
+func (p *Process) startNode(ctx context.Context, ln net.Listener, lim *limiter.ConnectionLimiter, id *auth.Identity, clt *auth.Client, tn *tunnelNode) error {
 	node := services.Node{
 		UUID:     p.hostUUID,
 		Hostname: p.cfg.NodeName,
@@ -167,7 +174,7 @@ func (p *Process) startNode(ctx context.Context, ln net.Listener, lim *limiter.C
 	if err := p.checkNodeRecord(rec.node); err != nil {
 		return trace.Wrap(err)
 	}
-	recorder, err := p.startRecordingUploads(id, ap)
+	recorder, err := p.startRecordingUploads(clt)
 	if err != nil {
 		return trace.Wrap(err)
 	}
@@ -205,7 +212,7 @@ func (p *Process) startNode(ctx context.Context, ln net.Listener, lim *limiter.C
 	p.onShutdown(server.Shutdown)
 
 	hb, err := auth.NewHeartbeat(auth.HeartbeatConfig{
-		Announcer: ap,
+		Announcer: clt,
 		GetNode:   rec.get,
 		Clock:     p.clock,
 		Logger:    p.log.WithField("component", "heartbeat"),
@@ -226,10 +233,10 @@ func (p *Process) startNode(ctx context.Context, ln net.Listener, lim *limiter.C
 
 // checkNodeRecord refuses to start a node whose own record every
 // heartbeat would have refused (a label with a control character, a
-// hostname a remote node may not take): one clear line at start-up instead
-// of a warning every interval and a node missing from routing. The shape
-// rules are those the auth server applies to remote nodes; the
-// all-in-one's own node is the auth server's, which trusts it.
+// hostname a joined node may not take): one clear line at start-up instead
+// of a warning every interval and a node missing from routing. The naming
+// rules are those the auth server applies to joined nodes; the auth
+// server's own host is exempt from them (auth.ServerConfig.HostUUID).
 func (p *Process) checkNodeRecord(n services.Node) error {
 	if err := n.CheckAndSetDefaults(); err != nil {
 		return trace.BadParameter("this node's record: %v (check --nodename and --labels)", trace.UserMessage(err))

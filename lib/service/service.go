@@ -80,8 +80,12 @@ type Process struct {
 	store      *services.Store
 	authServer *auth.Server
 	authAPI    *auth.APIServer
-	// authClient is set when the auth role runs elsewhere.
-	authClient *auth.Client
+	// authClient is the host roles' client of auth, in this process or
+	// not (authClientFor): as the proxy when it runs here, else as the
+	// node. The process-wide views (locks, roles and CAs) read through
+	// it. authClients holds one client per role.
+	authClient  *auth.Client
+	authClients map[string]*auth.Client
 
 	// audit is the audit log every server writes to.
 	audit *events.Log

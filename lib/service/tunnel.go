@@ -36,25 +36,12 @@ func signerCA(id *auth.Identity) func() []ssh.PublicKey {
 	return func() []ssh.PublicKey { return []ssh.PublicKey{ca} }
 }
 
-// dialAuthAPI connects to the auth API on behalf of a tunnel node or a
-// joining host: the local auth listener in an all-in-one process, the
-// configured auth server otherwise.
+// dialAuthAPI connects to the auth API on behalf of a tunnel node: a raw
+// stream its own TLS runs over, to an auth server that answers this proxy
+// (auth.Client.DialRelay: a frozen auth server must not hold every tunnel
+// node's calls), or in memory to the auth server of this process.
 func (p *Process) dialAuthAPI(ctx context.Context) (net.Conn, error) {
-	addr := p.cfg.AuthServer
-	if a := p.Addr(ListenerAuth); a != nil {
-		addr = dialableAddr(a)
-	}
-	if addr == "" {
-		return nil, trace.NotFound("this proxy knows no auth server")
-	}
-	if clt := p.authClient; clt != nil && p.Addr(ListenerAuth) == nil {
-		// Once joined, relay to a server that answers this proxy
-		// (auth.Client.DialRelay): a frozen auth server must not hold
-		// every tunnel node's calls.
-		nc, err := clt.DialRelay(ctx)
-		return nc, trace.Wrap(err)
-	}
-	nc, err := auth.DialAny(ctx, addr)
+	nc, err := p.authClient.DialRelay(ctx)
 	return nc, trace.Wrap(err)
 }
 

@@ -61,7 +61,7 @@ func newLoginEnv(t *testing.T) *loginEnv {
 	require.NoError(t, err)
 	s, err := NewServer(Config{
 		ClusterName: "c1", ProxySSHAddr: "127.0.0.1:3023", Certificate: pair,
-		Auth: as, SecondFactor: OTPEnrolled(store, clock), Clock: clock, Logger: quietLogger(),
+		Auth: as, SecondFactor: CachedSecondFactor(as, clock), Clock: clock, Logger: quietLogger(),
 	})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -40,9 +40,9 @@ import (
 //     user was going to) or hands psh's loopback listener the login
 //     result, sealed to a key only that psh process holds.
 
-// SSOAuthenticator is what single sign-on needs from auth: both
-// *auth.Server (auth in this process) and *auth.Client (auth elsewhere,
-// called with the proxy's identity) provide it.
+// SSOAuthenticator is what single sign-on needs from auth: the proxy's
+// *auth.Client provides it (and *auth.Server, for tests of the web server
+// alone).
 type SSOAuthenticator interface {
 	CreateSSOAuthRequest(ctx context.Context, req authapi.SSOAuthRequest) (*authapi.SSOAuthResponse, error)
 	ValidateSSOCallback(ctx context.Context, req authapi.SSOCallbackRequest) (*authapi.SSOCallbackResponse, error)

@@ -300,3 +300,10 @@ type TrustedClusterResponse struct {
 type LeafTunnelCertRequest struct {
 	PublicKey []byte `json:"public_key"`
 }
+
+// SecondFactorResponse answers GET /v1/second-factor: the cluster's second
+// factor as the proxy's unauthenticated /webapi/ping reports it
+// (webapi.SecondFactorOff or webapi.SecondFactorOTP).
+type SecondFactorResponse struct {
+	SecondFactor string `json:"second_factor"`
+}

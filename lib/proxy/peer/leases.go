@@ -14,8 +14,7 @@ import (
 )
 
 // LeaseWriter writes this proxy's tunnel_connection leases: the auth
-// client (the proxy is its certificate's ID there), or
-// auth.LocalTunnelLeases in an all-in-one process.
+// client (the proxy is its certificate's ID there).
 type LeaseWriter interface {
 	UpsertTunnelConnections(ctx context.Context, req authapi.TunnelConnectionsRequest) error
 	DeleteTunnelConnections(ctx context.Context, req authapi.TunnelConnectionsRequest) error
