@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postern-dev/postern/lib/backend"
+	"github.com/postern-dev/postern/lib/backend/etcdbk/etcdtest"
 	"github.com/postern-dev/postern/lib/backend/schema"
 	"github.com/postern-dev/postern/lib/backend/sqlite"
 	"github.com/postern-dev/postern/lib/config"
@@ -197,4 +198,56 @@ func TestNewerSchemaIsRefused(t *testing.T) {
 	require.Contains(t, out, "written by Postern v9.0.0")
 	require.Contains(t, out, "schema version is 99, newer than version 1 of this Postern")
 	require.NoDirExists(t, dir2)
+}
+
+// TestBackupEtcdToSQLiteAndBack: a cluster on etcd is backed up with pctl
+// and restored into a SQLite data dir; that cluster's backup is restored
+// into a new etcd prefix (postern restore --config); each cluster serves
+// the same user CA and users.
+func TestBackupEtcdToSQLiteAndBack(t *testing.T) {
+	ctx := context.Background()
+	etcd := etcdtest.Start(t)
+	dir := t.TempDir()
+	cfg := procConfig(dir, config.RoleAuth)
+	cfg.Backend = config.BackendConfig{Type: config.BackendEtcd, EtcdEndpoints: etcd.Endpoints, EtcdPrefix: "/it-a"}
+	a := startProcess(t, cfg)
+	mustPctl(t, dir, "correct horse battery\n", "users", "add", "erin", "--logins", "erin")
+	userCA, err := adminClient(t, dir, a).GetCertAuthority(ctx, clusterName, services.UserCA, false)
+	require.NoError(t, err)
+	fromEtcd := filepath.Join(t.TempDir(), "etcd.backup")
+	mustPctl(t, dir, "", "backup", "--out", fromEtcd)
+
+	// etcd -> SQLite.
+	liteDir := filepath.Join(t.TempDir(), "lite")
+	out, err := posternRestore(t, "--data-dir", liteDir, fromEtcd)
+	require.NoError(t, err, out)
+	lite := startProcess(t, procConfig(liteDir, config.RoleAuth))
+	check := func(dataDir string, p *service.Process) {
+		t.Helper()
+		clt := adminClient(t, dataDir, p)
+		ca, err := clt.GetCertAuthority(ctx, clusterName, services.UserCA, false)
+		require.NoError(t, err)
+		require.Equal(t, userCA.SSHPublicKeys, ca.SSHPublicKeys)
+		require.Contains(t, mustPctl(t, dataDir, "", "users", "ls"), "erin ")
+	}
+	check(liteDir, lite)
+	fromLite := filepath.Join(t.TempDir(), "lite.backup")
+	mustPctl(t, liteDir, "", "backup", "--out", fromLite)
+
+	// SQLite -> etcd, under a new prefix; the old one is refused (not empty).
+	yaml := func(prefix string) string {
+		path := filepath.Join(t.TempDir(), "postern.yaml")
+		require.NoError(t, os.WriteFile(path, []byte("cluster_name: "+clusterName+"\nbackend:\n  type: etcd\n  etcd_endpoints: ["+etcd.Endpoints[0]+"]\n  etcd_prefix: "+prefix+"\n"), 0o600))
+		return path
+	}
+	out, err = posternRestore(t, "--config", yaml("/it-a"), fromLite)
+	require.Error(t, err)
+	require.Contains(t, out, "etcd prefix /it-a")
+	require.Contains(t, out, "not empty")
+	out, err = posternRestore(t, "--config", yaml("/it-b"), fromLite)
+	require.NoError(t, err, out)
+	dirB := t.TempDir()
+	cfgB := procConfig(dirB, config.RoleAuth)
+	cfgB.Backend = config.BackendConfig{Type: config.BackendEtcd, EtcdEndpoints: etcd.Endpoints, EtcdPrefix: "/it-b"}
+	check(dirB, startProcess(t, cfgB))
 }
