@@ -3,12 +3,19 @@ package auth
 import (
 	"bytes"
 	"context"
+	"io"
+	"os"
+	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/postern-dev/postern/lib/backend/backup"
 	"github.com/postern-dev/postern/lib/backend/memory"
+	backendtest "github.com/postern-dev/postern/lib/backend/test"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -46,4 +53,37 @@ func TestBackupEndpoint(t *testing.T) {
 	require.Equal(t, RoleAdmin, ev.Fields[events.FieldRole])
 	require.EqualValues(t, n, ev.Fields[events.FieldCount])
 	require.NotContains(t, ev.Fields, events.FieldReason)
+}
+
+// TestBackupFailureIsNeverAFile: when the backend fails under a backup
+// the stream is cut without its trailer, pctl's file is never written, and
+// the failure is audited with its reason.
+func TestBackupFailureIsNeverAFile(t *testing.T) {
+	clock := clockwork.NewFakeClockAt(time.Now().Truncate(time.Second))
+	mem, err := memory.New(memory.Config{Clock: clock})
+	require.NoError(t, err)
+	t.Cleanup(func() { mem.Close() })
+	bk := backendtest.NewOutage(mem)
+	store := services.NewStore(bk)
+	rec := events.NewRecorder()
+	adminDir := filepath.Join(t.TempDir(), "admin")
+	srv, err := NewServer(ServerConfig{
+		Store: store, ClusterName: testCluster, AdminIdentityDir: adminDir,
+		BcryptCost: bcrypt.MinCost, Clock: clock, Logger: testLogger(), Audit: rec,
+	})
+	require.NoError(t, err)
+	env := &testEnv{clock: clock, store: store, auth: srv, adminDir: adminDir}
+	startAPI(t, env)
+	clt := env.adminClient(t)
+
+	bk.Down()
+	path := filepath.Join(t.TempDir(), "postern.backup")
+	_, _, err = backup.WriteFile(path, func(w io.Writer) error { return clt.Backup(context.Background(), w) })
+	require.Error(t, err)
+	require.NoFileExists(t, path)
+	entries, err := os.ReadDir(filepath.Dir(path))
+	require.NoError(t, err)
+	require.Empty(t, entries, "no temporary left")
+	ev := waitEvent(t, rec, events.BackupCreate, nil)
+	require.Contains(t, ev.Fields[events.FieldReason], "test outage")
 }
