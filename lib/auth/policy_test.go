@@ -114,6 +114,8 @@ var wantPolicy = map[string][]string{
 	"GET /v1/recordings":                      {RoleProxy, RoleAdmin},
 	"GET /v1/recordings/{session}":            {RoleProxy, RoleAdmin},
 	"GET /v1/recordings/{session}/last":       {RoleNode},
+
+	"GET /v1/backup": {RoleAdmin},
 }
 
 var pathParamRe = regexp.MustCompile(`\{[a-z]+\}`)

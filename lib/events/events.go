@@ -110,6 +110,10 @@ const (
 	// RecordingDeleted: retention (recordings.retention) deleted a
 	// recording; reason says which setting.
 	RecordingDeleted = "recording.deleted"
+	// BackupCreate: an admin read a backup of the backend (pctl backup);
+	// it holds the CAs' private keys. count is the items sent; reason,
+	// when set, says why the backup failed.
+	BackupCreate = "backup.create"
 )
 
 // Field names, snake_case like the log keys. Use these

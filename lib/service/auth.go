@@ -14,6 +14,7 @@ import (
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/backend"
 	"github.com/postern-dev/postern/lib/backend/etcdbk"
+	"github.com/postern-dev/postern/lib/backend/schema"
 	"github.com/postern-dev/postern/lib/backend/sqlite"
 	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/services"
@@ -30,6 +31,11 @@ func (p *Process) startAuth(ctx context.Context) error {
 	}
 	raw, err := p.openBackend(ctx)
 	if err != nil {
+		return trace.Wrap(err)
+	}
+	// Refuse a backend of a newer Postern, migrate an older one.
+	if err := schema.Migrate(ctx, raw, p.log.WithField("component", "backend")); err != nil {
+		raw.Close()
 		return trace.Wrap(err)
 	}
 	b, err := backend.NewInstrumented(raw, p.registry, nil)

@@ -38,6 +38,9 @@ type cli struct {
 	addr   string
 	stdin  io.Reader
 	stdout io.Writer
+	// timeout replaces defaultTimeout for a command that may take longer
+	// (pctl backup --timeout); zero means defaultTimeout.
+	timeout time.Duration
 }
 
 // AuthAddrFile is written by the auth server next to the admin identity: the
@@ -59,7 +62,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) 
 	if !ok {
 		return nil // --help
 	}
-	ctx, cancel := context.WithTimeout(ctx, defaultTimeout)
+	timeout := defaultTimeout
+	if c.timeout > 0 {
+		timeout = c.timeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	return trace.Wrap(fn(ctx))
 }
@@ -90,6 +97,7 @@ func (c *cli) newApp() (*kingpin.Application, map[string]func(context.Context) e
 	c.registerEvents(app, add)
 	c.registerLocks(app, add)
 	c.registerRecordings(app, add)
+	c.registerBackup(app, add)
 	return app, cmds
 }
 

@@ -44,11 +44,14 @@ type startFlags struct {
 	gcPercent                                                 int
 
 	peerAddr string
+
+	// restore holds the flags of `postern restore`.
+	restore restoreFlags
 }
 
 func run(args []string) error {
 	var f startFlags
-	app, versionCmd, start := newApp(&f)
+	app, versionCmd, start, restore := newApp(&f)
 	cmd, err := app.Parse(args)
 	if err != nil {
 		return trace.BadParameter("%v (see postern --help)", err)
@@ -65,13 +68,17 @@ func run(args []string) error {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
 		return trace.Wrap(service.Run(ctx, cfg))
+	case restore.FullCommand():
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		return trace.Wrap(f.restore.run(ctx, os.Stdout))
 	}
 	return nil
 }
 
 // newApp declares the commands and flags, parsing into f; apart from run
 // so that a test can walk the command tree (docs/reference.md lists it).
-func newApp(f *startFlags) (app *kingpin.Application, versionCmd, start *kingpin.CmdClause) {
+func newApp(f *startFlags) (app *kingpin.Application, versionCmd, start, restore *kingpin.CmdClause) {
 	app = kingpin.New("postern", "Postern: an SSH access proxy. Runs the auth, proxy and node roles.")
 	app.HelpFlag.Short('h')
 	app.ErrorWriter(os.Stderr)
@@ -104,7 +111,8 @@ func newApp(f *startFlags) (app *kingpin.Application, versionCmd, start *kingpin
 	start.Flag("etcd-endpoints", "Comma-separated etcd client URLs.").StringVar(&f.etcdEndpoints)
 	start.Flag("debug", "Verbose logs and full error reports.").BoolVar(&f.debug)
 	start.Flag("log-format", "Log format: text or json.").EnumVar(&f.logFormat, "text", "json")
-	return app, versionCmd, start
+	restore = f.restore.register(app)
+	return app, versionCmd, start, restore
 }
 
 // config builds the process config: file first, then every flag that was
