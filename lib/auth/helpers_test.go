@@ -45,7 +45,7 @@ func testLogger() logrus.FieldLogger {
 	return l.WithField("component", "auth-test")
 }
 
-func newTestStore(t *testing.T, clock clockwork.Clock) *services.Store {
+func newTestStore(t testing.TB, clock clockwork.Clock) *services.Store {
 	t.Helper()
 	bk, err := memory.New(memory.Config{Clock: clock})
 	require.NoError(t, err)
@@ -54,7 +54,7 @@ func newTestStore(t *testing.T, clock clockwork.Clock) *services.Store {
 }
 
 // newTestAuth starts an auth server without the API.
-func newTestAuth(t *testing.T) *testEnv {
+func newTestAuth(t testing.TB) *testEnv {
 	t.Helper()
 	clock := clockwork.NewFakeClockAt(time.Now().Truncate(time.Second))
 	store := newTestStore(t, clock)
@@ -73,7 +73,7 @@ func newTestAuth(t *testing.T) *testEnv {
 }
 
 // newTestAPI starts an auth server and serves its API on 127.0.0.1:0.
-func newTestAPI(t *testing.T) *testEnv {
+func newTestAPI(t testing.TB) *testEnv {
 	t.Helper()
 	env := newTestAuth(t)
 	startAPI(t, env)
@@ -84,7 +84,7 @@ func netListen() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0")
 
 // startAPI serves env's auth server on a fresh loopback listener until the
 // test ends (or the caller closes it first).
-func startAPI(t *testing.T, env *testEnv) *APIServer {
+func startAPI(t testing.TB, env *testEnv) *APIServer {
 	t.Helper()
 	l, err := netListen()
 	require.NoError(t, err)
@@ -102,7 +102,7 @@ func startAPI(t *testing.T, env *testEnv) *APIServer {
 }
 
 // client returns an API client for id, closed at the end of the test.
-func (e *testEnv) client(t *testing.T, id *Identity) *Client {
+func (e *testEnv) client(t testing.TB, id *Identity) *Client {
 	t.Helper()
 	c, err := NewClient(ClientConfig{Addr: e.addr, Identity: id, Clock: e.clock, Timeout: 10 * time.Second})
 	require.NoError(t, err)
@@ -111,7 +111,7 @@ func (e *testEnv) client(t *testing.T, id *Identity) *Client {
 }
 
 // identity issues an identity in-process.
-func (e *testEnv) identity(t *testing.T, id, role string) *Identity {
+func (e *testEnv) identity(t testing.TB, id, role string) *Identity {
 	t.Helper()
 	ident, err := e.auth.IssueIdentity(context.Background(), IdentityRequest{ID: id, Role: role, Hostname: id + "-host"})
 	require.NoError(t, err)

@@ -91,3 +91,27 @@ func TestOwnHostIsExemptFromNamingRulesOnly(t *testing.T) {
 	err = clt.UpsertNode(ctx, services.Node{UUID: other, Hostname: "x", Tunnel: true})
 	require.True(t, trace.IsAccessDenied(err), "%v", err)
 }
+
+// BenchmarkAPICall is one API call (a role read, what a node does at
+// start) through the in-process client and through a client over loopback
+// TCP, side by side in one run.
+func BenchmarkAPICall(b *testing.B) {
+	ctx := context.Background()
+	env := newTestAPI(b)
+	id := env.identity(b, "00000000-0000-4000-8000-000000000001", RoleNode)
+	inProc, err := env.api.NewInProcessClient(id, env.clock, testLogger())
+	require.NoError(b, err)
+	defer inProc.Close()
+	for _, c := range []struct {
+		name string
+		clt  *Client
+	}{{"in-process", inProc}, {"tcp", env.client(b, id)}} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := c.clt.GetRole(ctx, "access"); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
