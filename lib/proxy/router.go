@@ -101,10 +101,23 @@ type RouterConfig struct {
 	// RemoteClusters lists this cluster's leaves for Sites (status,
 	// last_connected); nil lists the local cluster only.
 	RemoteClusters RemoteClusterLister
+	// Health, when set, says whether an OpenSSH node (kind openssh)
+	// answers (*health.Checker): one that does not is offline, like a
+	// tunnel node without a tunnel. Nil means every OpenSSH node is
+	// dialed (a dead one fails at the dial).
+	Health NodeHealth
 	// Locks, when set, refuses to dial a locked node (`pctl lock --node`)
 	// with the lock's message; *services.LockWatcher is one. Nil means no
 	// node locks.
 	Locks NodeLocks
+}
+
+// NodeHealth is what the Router uses of the OpenSSH nodes' health
+// checker (*health.Checker).
+type NodeHealth interface {
+	// Online reports whether node uuid's SSH server answered its last
+	// check (true when not checked yet).
+	Online(uuid string) bool
 }
 
 // TunnelDialer is what the Router uses of the tunnel server.

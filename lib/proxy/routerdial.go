@@ -87,6 +87,16 @@ func (r *Router) dialLocal(ctx context.Context, req RouteRequest, node services.
 		}
 	}
 	timeout := netCfg.Spec.SSHDialTimeout.Value()
+	if node.IsOpenSSH() {
+		// A stock sshd opens no tunnel: its registered address is the one
+		// way to it, and the proxy's health checker says whether anything
+		// answers there.
+		if r.cfg.Health != nil && !r.cfg.Health.Online(node.UUID) {
+			r.metrics.dialFailures.Inc()
+			return nil, openSSHOffline(node)
+		}
+		return r.dialAddr(ctx, node, timeout)
+	}
 	if node.Tunnel || r.hasLocalTunnel(node.UUID) || len(r.peerHolders(node.UUID)) > 0 {
 		conn, err := r.dialTunnel(ctx, req, node, netCfg)
 		switch {
@@ -140,6 +150,12 @@ func (r *Router) dialAddr(ctx context.Context, node services.Node, timeout time.
 		return nil, trace.ConnectionProblem(err, "node %q (%s) did not answer as an SSH server", node.Hostname, node.Addr)
 	}
 	return checked, nil
+}
+
+// openSSHOffline is the documented answer for an OpenSSH node whose
+// server failed its health check.
+func openSSHOffline(node services.Node) error {
+	return trace.ConnectionProblem(nil, "node %q is offline: its SSH server does not answer", node.Hostname)
 }
 
 // Results of a tunnel dial, the postern_tunnel_routing_duration_seconds
@@ -297,6 +313,12 @@ func (r *Router) dialPeers(ctx context.Context, holders []string, node, source, 
 // proxy, through a peer proxy that holds one, by waiting for one, or at
 // its registered address.
 func (r *Router) Via(node services.Node) string {
+	if node.IsOpenSSH() {
+		if r.cfg.Health != nil && !r.cfg.Health.Online(node.UUID) {
+			return "registered address " + node.Addr + " (an OpenSSH server; offline: its SSH server does not answer)"
+		}
+		return "registered address " + node.Addr + " (an OpenSSH server)"
+	}
 	holders := r.peerHolders(node.UUID)
 	switch {
 	case r.hasLocalTunnel(node.UUID):
