@@ -87,8 +87,10 @@ type Config struct {
 	ClusterName string
 	// Nodes lists the nodes to check. Required.
 	Nodes NodeLister
-	// CAs supplies the cluster's host CA, read every round so that a CA
-	// rotation applies without a restart. Required.
+	// CAs supplies the cluster's host CA, read every round that has a
+	// node due (at most once per second) so that a CA rotation applies
+	// without a restart: give it the proxy's in-memory access cache, not
+	// an auth API client. Required.
 	CAs CAGetter
 	// Dialer; nil means a net.Dialer.
 	Dialer Dialer
