@@ -29,11 +29,12 @@ type SSHDConfig struct {
 	// HostPrincipals. Required.
 	HostCA         *CA
 	HostPrincipals []string
-	// UserCA, when set, is trusted for user certificates
-	// (TrustedUserCAKeys) with AuthorizedPrincipalsFile none: a
-	// certificate logs in as a login only when it names it among its
-	// principals. Nil: no user gets in.
-	UserCA *CA
+	// UserCAKeys, when set, are trusted for user certificates
+	// (TrustedUserCAKeys; authorized_keys lines, as
+	// services.CertAuthority holds them) with AuthorizedPrincipalsFile
+	// none: a certificate logs in as a login only when it names it among
+	// its principals. Empty: no user gets in.
+	UserCAKeys []string
 }
 
 // SSHD is a real sshd on loopback with its own config, host key and host
@@ -93,11 +94,13 @@ func StartSSHD(t testing.TB, cfg SSHDConfig) *SSHD {
 		"KbdInteractiveAuthentication no",
 		"StrictModes no",
 		"UseDNS no",
+		"AllowTcpForwarding yes",
+		"AllowAgentForwarding yes",
 		"LogLevel VERBOSE",
 	}
-	if cfg.UserCA != nil {
+	if len(cfg.UserCAKeys) > 0 {
 		caFile := filepath.Join(dir, "postern_user_ca.pub")
-		require.NoError(t, os.WriteFile(caFile, []byte(cfg.UserCA.AuthorizedKey()+"\n"), 0o644))
+		require.NoError(t, os.WriteFile(caFile, []byte(strings.Join(cfg.UserCAKeys, "\n")+"\n"), 0o644))
 		lines = append(lines, "TrustedUserCAKeys "+caFile, "AuthorizedPrincipalsFile none")
 	}
 	s := &SSHD{Addr: net.JoinHostPort("127.0.0.1", port), HostCert: cert,
