@@ -158,19 +158,6 @@ func (r *Router) ExplainRequest(ctx context.Context, req RouteRequest) (Explanat
 // leaf, in the leaf).
 func (e Explanation) Failed() bool { return e.Error != "" || e.LeafFailed }
 
-// leafVia says over which tunnel a leaf is reached from here.
-func (r *Router) leafVia(leaf string) string {
-	if r.cfg.Leaves == nil {
-		// pctl route: no tunnels of its own.
-	} else if _, ok := r.cfg.Leaves.LeafName(leaf); ok {
-		return "the leaf's tunnel on this proxy"
-	}
-	if holders := r.peerHolders(services.LeafTunnelID(leaf)); len(holders) > 0 {
-		return "the leaf's tunnel on proxy " + strings.Join(holders, ", ")
-	}
-	return "the leaf's tunnel (none is up now)"
-}
-
 // String renders the explanation as a few aligned lines.
 func (e Explanation) String() string {
 	var b strings.Builder

@@ -211,6 +211,19 @@ func (r *Router) explainLeaf(ctx context.Context, req RouteRequest, e Explanatio
 	return e, nil
 }
 
+// leafVia says over which tunnel a leaf is reached from here.
+func (r *Router) leafVia(leaf string) string {
+	if r.cfg.Leaves == nil {
+		// pctl route: no tunnels of its own.
+	} else if _, ok := r.cfg.Leaves.LeafName(leaf); ok {
+		return "the leaf's tunnel on this proxy"
+	}
+	if holders := r.peerHolders(services.LeafTunnelID(leaf)); len(holders) > 0 {
+		return "the leaf's tunnel on proxy " + strings.Join(holders, ", ")
+	}
+	return "the leaf's tunnel (none is up now)"
+}
+
 // LeafNodes lists the nodes of leaf cluster that the holder of cert may
 // see there, as the leaf's RBAC decides (the `nodes@LEAF` subsystem,
 // GET /webapi/nodes?cluster=LEAF). A cluster that is not a reachable
