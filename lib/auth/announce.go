@@ -79,6 +79,13 @@ func (s *Server) AnnounceNode(ctx context.Context, callerID, callerRole, sourceA
 	if node.Cluster != s.cfg.ClusterName {
 		return trace.AccessDenied("%s %q may not announce a node in cluster %q", callerRole, callerID, node.Cluster)
 	}
+	if node.Kind != "" && node.Kind != services.NodeKindPostern {
+		// An OpenSSH record is the admin's word that a stock sshd is
+		// there: it never expires and the proxies treat it as a server
+		// they reach with their own SSH client. A host that heartbeats
+		// is a Postern node by definition and may not claim otherwise.
+		return trace.AccessDenied("%s %q may not announce a node of kind %q: only an admin registers one", callerRole, callerID, node.Kind)
+	}
 	if node.Hostname != "" && !s.isOwnHost(callerID) {
 		clusters, err := s.knownClusters(ctx)
 		if err != nil {

@@ -90,14 +90,21 @@ func (s *Server) generateUserCert(ctx context.Context, user *services.User, req 
 			Extensions: map[string]string{
 				// X11 forwarding is deliberately absent: not supported.
 				"permit-pty":                  "",
-				"permit-port-forwarding":      "",
-				"permit-agent-forwarding":     "",
 				services.CertExtensionUser:    user.Name,
 				services.CertExtensionRoles:   string(roles),
 				services.CertExtensionTraits:  string(traitsJSON),
 				services.CertExtensionCluster: s.cfg.ClusterName,
 			},
 		},
+	}
+	// The forwarding permits follow the roles: an OpenSSH node enforces
+	// the certificate alone, so a permit no role grants must not be in
+	// it. A Postern node checks both, so for it nothing changes.
+	if checker.PortForwardingAnywhere() {
+		cert.Permissions.Extensions["permit-port-forwarding"] = ""
+	}
+	if checker.ForwardAgentAnywhere() {
+		cert.Permissions.Extensions["permit-agent-forwarding"] = ""
 	}
 	if err := s.sign(cert, s.userSigner); err != nil {
 		return nil, trace.Wrap(err)

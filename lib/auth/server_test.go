@@ -146,6 +146,17 @@ func TestUserCert(t *testing.T) {
 	require.NoError(t, checker.CheckCert("root", cert))
 	require.Error(t, checker.CheckCert("mallory", cert))
 
+	// The forwarding permits follow the roles: "short" grants neither.
+	_, err = env.auth.CreateUser(ctx, "bob", []byte("secret-pw"), nil, []string{"short"}, false)
+	require.NoError(t, err)
+	certBytes, err = env.auth.GenerateUserCert(ctx, authapi.UserCertRequest{User: "bob", PublicKey: pub})
+	require.NoError(t, err)
+	bobCert := parseSSHCert(t, certBytes)
+	require.Equal(t, []string{"deploy"}, bobCert.ValidPrincipals)
+	require.Contains(t, bobCert.Permissions.Extensions, "permit-pty")
+	require.NotContains(t, bobCert.Permissions.Extensions, "permit-port-forwarding")
+	require.NotContains(t, bobCert.Permissions.Extensions, "permit-agent-forwarding")
+
 	// A shorter request is honoured.
 	certBytes, err = env.auth.GenerateUserCert(ctx, authapi.UserCertRequest{User: "alice", PublicKey: pub, TTL: 10 * time.Minute})
 	require.NoError(t, err)

@@ -2,14 +2,11 @@ package proxy
 
 import (
 	"context"
-	"errors"
 	"strings"
 
 	"github.com/gravitational/trace"
 
-	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/services"
-	"github.com/postern-dev/postern/lib/utils"
 )
 
 // Explanation is a routing decision in a form `pctl route` prints (String)
@@ -143,66 +140,23 @@ func (r *Router) ExplainRequest(ctx context.Context, req RouteRequest) (Explanat
 		access = func(services.Node) bool { return false }
 	}
 	e, route, err := r.explain(ctx, req.Target, access)
-	if err != nil && trace.IsNotFound(err) && req.Cert != nil {
-		if leaf, ok := r.offlineLeaf(ctx, req.Target, req.Cert); ok {
-			return Explanation{}, trace.ConnectionProblem(nil, "cluster %q is offline", leaf)
-		}
+	if off := r.offlineLeafError(ctx, req.Target, req.Cert, err); off != nil {
+		return Explanation{}, off
 	}
 	if err != nil && route.Cluster == "" {
 		// The cluster did not resolve: no explanation of a cluster that
-		// is not one (the same refusal as a leaf's, below).
+		// is not one (the same refusal as a leaf's).
 		return Explanation{}, trace.Wrap(err)
 	}
 	if !e.Leaf {
 		return e, nil
 	}
-	src := req.Source
-	if src == "" {
-		src = utils.ClientAddr(ctx)
-	}
-	conn, reply, err := r.leafExchange(ctx, route.Cluster, req.Cert, proxyapi.LeafRequest{
-		Target: leafTarget(route.Target), Source: src, Kind: proxyapi.LeafKindRoute,
-	})
-	if err != nil {
-		return Explanation{}, trace.Wrap(err)
-	}
-	conn.Close()
-	if err := r.leafReplyError(route.Cluster, req.Cert, reply); err != nil {
-		var ld *LeafDeniedError
-		r.saw(req.Cert, route.Cluster, !errors.As(err, &ld))
-		if ld != nil && req.Target.Cluster == "" {
-			// Rule 0 (HOST.LEAF): explained as the local miss an
-			// unknown suffix gives, which is what routing says too.
-			miss := Route{Cluster: r.cfg.ClusterName, Target: Target{Host: req.Target.Host, Port: req.Target.Port, Cluster: r.cfg.ClusterName}, Strategy: e.Strategy}
-			me := NewExplanation(miss)
-			me.Target = req.Target.String()
-			me.Error = nodeNotFound(req.Target.Host, r.cfg.ClusterName).Error()
-			return me, nil
-		}
-		return Explanation{}, err
-	}
-	r.saw(req.Cert, route.Cluster, true)
-	e.LeafRoute = reply.Explanation
-	e.LeafFailed = reply.RouteFailed
-	return e, nil
+	return r.explainLeaf(ctx, req, e, route)
 }
 
 // Failed reports whether the explained route would fail (here or, for a
 // leaf, in the leaf).
 func (e Explanation) Failed() bool { return e.Error != "" || e.LeafFailed }
-
-// leafVia says over which tunnel a leaf is reached from here.
-func (r *Router) leafVia(leaf string) string {
-	if r.cfg.Leaves == nil {
-		// pctl route: no tunnels of its own.
-	} else if _, ok := r.cfg.Leaves.LeafName(leaf); ok {
-		return "the leaf's tunnel on this proxy"
-	}
-	if holders := r.peerHolders(services.LeafTunnelID(leaf)); len(holders) > 0 {
-		return "the leaf's tunnel on proxy " + strings.Join(holders, ", ")
-	}
-	return "the leaf's tunnel (none is up now)"
-}
 
 // String renders the explanation as a few aligned lines.
 func (e Explanation) String() string {

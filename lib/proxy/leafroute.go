@@ -124,79 +124,16 @@ func (r *Router) seenRecently(cert *ssh.Certificate, leaf string) bool {
 	return ok && r.cfg.Clock.Since(at) < leafSeenTTL
 }
 
-// offlineLeaf returns the leaf cluster a failed route meant, when that
-// leaf exists, has no live tunnel here or on a peer, and accepted cert
-// recently: the one case a user is told `cluster "X" is offline`.
-func (r *Router) offlineLeaf(ctx context.Context, t Target, cert *ssh.Certificate) (string, bool) {
-	if cert == nil || r.cfg.Leaves == nil || r.cfg.RemoteClusters == nil {
-		return "", false
+// leafRoute is the root's whole decision for a target resolved to a
+// leaf: which leaf. The leaf's Router picks the node when DialHost (or
+// ExplainRequest) asks it, so Node and Candidates stay empty.
+func leafRoute(res resolved, strategy string) Route {
+	leaf := res.target.Cluster
+	return Route{
+		Cluster: leaf, Target: res.target, Strategy: strategy, Leaf: true,
+		Reason: res.suffixNote + "cluster " + leaf + " is a leaf cluster: its proxy routes " + quoteHost(res.target.Host) +
+			" with its own inventory and routing_strategy",
 	}
-	rcs, err := r.cfg.RemoteClusters(ctx)
-	if err != nil {
-		return "", false
-	}
-	for _, rc := range rcs {
-		named := strings.EqualFold(t.Cluster, rc.Name)
-		if t.Cluster == "" || t.Cluster == r.cfg.ClusterName {
-			lh, lc := strings.ToLower(t.Host), "."+strings.ToLower(rc.Name)
-			named = strings.HasSuffix(lh, lc) && len(lh) > len(lc)
-		}
-		if !named {
-			continue
-		}
-		if _, live := r.leafName(rc.Name); !live && r.seenRecently(cert, rc.Name) {
-			return rc.Name, true
-		}
-	}
-	return "", false
-}
-
-// resolveCluster returns the cluster name c means: the local cluster
-// (exactly), or a leaf reachable from this proxy (any case: a tunnel
-// here or on a peer). false: not a cluster this proxy routes to.
-func (r *Router) resolveCluster(c string) (string, bool) {
-	if c == r.cfg.ClusterName {
-		return c, true
-	}
-	return r.leafName(c)
-}
-
-// leafName resolves name to a leaf with a live tunnel on this proxy or a
-// peer.
-func (r *Router) leafName(name string) (string, bool) {
-	if r.cfg.Leaves == nil || name == "" || strings.EqualFold(name, r.cfg.ClusterName) {
-		return "", false
-	}
-	if n, ok := r.cfg.Leaves.LeafName(name); ok {
-		return n, true
-	}
-	if len(r.peerHolders(services.LeafTunnelID(name))) > 0 {
-		return strings.ToLower(name), true
-	}
-	return "", false
-}
-
-// splitLeafSuffix splits NAME.LEAF for a leaf reachable from this proxy,
-// preferring the longest leaf name (cluster names may hold dots).
-func (r *Router) splitLeafSuffix(host string) (name, cluster string, ok bool) {
-	if r.cfg.Leaves == nil {
-		return "", "", false
-	}
-	for i := 1; i < len(host)-1; i++ {
-		if host[i] != '.' {
-			continue
-		}
-		if c, ok := r.leafName(host[i+1:]); ok {
-			return host[:i], c, true
-		}
-	}
-	return "", "", false
-}
-
-func clusterNotFound(c string) error { return clusterNotFoundErr(c) }
-
-func clusterNotFoundErr(c string) *trace.NotFoundError {
-	return &trace.NotFoundError{Message: "cluster " + quoteHost(c) + " not found"}
 }
 
 // leafTarget is the target as the leaf is to read it: HOST[:PORT].
@@ -233,6 +170,58 @@ func (r *Router) dialLeaf(ctx context.Context, req RouteRequest, route Route) (n
 	}
 	r.saw(req.Cert, route.Cluster, true)
 	return conn, nil
+}
+
+// explainLeaf completes e, the root's part of explaining route (which
+// leaf, over which tunnel), with the leaf's own explanation for
+// req.Cert, asked over the leaf's tunnel (LeafKindRoute: the leaf's
+// Router, inventory and routing_strategy, among what the leaf's RBAC
+// lets the mapped roles see). A leaf that refuses the caller reads like
+// an unknown cluster: `cluster "X" not found` for `@X`, and for HOST.X
+// the local miss's explanation (what an unknown suffix gives).
+func (r *Router) explainLeaf(ctx context.Context, req RouteRequest, e Explanation, route Route) (Explanation, error) {
+	src := req.Source
+	if src == "" {
+		src = utils.ClientAddr(ctx)
+	}
+	conn, reply, err := r.leafExchange(ctx, route.Cluster, req.Cert, proxyapi.LeafRequest{
+		Target: leafTarget(route.Target), Source: src, Kind: proxyapi.LeafKindRoute,
+	})
+	if err != nil {
+		return Explanation{}, trace.Wrap(err)
+	}
+	conn.Close()
+	if err := r.leafReplyError(route.Cluster, req.Cert, reply); err != nil {
+		var ld *LeafDeniedError
+		r.saw(req.Cert, route.Cluster, !errors.As(err, &ld))
+		if ld != nil && req.Target.Cluster == "" {
+			// Rule 0 (HOST.LEAF): explained as the local miss an
+			// unknown suffix gives, which is what routing says too.
+			miss := Route{Cluster: r.cfg.ClusterName, Target: Target{Host: req.Target.Host, Port: req.Target.Port, Cluster: r.cfg.ClusterName}, Strategy: e.Strategy}
+			me := NewExplanation(miss)
+			me.Target = req.Target.String()
+			me.Error = nodeNotFound(req.Target.Host, r.cfg.ClusterName).Error()
+			return me, nil
+		}
+		return Explanation{}, err
+	}
+	r.saw(req.Cert, route.Cluster, true)
+	e.LeafRoute = reply.Explanation
+	e.LeafFailed = reply.RouteFailed
+	return e, nil
+}
+
+// leafVia says over which tunnel a leaf is reached from here.
+func (r *Router) leafVia(leaf string) string {
+	if r.cfg.Leaves == nil {
+		// pctl route: no tunnels of its own.
+	} else if _, ok := r.cfg.Leaves.LeafName(leaf); ok {
+		return "the leaf's tunnel on this proxy"
+	}
+	if holders := r.peerHolders(services.LeafTunnelID(leaf)); len(holders) > 0 {
+		return "the leaf's tunnel on proxy " + strings.Join(holders, ", ")
+	}
+	return "the leaf's tunnel (none is up now)"
 }
 
 // LeafNodes lists the nodes of leaf cluster that the holder of cert may

@@ -101,10 +101,23 @@ type RouterConfig struct {
 	// RemoteClusters lists this cluster's leaves for Sites (status,
 	// last_connected); nil lists the local cluster only.
 	RemoteClusters RemoteClusterLister
+	// Health, when set, says whether an OpenSSH node (kind openssh)
+	// answers (*health.Checker): one that does not is offline, like a
+	// tunnel node without a tunnel. Nil means every OpenSSH node is
+	// dialed (a dead one fails at the dial).
+	Health NodeHealth
 	// Locks, when set, refuses to dial a locked node (`pctl lock --node`)
 	// with the lock's message; *services.LockWatcher is one. Nil means no
 	// node locks.
 	Locks NodeLocks
+}
+
+// NodeHealth is what the Router uses of the OpenSSH nodes' health
+// checker (*health.Checker).
+type NodeHealth interface {
+	// Online reports whether node uuid's SSH server answered its last
+	// check (true when not checked yet).
+	Online(uuid string) bool
 }
 
 // TunnelDialer is what the Router uses of the tunnel server.
@@ -263,50 +276,29 @@ func (r *Router) route(ctx context.Context, t Target, filter AccessFilter) (Rout
 	if err != nil {
 		return Route{}, nil, trace.Wrap(err, "reading cluster networking config")
 	}
-	ci := netCfg.Spec.CaseInsensitiveRouting
-	route := Route{Cluster: t.Cluster, Target: t, Strategy: netCfg.Spec.RoutingStrategy}
-	if route.Cluster == "" {
-		route.Cluster = r.cfg.ClusterName
-		route.Target.Cluster = r.cfg.ClusterName
+	res, err := r.resolve(t)
+	if err != nil {
+		return Route{}, netCfg, err
 	}
-	cluster, ok := r.resolveCluster(route.Cluster)
-	if !ok {
-		r.metrics.notFound.Inc()
-		return Route{}, netCfg, clusterNotFound(route.Cluster)
+	if res.leaf {
+		return leafRoute(res, netCfg.Spec.RoutingStrategy), netCfg, nil
 	}
-	route.Cluster, route.Target.Cluster = cluster, cluster
-	if t.Host == "" {
-		return Route{}, netCfg, trace.BadParameter("missing host in target %q", t.String())
-	}
-	if cluster != r.cfg.ClusterName {
-		// A leaf's own Router applies rules 0-6 there (its own
-		// NAME.LEAF included).
-		route.Leaf = true
-		route.Reason = "cluster " + cluster + " is a leaf cluster: its proxy routes " + quoteHost(t.Host) + " with its own inventory and routing_strategy"
-		return route, netCfg, nil
-	}
+	route, err := r.routeLocal(ctx, res, filter, netCfg)
+	return route, netCfg, err
+}
 
-	var prefix string
-	// Rule 0: NAME.CLUSTER always means NAME in CLUSTER. There is no
-	// exception for a node literally called NAME.CLUSTER: joins and
-	// heartbeats refuse such hostnames, and an exception would let a node
-	// capture the name `psh config` and host certificates rely on.
-	if name, cluster, ok := r.splitClusterSuffix(t.Host); ok {
-		prefix = t.Host + " resolved to " + name + " in cluster " + cluster + "; "
-		route.Cluster = cluster
-		route.Target.Host, route.Target.Cluster = name, cluster
-	} else if name, leaf, ok := r.splitLeafSuffix(t.Host); ok {
-		route.Cluster, route.Leaf = leaf, true
-		route.Target.Host, route.Target.Cluster = name, leaf
-		route.Reason = t.Host + " resolved to " + name + " in cluster " + leaf + "; cluster " + leaf +
-			" is a leaf cluster: its proxy routes " + quoteHost(name) + " with its own inventory and routing_strategy"
-		return route, netCfg, nil
-	}
+// routeLocal applies rules 1-5 to a target resolved to the local
+// cluster, among the nodes filter lets through.
+func (r *Router) routeLocal(ctx context.Context, res resolved, filter AccessFilter, netCfg *services.ClusterNetworkingConfig) (Route, error) {
+	t := res.asked
+	ci := netCfg.Spec.CaseInsensitiveRouting
+	route := Route{Cluster: res.target.Cluster, Target: res.target, Strategy: netCfg.Spec.RoutingStrategy}
+	prefix := res.suffixNote
 	host := route.Target.Host
 
 	matches, how, hidden, err := r.candidates(ctx, route.Cluster, host, t.Port, ci, filter)
 	if err != nil {
-		return Route{}, netCfg, trace.Wrap(err)
+		return Route{}, trace.Wrap(err)
 	}
 	if len(matches) == 0 && !ci {
 		// OpenSSH lower-cases the host it is given (`ssh -J proxy
@@ -318,7 +310,7 @@ func (r *Router) route(ctx context.Context, t Target, filter AccessFilter) (Rout
 		var fbHidden []string
 		matches, how, fbHidden, err = r.candidates(ctx, route.Cluster, host, t.Port, true, filter)
 		if err != nil {
-			return Route{}, netCfg, trace.Wrap(err)
+			return Route{}, trace.Wrap(err)
 		}
 		// The case-insensitive set contains the exact one.
 		hidden = fbHidden
@@ -337,11 +329,11 @@ func (r *Router) route(ctx context.Context, t Target, filter AccessFilter) (Rout
 		// A plain *trace.NotFoundError, without trace.NotFound's stack
 		// capture: misses (typos, scanners) are common and must stay as
 		// cheap as hits. trace.IsNotFound recognises it all the same.
-		return route, netCfg, nodeNotFound(t.Host, route.Cluster)
+		return route, nodeNotFound(t.Host, route.Cluster)
 	case len(matches) == 1:
 		route.Node = matches[0]
 		route.Reason = prefix + "matched " + matchedBy(route.Node, host, how, ci) + portNote(t.Port)
-		return route, netCfg, nil
+		return route, nil
 	case netCfg.Spec.RoutingStrategy == services.RoutingMostRecent:
 		// Rule 5, most_recent: the latest heartbeat wins; ties go to the
 		// smallest UUID so the choice is stable.
@@ -363,11 +355,11 @@ func (r *Router) route(ctx context.Context, t Target, filter AccessFilter) (Rout
 		r.cfg.Logger.WithFields(logrus.Fields{
 			"host": t.Host, "cluster": route.Cluster, "chosen": best.UUID, "alternatives": alts,
 		}).Info("Ambiguous host routed to the node with the latest heartbeat.")
-		return route, netCfg, nil
+		return route, nil
 	default:
 		// Rule 5, unambiguous_match.
 		r.metrics.ambiguous.Inc()
-		return route, netCfg, &AmbiguousHostError{Host: t.Host, Cluster: route.Cluster, Candidates: matches}
+		return route, &AmbiguousHostError{Host: t.Host, Cluster: route.Cluster, Candidates: matches}
 	}
 }
 
@@ -426,21 +418,6 @@ func matchRules(matches []services.Node, host, port string, ci bool) ([]services
 	}
 	slices.SortFunc(matches, func(a, b services.Node) int { return strings.Compare(a.UUID, b.UUID) })
 	return matches, how
-}
-
-// splitClusterSuffix splits NAME.CLUSTER for a known CLUSTER. The suffix
-// compares case-insensitively: OpenSSH lower-cases the host it is given,
-// so `ssh web.MyCluster` arrives as "web.mycluster".
-func (r *Router) splitClusterSuffix(host string) (name, cluster string, ok bool) {
-	c := r.cfg.ClusterName
-	if len(host) < len(c)+2 {
-		return "", "", false
-	}
-	name, suffix := host[:len(host)-len(c)-1], host[len(host)-len(c)-1:]
-	if suffix[0] != '.' || !strings.EqualFold(suffix[1:], c) {
-		return "", "", false
-	}
-	return name, c, true
 }
 
 func hostnameEqual(hostname, host string, caseInsensitive bool) bool {

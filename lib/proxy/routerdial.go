@@ -9,6 +9,7 @@ import (
 	"errors"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/gravitational/trace"
 	"github.com/sirupsen/logrus"
@@ -39,22 +40,21 @@ type RouteRequest struct {
 	Cert *ssh.Certificate
 }
 
-// DialHost routes req.Target and dials the chosen node's registered
-// address, bounded by ssh_dial_timeout, then waits (as long again at
-// most) for the node's SSH identification string: nothing that does not
-// answer as an SSH server is ever handed to a caller to splice. The
-// returned Route is filled in whenever routing got that far, also on
-// error, for logs and audit.
+// DialHost routes req.Target and opens the chosen node: Route decides
+// (the cluster once, then the node in the local cluster, or just which
+// leaf), and the connection goes either to a local node (dialLocal) or
+// through the leaf, whose own Router picks the node (dialLeaf). Nothing
+// that does not answer as an SSH server is ever handed to a caller to
+// splice. The returned Route is filled in whenever routing got that far,
+// also on error, for logs and audit.
 func (r *Router) DialHost(ctx context.Context, req RouteRequest) (net.Conn, Route, error) {
 	route, netCfg, err := r.route(ctx, req.Target, req.Access)
-	if err != nil && trace.IsNotFound(err) && req.Cert != nil && r.cfg.Leaves != nil {
+	if err != nil {
 		// A leaf without a live tunnel reads "offline" only to a user it
 		// accepted before; to everyone else, not found.
-		if leaf, ok := r.offlineLeaf(ctx, req.Target, req.Cert); ok {
-			return nil, route, trace.ConnectionProblem(nil, "cluster %q is offline", leaf)
+		if off := r.offlineLeafError(ctx, req.Target, req.Cert, err); off != nil {
+			return nil, route, off
 		}
-	}
-	if err != nil {
 		// Already classified (NotFound, *AmbiguousHostError, ...); not
 		// wrapped again so a miss stays cheap.
 		return nil, route, err
@@ -65,22 +65,38 @@ func (r *Router) DialHost(ctx context.Context, req RouteRequest) (net.Conn, Rout
 		conn, err := r.dialLeaf(ctx, req, route)
 		return conn, route, err
 	}
+	conn, err := r.dialLocal(ctx, req, route.Node, netCfg)
+	return conn, route, err
+}
+
+// dialLocal opens node, chosen in this cluster: first the checks every
+// local node gets (Authorize, then locks), then the way this node is
+// reached. Dialer order (reverse tunnels, several proxies): a tunnel on
+// this proxy, then a peer proxy holding one, then the registered address,
+// never for a tunnel-only node.
+func (r *Router) dialLocal(ctx context.Context, req RouteRequest, node services.Node, netCfg *services.ClusterNetworkingConfig) (net.Conn, error) {
 	if req.Authorize != nil {
-		if err := req.Authorize(route.Node); err != nil {
-			return nil, route, trace.Wrap(err)
+		if err := req.Authorize(node); err != nil {
+			return nil, trace.Wrap(err)
 		}
 	}
 	// After RBAC: only a user who may reach the node learns it is locked.
 	if r.cfg.Locks != nil {
-		if err := r.cfg.Locks.Check(services.LockTarget{Node: route.Node.UUID}); err != nil {
-			return nil, route, trace.Wrap(err)
+		if err := r.cfg.Locks.Check(services.LockTarget{Node: node.UUID}); err != nil {
+			return nil, trace.Wrap(err)
 		}
 	}
-	// Dialer order (reverse tunnels, several proxies): a
-	// tunnel on this proxy, then a peer proxy holding one, then the
-	// registered address, never for a tunnel-only node.
-	node := route.Node
 	timeout := netCfg.Spec.SSHDialTimeout.Value()
+	if node.IsOpenSSH() {
+		// A stock sshd opens no tunnel: its registered address is the one
+		// way to it, and the proxy's health checker says whether anything
+		// answers there.
+		if r.cfg.Health != nil && !r.cfg.Health.Online(node.UUID) {
+			r.metrics.dialFailures.Inc()
+			return nil, openSSHOffline(node)
+		}
+		return r.dialAddr(ctx, node, timeout)
+	}
 	if node.Tunnel || r.hasLocalTunnel(node.UUID) || len(r.peerHolders(node.UUID)) > 0 {
 		conn, err := r.dialTunnel(ctx, req, node, netCfg)
 		switch {
@@ -89,16 +105,23 @@ func (r *Router) DialHost(ctx context.Context, req RouteRequest) (net.Conn, Rout
 			if err != nil {
 				conn.Close()
 				r.metrics.dialFailures.Inc()
-				return nil, route, trace.ConnectionProblem(err, "node %q did not answer as an SSH server over its tunnel", node.Hostname)
+				return nil, trace.ConnectionProblem(err, "node %q did not answer as an SSH server over its tunnel", node.Hostname)
 			}
-			return checked, route, nil
+			return checked, nil
 		case node.Tunnel || node.Addr == "":
-			return nil, route, err
+			return nil, err
 		}
 		// A node with an address whose tunnel could not be used: the
 		// address is the last resort.
 		r.cfg.Logger.WithError(err).WithField("node", node.UUID).Debug("Tunnel dial failed; dialing the registered address.")
 	}
+	return r.dialAddr(ctx, node, timeout)
+}
+
+// dialAddr dials node's registered address, bounded by timeout
+// (ssh_dial_timeout), then waits (as long again at most) for the node's
+// SSH identification string.
+func (r *Router) dialAddr(ctx context.Context, node services.Node, timeout time.Duration) (net.Conn, error) {
 	// Rule 6: the only address ever dialed is a registered node's Addr.
 	// The timeout is real time on purpose: it bounds a kernel connect(),
 	// which a fake clock cannot speed up, and a net.Dialer reads the
@@ -109,12 +132,12 @@ func (r *Router) DialHost(ctx context.Context, req RouteRequest) (net.Conn, Rout
 	if err != nil {
 		r.metrics.dialFailures.Inc()
 		if ctx.Err() != nil {
-			return nil, route, trace.ConnectionProblem(err, "dialing node %q (%s) canceled: %v", node.Hostname, node.Addr, context.Cause(ctx))
+			return nil, trace.ConnectionProblem(err, "dialing node %q (%s) canceled: %v", node.Hostname, node.Addr, context.Cause(ctx))
 		}
 		if errors.Is(dctx.Err(), context.DeadlineExceeded) {
-			return nil, route, trace.ConnectionProblem(err, "dialing node %q (%s) timed out after %v", node.Hostname, node.Addr, timeout)
+			return nil, trace.ConnectionProblem(err, "dialing node %q (%s) timed out after %v", node.Hostname, node.Addr, timeout)
 		}
-		return nil, route, trace.ConnectionProblem(err, "failed to dial node %q (%s): %v", node.Hostname, node.Addr, err)
+		return nil, trace.ConnectionProblem(err, "failed to dial node %q (%s): %v", node.Hostname, node.Addr, err)
 	}
 	checked, err := checkBanner(ctx, conn, timeout)
 	if err != nil {
@@ -122,11 +145,17 @@ func (r *Router) DialHost(ctx context.Context, req RouteRequest) (net.Conn, Rout
 		r.metrics.dialFailures.Inc()
 		r.cfg.Logger.WithFields(logrus.Fields{"node": node.UUID, "addr": node.Addr}).WithError(err).Warn("Node did not answer as an SSH server; not relaying.")
 		if ctx.Err() != nil {
-			return nil, route, trace.ConnectionProblem(err, "dialing node %q (%s) canceled: %v", node.Hostname, node.Addr, context.Cause(ctx))
+			return nil, trace.ConnectionProblem(err, "dialing node %q (%s) canceled: %v", node.Hostname, node.Addr, context.Cause(ctx))
 		}
-		return nil, route, trace.ConnectionProblem(err, "node %q (%s) did not answer as an SSH server", node.Hostname, node.Addr)
+		return nil, trace.ConnectionProblem(err, "node %q (%s) did not answer as an SSH server", node.Hostname, node.Addr)
 	}
-	return checked, route, nil
+	return checked, nil
+}
+
+// openSSHOffline is the documented answer for an OpenSSH node whose
+// server failed its health check.
+func openSSHOffline(node services.Node) error {
+	return trace.ConnectionProblem(nil, "node %q is offline: its SSH server does not answer", node.Hostname)
 }
 
 // Results of a tunnel dial, the postern_tunnel_routing_duration_seconds
@@ -284,6 +313,12 @@ func (r *Router) dialPeers(ctx context.Context, holders []string, node, source, 
 // proxy, through a peer proxy that holds one, by waiting for one, or at
 // its registered address.
 func (r *Router) Via(node services.Node) string {
+	if node.IsOpenSSH() {
+		if r.cfg.Health != nil && !r.cfg.Health.Online(node.UUID) {
+			return "registered address " + node.Addr + " (an OpenSSH server; offline: its SSH server does not answer)"
+		}
+		return "registered address " + node.Addr + " (an OpenSSH server)"
+	}
 	holders := r.peerHolders(node.UUID)
 	switch {
 	case r.hasLocalTunnel(node.UUID):

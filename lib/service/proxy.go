@@ -11,6 +11,7 @@ import (
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/limiter"
 	"github.com/postern-dev/postern/lib/proxy"
+	"github.com/postern-dev/postern/lib/proxy/health"
 	"github.com/postern-dev/postern/lib/proxy/sshproxy"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/srv"
@@ -35,6 +36,16 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		return trace.Wrap(err)
 	}
 	p.onShutdown(func(context.Context) error { return nw.Close() })
+	// OpenSSH nodes do not heartbeat: this proxy checks them itself, with
+	// the host CA from its in-memory access cache.
+	hc, err := health.New(health.Config{
+		ClusterName: p.clusterName, Nodes: nw, CAs: p.sshAccess,
+		Clock: p.clock, Logger: p.log.WithField("component", "proxy:health"),
+	})
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	p.onShutdown(func(context.Context) error { return hc.Close() })
 
 	// The networking config is read on every route. It is served from
 	// memory, kept current by the auth API's networking watch (a change
@@ -68,6 +79,7 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		Logger:      p.log.WithField("component", "router"),
 		Metrics:     p.registry,
 		Locks:       p.locks,
+		Health:      hc,
 		// A root routes to its leaves over their tunnels (leaf.go).
 		Leaves:         p.leafTunnels(),
 		RemoteClusters: p.remoteClusterLister(id),

@@ -205,6 +205,21 @@ func (a *AccessChecker) CanPortForward(node *Node) bool {
 	return false
 }
 
+// ForwardAgentAnywhere reports whether any role allows ssh -A on some
+// node: whether a user certificate carries permit-agent-forwarding. An
+// OpenSSH node enforces only the certificate; a Postern node also checks
+// the roles that reach it (CanForwardAgent).
+func (a *AccessChecker) ForwardAgentAnywhere() bool {
+	return slices.ContainsFunc(a.roles, func(r *Role) bool { return r.Spec.ForwardAgent })
+}
+
+// PortForwardingAnywhere reports whether any role allows -L/-R on some
+// node: whether a user certificate carries permit-port-forwarding (see
+// ForwardAgentAnywhere).
+func (a *AccessChecker) PortForwardingAnywhere() bool {
+	return slices.ContainsFunc(a.roles, func(r *Role) bool { return r.Spec.PortForwarding })
+}
+
 // IsAdmin reports whether any role grants cluster administration.
 func (a *AccessChecker) IsAdmin() bool {
 	for _, r := range a.roles {

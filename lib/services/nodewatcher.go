@@ -210,6 +210,16 @@ func (w *NodeWatcher) GetNodes(ctx context.Context, cluster string) ([]Node, err
 	return w.idx.all(cluster, w.cfg.Clock.Now()), nil
 }
 
+// OpenSSHNodes returns copies of the live NodeKindOpenSSH nodes of
+// cluster: what the proxies health-check. It costs what there are of
+// them, not the size of the inventory.
+func (w *NodeWatcher) OpenSSHNodes(ctx context.Context, cluster string) ([]Node, error) {
+	if err := w.watcher.WaitSynced(ctx); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return w.idx.openSSH(cluster, w.cfg.Clock.Now()), nil
+}
+
 func (w *NodeWatcher) pruneLoop() {
 	defer close(w.pruneDone)
 	t := w.cfg.Clock.NewTicker(w.cfg.PruneInterval)
@@ -247,6 +257,10 @@ type clusterNodes struct {
 	// in byHost under its lower-case form, which saves an entry per node.
 	byLower map[string][]*Node
 	byAddr  map[string][]*Node // canonical address host
+	// openssh holds the NodeKindOpenSSH nodes by UUID: the proxies'
+	// health checker walks them every round, and must not walk the
+	// whole inventory to find a few.
+	openssh map[string]*Node
 }
 
 func newNodeIndex() *nodeIndex {
@@ -403,6 +417,22 @@ func (ix *nodeIndex) all(cluster string, now time.Time) []Node {
 	return out
 }
 
+func (ix *nodeIndex) openSSH(cluster string, now time.Time) []Node {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	c := ix.clusters[cluster]
+	if c == nil {
+		return nil
+	}
+	out := make([]Node, 0, len(c.openssh))
+	for _, n := range c.openssh {
+		if !expired(n, now) {
+			out = append(out, *n)
+		}
+	}
+	return out
+}
+
 // prune drops expired nodes and returns how many. It is O(n) and runs on
 // the prune ticker only, never on the lookup path.
 func (ix *nodeIndex) prune(now time.Time) int {
@@ -441,6 +471,7 @@ func newClusterNodes() *clusterNodes {
 		byHost:  map[string][]*Node{},
 		byLower: map[string][]*Node{},
 		byAddr:  map[string][]*Node{},
+		openssh: map[string]*Node{},
 	}
 }
 
@@ -453,6 +484,9 @@ func (c *clusterNodes) add(n *Node) {
 	if h := addrHost(n.Addr); h != "" {
 		c.byAddr[h] = append(c.byAddr[h], n)
 	}
+	if n.IsOpenSSH() {
+		c.openssh[n.UUID] = n
+	}
 }
 
 // remove drops the node with uuid from every index; false if absent.
@@ -462,6 +496,7 @@ func (c *clusterNodes) remove(uuid string) bool {
 		return false
 	}
 	delete(c.byUUID, uuid)
+	delete(c.openssh, uuid)
 	removeFromBucket(c.byHost, old.Hostname, old)
 	if lower := strings.ToLower(old.Hostname); lower != old.Hostname {
 		removeFromBucket(c.byLower, lower, old)

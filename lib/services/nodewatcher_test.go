@@ -437,3 +437,49 @@ func TestNodeWatcherSkipsBadRecords(t *testing.T) {
 	require.NoError(t, w.Healthy())
 	require.Equal(t, 1, w.Len())
 }
+
+// TestNodeWatcherOpenSSHNodes: OpenSSH records have no Expires and never
+// expire; OpenSSHNodes lists exactly them, per cluster, and follows a
+// record that changes kind or goes away.
+func TestNodeWatcherOpenSSHNodes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s := newTestStore(t, clockwork.NewFakeClock())
+	clock := clockwork.NewFakeClockAt(s.Backend().Clock().Now())
+	o1 := testNode("c1", "o1", "db", "10.0.0.1:22")
+	o1.Kind, o1.Expires = NodeKindOpenSSH, time.Time{}
+	o2 := testNode("c2", "o2", "db", "10.0.0.2:22")
+	o2.Kind, o2.Expires = NodeKindOpenSSH, time.Time{}
+	p := testNode("c1", "p1", "web", "10.0.0.3:22")
+	p.Expires = clock.Now().Add(time.Minute)
+	for _, n := range []Node{o1, o2, p} {
+		require.NoError(t, s.UpsertNode(ctx, n))
+	}
+	w := newTestNodeWatcher(t, s.NodeEvents(), clock)
+	got, err := w.OpenSSHNodes(ctx, "c1")
+	require.NoError(t, err)
+	require.Equal(t, []Node{o1}, got)
+	got, err = w.OpenSSHNodes(ctx, "nope")
+	require.NoError(t, err)
+	require.Empty(t, got)
+
+	// A day later the Postern node is long gone, the OpenSSH one routes.
+	clock.Advance(24 * time.Hour)
+	eventuallyFind(t, w, NodeQuery{Cluster: "c1", Host: "db"}, "o1")
+	found, err := w.Find(ctx, NodeQuery{Cluster: "c1", Host: "web"})
+	require.NoError(t, err)
+	require.Empty(t, found)
+
+	// Rewritten as a Postern node: no longer listed; removed: gone.
+	o1.Kind = NodeKindPostern
+	require.NoError(t, s.UpsertNode(ctx, o1))
+	require.Eventually(t, func() bool {
+		got, err := w.OpenSSHNodes(ctx, "c1")
+		return err == nil && len(got) == 0
+	}, 10*time.Second, time.Millisecond)
+	require.NoError(t, s.DeleteNode(ctx, "c2", "o2"))
+	require.Eventually(t, func() bool {
+		got, err := w.OpenSSHNodes(ctx, "c2")
+		return err == nil && len(got) == 0
+	}, 10*time.Second, time.Millisecond)
+}

@@ -84,7 +84,25 @@ type Node struct {
 	// Tunnel marks a node reachable only over a reverse tunnel (behind
 	// NAT): it has no Addr and the proxy never dials it directly.
 	Tunnel bool `json:"tunnel,omitempty"`
+	// Kind is what serves SSH at Addr: NodeKindPostern (also written
+	// empty, as every record before kinds existed is) for a Postern node
+	// that heartbeats, NodeKindOpenSSH for a stock sshd an admin
+	// registered, which runs nothing of Postern and so never heartbeats:
+	// its record has no Expires, and the proxies health-check it instead.
+	Kind string `json:"kind,omitempty"`
 }
+
+// Node kinds (Node.Kind).
+const (
+	// NodeKindPostern is a Postern node (`postern start --roles node`).
+	NodeKindPostern = "postern"
+	// NodeKindOpenSSH is an OpenSSH server with nothing of Postern on it.
+	NodeKindOpenSSH = "openssh"
+)
+
+// IsOpenSSH reports whether the node is a stock OpenSSH server
+// (NodeKindOpenSSH).
+func (n *Node) IsOpenSSH() bool { return n.Kind == NodeKindOpenSSH }
 
 // User is a Postern user.
 type User struct {

@@ -114,6 +114,16 @@ func (n *Node) CheckAndSetDefaults() error {
 	if err := checkText("node hostname", n.Hostname, maxNameLen); err != nil {
 		return trace.BadParameter("node %q: %v", n.UUID, err)
 	}
+	switch n.Kind {
+	case "", NodeKindPostern:
+	case NodeKindOpenSSH:
+		// A stock sshd opens no tunnel; the proxy dials its address.
+		if n.Tunnel {
+			return trace.BadParameter("node %q: a node of kind %q cannot be a tunnel node", n.UUID, n.Kind)
+		}
+	default:
+		return trace.BadParameter("node %q: kind is %q, want %q or %q", n.UUID, n.Kind, NodeKindPostern, NodeKindOpenSSH)
+	}
 	if n.Tunnel {
 		// A tunnel node is reached only over its tunnel: an address on it
 		// would be one the proxy must never dial.

@@ -132,6 +132,13 @@ func TestNodeUserTokenCAValidation(t *testing.T) {
 	require.NoError(t, n.CheckAndSetDefaults())
 	require.Equal(t, "u1", n.Hostname, "hostname defaults to the uuid")
 	require.NoError(t, (&Node{UUID: "u2", Cluster: "c1", Tunnel: true}).CheckAndSetDefaults(), "a tunnel node has no addr")
+	require.NoError(t, (&Node{UUID: "u3", Cluster: "c1", Addr: "h:22", Kind: NodeKindOpenSSH}).CheckAndSetDefaults(), "an OpenSSH node has no expiry")
+	require.NoError(t, (&Node{UUID: "u4", Cluster: "c1", Addr: "h:22", Kind: NodeKindPostern}).CheckAndSetDefaults())
+	require.EqualError(t, (&Node{UUID: "u5", Cluster: "c1", Kind: NodeKindOpenSSH, Tunnel: true}).CheckAndSetDefaults(),
+		`node "u5": a node of kind "openssh" cannot be a tunnel node`)
+	require.EqualError(t, (&Node{UUID: "u6", Cluster: "c1", Addr: "h:22", Kind: "telnet"}).CheckAndSetDefaults(),
+		`node "u6": kind is "telnet", want "postern" or "openssh"`)
+	require.Error(t, (&Node{UUID: "u7", Cluster: "c1", Kind: NodeKindOpenSSH}).CheckAndSetDefaults(), "an OpenSSH node needs an addr")
 	for _, bad := range []Node{
 		{UUID: "", Addr: "h:1", Cluster: "c"},
 		{UUID: "u", Addr: "h:1", Cluster: ""},

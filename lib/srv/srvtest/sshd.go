@@ -1,0 +1,145 @@
+package srvtest
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/pem"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/freeport"
+)
+
+// SSHDPath is Debian's OpenSSH server (package openssh-server).
+const SSHDPath = "/usr/sbin/sshd"
+
+// SSHDConfig describes an OpenSSH node as an admin sets one up for
+// Postern.
+type SSHDConfig struct {
+	// HostCA signs the server's host certificate (HostCertificate) for
+	// HostPrincipals. Required.
+	HostCA         *CA
+	HostPrincipals []string
+	// UserCAKeys, when set, are trusted for user certificates
+	// (TrustedUserCAKeys; authorized_keys lines, as
+	// services.CertAuthority holds them) with AuthorizedPrincipalsFile
+	// none: a certificate logs in as a login only when it names it among
+	// its principals. Empty: no user gets in.
+	UserCAKeys []string
+}
+
+// SSHD is a real sshd on loopback with its own config, host key and host
+// certificate, for tests of OpenSSH nodes. Stop and Start it to take the
+// node down and bring it back on the same address.
+type SSHD struct {
+	// Addr is where it listens, 127.0.0.1:PORT.
+	Addr string
+	// HostCert is the certificate it presents.
+	HostCert *ssh.Certificate
+
+	conf, log string
+	cmd       *exec.Cmd
+}
+
+// StartSSHD starts an sshd as cfg describes, stopped when the test ends
+// (its log printed if the test failed). It skips the test where sshd is
+// not installed or the test does not run as root (sshd needs root to
+// change to the login's user).
+func StartSSHD(t testing.TB, cfg SSHDConfig) *SSHD {
+	t.Helper()
+	if _, err := os.Stat(SSHDPath); err != nil {
+		t.Skipf("OpenSSH server %s not installed (apt-get install openssh-server): %v", SSHDPath, err)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("sshd must run as root")
+	}
+	require.NotNil(t, cfg.HostCA, "SSHDConfig.HostCA")
+	dir := t.TempDir()
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	block, err := ssh.MarshalPrivateKey(priv, "")
+	require.NoError(t, err)
+	hostKey := filepath.Join(dir, "ssh_host_ed25519_key")
+	require.NoError(t, os.WriteFile(hostKey, pem.EncodeToMemory(block), 0o600))
+	sshPub, err := ssh.NewPublicKey(pub)
+	require.NoError(t, err)
+	cert := &ssh.Certificate{Key: sshPub, Serial: 1, CertType: ssh.HostCert, KeyId: "openssh-test",
+		ValidPrincipals: cfg.HostPrincipals, ValidBefore: ssh.CertTimeInfinity}
+	require.NoError(t, cert.SignCert(rand.Reader, cfg.HostCA.Signer))
+	hostCert := filepath.Join(dir, "ssh_host_ed25519_key-cert.pub")
+	require.NoError(t, os.WriteFile(hostCert, ssh.MarshalAuthorizedKey(cert), 0o644))
+	port := strconv.Itoa(freeport.Port(t))
+	lines := []string{
+		"Port " + port,
+		"ListenAddress 127.0.0.1",
+		"HostKey " + hostKey,
+		"HostCertificate " + hostCert,
+		"PidFile " + filepath.Join(dir, "sshd.pid"),
+		// No PAM: with it sshd wants a PAM stack; without it a locked
+		// account ('!' in /etc/shadow) is refused, so tests log in as
+		// root (allowed with a certificate only).
+		"UsePAM no",
+		"PermitRootLogin prohibit-password",
+		"AuthorizedKeysFile none",
+		"PasswordAuthentication no",
+		"KbdInteractiveAuthentication no",
+		"StrictModes no",
+		"UseDNS no",
+		"AllowTcpForwarding yes",
+		"AllowAgentForwarding yes",
+		"LogLevel VERBOSE",
+	}
+	if len(cfg.UserCAKeys) > 0 {
+		caFile := filepath.Join(dir, "postern_user_ca.pub")
+		require.NoError(t, os.WriteFile(caFile, []byte(strings.Join(cfg.UserCAKeys, "\n")+"\n"), 0o644))
+		lines = append(lines, "TrustedUserCAKeys "+caFile, "AuthorizedPrincipalsFile none")
+	}
+	s := &SSHD{Addr: net.JoinHostPort("127.0.0.1", port), HostCert: cert,
+		conf: filepath.Join(dir, "sshd_config"), log: filepath.Join(dir, "sshd.log")}
+	require.NoError(t, os.WriteFile(s.conf, []byte(strings.Join(lines, "\n")+"\n"), 0o600))
+	// Its privilege separation directory, which Debian creates at boot.
+	require.NoError(t, os.MkdirAll("/run/sshd", 0o755))
+	t.Cleanup(func() {
+		s.Stop()
+		if b, _ := os.ReadFile(s.log); t.Failed() && len(b) > 0 {
+			t.Logf("sshd log:\n%s", b)
+		}
+	})
+	s.Start(t)
+	return s
+}
+
+// Start runs sshd (again) and waits until it accepts connections.
+func (s *SSHD) Start(t testing.TB) {
+	t.Helper()
+	require.Nil(t, s.cmd, "sshd already running")
+	s.cmd = exec.Command(SSHDPath, "-D", "-f", s.conf, "-E", s.log)
+	require.NoError(t, s.cmd.Start())
+	require.Eventually(t, func() bool {
+		c, err := net.Dial("tcp", s.Addr)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}, 10*time.Second, 10*time.Millisecond, "sshd did not start listening on %s", s.Addr)
+}
+
+// Stop kills sshd and waits for it: the address refuses connections
+// until Start.
+func (s *SSHD) Stop() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
