@@ -161,7 +161,7 @@ func (r *Router) dialLeaf(ctx context.Context, req RouteRequest, route Route) (n
 		conn.Close()
 		var ld *LeafDeniedError
 		r.saw(req.Cert, route.Cluster, !errors.As(err, &ld))
-		if ld != nil && req.Target.Cluster == "" {
+		if ld != nil && bySuffix(req, route) {
 			// Reached by rule 0 (HOST.LEAF): an unknown suffix is a
 			// plain local miss, so this must read as one too.
 			ld.visible = nodeNotFound(req.Target.Host, r.cfg.ClusterName).(*trace.NotFoundError)
@@ -194,7 +194,7 @@ func (r *Router) explainLeaf(ctx context.Context, req RouteRequest, e Explanatio
 	if err := r.leafReplyError(route.Cluster, req.Cert, reply); err != nil {
 		var ld *LeafDeniedError
 		r.saw(req.Cert, route.Cluster, !errors.As(err, &ld))
-		if ld != nil && req.Target.Cluster == "" {
+		if ld != nil && bySuffix(req, route) {
 			// Rule 0 (HOST.LEAF): explained as the local miss an
 			// unknown suffix gives, which is what routing says too.
 			miss := Route{Cluster: r.cfg.ClusterName, Target: Target{Host: req.Target.Host, Port: req.Target.Port, Cluster: r.cfg.ClusterName}, Strategy: e.Strategy}
@@ -209,6 +209,13 @@ func (r *Router) explainLeaf(ctx context.Context, req RouteRequest, e Explanatio
 	e.LeafRoute = reply.Explanation
 	e.LeafFailed = reply.RouteFailed
 	return e, nil
+}
+
+// bySuffix reports whether route reached its leaf by rule 0 (HOST.LEAF,
+// with or without the local cluster named as @ROOT) rather than by
+// `@LEAF`: only then was the suffix stripped from the host.
+func bySuffix(req RouteRequest, route Route) bool {
+	return route.Target.Host != req.Target.Host
 }
 
 // leafVia says over which tunnel a leaf is reached from here.

@@ -161,6 +161,9 @@ func TestRootRoutesToLeaf(t *testing.T) {
 	_, _, err = root.DialHost(ctx, RouteRequest{Target: Target{Host: "web." + testCluster}, Cert: mallory})
 	require.EqualError(t, err, `node "web.c1" not found in cluster "root"`)
 	require.True(t, errors.As(err, &ld))
+	// Also with the local cluster named: HOST.LEAF@ROOT is rule 0 too.
+	_, _, err = root.DialHost(ctx, RouteRequest{Target: Target{Host: "web." + testCluster, Cluster: "root"}, Cert: mallory})
+	require.EqualError(t, err, `node "web.c1" not found in cluster "root"`)
 
 	for _, target := range []Target{{Host: "web", Cluster: "gone"}, {Host: "web", Cluster: "nope"}} {
 		_, _, err = root.DialHost(ctx, RouteRequest{Target: target, Cert: alice})
