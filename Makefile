@@ -36,7 +36,7 @@ PKG_BIN := $(BUILD_DIR)/package/bin
 package: web
 	@mkdir -p $(PKG_BIN)
 	@rm -f $(BUILD_DIR)/postern_*_amd64.deb $(BUILD_DIR)/postern_*_amd64.rpm
-	$(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" -o $(PKG_BIN)/ $(addprefix ./tool/,$(BINARIES))
+	$(GO) build -ldflags "-s -w $(LDFLAGS)" -o $(PKG_BIN)/ $(addprefix ./tool/,$(BINARIES))
 	$(GO) run ./scripts/package --version "$(VERSION)" --bin-dir $(PKG_BIN) --out $(BUILD_DIR) \
 		--mtime "$$(git log -1 --format=%ct 2>/dev/null || date +%s)"
 
