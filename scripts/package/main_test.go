@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -177,6 +178,12 @@ func TestBuild(t *testing.T) {
 	require.Contains(t, postinst, `chmod 0700 "$DATA_DIR"`)
 	require.Contains(t, postinst, "useradd --system")
 	require.Contains(t, postinst, "[ -d /run/systemd/system ]")
+	for _, name := range []string{"/postinst", "/prerm", "/postrm"} {
+		script := filepath.Join(t.TempDir(), "script")
+		require.NoError(t, os.WriteFile(script, control[name].content, 0o755))
+		out, err := exec.Command("sh", "-n", script).CombinedOutput()
+		require.NoError(t, err, "%s does not parse: %s", name, out)
+	}
 	postrm := string(control["/postrm"].content)
 	// remove keeps the data; only purge deletes it.
 	remove := postrm[strings.Index(postrm, "\nremove)"):strings.Index(postrm, "\npurge)")]
@@ -241,4 +248,18 @@ func TestMissingBinary(t *testing.T) {
 	require.NoError(t, os.Remove(filepath.Join(dir, "pctl")))
 	_, err := build(options{version: "v1.0.0", binDir: dir, outDir: t.TempDir(), sample: "../../fixtures/postern.yaml", arch: "amd64"})
 	require.ErrorContains(t, err, "no executable pctl")
+}
+
+// The RPM scriptlets are put together like the deb's: they must parse too.
+func TestRPMScriptsParse(t *testing.T) {
+	common, err := assets.ReadFile("files/common.sh")
+	require.NoError(t, err)
+	for _, name := range []string{"post", "preun", "postun"} {
+		body, err := assets.ReadFile("files/rpm/" + name)
+		require.NoError(t, err)
+		script := filepath.Join(t.TempDir(), name)
+		require.NoError(t, os.WriteFile(script, append(append([]byte("#!/bin/sh\n"), common...), body...), 0o755))
+		out, err := exec.Command("sh", "-n", script).CombinedOutput()
+		require.NoError(t, err, "%s: %s", name, out)
+	}
 }
