@@ -5,6 +5,7 @@
 #               (both: PORT_BASE=N moves every port, see scripts/ports.sh)
 #   make test   every test (race detector on), as CI runs it
 #   make chaos  the full fault-injection test (root, ~5 minutes)
+#   make package build/postern_VERSION_amd64.deb and .rpm (scripts/package)
 #
 GO        ?= go
 BUILD_DIR ?= build
@@ -16,13 +17,31 @@ FUZZTIME  ?= 10s
 
 BINARIES := postern psh pctl
 
-.PHONY: all build run run-ha test test-go test-integration bench bench-report chaos fuzz lint clean web e2e
+.PHONY: all build run run-ha test test-go test-integration bench bench-report chaos fuzz lint clean web e2e package check-package
 
 all: build
 
 build: web
 	@mkdir -p $(BUILD_DIR)
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BUILD_DIR)/ $(addprefix ./tool/,$(BINARIES))
+
+# package writes $(BUILD_DIR)/postern_VERSION_amd64.deb and .rpm with
+# scripts/package (nfpm as a library; VERSION from git describe, made into a
+# package version there): stripped binaries with the web UI, the conffile
+# /etc/postern/postern.yaml, postern.service and its drop-in examples, man
+# pages and bash/zsh completions generated from the binaries, and the
+# maintainer scripts. check-package checks them (scripts/check-package.sh;
+# with CI=true it also installs, runs and purges the .deb: CI only).
+PKG_BIN := $(BUILD_DIR)/package/bin
+package: web
+	@mkdir -p $(PKG_BIN)
+	@rm -f $(BUILD_DIR)/postern_*_amd64.deb $(BUILD_DIR)/postern_*_amd64.rpm
+	$(GO) build -ldflags "-s -w $(LDFLAGS)" -o $(PKG_BIN)/ $(addprefix ./tool/,$(BINARIES))
+	$(GO) run ./scripts/package --version "$(VERSION)" --bin-dir $(PKG_BIN) --out $(BUILD_DIR) \
+		--mtime "$$(git log -1 --format=%ct 2>/dev/null || date +%s)"
+
+check-package:
+	BUILD_DIR="$(BUILD_DIR)" ./scripts/check-package.sh
 
 # run: ports PORT_BASE (default 3000: the daemon's defaults) +0 diagnostics,
 # +21 peer, +22 node, +23 proxy SSH, +24 tunnel, +25 auth, +80 web. A busy

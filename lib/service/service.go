@@ -174,6 +174,8 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		return trace.Wrap(err)
 	}
 	tuneRuntime(p.cfg, p.log)
+	hooks := p.startDaemonHooks() // SIGHUP reloads, systemd notices (systemd.go)
+	defer hooks.stop()
 	// The idle-memory trimmer is the other half of gc_percent 400 (see
 	// lib/memtrim): a daemon concern, like the GC target, so Run starts it
 	// and Start (tests, embedding) does not.
@@ -191,6 +193,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		p.Shutdown(shutdownCtx)
 		return trace.Wrap(err)
 	}
+	hooks.started()
 	var runErr error
 	select {
 	case <-ctx.Done():

@@ -17,6 +17,7 @@ import (
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/utils"
+	"github.com/postern-dev/postern/lib/version"
 )
 
 func main() {
@@ -78,6 +79,7 @@ func (c *cli) newApp() (*kingpin.Application, map[string]func(context.Context) e
 	app := kingpin.New("pctl", "Postern admin CLI: users, roles, join tokens, nodes and networking.")
 	app.HelpFlag.Short('h')
 	app.UsageWriter(c.stdout)
+	app.Version("pctl " + version.Version)
 	app.Flag("data-dir", "Data dir of a local auth server (its admin identity is used).").Default(config.DefaultDataDir).StringVar(&c.dataDir)
 	app.Flag("auth-server", "Auth API address HOST:PORT, or several separated by commas (failover), with --identity.").StringVar(&c.authServer)
 	app.Flag("identity", "Directory of an admin identity.").StringVar(&c.identity)

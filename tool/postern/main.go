@@ -82,6 +82,9 @@ func newApp(f *startFlags) (app *kingpin.Application, versionCmd, start, restore
 	app = kingpin.New("postern", "Postern: an SSH access proxy. Runs the auth, proxy and node roles.")
 	app.HelpFlag.Short('h')
 	app.ErrorWriter(os.Stderr)
+	// --help and --version print to stdout, as psh and pctl do.
+	app.UsageWriter(os.Stdout)
+	app.Version("postern " + version.Version)
 
 	versionCmd = app.Command("version", "Print the version.")
 	start = app.Command("start", "Start Postern with the given roles.")

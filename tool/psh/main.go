@@ -80,9 +80,14 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 	app := kingpin.New("psh", "Postern user CLI: log in, list nodes, ssh through the proxy.")
 	app.HelpFlag.Short('h')
 	// --help prints usage and would exit the process; record it instead
-	// (tests run commands in-process) and return success.
+	// (tests run commands in-process) and return success. Parsing goes on
+	// after a terminate: whatever it would print next (the usage again, after
+	// --help-man or a --completion-script-*) is dropped.
 	helped := false
-	app.Terminate(func(int) { helped = true })
+	app.Terminate(func(int) {
+		helped = true
+		app.Writer(io.Discard)
+	})
 	app.UsageWriter(stdout)
 	app.ErrorWriter(stderr)
 	// Flags go before the host: everything after it is the remote command
