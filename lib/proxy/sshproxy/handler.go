@@ -194,6 +194,9 @@ func (h *Handler) dial(ctx context.Context, id *authz.Identity, target proxy.Tar
 		return conn, nil
 	}
 	log.WithFields(logrus.Fields{"node": route.Node.UUID, "addr": route.Node.Addr, "reason": route.Reason}).Debug("Routed.")
+	if route.Node.IsOpenSSH() {
+		return h.auditOpenSSH(ctx, id, target, via, route.Node, conn), nil
+	}
 	return conn, nil
 }
 
