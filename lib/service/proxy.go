@@ -98,6 +98,7 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		Nodes:      nw,
 		Recordings: clt,
 		Audit:      p.audit,
+		Locks:      p.locks,
 		Logger:     p.log.WithField("component", "proxy:ssh"),
 	})
 	if err != nil {

@@ -48,6 +48,9 @@ type Config struct {
 	// Audit receives route.ambiguous and access.denied; nil means
 	// events.Discard.
 	Audit events.Emitter
+	// Locks, when set, ends open hops to an OpenSSH node once a lock
+	// covers the node (openssh.go); a Postern node does that itself.
+	Locks srv.LockChecker
 }
 
 // CheckAndSetDefaults validates the config.

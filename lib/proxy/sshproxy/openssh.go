@@ -7,11 +7,13 @@ import (
 	"sync/atomic"
 
 	"github.com/google/uuid"
+	"github.com/sirupsen/logrus"
 
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/utils"
 )
 
 // OpenSSH nodes run no Postern process, so nothing on them writes
@@ -22,6 +24,12 @@ import (
 // session.start when the connection to the node is made, session.end (with
 // bytes_in, from the user, and bytes_out, to the user) when either side
 // closes it. The two share a session_id minted here.
+//
+// Locks: a lock on the user ends the user's whole connection to the proxy
+// (lib/srv), hops included. A lock on the node is the node's own business
+// when Postern runs there; a stock sshd knows nothing of locks, so the
+// proxy ends every open hop to a node that a lock now covers. Locks and
+// certificate lifetimes are the only ways to cut access to such a node.
 
 // auditOpenSSH wraps conn, the proxy's connection to node for id, so that
 // it is audited; it emits session.start at once.
@@ -40,7 +48,10 @@ func (h *Handler) auditOpenSSH(ctx context.Context, id *authz.Identity, target p
 	// request's context ended; keep its values, drop its cancellation.
 	bg := context.WithoutCancel(ctx)
 	h.emit(ctx, events.SessionStart, id, target, via, fields())
-	c := &auditedConn{Conn: conn}
+	c := &auditedConn{Conn: conn, closed: make(chan struct{})}
+	if h.cfg.Locks != nil {
+		go h.endWhenLocked(c, id, node)
+	}
 	c.end = func() {
 		f := fields()
 		f[events.FieldBytesIn] = c.in.Load()
@@ -60,6 +71,8 @@ type auditedConn struct {
 	in, out atomic.Uint64
 	once    sync.Once
 	end     func()
+	// closed is closed by Close.
+	closed chan struct{}
 }
 
 func (c *auditedConn) Read(p []byte) (int, error) {
@@ -84,9 +97,31 @@ func (c *auditedConn) CloseWrite() error {
 
 func (c *auditedConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.end)
+	c.once.Do(func() {
+		close(c.closed)
+		c.end()
+	})
 	return err
 }
 
 // Unwrap is the connection under the counter.
 func (c *auditedConn) Unwrap() net.Conn { return c.Conn }
+
+// endWhenLocked closes c when a lock covers node, checking at every change
+// of the lock set until c closes. A lock set that is not loaded ends
+// nothing (the last good set was applied), as in lib/srv.
+func (h *Handler) endWhenLocked(c *auditedConn, id *authz.Identity, node services.Node) {
+	for {
+		changed := h.cfg.Locks.Changes()
+		if err := h.cfg.Locks.Check(services.LockTarget{Node: node.UUID}); services.IsLocked(err) {
+			h.cfg.Logger.WithFields(logrus.Fields{"user": id.User, "node": node.UUID, "reason": err.Error()}).Warn("Ending a hop to a locked OpenSSH node.")
+			_ = utils.CloseSpliced(c)
+			return
+		}
+		select {
+		case <-changed:
+		case <-c.closed:
+			return
+		}
+	}
+}
