@@ -62,7 +62,7 @@ func newFile(cfg Config) (*File, error) {
 		return nil, trace.Wrap(err)
 	}
 	if x.f, err = openAppend(path); err != nil {
-		return nil, trace.Wrap(err, "audit.file")
+		return nil, trace.BadParameter("audit.file: %v", err)
 	}
 	return x, nil
 }
@@ -92,7 +92,7 @@ func (x *File) watchHangup() {
 			x.mu.RLock()
 			if !x.closed {
 				select {
-				case x.ch <- item{then: func() { x.reopen("SIGHUP") }}:
+				case x.ch <- item{then: x.hangup}:
 				default:
 				}
 			}
@@ -103,14 +103,22 @@ func (x *File) watchHangup() {
 	}
 }
 
+// hangup reopens the file after SIGHUP.
+func (x *File) hangup() {
+	if err := x.reopen("SIGHUP"); err != nil {
+		x.fail(err)
+	}
+}
+
 // write appends one batch, reopening first when the file was rotated.
 func (x *File) write(_ context.Context, batch [][]byte) int {
 	if x.rotated() {
-		x.reopen("the file was renamed or removed")
-	}
-	if x.f == nil {
-		x.fail(trace.NotFound("no open file"))
-		return len(batch)
+		if err := x.reopen("the file was renamed or removed"); err != nil {
+			// Writing on to the old file would lose the events
+			// unseen: count them instead.
+			x.fail(err)
+			return len(batch)
+		}
 	}
 	if _, err := x.f.Write(joinLines(batch)); err != nil {
 		x.fail(trace.ConvertSystemError(err))
@@ -136,9 +144,6 @@ func (x *File) fail(err error) {
 
 // rotated says whether the path no longer names the open file.
 func (x *File) rotated() bool {
-	if x.f == nil {
-		return true
-	}
 	open, err := x.f.Stat()
 	if err != nil {
 		return true
@@ -150,31 +155,28 @@ func (x *File) rotated() bool {
 	return !os.SameFile(open, cur)
 }
 
-// reopen closes the open file and opens the path again.
-func (x *File) reopen(why string) {
+// reopen closes the open file and opens the path again; on failure the
+// open file stays open.
+func (x *File) reopen(why string) error {
 	f, err := openAppend(x.path)
 	if err != nil {
-		x.fail(err)
-		return
+		return trace.Wrap(err)
 	}
-	if x.f != nil {
-		x.f.Close()
-	}
+	x.f.Close()
 	x.f = f
 	x.log.WithField("path", x.path).WithField("why", why).Info("Reopened the audit export file.")
 	if x.onReopen != nil {
 		x.onReopen()
 	}
+	return nil
 }
 
 // Close flushes (within ctx), stops watching SIGHUP and closes the file.
 func (x *File) Close(ctx context.Context) error {
 	err := x.queue.Close(ctx)
 	signal.Stop(x.hup)
-	if x.f != nil {
-		if cerr := x.f.Close(); err == nil {
-			err = trace.ConvertSystemError(cerr)
-		}
+	if cerr := x.f.Close(); err == nil {
+		err = trace.ConvertSystemError(cerr)
 	}
 	return trace.Wrap(err)
 }

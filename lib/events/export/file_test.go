@@ -76,3 +76,24 @@ func TestFileSIGHUP(t *testing.T) {
 	flush(t, x)
 	require.Equal(t, lines(1, 2), readLines(t, path))
 }
+
+// TestFileUnwritable: when the path cannot be opened again (its directory
+// went away), the events are counted as dropped rather than written to
+// the file nobody will read; once it can, writing resumes there.
+func TestFileUnwritable(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "audit")
+	require.NoError(t, os.Mkdir(dir, 0o700))
+	path := filepath.Join(dir, "audit.jsonl")
+	x, reopened := testFile(t, path)
+	require.NoError(t, os.Rename(dir, dir+".gone"))
+	x.Export([]byte(lines(0, 1)[0]))
+	flush(t, x)
+	require.Equal(t, 1.0, testutil.ToFloat64(x.m.dropped))
+
+	require.NoError(t, os.Mkdir(dir, 0o700))
+	x.Export([]byte(lines(1, 2)[0]))
+	flush(t, x)
+	recv(t, reopened)
+	require.Equal(t, lines(1, 2), readLines(t, path))
+	require.Equal(t, 1.0, testutil.ToFloat64(x.m.dropped))
+}

@@ -91,7 +91,7 @@ func newWebhook(cfg Config) (*Webhook, error) {
 	if cfg.CAFile != "" {
 		pem, err := os.ReadFile(cfg.CAFile)
 		if err != nil {
-			return nil, trace.ConvertSystemError(err)
+			return nil, trace.BadParameter("audit.ca_file: %v", err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
@@ -120,6 +120,14 @@ func newWebhook(cfg Config) (*Webhook, error) {
 	}
 	w.log = w.log.WithField("url", redact(cfg.Webhook))
 	return w, nil
+}
+
+// Close delivers what is queued until ctx is done (export.go), then
+// closes the idle connections to the webhook.
+func (w *Webhook) Close(ctx context.Context) error {
+	err := w.queue.Close(ctx)
+	w.client.CloseIdleConnections()
+	return trace.Wrap(err)
 }
 
 // redact drops the URL's user info and query (a token is often there)

@@ -2,10 +2,13 @@ package export
 
 import (
 	"context"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -231,4 +234,29 @@ func TestWebhookURL(t *testing.T) {
 		require.ErrorContains(t, err, want, bad)
 	}
 	require.Equal(t, "https://h/p", redact("https://user:secret@h/p?token=x"))
+}
+
+// TestWebhookCAFile: with ca_file, the webhook's certificate is checked
+// against it (an httptest TLS server's own CA), not the system's roots;
+// a file without a certificate is refused at start, naming the key.
+func TestWebhookCAFile(t *testing.T) {
+	c := &collector{got: make(chan int, 100)}
+	c.Server = httptest.NewTLSServer(http.HandlerFunc(c.serve))
+	t.Cleanup(c.Close)
+	dir := t.TempDir()
+	caFile := filepath.Join(dir, "ca.pem")
+	require.NoError(t, os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate().Raw}), 0o600))
+
+	w, err := NewWebhook(Config{Webhook: c.URL, CAFile: caFile, Metrics: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	w.Export([]byte(lines(0, 1)[0]))
+	require.NoError(t, w.Close(context.Background()))
+	require.Equal(t, lines(0, 1), c.taken())
+
+	empty := filepath.Join(dir, "empty.pem")
+	require.NoError(t, os.WriteFile(empty, nil, 0o600))
+	_, err = NewWebhook(Config{Webhook: c.URL, CAFile: empty})
+	require.ErrorContains(t, err, "audit.ca_file")
+	_, err = NewWebhook(Config{Webhook: c.URL, CAFile: filepath.Join(dir, "missing.pem")})
+	require.ErrorContains(t, err, "audit.ca_file")
 }
