@@ -158,6 +158,11 @@ func closeNow(x events.Exporter) {
 	x.Close(ctx)
 }
 
+var (
+	_ events.Exporter = (*File)(nil)
+	_ events.Exporter = (*Webhook)(nil)
+)
+
 // metrics are one exporter's series.
 type metrics struct {
 	length  prometheus.Gauge
@@ -248,7 +253,9 @@ func (q *queue) Export(line []byte) {
 }
 
 // Flush waits until everything queued before it has been delivered (or
-// dropped), or ctx is done.
+// dropped), or ctx is done. While it waits for room in a full queue it
+// holds off Close (and so, on the RWMutex, Export): it is for tests and
+// tools, never for a path a session is on; the Log does not call it.
 func (q *queue) Flush(ctx context.Context) error {
 	ack := make(chan struct{})
 	q.mu.RLock()
