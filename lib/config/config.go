@@ -159,6 +159,8 @@ type FileConfig struct {
 	Limits           Limits         `yaml:"limits,omitempty"`
 	// Recordings is where the auth server keeps session recordings.
 	Recordings RecordingsConfig `yaml:"recordings,omitempty"`
+	// Audit exports this process's audit events (audit.go).
+	Audit AuditConfig `yaml:"audit,omitempty"`
 
 	// SSHKexAlgorithms, SSHCiphers and SSHMACs are the key exchanges,
 	// ciphers and MACs, in preference order, that every SSH port of this
@@ -367,6 +369,9 @@ func (c *Config) CheckAndSetDefaults() error {
 			return trace.Wrap(err)
 		}
 		c.Recordings.Dir = abs
+	}
+	if err := c.Audit.check(); err != nil {
+		return trace.Wrap(err)
 	}
 	switch c.LogFormat {
 	case "":

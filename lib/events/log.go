@@ -124,6 +124,25 @@ type Config struct {
 	Logger logrus.FieldLogger
 	// Metrics registry; nil means a private one.
 	Metrics prometheus.Registerer
+	// Exporters get a copy of every event this process emits (Emit, not
+	// the batches other hosts ship to Store: each host exports its own,
+	// so a SIEM fed by every host gets each event once). The Log owns
+	// them from NewEmitter on: it closes them in Close, within
+	// CloseGrace, and on NewEmitter's failure.
+	Exporters []Exporter
+}
+
+// Exporter sends a copy of the audit log where the operator keeps logs
+// (lib/events/export: a file for a log shipper, a webhook). Export is
+// called for every emitted event, on the session's goroutine, so it must
+// return at once: queue or drop, never wait on a disk or the network.
+type Exporter interface {
+	// Export takes one event, encoded as its JSON line (no newline).
+	// The line is shared: an Exporter must not modify it.
+	Export(line []byte)
+	// Close delivers what is queued until ctx is done, then drops (and
+	// counts) the rest and stops. Export is not called during or after it.
+	Close(ctx context.Context) error
 }
 
 // CheckAndSetDefaults validates and fills in defaults.
@@ -214,6 +233,19 @@ type Log struct {
 // With a Dir, events the backend or the auth server had not taken when the
 // previous process stopped are replayed to them from the file (wal.go).
 func NewEmitter(cfg Config) (*Log, error) {
+	l, err := newLog(cfg)
+	if err != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel() // nothing was exported yet: nothing to wait for
+		for _, x := range cfg.Exporters {
+			x.Close(ctx)
+		}
+		return nil, trace.Wrap(err)
+	}
+	return l, nil
+}
+
+func newLog(cfg Config) (*Log, error) {
 	if err := cfg.CheckAndSetDefaults(); err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -336,13 +368,15 @@ func (l *Log) prepare(e Event) (Event, []byte) {
 	return e, line
 }
 
-// Emit queues e for every sink and returns at once.
+// Emit queues e for every sink and exporter and returns at once.
 func (l *Log) Emit(_ context.Context, e Event) {
 	e, line := l.prepare(e)
-	l.emit(e, line)
+	l.emit(e, line, true)
 }
 
-func (l *Log) emit(e Event, line []byte) {
+// emit is the one path of every event into the log: Emit's, and Store's
+// for the events other hosts ship (export false: they export their own).
+func (l *Log) emit(e Event, line []byte, export bool) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	if l.closed {
@@ -352,6 +386,11 @@ func (l *Log) emit(e Event, line []byte) {
 	l.metrics.emitted.WithLabelValues(e.Type).Inc()
 	for _, s := range l.sinks {
 		s.enqueue(record{event: e, line: line})
+	}
+	if export {
+		for _, x := range l.cfg.Exporters {
+			x.Export(line)
+		}
 	}
 	l.updatePending()
 }
@@ -379,7 +418,7 @@ func (l *Log) Store(ctx context.Context, es []Event) error {
 	items := make([]backend.Item, 0, len(es))
 	for _, e := range es {
 		e, line := l.prepare(e)
-		l.emit(e, line)
+		l.emit(e, line, false)
 		items = append(items, l.backendItem(e, line))
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.BackendTimeout)
@@ -445,9 +484,23 @@ func (l *Log) Close() error {
 	}
 	l.mu.Unlock()
 
+	// The exporters flush beside the sinks, within the same grace.
+	exportCtx, exportCancel := context.WithCancel(context.Background())
+	defer exportCancel()
+	var exporters sync.WaitGroup
+	for _, x := range l.cfg.Exporters {
+		exporters.Add(1)
+		go func() {
+			defer exporters.Done()
+			if err := x.Close(exportCtx); err != nil {
+				l.log.WithError(err).Warn("Closing an audit exporter failed.")
+			}
+		}()
+	}
 	done := make(chan struct{})
 	go func() {
 		l.wg.Wait()
+		exporters.Wait()
 		close(done)
 	}()
 	timer := l.cfg.Clock.NewTimer(l.cfg.CloseGrace)
@@ -461,6 +514,7 @@ func (l *Log) Close() error {
 			l.log.Warn("Audit queues did not drain in time; abandoning the events still queued for the backend.")
 		}
 		l.cancel()
+		exportCancel()
 		<-done
 	}
 	l.cancel()
@@ -483,10 +537,7 @@ func newLogMetrics(reg prometheus.Registerer) (*logMetrics, error) {
 			Namespace: "postern", Subsystem: "audit", Name: "events_total",
 			Help: "Audit events emitted, by type.",
 		}, []string{"event"}),
-		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "postern", Subsystem: "audit", Name: "dropped_total",
-			Help: "Audit events dropped because a sink's queue was full (or the log closed), by sink.",
-		}, []string{"sink"}),
+		dropped: newDropped(),
 		writeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "postern", Subsystem: "audit", Name: "write_errors_total",
 			Help: "Audit events a sink failed to write, by sink.",
@@ -509,4 +560,19 @@ func newLogMetrics(reg prometheus.Registerer) (*logMetrics, error) {
 		}
 	}
 	return m, nil
+}
+
+func newDropped() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "postern", Subsystem: "audit", Name: "dropped_total",
+		Help: "Audit events dropped because a sink's queue was full (or the log closed), by sink.",
+	}, []string{"sink"})
+}
+
+// DroppedCounter is postern_audit_dropped_total on reg, the one the Log
+// counts its drops in: the exporters count theirs there too (by their sink
+// name), so that one series answers "was anything lost".
+func DroppedCounter(reg prometheus.Registerer) (*prometheus.CounterVec, error) {
+	c, err := promreg.Register(reg, newDropped())
+	return c, trace.Wrap(err)
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/gravitational/trace"
 
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/events/export"
 	"github.com/postern-dev/postern/lib/limiter"
 )
 
@@ -34,6 +35,14 @@ func (p *Process) openAudit() error {
 	if p.backend == nil && p.authClient != nil {
 		cfg.Remote = p.authClient
 	}
+	// audit: in postern.yaml: a copy of what this process emits (lib/events/export).
+	xcfg := p.cfg.Audit.ExportConfig()
+	xcfg.Clock, xcfg.Logger, xcfg.Metrics = p.clock, cfg.Logger, p.registry
+	exporters, err := export.New(xcfg)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	cfg.Exporters = exporters
 	log, err := events.NewEmitter(cfg)
 	if err != nil {
 		return trace.Wrap(err)

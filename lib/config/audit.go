@@ -1,0 +1,68 @@
+package config
+
+import (
+	"path/filepath"
+
+	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/events/export"
+)
+
+// AuditConfig sends a copy of the audit events this process emits where
+// the operator keeps logs (audit: in postern.yaml); lib/events/export
+// describes both. events.log in the data dir is written either way.
+type AuditConfig struct {
+	// File, when set, gets every event appended as a JSON line.
+	File string `yaml:"file,omitempty"`
+	// Format of both; only json (the default) for now, named so that a
+	// second format does not change what an existing config means.
+	Format string `yaml:"format,omitempty"`
+	// Webhook, when set, gets batches of JSON lines POSTed to it.
+	Webhook string `yaml:"webhook,omitempty"`
+	// CAFile verifies the webhook's certificate instead of the system's
+	// roots.
+	CAFile string `yaml:"ca_file,omitempty"`
+}
+
+// AuditFormatJSON is the one export format.
+const AuditFormatJSON = "json"
+
+// check validates the audit section, naming the key at fault, and makes
+// the paths absolute (the daemon may change directory).
+func (a *AuditConfig) check() error {
+	switch a.Format {
+	case "":
+		a.Format = AuditFormatJSON
+	case AuditFormatJSON:
+	default:
+		return trace.BadParameter("audit.format %q: want json", a.Format)
+	}
+	if a.File != "" {
+		abs, err := filepath.Abs(a.File)
+		if err != nil {
+			return trace.BadParameter("audit.file %q: %v", a.File, err)
+		}
+		a.File = abs
+	}
+	if a.Webhook != "" {
+		if _, err := export.CheckURL(a.Webhook); err != nil {
+			return trace.BadParameter("audit.webhook %v", err)
+		}
+	}
+	if a.CAFile != "" {
+		if a.Webhook == "" {
+			return trace.BadParameter("audit.ca_file is for the webhook: set audit.webhook too")
+		}
+		abs, err := filepath.Abs(a.CAFile)
+		if err != nil {
+			return trace.BadParameter("audit.ca_file %q: %v", a.CAFile, err)
+		}
+		a.CAFile = abs
+	}
+	return nil
+}
+
+// ExportConfig is what lib/events/export needs of the audit section.
+func (a *AuditConfig) ExportConfig() export.Config {
+	return export.Config{File: a.File, Webhook: a.Webhook, CAFile: a.CAFile}
+}
