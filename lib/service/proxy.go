@@ -46,6 +46,7 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		return trace.Wrap(err)
 	}
 	p.onShutdown(func(context.Context) error { return hc.Close() })
+	p.openSSHHealth = hc
 
 	// The networking config is read on every route. It is served from
 	// memory, kept current by the auth API's networking watch (a change

@@ -49,6 +49,9 @@ func (p *Process) startProxyHeartbeat(tunnelAddr string) error {
 		Announce: func(ctx context.Context, last, expires time.Time) error {
 			r := rec
 			r.LastHeartbeat, r.Expires = last, expires
+			if p.openSSHHealth != nil {
+				r.OfflineOpenSSH = p.openSSHHealth.Offline()
+			}
 			return trace.Wrap(p.authClient.UpsertProxy(ctx, r), "proxy %q", r.UUID)
 		},
 		Clock:  p.clock,

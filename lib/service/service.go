@@ -32,6 +32,7 @@ import (
 	"github.com/postern-dev/postern/lib/limiter"
 	"github.com/postern-dev/postern/lib/memtrim"
 	"github.com/postern-dev/postern/lib/proxy"
+	"github.com/postern-dev/postern/lib/proxy/health"
 	"github.com/postern-dev/postern/lib/reversetunnel"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/srv"
@@ -112,7 +113,10 @@ type Process struct {
 	leaves      *reversetunnel.Leaves
 	proxySSH    *srv.Server
 	nodeWatcher *services.NodeWatcher
-	router      *proxy.Router
+	// openSSHHealth is the proxy's health checker of OpenSSH nodes; its
+	// offline list rides the proxy heartbeat.
+	openSSHHealth *health.Checker
+	router        *proxy.Router
 	// locks is the lock set every server here enforces (locks.go).
 	locks *services.LockWatcher
 	// sshAccess is what the SSH servers check certificates and roles

@@ -48,6 +48,11 @@ type Proxy struct {
 	PeerAddr   string `json:"peer_addr,omitempty"`
 	// Version is the postern version the proxy runs.
 	Version string `json:"version,omitempty"`
+	// OfflineOpenSSH lists the OpenSSH nodes (UUIDs) this proxy's health
+	// checker found not answering, as of its last heartbeat: OpenSSH
+	// nodes send no heartbeat, so the proxies that dial them are the only
+	// ones who know, and pctl reads their word here.
+	OfflineOpenSSH []string `json:"offline_openssh,omitempty"`
 	// Expires is when this record dies unless refreshed.
 	Expires time.Time `json:"expires"`
 	// LastHeartbeat is when the proxy last announced itself (auth's

@@ -171,8 +171,20 @@ func (p *Proxy) CheckAndSetDefaults() error {
 	if err := checkText("proxy version", p.Version, maxNameLen); err != nil {
 		return trace.BadParameter("proxy %q: %v", p.UUID, err)
 	}
+	if len(p.OfflineOpenSSH) > maxOfflineOpenSSH {
+		return trace.BadParameter("proxy %q: offline_openssh lists %d nodes, more than %d", p.UUID, len(p.OfflineOpenSSH), maxOfflineOpenSSH)
+	}
+	for _, id := range p.OfflineOpenSSH {
+		if err := checkKeyComponent("offline_openssh node", id); err != nil {
+			return trace.BadParameter("proxy %q: %v", p.UUID, err)
+		}
+	}
 	return nil
 }
+
+// maxOfflineOpenSSH bounds a proxy record's offline list: the record is
+// read by every pctl nodes ls, and no fleet registers more OpenSSH nodes.
+const maxOfflineOpenSSH = 10_000
 
 // Label bounds. Labels are printed in `pctl nodes ls`, `psh ls`, route
 // explanations and ambiguity errors, and matched by every role check: a

@@ -20,6 +20,7 @@ package health
 import (
 	"context"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -241,6 +242,21 @@ func (c *Checker) Status(uuid string) (Status, bool) {
 		return Status{}, false
 	}
 	return s.status, true
+}
+
+// Offline lists the nodes whose last check failed, sorted (the proxy's
+// heartbeat reports them, for pctl nodes ls).
+func (c *Checker) Offline() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for id, s := range c.nodes {
+		if s.checked && !s.status.Online {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Updated is closed when the next check ends, whatever it found: for

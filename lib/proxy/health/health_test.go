@@ -179,6 +179,7 @@ func TestCheckerOfflineAndBack(t *testing.T) {
 	st = step(t, c, clock, dialer, 10*time.Second, "uuid-db1")
 	require.False(t, st.Online)
 	require.False(t, c.Online("uuid-db1"))
+	require.Equal(t, []string{"uuid-db1"}, c.Offline(), "reported in the proxy's heartbeat")
 	require.Equal(t, 1, st.Failures)
 	require.Contains(t, st.Error, "connecting to "+srv.addr)
 	for i, d := range []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second, 8 * time.Second} {
@@ -193,6 +194,7 @@ func TestCheckerOfflineAndBack(t *testing.T) {
 	st = step(t, c, clock, dialer, 8*time.Second, "uuid-db1")
 	require.Equal(t, Status{Online: true, Checked: clock.Now()}, st)
 	require.True(t, c.Online("uuid-db1"))
+	require.Empty(t, c.Offline())
 	st = step(t, c, clock, dialer, 10*time.Second, "uuid-db1")
 	require.True(t, st.Online)
 	require.Empty(t, dialer.dials, "a check out of schedule")
