@@ -22,6 +22,12 @@ type AuditConfig struct {
 	// CAFile verifies the webhook's certificate instead of the system's
 	// roots.
 	CAFile string `yaml:"ca_file,omitempty"`
+	// MaxSizeBytes, when set, rotates File once it reaches that size,
+	// keeping MaxFiles rotated files (FILE.1 the newest).
+	MaxSizeBytes int64 `yaml:"max_size_bytes,omitempty"`
+	// MaxFiles is how many rotated files are kept; zero means
+	// export.DefaultMaxFiles.
+	MaxFiles int `yaml:"max_files,omitempty"`
 }
 
 // AuditFormatJSON is the one export format.
@@ -44,6 +50,15 @@ func (a *AuditConfig) check() error {
 		}
 		a.File = abs
 	}
+	if a.MaxSizeBytes < 0 || a.MaxFiles < 0 {
+		return trace.BadParameter("audit.max_size_bytes and audit.max_files must not be negative")
+	}
+	if (a.MaxSizeBytes > 0 || a.MaxFiles > 0) && a.File == "" {
+		return trace.BadParameter("audit.max_size_bytes and audit.max_files rotate audit.file: set audit.file too")
+	}
+	if a.MaxFiles > 0 && a.MaxSizeBytes == 0 {
+		return trace.BadParameter("audit.max_files keeps files rotated by size: set audit.max_size_bytes too")
+	}
 	if a.Webhook != "" {
 		if _, err := export.CheckURL(a.Webhook); err != nil {
 			return trace.BadParameter("audit.webhook %v", err)
@@ -64,5 +79,5 @@ func (a *AuditConfig) check() error {
 
 // ExportConfig is what lib/events/export needs of the audit section.
 func (a *AuditConfig) ExportConfig() export.Config {
-	return export.Config{File: a.File, Webhook: a.Webhook, CAFile: a.CAFile}
+	return export.Config{File: a.File, Webhook: a.Webhook, CAFile: a.CAFile, MaxSizeBytes: a.MaxSizeBytes, MaxFiles: a.MaxFiles}
 }

@@ -39,11 +39,14 @@ func TestAuditConfig(t *testing.T) {
 	require.Equal(t, AuditFormatJSON, c.Audit.Format)
 
 	for yaml, want := range map[string]string{
-		"audit: {file: /x, format: csv}":                 `audit.format "csv": want json`,
-		"audit: {webhook: 'siem:443'}":                   `audit.webhook "siem:443"`,
-		"audit: {webhook: 'http://siem.example.com/in'}": "audit.webhook \"http://siem.example.com/in\": plain http is only for a collector on loopback",
-		"audit: {file: /x, ca_file: /ca.pem}":            "audit.ca_file is for the webhook",
-		"audit: {file: /x, hook: 'https://h/'}":          "field hook not found",
+		"audit: {file: /x, format: csv}":                     `audit.format "csv": want json`,
+		"audit: {webhook: 'siem:443'}":                       `audit.webhook "siem:443"`,
+		"audit: {webhook: 'http://siem.example.com/in'}":     "audit.webhook \"http://siem.example.com/in\": plain http is only for a collector on loopback",
+		"audit: {file: /x, ca_file: /ca.pem}":                "audit.ca_file is for the webhook",
+		"audit: {file: /x, hook: 'https://h/'}":              "field hook not found",
+		"audit: {webhook: 'https://h/', max_size_bytes: 10}": "audit.max_size_bytes and audit.max_files rotate audit.file: set audit.file too",
+		"audit: {file: /x, max_files: 3}":                    "audit.max_files keeps files rotated by size: set audit.max_size_bytes too",
+		"audit: {file: /x, max_size_bytes: -1}":              "must not be negative",
 	} {
 		_, err := check(yaml)
 		require.ErrorContains(t, err, want, yaml)

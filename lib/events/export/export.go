@@ -52,6 +52,9 @@ const (
 	// is back without every host of a fleet hammering it meanwhile.
 	DefaultRetryMin = time.Second
 	DefaultRetryMax = time.Minute
+	// DefaultMaxFiles is how many files rotation by size keeps besides
+	// the live one.
+	DefaultMaxFiles = 5
 	// maxBatchBytes bounds a batch whatever its count: collectors often
 	// refuse bodies past a few MB.
 	maxBatchBytes = 1 << 20
@@ -72,6 +75,11 @@ type Config struct {
 	// CAFile, when set, verifies the webhook's certificate instead of the
 	// system's roots.
 	CAFile string
+	// MaxSizeBytes, when positive, rotates File once it reaches that size
+	// (file.go); MaxFiles rotated files are kept, zero meaning
+	// DefaultMaxFiles.
+	MaxSizeBytes int64
+	MaxFiles     int
 	// QueueSize per exporter; zero means DefaultQueueSize.
 	QueueSize int
 	// BatchSize; zero means DefaultBatchSize.
@@ -93,6 +101,12 @@ type Config struct {
 func (c *Config) CheckAndSetDefaults() error {
 	if c.QueueSize < 0 || c.BatchSize < 0 || c.Timeout < 0 || c.RetryMin < 0 || c.RetryMax < 0 {
 		return trace.BadParameter("audit export: negative QueueSize, BatchSize, Timeout, RetryMin or RetryMax")
+	}
+	if c.MaxSizeBytes < 0 || c.MaxFiles < 0 {
+		return trace.BadParameter("audit export: negative MaxSizeBytes or MaxFiles")
+	}
+	if c.MaxFiles == 0 {
+		c.MaxFiles = DefaultMaxFiles
 	}
 	if c.QueueSize == 0 {
 		c.QueueSize = DefaultQueueSize

@@ -10,6 +10,12 @@ package export
 // once, so that the new file exists before the next event. A rotation by
 // copytruncate needs nothing: the file is opened O_APPEND.
 //
+// Rotation by size (audit.max_size_bytes), for hosts without logrotate:
+// once a batch leaves the file at or past the size, FILE.N-1 becomes
+// FILE.N (the oldest, FILE.MaxFiles, is removed), FILE becomes FILE.1 and
+// a new FILE is opened. A batch is never split, so a file may pass the
+// size by one batch (at most maxBatchBytes).
+//
 // fsync: each batch is one write followed by one fsync, so that what a
 // shipper has read survives a power loss as well. A batch is whatever
 // queued during the previous write and fsync, so under load the cost is
@@ -20,6 +26,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"syscall"
 
 	"github.com/gravitational/trace"
@@ -29,6 +36,9 @@ import (
 type File struct {
 	*queue
 	path string
+	// maxSize and maxFiles: rotation by size (0: none).
+	maxSize  int64
+	maxFiles int
 	f    *os.File // the goroutine's only
 	// failing is true from a write error to the next success: one log
 	// line per streak. The goroutine's only.
@@ -57,7 +67,7 @@ func newFile(cfg Config) (*File, error) {
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	x := &File{path: path, hup: make(chan os.Signal, 1)}
+	x := &File{path: path, hup: make(chan os.Signal, 1), maxSize: cfg.MaxSizeBytes, maxFiles: cfg.MaxFiles}
 	if x.queue, err = newQueue(&cfg, SinkFile, x.write); err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -132,7 +142,32 @@ func (x *File) write(_ context.Context, batch [][]byte) int {
 		x.failing = false
 		x.log.Info("Audit events are being exported to the file again.")
 	}
+	if x.maxSize > 0 {
+		if st, err := x.f.Stat(); err == nil && st.Size() >= x.maxSize {
+			if err := x.rotate(); err != nil {
+				x.fail(err)
+			}
+		}
+	}
 	return 0
+}
+
+// rotate shifts FILE.N-1 to FILE.N down to FILE to FILE.1, then opens a
+// new FILE. A failure leaves the open file open (events go on there).
+func (x *File) rotate() error {
+	name := func(i int) string { return x.path + "." + strconv.Itoa(i) }
+	if err := os.Remove(name(x.maxFiles)); err != nil && !os.IsNotExist(err) {
+		return trace.ConvertSystemError(err)
+	}
+	for i := x.maxFiles - 1; i >= 1; i-- {
+		if err := os.Rename(name(i), name(i+1)); err != nil && !os.IsNotExist(err) {
+			return trace.ConvertSystemError(err)
+		}
+	}
+	if err := os.Rename(x.path, name(1)); err != nil {
+		return trace.ConvertSystemError(err)
+	}
+	return trace.Wrap(x.reopen("it reached audit.max_size_bytes"))
 }
 
 func (x *File) fail(err error) {

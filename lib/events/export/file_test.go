@@ -97,3 +97,30 @@ func TestFileUnwritable(t *testing.T) {
 	require.Equal(t, lines(1, 2), readLines(t, path))
 	require.Equal(t, 1.0, testutil.ToFloat64(x.m.dropped))
 }
+
+// TestFileRotationBySize: past audit.max_size_bytes the file moves to
+// FILE.1 (older ones shift up, the oldest past max_files goes) and a new
+// file is started; no line is lost or split between files.
+func TestFileRotationBySize(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	line := lines(0, 1)[0]
+	// Two lines reach the size: each flushed pair of lines rotates.
+	x, err := newFile(Config{File: path, MaxSizeBytes: int64(2 * (len(line) + 1)), MaxFiles: 2, Metrics: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	x.start()
+	defer func() { require.NoError(t, x.Close(context.Background())) }()
+	for i := 0; i < 4; i++ {
+		for _, l := range lines(2*i, 2*i+2) {
+			x.Export([]byte(l))
+		}
+		flush(t, x)
+	}
+	x.Export([]byte(lines(8, 9)[0]))
+	flush(t, x)
+	require.Equal(t, lines(8, 9), readLines(t, path), "the live file")
+	require.Equal(t, lines(6, 8), readLines(t, path+".1"), "the newest rotated")
+	require.Equal(t, lines(4, 6), readLines(t, path+".2"))
+	_, err = os.Stat(path + ".3")
+	require.True(t, os.IsNotExist(err), "max_files 2 keeps two")
+	require.Zero(t, testutil.ToFloat64(x.m.dropped))
+}
