@@ -30,7 +30,7 @@ import (
 // then signs the host certificate and writes the record. by is the
 // admin's identity, for the audit log.
 func (s *Server) AddOpenSSHNode(ctx context.Context, by string, req authapi.OpenSSHNodeRequest) (*authapi.OpenSSHNodeResponse, error) {
-	pub, err := parseAuthorizedKey(req.PublicKey)
+	pub, err := parseOpenSSHHostKey(req.PublicKey)
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -81,7 +81,7 @@ func (s *Server) AddOpenSSHNode(ctx context.Context, by string, req authapi.Open
 // the same key (a certificate about to end, a lost file) or a new one
 // (the server's host key was replaced). The record is left as it is.
 func (s *Server) RotateOpenSSHNode(ctx context.Context, by, name string, publicKey []byte) (*authapi.OpenSSHNodeResponse, error) {
-	pub, err := parseAuthorizedKey(publicKey)
+	pub, err := parseOpenSSHHostKey(publicKey)
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -96,6 +96,22 @@ func (s *Server) RotateOpenSSHNode(ctx context.Context, by, name string, publicK
 	s.emitOpenSSHNode(ctx, events.NodeRotate, by, node, pub)
 	s.log.WithFields(map[string]any{"node": node.UUID, "hostname": node.Hostname}).Info("Reissued an OpenSSH node's host certificate.")
 	return &authapi.OpenSSHNodeResponse{Node: node, HostCert: cert, UserCAKeys: s.UserCAKeys()}, nil
+}
+
+// parseOpenSSHHostKey parses a server's public host key and refuses the
+// kinds whose certificates Postern's clients (psh, the proxies' health
+// checks) do not accept: sshd would present a certificate nobody of
+// Postern's negotiates, and the node would only ever be offline.
+func parseOpenSSHHostKey(data []byte) (ssh.PublicKey, error) {
+	pub, err := parseAuthorizedKey(data)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	switch pub.Type() {
+	case ssh.KeyAlgoED25519, ssh.KeyAlgoRSA:
+		return pub, nil
+	}
+	return nil, trace.BadParameter("host key of type %s: Postern's clients accept host certificates for ssh-ed25519 and ssh-rsa keys only; give the server's ed25519 key (/etc/ssh/ssh_host_ed25519_key.pub)", pub.Type())
 }
 
 // findOpenSSHNode returns the one OpenSSH node of this cluster with

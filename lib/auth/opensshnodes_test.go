@@ -2,6 +2,9 @@ package auth
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"testing"
 
 	"github.com/gravitational/trace"
@@ -14,6 +17,15 @@ import (
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
+
+func ecdsaPub(t *testing.T) []byte {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	pub, err := ssh.NewPublicKey(&k.PublicKey)
+	require.NoError(t, err)
+	return ssh.MarshalAuthorizedKey(pub)
+}
 
 func newHostPub(t *testing.T) []byte {
 	t.Helper()
@@ -84,6 +96,7 @@ func TestAddOpenSSHNode(t *testing.T) {
 		{"no port", authapi.OpenSSHNodeRequest{Name: "db2", Addr: "127.0.0.9", PublicKey: pub}, trace.IsBadParameter, "addr"},
 		{"bad label", authapi.OpenSSHNodeRequest{Name: "db2", Addr: "127.0.0.9:22", PublicKey: pub, Labels: map[string]string{"env": "\x1b[31m"}}, trace.IsBadParameter, `label "env"`},
 		{"no key", authapi.OpenSSHNodeRequest{Name: "db2", Addr: "127.0.0.9:22"}, trace.IsBadParameter, "missing public key"},
+		{"ecdsa", authapi.OpenSSHNodeRequest{Name: "db2", Addr: "127.0.0.9:22", PublicKey: ecdsaPub(t)}, trace.IsBadParameter, "host key of type ecdsa-sha2-nistp256"},
 		{"a certificate", authapi.OpenSSHNodeRequest{Name: "db2", Addr: "127.0.0.9:22", PublicKey: resp.HostCert}, trace.IsBadParameter, "got a certificate"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
