@@ -172,6 +172,19 @@ func TestOpenSSHNodeAgentless(t *testing.T) {
 		require.NotEqual(t, cert.Serial, rotated.Serial)
 	})
 
+	t.Run("audited", func(t *testing.T) {
+		// The backend follows the event log asynchronously.
+		var last string
+		require.Eventually(t, func() bool {
+			last = mustPctl(t, c.dataDir, "", "events", "ls", "--type", "node.create", "--format", "json")
+			return strings.Contains(last, `"server_hostname":"legacy"`) && strings.Contains(last, fp)
+		}, 20*time.Second, 100*time.Millisecond, "node.create: %s", last)
+		require.Eventually(t, func() bool {
+			last = mustPctl(t, c.dataDir, "", "events", "ls", "--type", "node.rotate", "--format", "json")
+			return strings.Contains(last, `"server_hostname":"legacy"`)
+		}, 20*time.Second, 100*time.Millisecond, "node.rotate: %s", last)
+	})
+
 	t.Run("rm", func(t *testing.T) {
 		require.Contains(t, mustPctl(t, c.dataDir, "", "nodes", "rm", "legacy"), "removed")
 		require.NotContains(t, mustPctl(t, c.dataDir, "", "nodes", "ls"), "legacy")
