@@ -51,6 +51,12 @@ func (a *APIServer) registerRoutes() {
 	a.handle("GET /v1/nodes", allow(proxy, admin), a.getNodes)
 	a.handle("DELETE /v1/nodes/{cluster}/{uuid}", allow(admin), a.deleteNode)
 	a.handleStream("GET /v1/watch/nodes", allow(proxy, admin), a.watchNodes)
+	// OpenSSH servers (opensshnodes.go): an admin registers one and has
+	// auth sign its host certificate (pctl nodes add-openssh), or
+	// reissues that certificate (rotate-openssh). Hosts never: a node or
+	// proxy that could would get a host certificate for any name.
+	a.handle("POST /v1/nodes/openssh", allow(admin), a.addOpenSSHNode)
+	a.handle("POST /v1/nodes/openssh/{name}/rotate", allow(admin), a.rotateOpenSSHNode)
 	// Where tunnels live: a proxy writes leases for the tunnels it holds
 	// (for itself only: the proxy is the caller's certificate ID) and
 	// every proxy watches them to dial a peer that holds one; `pctl

@@ -114,6 +114,13 @@ const (
 	// it holds the CAs' private keys. count is the items sent; reason,
 	// when set, says why the backup failed.
 	BackupCreate = "backup.create"
+	// NodeCreate: an admin registered an OpenSSH server (pctl nodes
+	// add-openssh) and auth signed its host certificate; NodeRotate: an
+	// admin had that certificate reissued (pctl nodes rotate-openssh).
+	// Both name the node (server_id, server_hostname, server_addr) and
+	// the key certified (fingerprint).
+	NodeCreate = "node.create"
+	NodeRotate = "node.rotate"
 )
 
 // Field names, snake_case like the log keys. Use these
@@ -184,6 +191,8 @@ const (
 	// set by auth, never taken from the event (see ShippedEvent).
 	FieldEmitterID   = "emitter_id"
 	FieldEmitterRole = "emitter_role"
+	// FieldFingerprint is an SSH key's SHA256 fingerprint.
+	FieldFingerprint = "fingerprint"
 )
 
 // Fields are an event's own fields, beside the common ones.

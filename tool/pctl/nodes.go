@@ -20,10 +20,11 @@ func (c *cli) registerNodes(app *kingpin.Application, add adder) {
 	listFormatFlag(nl, &format)
 	add(nl, func(ctx context.Context) error { return c.nodesLs(ctx, format) })
 
-	var uuid string
-	nr := nodes.Command("rm", "Remove a node from the inventory (it comes back if it still heartbeats).")
-	nr.Arg("uuid", "Node UUID.").Required().StringVar(&uuid)
-	add(nr, func(ctx context.Context) error { return c.nodesRm(ctx, uuid) })
+	var name string
+	nr := nodes.Command("rm", "Remove a node from the inventory (a Postern node comes back if it still heartbeats).")
+	nr.Arg("node", "Node UUID, or the hostname of exactly one node.").Required().StringVar(&name)
+	add(nr, func(ctx context.Context) error { return c.nodesRm(ctx, name) })
+	c.registerOpenSSH(nodes, add)
 
 	var cluster, target, user string
 	rt := app.Command("route", "Explain how the proxy routes HOST[:PORT]: the candidates, the choice and why. Dials nothing.")
@@ -57,22 +58,37 @@ func writeNodesTable(w io.Writer, nodes []services.Node) error {
 	// Node-supplied text is escaped (by the table, and label by label by
 	// FormatLabels): a label or hostname must not drive the admin's
 	// terminal.
-	tw := services.NewTable(w, "HOSTNAME", "UUID", "ADDRESS", "LABELS", "LAST HEARTBEAT")
+	tw := services.NewTable(w, "HOSTNAME", "UUID", "ADDRESS", "LABELS", "LAST HEARTBEAT", "KIND")
 	for _, n := range nodes {
-		tw.Row(n.Hostname, n.UUID, services.NodeAddrText(n.Addr, n.Tunnel), services.FormatLabels(n.Labels), n.LastHeartbeat.UTC().Format(time.RFC3339))
+		kind, heartbeat := services.NodeKindPostern, n.LastHeartbeat.UTC().Format(time.RFC3339)
+		if n.IsOpenSSH() {
+			// A stock sshd never heartbeats: the proxies check it.
+			kind, heartbeat = services.NodeKindOpenSSH, "-"
+		}
+		tw.Row(n.Hostname, n.UUID, services.NodeAddrText(n.Addr, n.Tunnel), services.FormatLabels(n.Labels), heartbeat, kind)
 	}
 	return trace.Wrap(tw.Flush())
 }
 
-func (c *cli) nodesRm(ctx context.Context, uuid string) error {
+// nodesRm removes a node named by UUID or by its hostname: an OpenSSH
+// node's UUID is one nobody types (auth made it up at add-openssh).
+func (c *cli) nodesRm(ctx context.Context, name string) error {
 	clt, id, err := c.connect(ctx)
 	if err != nil {
 		return trace.Wrap(err)
 	}
 	defer clt.Close()
-	if err := clt.DeleteNode(ctx, id.ClusterName, uuid); err != nil {
+	node, err := findNode(ctx, clt, id.ClusterName, name, false)
+	if err != nil {
 		return trace.Wrap(err)
 	}
-	fmt.Fprintf(c.stdout, "Node %s removed.\n", uuid)
+	if err := clt.DeleteNode(ctx, id.ClusterName, node.UUID); err != nil {
+		return trace.Wrap(err)
+	}
+	if node.UUID == name {
+		fmt.Fprintf(c.stdout, "Node %s removed.\n", node.UUID)
+	} else {
+		fmt.Fprintf(c.stdout, "Node %s (%s) removed.\n", services.EscapeText(node.Hostname), node.UUID)
+	}
 	return nil
 }

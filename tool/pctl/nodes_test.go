@@ -18,14 +18,19 @@ func TestNodesTableEscapes(t *testing.T) {
 		UUID: "u1", Hostname: "web\x1b]0;pwned\x07", Addr: "10.0.0.1:3022",
 		Labels:        map[string]string{"env": "\x1b[31m\r\n", "a": "1"},
 		LastHeartbeat: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC),
-	}, {UUID: "u2", Hostname: "db", Addr: "10.0.0.2:3022"}, {UUID: "u3", Hostname: "nat", Tunnel: true}}))
+	}, {UUID: "u2", Hostname: "db", Addr: "10.0.0.2:3022"}, {UUID: "u3", Hostname: "nat", Tunnel: true},
+		{UUID: "u4", Hostname: "legacy", Addr: "10.0.0.4:22", Kind: services.NodeKindOpenSSH}}))
 	s := out.String()
 	require.Contains(t, s, `a=1,env="\x1b[31m\r\n"`)
 	require.Contains(t, s, `"web\x1b]0;pwned\a"`)
 	require.NotContains(t, s, "\x1b")
 	require.NotContains(t, s, "\r")
 	require.NotContains(t, s, "\x07")
-	require.Equal(t, 4, bytes.Count(out.Bytes(), []byte("\n")), "one line per node plus the header:\n%s", s)
+	require.Equal(t, 5, bytes.Count(out.Bytes(), []byte("\n")), "one line per node plus the header:\n%s", s)
 	// A node behind NAT has no address: the column says why.
 	require.Regexp(t, `(?m)^nat +u3 +\(tunnel\) `, s)
+	// The kind is the last column; an OpenSSH server never heartbeats.
+	require.Regexp(t, `(?m)^HOSTNAME +UUID +ADDRESS +LABELS +LAST HEARTBEAT +KIND$`, s)
+	require.Regexp(t, `(?m)^db +u2 +10\.0\.0\.2:3022 +- +\S+ +postern$`, s)
+	require.Regexp(t, `(?m)^legacy +u4 +10\.0\.0\.4:22 +- +- +openssh$`, s)
 }

@@ -15,9 +15,9 @@ import (
 	"github.com/postern-dev/postern/lib/utils"
 )
 
-// TestHostKeyFromFile: --host-key takes a plain public key; a private key,
-// a certificate or garbage is refused naming the file, before anything
-// is dialed or registered.
+// TestHostKeyFromFile: --host-key takes a plain public key; a private key
+// or garbage is refused naming the file, before anything is dialed or
+// registered.
 func TestHostKeyFromFile(t *testing.T) {
 	dir := t.TempDir()
 	priv, pub, err := utils.GenerateKeyPair()

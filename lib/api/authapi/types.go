@@ -307,3 +307,30 @@ type LeafTunnelCertRequest struct {
 type SecondFactorResponse struct {
 	SecondFactor string `json:"second_factor"`
 }
+
+// OpenSSHNodeRequest registers a stock OpenSSH server (POST
+// /v1/nodes/openssh) or reissues its host certificate (POST
+// /v1/nodes/openssh/{name}/rotate, where only PublicKey is read).
+type OpenSSHNodeRequest struct {
+	// Name is the node's hostname: what users type, and a principal of
+	// its host certificate (with NAME.CLUSTER).
+	Name string `json:"name"`
+	// Addr is HOST:PORT, where the proxies dial it; HOST is a principal
+	// too, so that `ssh -J proxy HOST` verifies.
+	Addr   string            `json:"addr"`
+	Labels map[string]string `json:"labels,omitempty"`
+	// PublicKey is the server's public host key, in authorized_keys
+	// format: the key its HostKey holds, which the certificate certifies.
+	PublicKey []byte `json:"public_key"`
+}
+
+// OpenSSHNodeResponse is what the server needs: its host certificate and
+// the user CA keys to trust, with the record as stored.
+type OpenSSHNodeResponse struct {
+	Node services.Node `json:"node"`
+	// HostCert is the host certificate, one authorized_keys line.
+	HostCert []byte `json:"host_cert"`
+	// UserCAKeys are the cluster's user CA public keys (authorized_keys
+	// lines), for TrustedUserCAKeys.
+	UserCAKeys []string `json:"user_ca_keys"`
+}

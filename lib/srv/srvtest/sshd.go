@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -26,7 +27,8 @@ const SSHDPath = "/usr/sbin/sshd"
 // Postern.
 type SSHDConfig struct {
 	// HostCA signs the server's host certificate (HostCertificate) for
-	// HostPrincipals. Required.
+	// HostPrincipals. Nil: no certificate, the server presents its plain
+	// key (a stock sshd before it is registered with Postern).
 	HostCA         *CA
 	HostPrincipals []string
 	// UserCAKeys, when set, are trusted for user certificates
@@ -35,6 +37,9 @@ type SSHDConfig struct {
 	// none: a certificate logs in as a login only when it names it among
 	// its principals. Empty: no user gets in.
 	UserCAKeys []string
+	// Extra are more sshd_config lines, after the others (see also
+	// SSHD.Reconfigure).
+	Extra []string
 }
 
 // SSHD is a real sshd on loopback with its own config, host key and host
@@ -43,11 +48,16 @@ type SSHDConfig struct {
 type SSHD struct {
 	// Addr is where it listens, 127.0.0.1:PORT.
 	Addr string
-	// HostCert is the certificate it presents.
+	// HostCert is the certificate it presents (nil without
+	// SSHDConfig.HostCA).
 	HostCert *ssh.Certificate
+	// HostKey is its public host key (ed25519).
+	HostKey ssh.PublicKey
 
 	conf, log string
-	cmd       *exec.Cmd
+	// base are the config lines of SSHDConfig without Extra.
+	base []string
+	cmd  *exec.Cmd
 }
 
 // StartSSHD starts an sshd as cfg describes, stopped when the test ends
@@ -62,7 +72,6 @@ func StartSSHD(t testing.TB, cfg SSHDConfig) *SSHD {
 	if os.Geteuid() != 0 {
 		t.Skip("sshd must run as root")
 	}
-	require.NotNil(t, cfg.HostCA, "SSHDConfig.HostCA")
 	dir := t.TempDir()
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(t, err)
@@ -72,18 +81,23 @@ func StartSSHD(t testing.TB, cfg SSHDConfig) *SSHD {
 	require.NoError(t, os.WriteFile(hostKey, pem.EncodeToMemory(block), 0o600))
 	sshPub, err := ssh.NewPublicKey(pub)
 	require.NoError(t, err)
-	cert := &ssh.Certificate{Key: sshPub, Serial: 1, CertType: ssh.HostCert, KeyId: "openssh-test",
-		ValidPrincipals: cfg.HostPrincipals, ValidBefore: ssh.CertTimeInfinity}
-	require.NoError(t, cert.SignCert(rand.Reader, cfg.HostCA.Signer))
-	hostCert := filepath.Join(dir, "ssh_host_ed25519_key-cert.pub")
-	require.NoError(t, os.WriteFile(hostCert, ssh.MarshalAuthorizedKey(cert), 0o644))
 	port := strconv.Itoa(freeport.Port(t))
 	lines := []string{
 		"Port " + port,
 		"ListenAddress 127.0.0.1",
 		"HostKey " + hostKey,
-		"HostCertificate " + hostCert,
-		"PidFile " + filepath.Join(dir, "sshd.pid"),
+	}
+	var cert *ssh.Certificate
+	if cfg.HostCA != nil {
+		cert = &ssh.Certificate{Key: sshPub, Serial: 1, CertType: ssh.HostCert, KeyId: "openssh-test",
+			ValidPrincipals: cfg.HostPrincipals, ValidBefore: ssh.CertTimeInfinity}
+		require.NoError(t, cert.SignCert(rand.Reader, cfg.HostCA.Signer))
+		hostCert := filepath.Join(dir, "ssh_host_ed25519_key-cert.pub")
+		require.NoError(t, os.WriteFile(hostCert, ssh.MarshalAuthorizedKey(cert), 0o644))
+		lines = append(lines, "HostCertificate "+hostCert)
+	}
+	lines = append(lines,
+		"PidFile "+filepath.Join(dir, "sshd.pid"),
 		// No PAM: with it sshd wants a PAM stack; without it a locked
 		// account ('!' in /etc/shadow) is refused, so tests log in as
 		// root (allowed with a certificate only).
@@ -97,15 +111,15 @@ func StartSSHD(t testing.TB, cfg SSHDConfig) *SSHD {
 		"AllowTcpForwarding yes",
 		"AllowAgentForwarding yes",
 		"LogLevel VERBOSE",
-	}
+	)
 	if len(cfg.UserCAKeys) > 0 {
 		caFile := filepath.Join(dir, "postern_user_ca.pub")
 		require.NoError(t, os.WriteFile(caFile, []byte(strings.Join(cfg.UserCAKeys, "\n")+"\n"), 0o644))
 		lines = append(lines, "TrustedUserCAKeys "+caFile, "AuthorizedPrincipalsFile none")
 	}
-	s := &SSHD{Addr: net.JoinHostPort("127.0.0.1", port), HostCert: cert,
+	s := &SSHD{Addr: net.JoinHostPort("127.0.0.1", port), HostCert: cert, HostKey: sshPub, base: lines,
 		conf: filepath.Join(dir, "sshd_config"), log: filepath.Join(dir, "sshd.log")}
-	require.NoError(t, os.WriteFile(s.conf, []byte(strings.Join(lines, "\n")+"\n"), 0o600))
+	s.Reconfigure(t, cfg.Extra...)
 	// Its privilege separation directory, which Debian creates at boot.
 	require.NoError(t, os.MkdirAll("/run/sshd", 0o755))
 	t.Cleanup(func() {
@@ -116,6 +130,15 @@ func StartSSHD(t testing.TB, cfg SSHDConfig) *SSHD {
 	})
 	s.Start(t)
 	return s
+}
+
+// Reconfigure rewrites the config with extra lines in place of the
+// previous SSHDConfig.Extra (an Include of an sshd_config snippet, say);
+// a running sshd reads it at its next Start.
+func (s *SSHD) Reconfigure(t testing.TB, extra ...string) {
+	t.Helper()
+	lines := append(slices.Clone(s.base), extra...)
+	require.NoError(t, os.WriteFile(s.conf, []byte(strings.Join(lines, "\n")+"\n"), 0o600))
 }
 
 // Start runs sshd (again) and waits until it accepts connections.
