@@ -70,8 +70,8 @@ func TestOpenSSHNodeAgentless(t *testing.T) {
 	d.Start(t)
 
 	ls := mustPctl(t, c.dataDir, "", "nodes", "ls")
-	require.Regexp(t, `(?m)^legacy +\S+ +`+regexp.QuoteMeta(d.Addr)+` +env=it,os=debian +- +openssh$`, ls)
-	require.Regexp(t, `(?m)^node-1 +.* +postern$`, ls)
+	require.Regexp(t, `(?m)^legacy +\S+ +`+regexp.QuoteMeta(d.Addr)+` +env=it,os=debian +- +openssh +(online|offline)$`, ls)
+	require.Regexp(t, `(?m)^node-1 +.* +postern +online$`, ls)
 
 	e := newPshEnv(t, c)
 	e.login(t, "alice", alicePassword+"\n")
@@ -153,8 +153,20 @@ func TestOpenSSHNodeAgentless(t *testing.T) {
 			last = errOut
 			return code == 255 && strings.Contains(errOut, `node "legacy" is offline: its SSH server does not answer`)
 		}, 60*time.Second, 250*time.Millisecond, "last try: %s", last)
+		// The proxy's next heartbeat carries what its checker found.
+		statusRe := func(status string) *regexp.Regexp {
+			return regexp.MustCompile(`(?m)^legacy +.* +openssh +` + status + `$`)
+		}
+		require.Eventually(t, func() bool {
+			last = mustPctl(t, c.dataDir, "", "nodes", "ls")
+			return statusRe("offline").MatchString(last)
+		}, 60*time.Second, 250*time.Millisecond, "pctl nodes ls: %s", last)
 		d.Start(t)
 		waitPshSSH("psh ssh after sshd came back")
+		require.Eventually(t, func() bool {
+			last = mustPctl(t, c.dataDir, "", "nodes", "ls")
+			return statusRe("online").MatchString(last)
+		}, 60*time.Second, 250*time.Millisecond, "pctl nodes ls: %s", last)
 	})
 
 	t.Run("rotate-openssh", func(t *testing.T) {

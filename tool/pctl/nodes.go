@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"time"
 
@@ -44,28 +45,60 @@ func (c *cli) nodesLs(ctx context.Context, format string) error {
 	if err != nil {
 		return trace.Wrap(err)
 	}
+	proxies, err := clt.GetProxies(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
 	sort.Slice(nodes, func(i, j int) bool {
 		if nodes[i].Hostname != nodes[j].Hostname {
 			return nodes[i].Hostname < nodes[j].Hostname
 		}
 		return nodes[i].UUID < nodes[j].UUID
 	})
-	return trace.Wrap(writeList(c.stdout, format, nodes, func() error { return writeNodesTable(c.stdout, nodes) }))
+	return trace.Wrap(writeList(c.stdout, format, nodes, func() error { return writeNodesTable(c.stdout, nodes, proxies) }))
+}
+
+// Node statuses in `pctl nodes ls`.
+const (
+	nodeOnline  = "online"
+	nodeOffline = "offline"
+	nodeUnknown = "unknown"
+)
+
+// nodeStatus is what the STATUS column says of n. A Postern node is in
+// the inventory only while it heartbeats: online. An OpenSSH node sends
+// nothing; the proxies check it and list the ones that do not answer in
+// their own records (offline_openssh), so it is offline when every live
+// proxy says so (a node that no proxy can reach is useless to everyone,
+// one that some proxy reaches is up), and unknown when no proxy is live.
+func nodeStatus(n services.Node, proxies []services.Proxy) string {
+	if !n.IsOpenSSH() {
+		return nodeOnline
+	}
+	if len(proxies) == 0 {
+		return nodeUnknown
+	}
+	for _, p := range proxies {
+		if !slices.Contains(p.OfflineOpenSSH, n.UUID) {
+			return nodeOnline
+		}
+	}
+	return nodeOffline
 }
 
 // writeNodesTable prints the text form of `pctl nodes ls`.
-func writeNodesTable(w io.Writer, nodes []services.Node) error {
+func writeNodesTable(w io.Writer, nodes []services.Node, proxies []services.Proxy) error {
 	// Node-supplied text is escaped (by the table, and label by label by
 	// FormatLabels): a label or hostname must not drive the admin's
 	// terminal.
-	tw := services.NewTable(w, "HOSTNAME", "UUID", "ADDRESS", "LABELS", "LAST HEARTBEAT", "KIND")
+	tw := services.NewTable(w, "HOSTNAME", "UUID", "ADDRESS", "LABELS", "LAST HEARTBEAT", "KIND", "STATUS")
 	for _, n := range nodes {
 		kind, heartbeat := services.NodeKindPostern, n.LastHeartbeat.UTC().Format(time.RFC3339)
 		if n.IsOpenSSH() {
 			// A stock sshd never heartbeats: the proxies check it.
 			kind, heartbeat = services.NodeKindOpenSSH, "-"
 		}
-		tw.Row(n.Hostname, n.UUID, services.NodeAddrText(n.Addr, n.Tunnel), services.FormatLabels(n.Labels), heartbeat, kind)
+		tw.Row(n.Hostname, n.UUID, services.NodeAddrText(n.Addr, n.Tunnel), services.FormatLabels(n.Labels), heartbeat, kind, nodeStatus(n, proxies))
 	}
 	return trace.Wrap(tw.Flush())
 }
