@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"io"
 	"math/big"
 	"net"
 	"testing"
@@ -200,4 +201,45 @@ func TestDialHostPeerFindTimeout(t *testing.T) {
 	require.True(t, trace.IsConnectionProblem(r.err), "%v", r.err)
 	require.ErrorContains(t, r.err, `node "gone" is offline: no tunnel reached this proxy within 5s (peers: `)
 	require.ErrorContains(t, r.err, `proxy "proxy-a" holds no tunnel from node "gone"`)
+}
+
+// dyingTunnels is a tunnel server whose tunnel from every node is still
+// registered but fails every dial, as one does in the instant between its
+// connection dying and its removal.
+type dyingTunnels struct{ TunnelDialer }
+
+func (dyingTunnels) HasTunnel(string) bool { return true }
+
+func (dyingTunnels) DialTunnel(_ context.Context, uuid, _, _ string) (net.Conn, error) {
+	return nil, trace.ConnectionProblem(io.EOF, "opening a channel on the tunnel from node %q: EOF", uuid)
+}
+
+// TestDialHostPeerWhenTheLocalTunnelDies: a local tunnel that fails under
+// the dial (a rolling restart: the node is moving) is not the end when a
+// peer holds another tunnel from the node: the session goes through it.
+func TestDialHostPeerWhenTheLocalTunnelDies(t *testing.T) {
+	ctx := context.Background()
+	clock := clockwork.NewFakeClockAt(t0)
+	env := newPeeredEnv(t, []services.Node{{UUID: "tn", Hostname: "natted", Cluster: testCluster, Tunnel: true}}, clock)
+	env.a.startAgent(t, "tn")
+	reg := env.a.srv.TunnelRegistered("tn")
+	if !env.a.srv.HasTunnel("tn") {
+		<-reg
+	}
+	cfg := env.router.cfg
+	cfg.Tunnels = dyingTunnels{cfg.Tunnels}
+	router, err := NewRouter(cfg)
+	require.NoError(t, err)
+
+	// No peer: the local failure is the answer.
+	_, _, err = router.DialHost(ctx, RouteRequest{Target: Target{Host: "natted"}})
+	require.ErrorContains(t, err, "opening a channel on the tunnel")
+
+	env.lease(t, "tn", "proxy-a", env.peerAddr)
+	env.waitLeases(t, "tn", 1)
+	c, route, err := router.DialHost(ctx, RouteRequest{Target: Target{Host: "natted"}})
+	require.NoError(t, err)
+	require.Equal(t, "tn", route.Node.UUID)
+	readBanner(t, c)
+	c.Close()
 }

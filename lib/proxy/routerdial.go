@@ -227,9 +227,16 @@ func (r *Router) dialTunnel(ctx context.Context, req RouteRequest, node services
 				return conn, nil
 			}
 			if !trace.IsNotFound(err) {
-				r.metrics.dialFailures.Inc()
-				observe(resultCanceled)
-				return nil, trace.Wrap(err)
+				if ctx.Err() != nil || len(r.peerHolders(node.UUID)) == 0 {
+					r.metrics.dialFailures.Inc()
+					observe(resultCanceled)
+					return nil, trace.Wrap(err)
+				}
+				// The tunnel here failed under the dial (it is dying: its
+				// node moving to another proxy, this one restarting) while
+				// peers hold another: one of them serves the session.
+				r.cfg.Logger.WithError(err).WithField("node", node.UUID).Debug("The tunnel here failed; dialing through a peer.")
+				last = err
 			}
 			// The tunnel went away in between: look at peers, then wait.
 		}
