@@ -39,7 +39,7 @@ type File struct {
 	// maxSize and maxFiles: rotation by size (0: none).
 	maxSize  int64
 	maxFiles int
-	f    *os.File // the goroutine's only
+	f        *os.File // the goroutine's only
 	// failing is true from a write error to the next success: one log
 	// line per streak. The goroutine's only.
 	failing bool
