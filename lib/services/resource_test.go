@@ -74,7 +74,7 @@ func TestUnmarshalResourceErrors(t *testing.T) {
 		{"bad label value", "kind: role\nmetadata: {name: dev}\nspec:\n  node_labels:\n    env: {a: b}\n", `role.yaml:5: spec.node_labels.env: label values: want a string or a list of strings`},
 		{"logins not a list", "kind: role\nmetadata: {name: dev}\nspec:\n  logins: root\n", `role.yaml:4: spec.logins: want a list, got the string "root"`},
 		{"missing kind", "metadata: {name: dev}\n", `role.yaml:1: missing "kind"`},
-		{"unknown kind", "\nkind: user\n", `role.yaml:2: unsupported kind "user": want one of "role", "cluster_networking_config", "trusted_cluster" or "oidc_connector"`},
+		{"unknown kind", "\nkind: user\n", `role.yaml:2: unsupported kind "user": want one of "role", "cluster_networking_config", "trusted_cluster", "oidc_connector" or "auth_preference"`},
 		{"not a mapping", "- a\n- b\n", `role.yaml:1: want a mapping`},
 		{"empty", "", `role.yaml: empty file`},
 		{"two documents", "kind: role\nmetadata: {name: a}\n---\nkind: role\n", `role.yaml:4: a second document`},
