@@ -222,3 +222,24 @@ func (s *Store) DeleteMFADevices(ctx context.Context, user string) error {
 	}
 	return trace.Wrap(s.b.DeleteRange(ctx, backend.Prefix(mfaDevicesPrefix, user)))
 }
+
+// HasMFADevice says whether any user has a device of kind (a scan of
+// every device: the devices are few, and only /webapi/ping's hint asks,
+// when no auth_preference says).
+func (s *Store) HasMFADevice(ctx context.Context, kind string) (bool, error) {
+	devs, err := s.GetAllMFADevices(ctx)
+	if err != nil {
+		return false, trace.Wrap(err)
+	}
+	for _, d := range devs {
+		if d.Kind == kind {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// GetAllMFADevices returns every user's devices, secrets included.
+func (s *Store) GetAllMFADevices(ctx context.Context) ([]MFADevice, error) {
+	return getAll[MFADevice](ctx, s, backend.Prefix(mfaDevicesPrefix))
+}
