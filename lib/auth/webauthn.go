@@ -342,6 +342,9 @@ func (s *Server) findCredential(ctx context.Context, credID []byte) (string, *se
 func protocolDetail(err error) string {
 	var pe *protocol.Error
 	if errors.As(err, &pe) && pe.Details != "" {
+		if pe.DevInfo != "" {
+			return pe.Details + " (" + pe.DevInfo + ")"
+		}
 		return pe.Details
 	}
 	return err.Error()

@@ -125,6 +125,7 @@ func FuzzUnmarshalResource(f *testing.F) {
 	f.Add([]byte(roleYAML))
 	f.Add([]byte("kind: cluster_networking_config\nspec: {routing_strategy: most_recent, ssh_dial_timeout: 1}\n"))
 	f.Add([]byte(`{"kind":"role","metadata":{"name":"a"},"spec":{"node_labels":{"*":"*"}}}`))
+	f.Add([]byte("kind: auth_preference\nspec: {second_factor: on, passwordless: true, webauthn: {rp_id: example.com, origins: [https://a.example.com:3080]}}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		kind, v, err := UnmarshalResource(data, "f.yaml")
 		if err != nil {
