@@ -44,6 +44,8 @@ type mfaResponse struct {
 	totpCode  string
 	challenge *services.MFAChallenge
 	assertion []byte
+	// remoteAddr and method are for the audit of a refused passkey.
+	remoteAddr, method string
 }
 
 // mfaNeed is what a login of one user needs besides the password.

@@ -3,6 +3,7 @@ package auth
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 
 	"github.com/go-webauthn/webauthn/protocol"
 	"github.com/go-webauthn/webauthn/webauthn"
@@ -127,10 +128,6 @@ func (s *Server) verifyWebAuthnLogin(ctx context.Context, req authapi.MFALoginFi
 			return fail("", err)
 		}
 	}
-	parsed, err := protocol.ParseCredentialRequestResponseBytes(req.WebAuthn)
-	if err != nil {
-		return fail(c.User, trace.BadParameter("invalid passkey answer: %v", protocolDetail(err)))
-	}
 	pref, err := s.authPreference(ctx)
 	if err != nil {
 		return nil, "", trace.Wrap(err)
@@ -139,11 +136,7 @@ func (s *Server) verifyWebAuthnLogin(ctx context.Context, req authapi.MFALoginFi
 	if err != nil {
 		return nil, "", trace.Wrap(err)
 	}
-	var (
-		wu   *webAuthnUser
-		user *services.User
-		cred *webauthn.Credential
-	)
+	var user *services.User
 	if c.Purpose == services.MFAPurposeLogin {
 		if user, err = s.store.GetUser(ctx, c.User); err != nil {
 			return fail(c.User, errInvalidCredentials())
@@ -152,15 +145,19 @@ func (s *Server) verifyWebAuthnLogin(ctx context.Context, req authapi.MFALoginFi
 		if err != nil {
 			return nil, "", trace.Wrap(err)
 		}
-		wu = s.newWebAuthnUser(user.Name, devs)
-		if cred, err = rp.ValidateLogin(wu, *session, parsed); err != nil {
-			s.log.WithField("user", c.User).WithError(err).Info("Refused a passkey assertion.")
-			return fail(c.User, trace.WithField(trace.AccessDenied("passkey verification failed"), auditReasonField, "passkey: "+protocolDetail(err)))
+		resp := mfaResponse{challenge: c, assertion: req.WebAuthn, remoteAddr: req.RemoteAddr, method: method}
+		if _, err := (webAuthnVerifier{s: s, rp: rp}).Verify(ctx, user, devs, resp); err != nil {
+			return fail(c.User, err)
 		}
 	} else {
 		if pref == nil || !pref.Spec.Passwordless {
 			return fail("", trace.AccessDenied("passwordless login is not enabled (auth_preference passwordless)"))
 		}
+		parsed, err := protocol.ParseCredentialRequestResponseBytes(req.WebAuthn)
+		if err != nil {
+			return fail("", trace.BadParameter("invalid passkey answer: %v", protocolDetail(err)))
+		}
+		var wu *webAuthnUser
 		handler := func(rawID, userHandle []byte) (webauthn.User, error) {
 			owner, _, err := s.findCredential(ctx, rawID)
 			if err != nil {
@@ -179,7 +176,8 @@ func (s *Server) verifyWebAuthnLogin(ctx context.Context, req authapi.MFALoginFi
 			}
 			return wu, nil
 		}
-		if _, cred, err = rp.ValidatePasskeyLogin(handler, *session, parsed); err != nil {
+		_, cred, err := rp.ValidatePasskeyLogin(handler, *session, parsed)
+		if err != nil {
 			name := ""
 			if user != nil {
 				name = user.Name
@@ -187,9 +185,9 @@ func (s *Server) verifyWebAuthnLogin(ctx context.Context, req authapi.MFALoginFi
 			s.log.WithField("user", name).WithError(err).Info("Refused a passwordless assertion.")
 			return fail(name, trace.WithField(trace.AccessDenied("passkey verification failed"), auditReasonField, "passkey: "+protocolDetail(err)))
 		}
-	}
-	if err := s.recordPasskeyUse(ctx, wu, cred, req.RemoteAddr, method); err != nil {
-		return fail(user.Name, err)
+		if _, err := s.recordPasskeyUse(ctx, wu, cred, req.RemoteAddr, method); err != nil {
+			return fail(user.Name, err)
+		}
 	}
 	if pref != nil && pref.Required() && !pref.AllowsWebAuthn() {
 		return fail(user.Name, trace.AccessDenied("passkeys are not allowed: auth_preference second_factor is %q", pref.Spec.SecondFactor))
@@ -199,17 +197,17 @@ func (s *Server) verifyWebAuthnLogin(ctx context.Context, req authapi.MFALoginFi
 
 // recordPasskeyUse refuses a signature counter that did not go up and
 // writes the new one (and the last use) by compare and swap.
-func (s *Server) recordPasskeyUse(ctx context.Context, wu *webAuthnUser, cred *webauthn.Credential, remoteAddr, method string) error {
+func (s *Server) recordPasskeyUse(ctx context.Context, wu *webAuthnUser, cred *webauthn.Credential, remoteAddr, method string) (*services.MFADevice, error) {
 	dev := wu.device(cred.ID)
 	if dev == nil {
-		return trace.AccessDenied("passkey verification failed")
+		return nil, trace.AccessDenied("passkey verification failed")
 	}
 	if cred.Authenticator.CloneWarning {
 		s.log.WithFields(map[string]any{"user": wu.name, "device": dev.Name, "stored_count": dev.WebAuthn.SignCount}).Warn("Refused a passkey whose signature counter did not go up: a cloned authenticator or a replay.")
 		s.cfg.Audit.Emit(ctx, events.Event{Type: events.MFACloneWarning, User: wu.name, Fields: events.Fields{
 			"device": dev.Name, events.FieldRemoteAddr: remoteAddr, events.FieldMethod: method,
 		}})
-		return trace.WithField(trace.AccessDenied("passkey verification failed"), auditReasonField, "passkey signature counter went backwards")
+		return nil, trace.WithField(trace.AccessDenied("passkey verification failed"), auditReasonField, "passkey signature counter went backwards")
 	}
 	after := *dev
 	w := *dev.WebAuthn
@@ -219,11 +217,47 @@ func (s *Server) recordPasskeyUse(ctx context.Context, wu *webAuthnUser, cred *w
 	after.LastUsed = s.clock.Now()
 	if err := s.store.UpdateMFADevice(ctx, *dev, after); err != nil {
 		if trace.IsCompareFailed(err) {
-			return trace.WithField(trace.AccessDenied("passkey verification failed"), auditReasonField, "passkey used by another login at the same moment")
+			return nil, trace.WithField(trace.AccessDenied("passkey verification failed"), auditReasonField, "passkey used by another login at the same moment")
 		}
-		return trace.Wrap(err)
+		return nil, trace.Wrap(err)
 	}
-	return nil
+	return &after, nil
+}
+
+// webAuthnVerifier checks a passkey's assertion, as the second factor of
+// a user the password already named, against that user's passkeys only.
+type webAuthnVerifier struct {
+	s  *Server
+	rp *webauthn.WebAuthn
+}
+
+var _ mfaVerifier = webAuthnVerifier{}
+
+// Kind is services.MFAKindWebAuthn.
+func (webAuthnVerifier) Kind() string { return services.MFAKindWebAuthn }
+
+// Verify implements mfaVerifier: resp carries the challenge taken from
+// the backend and the browser's assertion.
+func (v webAuthnVerifier) Verify(ctx context.Context, user *services.User, devs []services.MFADevice, resp mfaResponse) (*services.MFADevice, error) {
+	if resp.challenge == nil {
+		return nil, trace.BadParameter("a passkey answer needs its challenge")
+	}
+	var session webauthn.SessionData
+	if err := json.Unmarshal(resp.challenge.Session, &session); err != nil {
+		return nil, trace.BadParameter("corrupt passkey challenge %q: %v", resp.challenge.ID, err)
+	}
+	parsed, err := protocol.ParseCredentialRequestResponseBytes(resp.assertion)
+	if err != nil {
+		return nil, trace.BadParameter("invalid passkey answer: %v", protocolDetail(err))
+	}
+	wu := v.s.newWebAuthnUser(user.Name, devs)
+	cred, err := v.rp.ValidateLogin(wu, session, parsed)
+	if err != nil {
+		v.s.log.WithField("user", user.Name).WithError(err).Info("Refused a passkey assertion.")
+		return nil, trace.WithField(trace.AccessDenied("passkey verification failed"), auditReasonField, "passkey: "+protocolDetail(err))
+	}
+	dev, err := v.s.recordPasskeyUse(ctx, wu, cred, resp.remoteAddr, resp.method)
+	return dev, trace.Wrap(err)
 }
 
 // emitLoginMethod records a login attempt that is not a password one.
