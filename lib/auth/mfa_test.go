@@ -2,10 +2,15 @@ package auth
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/sha256"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -88,4 +93,26 @@ func TestSecondFactorFromPreference(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, users[0].MFA)
 	require.False(t, users[0].OTPEnabled)
+}
+
+// TestPasskeysAreForLocalUsers: a single sign-on user's passkey would let
+// them in without their identity provider.
+func TestPasskeysAreForLocalUsers(t *testing.T) {
+	env := newTestAuth(t)
+	ctx := context.Background()
+	traits := map[string][]string{services.TraitLogins: {"alice"}}
+	require.NoError(t, env.store.UpsertUser(ctx, services.User{Name: "sso-alice", Roles: []string{"access"}, Traits: traits, Connector: "sso:corp", Created: env.clock.Now()}))
+	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	sshPub, err := ssh.NewPublicKey(pub)
+	require.NoError(t, err)
+	sid, token := "session-id-of-sso-alice", "token-of-sso-alice"
+	tokenHash := sha256.Sum256([]byte(token))
+	_, err = env.auth.completeLogin(ctx, &LoginResult{User: "sso-alice", Connector: "oidc:corp", Roles: []string{"access"}, Traits: traits},
+		LoginOutput{PublicKey: ssh.MarshalAuthorizedKey(sshPub), WebSession: &authapi.WebSessionInit{Key: webSessionKeyOf(sid), TokenHash: tokenHash[:]}})
+	require.NoError(t, err)
+	_, err = env.auth.BeginWebAuthnRegistration(ctx, authapi.MFARegisterBeginRequest{
+		WebSessionRequest: authapi.WebSessionRequest{SessionID: sid, Token: token}, DeviceName: "key",
+	})
+	require.ErrorContains(t, err, "passkeys are for local users")
 }

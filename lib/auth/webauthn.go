@@ -209,6 +209,11 @@ func (s *Server) BeginWebAuthnRegistration(ctx context.Context, req authapi.MFAR
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
+	if user.Connector != "" {
+		// A passkey would let a single sign-on user in without the
+		// identity provider, with the roles of their last login.
+		return nil, trace.BadParameter("passkeys are for local users: %q signs in through its identity provider", user.Name)
+	}
 	if err := services.CheckMFADeviceName(req.DeviceName); err != nil {
 		return nil, trace.Wrap(err)
 	}

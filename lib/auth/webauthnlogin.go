@@ -166,6 +166,9 @@ func (s *Server) verifyWebAuthnLogin(ctx context.Context, req authapi.MFALoginFi
 			if user, err = s.store.GetUser(ctx, owner); err != nil {
 				return nil, err
 			}
+			if user.Connector != "" {
+				return nil, trace.AccessDenied("%q signs in through its identity provider", owner)
+			}
 			devs, err := s.mfaDevices(ctx, user)
 			if err != nil {
 				return nil, err
