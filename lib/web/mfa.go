@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/gravitational/trace"
@@ -106,7 +107,7 @@ func writeMFAError(w http.ResponseWriter, log logrus.FieldLogger, err error) {
 	case trace.IsAccessDenied(err):
 		writeError(w, http.StatusUnauthorized, trace.UserMessage(err))
 	case trace.IsLimitExceeded(err):
-		w.Header().Set("Retry-After", "60")
+		w.Header().Set("Retry-After", strconv.Itoa(int(retryAfter(err).Seconds())))
 		writeError(w, http.StatusTooManyRequests, "too many failed login attempts; try again later")
 	case trace.IsBadParameter(err):
 		writeError(w, http.StatusBadRequest, trace.UserMessage(err))
