@@ -143,8 +143,11 @@ e2e/node_modules/.package-lock.json: e2e/package.json e2e/package-lock.json
 # e2e drives the web UI in Debian's chromium (CHROMIUM, default
 # /usr/bin/chromium) through playwright-core against a real `postern start`
 # on loopback ports; screenshots land in e2e/artifacts/. Ends with
-# "N passed, N failed" and fails when any step failed.
+# "N passed, N failed" and fails when any step failed. passkeys.mjs does
+# the passkey steps against its own daemon, with Chromium's virtual
+# authenticator.
 e2e: build e2e/node_modules/.package-lock.json
 	$(GO) build -o $(BUILD_DIR)/genrec ./e2e/genrec
 	$(GO) build -o $(BUILD_DIR)/oidc-op ./fixtures/oidc-op
 	POSTERN_BUILD_DIR=$(BUILD_DIR) node e2e/run.mjs
+	POSTERN_BUILD_DIR=$(BUILD_DIR) node e2e/passkeys.mjs

@@ -359,8 +359,8 @@ func TestPshLoginOTP(t *testing.T) {
 	// pctl users ls tells an enrolled user from one without OTP, though
 	// the auth API never hands out the secret.
 	users := mustPctl(t, c.dataDir, "", "users", "ls")
-	require.Regexp(t, `(?m)^bob\s.*\syes\s+local\s*$`, users)
-	require.Regexp(t, `(?m)^alice\s.*\sno\s+local\s*$`, users)
+	require.Regexp(t, `(?m)^bob\s.*\sotp\s+local\s*$`, users)
+	require.Regexp(t, `(?m)^alice\s.*\s-\s+local\s*$`, users)
 	e := newPshEnv(t, c)
 
 	_, errOut, code := e.run(t, "otp password 1\n\n", "login", "--proxy", e.webAddr(), "--user", "bob", "--cacert", e.caCert())

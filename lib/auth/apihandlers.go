@@ -99,6 +99,12 @@ func (a *APIServer) registerRoutes() {
 	a.handle("PUT /v1/users/{name}", allow(admin), a.updateUser)
 	a.handle("PUT /v1/users/{name}/password", allow(admin), a.resetPassword)
 	a.handle("DELETE /v1/users/{name}/lockout", allow(admin), a.clearLockout)
+	a.handle("DELETE /v1/users/{name}/mfa", allow(admin), a.resetMFA)
+	// The cluster's auth_preference: pctl writes it; proxies read it
+	// (the web login page's options).
+	a.handle("GET /v1/auth_preference", allow(proxy, admin), a.getAuthPreference)
+	a.handle("PUT /v1/auth_preference", allow(admin), a.setAuthPreference)
+	a.handle("DELETE /v1/auth_preference", allow(admin), a.deleteAuthPreference)
 	a.handle("GET /v1/tokens", allow(admin), a.getTokens)
 	a.handle("POST /v1/tokens", allow(admin), a.createToken)
 	a.handle("DELETE /v1/tokens/{name}", allow(admin), a.deleteToken)
@@ -122,6 +128,18 @@ func (a *APIServer) registerRoutes() {
 	a.handle("POST /v1/login/ssh", allow(proxy), a.authenticateSSHUser)
 	// The second-factor hint of the proxy's /webapi/ping (secondfactor.go).
 	a.handle("GET /v1/second-factor", allow(proxy), a.getSecondFactor)
+	// Passkeys (webauthn.go, webauthnlogin.go, mfa.go): the proxy carries
+	// the browser's ceremonies. A login proves itself (the password,
+	// then the assertion); everything else names a web session by its
+	// two secrets, like /v1/websessions/*: a proxy can act only for a
+	// browser that presented its session.
+	a.handle("POST /v1/mfa/login/begin", allow(proxy), a.mfaLoginBegin)
+	a.handle("POST /v1/mfa/login/finish", allow(proxy), a.mfaLoginFinish)
+	a.handle("POST /v1/mfa/register/begin", allow(proxy), a.mfaRegisterBegin)
+	a.handle("POST /v1/mfa/register/finish", allow(proxy), a.audited("POST /v1/mfa/register/finish", a.mfaRegisterFinish))
+	a.handle("POST /v1/mfa/devices/list", allow(proxy), a.mfaListDevices)
+	a.handle("POST /v1/mfa/devices/rename", allow(proxy), a.mfaRenameDevice)
+	a.handle("POST /v1/mfa/devices/delete", allow(proxy), a.audited("POST /v1/mfa/devices/delete", a.mfaDeleteDevice))
 	// Single sign-on (sso.go): the proxy starts a login at the identity
 	// provider and hands auth the provider's callback; auth decides.
 	// Connector info (name, type, display) is for the proxy's login page.

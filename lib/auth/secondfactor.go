@@ -8,15 +8,32 @@ import (
 
 	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/api/webapi"
+	"github.com/postern-dev/postern/lib/services"
 )
 
 // ClusterSecondFactor is the cluster-wide second-factor hint the proxy's
-// /webapi/ping gives psh: "otp" when any user has a TOTP secret. It is
+// /webapi/ping gives psh and the web login page: the auth_preference's
+// second_factor when one is set; otherwise "otp" when any user has a TOTP
+// device. It is
 // cluster-wide because a per-user answer would tell an anonymous caller
 // who has OTP; psh then asks for a code and users without one leave it
 // empty (auth ignores the code for them). Auth computes it because only
 // auth sees the secrets: every proxy, in this process or not, asks here.
 func (s *Server) ClusterSecondFactor(ctx context.Context) (string, error) {
+	pref, err := s.authPreference(ctx)
+	if err != nil {
+		return "", trace.Wrap(err)
+	}
+	if pref != nil {
+		return pref.Spec.SecondFactor, nil
+	}
+	hasTOTP, err := s.store.HasMFADevice(ctx, services.MFAKindTOTP)
+	if err != nil {
+		return "", trace.Wrap(err)
+	}
+	if hasTOTP {
+		return webapi.SecondFactorOTP, nil
+	}
 	users, err := s.store.GetUsers(ctx)
 	if err != nil {
 		return "", trace.Wrap(err)

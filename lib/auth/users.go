@@ -138,7 +138,8 @@ func (s *Server) DeleteUser(ctx context.Context, name string) error {
 		}
 		return trace.Wrap(err)
 	}
-	return nil
+	// A user created again under this name must not inherit passkeys.
+	return trace.Wrap(s.store.DeleteMFADevices(ctx, name))
 }
 
 // ListUsers returns every user without secrets (password hash, TOTP secret).
@@ -148,7 +149,17 @@ func (s *Server) ListUsers(ctx context.Context) ([]services.User, error) {
 		return nil, trace.Wrap(err)
 	}
 	for i := range users {
+		devs, err := s.mfaDevices(ctx, &users[i])
+		if err != nil {
+			return nil, trace.Wrap(err)
+		}
 		users[i] = publicUser(users[i])
+		users[i].MFA = MFASummary(devs)
+		for _, d := range devs {
+			if d.Kind == services.MFAKindTOTP {
+				users[i].OTPEnabled = true
+			}
+		}
 	}
 	return users, nil
 }
@@ -179,6 +190,20 @@ func (s *Server) emitLogin(ctx context.Context, typ string, req authapi.AuthRequ
 }
 
 func (s *Server) checkCredentials(ctx context.Context, req authapi.AuthRequest) (*services.User, error) {
+	user, err := s.checkPassword(ctx, req)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if err := s.checkSecondFactor(ctx, user, req.OTP); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	out := publicUser(*user)
+	return &out, nil
+}
+
+// checkPassword checks req's user and password only and returns the
+// user's record, secrets included.
+func (s *Server) checkPassword(ctx context.Context, req authapi.AuthRequest) (*services.User, error) {
 	var user *services.User
 	var err error
 	if services.CheckUserName(req.User) == nil {
@@ -197,34 +222,20 @@ func (s *Server) checkCredentials(ctx context.Context, req authapi.AuthRequest) 
 	if user == nil || pwErr != nil {
 		return nil, errInvalidCredentials()
 	}
-	if user.TOTPSecret != "" {
-		if err := s.checkOTP(ctx, user, req.OTP); err != nil {
-			return nil, trace.Wrap(err)
-		}
-	}
-	out := publicUser(*user)
-	return &out, nil
+	return user, nil
 }
 
-// checkOTP validates a TOTP code at the server's clock and refuses a code
-// already used by this user (RFC 6238 section 5.2: a verifier must not
-// accept the second attempt of the same OTP). Every accepted code is
-// remembered in the backend for as long as it could be accepted (one item
-// per user and time step, created atomically), so neither an older code
-// after a newer one, nor the same code at another auth server sharing the
-// backend, gets in twice.
-func (s *Server) checkOTP(ctx context.Context, user *services.User, code string) error {
-	if code == "" {
-		return errInvalidCredentials()
-	}
-	now := s.clock.Now()
-	step, ok := matchTOTPStep(user.TOTPSecret, code, now)
-	if !ok {
-		return errInvalidCredentials()
-	}
-	err := s.store.MarkOTPUsed(ctx, user.Name, step, otpUsedUntil(step))
+// spendOTP records that user's code for time step step was accepted and
+// refuses a code already used by this user (RFC 6238 section 5.2: a
+// verifier must not accept the second attempt of the same OTP). Every
+// accepted code is remembered in the backend for as long as it could be
+// accepted (one item per user and time step, created atomically), so
+// neither an older code after a newer one, nor the same code at another
+// auth server sharing the backend, gets in twice.
+func (s *Server) spendOTP(ctx context.Context, user string, step int64) error {
+	err := s.store.MarkOTPUsed(ctx, user, step, otpUsedUntil(step))
 	if trace.IsAlreadyExists(err) {
-		s.log.WithField("user", user.Name).Warn("Refused a one-time password that was already used.")
+		s.log.WithField("user", user).Warn("Refused a one-time password that was already used.")
 		return errOTPReplayed()
 	}
 	return trace.Wrap(err)

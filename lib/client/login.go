@@ -109,7 +109,7 @@ func Login(ctx context.Context, cfg LoginConfig) (*LoginResult, error) {
 		return nil, trace.Wrap(err)
 	}
 	var otp string
-	if cfg.OTP || ping.SecondFactor == webapi.SecondFactorOTP {
+	if cfg.OTP || ping.SecondFactor == webapi.SecondFactorOTP || ping.SecondFactor == webapi.SecondFactorOn {
 		if otp, err = cfg.Prompt.Secret("OTP code (empty if you have none): "); err != nil {
 			return nil, trace.Wrap(err)
 		}

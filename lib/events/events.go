@@ -44,6 +44,17 @@ const (
 	// AuthFailed: a failed login (wrong password or OTP, unknown user,
 	// rate limited).
 	AuthFailed = "auth.failed"
+	// MFAAdd: a user registered a second factor (device, kind).
+	MFAAdd = "mfa.add"
+	// MFADelete: a user removed one of their second factors.
+	MFADelete = "mfa.delete"
+	// MFAReset: an admin removed every second factor of target_user
+	// (`pctl users reset-mfa`).
+	MFAReset = "mfa.reset"
+	// MFACloneWarning: a passkey answered with a signature counter not
+	// above the last one seen (a cloned authenticator, or a replay); the
+	// login was refused.
+	MFACloneWarning = "mfa.clone_warning"
 	// SessionStart: an SSH session (shell, exec, sftp, proxy subsystem or
 	// web terminal) began.
 	SessionStart = "session.start"

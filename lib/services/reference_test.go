@@ -54,6 +54,7 @@ func TestReferenceDocumentsEveryResourceField(t *testing.T) {
 		KindToken:             Token{},
 		KindRemoteCluster:     RemoteCluster{},
 		KindOIDCConnector:     OIDCConnector{},
+		KindAuthPreference:    AuthPreference{},
 	}
 	require.Contains(t, jsonPaths(reflect.TypeOf(ClusterNetworkingConfig{}), ""), "spec.node_address_networks")
 	require.Contains(t, jsonPaths(reflect.TypeOf(TrustedCluster{}), ""), "spec.role_map.remote")

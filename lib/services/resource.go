@@ -26,12 +26,13 @@ var resourceKinds = map[string]reflect.Type{
 	KindClusterNetworking: reflect.TypeFor[ClusterNetworkingConfig](),
 	KindTrustedCluster:    reflect.TypeFor[TrustedCluster](),
 	KindOIDCConnector:     reflect.TypeFor[OIDCConnector](),
+	KindAuthPreference:    reflect.TypeFor[AuthPreference](),
 }
 
 // UnmarshalResource decodes one resource from a YAML or JSON file (JSON is
 // YAML, so one parser serves both) for `pctl create -f`. It returns the
 // kind and a validated pointer (*Role, *ClusterNetworkingConfig,
-// *TrustedCluster or *OIDCConnector).
+// *TrustedCluster, *OIDCConnector or *AuthPreference).
 //
 // YAML is decoded into a yaml.Node first, checked key by key against the Go
 // type (so an unknown or mistyped key is reported as "FILE:LINE: ..." with
@@ -113,7 +114,7 @@ func UnmarshalResource(data []byte, filename string) (kind string, v any, err er
 }
 
 func supportedKinds() string {
-	return fmt.Sprintf("%q, %q, %q or %q", KindRole, KindClusterNetworking, KindTrustedCluster, KindOIDCConnector)
+	return fmt.Sprintf("%q, %q, %q, %q or %q", KindRole, KindClusterNetworking, KindTrustedCluster, KindOIDCConnector, KindAuthPreference)
 }
 
 // yamlErrorText strips the "yaml: " prefix: the file name replaces it.

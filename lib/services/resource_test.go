@@ -74,7 +74,7 @@ func TestUnmarshalResourceErrors(t *testing.T) {
 		{"bad label value", "kind: role\nmetadata: {name: dev}\nspec:\n  node_labels:\n    env: {a: b}\n", `role.yaml:5: spec.node_labels.env: label values: want a string or a list of strings`},
 		{"logins not a list", "kind: role\nmetadata: {name: dev}\nspec:\n  logins: root\n", `role.yaml:4: spec.logins: want a list, got the string "root"`},
 		{"missing kind", "metadata: {name: dev}\n", `role.yaml:1: missing "kind"`},
-		{"unknown kind", "\nkind: user\n", `role.yaml:2: unsupported kind "user": want one of "role", "cluster_networking_config", "trusted_cluster" or "oidc_connector"`},
+		{"unknown kind", "\nkind: user\n", `role.yaml:2: unsupported kind "user": want one of "role", "cluster_networking_config", "trusted_cluster", "oidc_connector" or "auth_preference"`},
 		{"not a mapping", "- a\n- b\n", `role.yaml:1: want a mapping`},
 		{"empty", "", `role.yaml: empty file`},
 		{"two documents", "kind: role\nmetadata: {name: a}\n---\nkind: role\n", `role.yaml:4: a second document`},
@@ -125,6 +125,7 @@ func FuzzUnmarshalResource(f *testing.F) {
 	f.Add([]byte(roleYAML))
 	f.Add([]byte("kind: cluster_networking_config\nspec: {routing_strategy: most_recent, ssh_dial_timeout: 1}\n"))
 	f.Add([]byte(`{"kind":"role","metadata":{"name":"a"},"spec":{"node_labels":{"*":"*"}}}`))
+	f.Add([]byte("kind: auth_preference\nspec: {second_factor: on, passwordless: true, webauthn: {rp_id: example.com, origins: [https://a.example.com:3080]}}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		kind, v, err := UnmarshalResource(data, "f.yaml")
 		if err != nil {

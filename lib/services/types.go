@@ -120,6 +120,9 @@ type User struct {
 	// itself (the auth API's user list): pctl must be able to tell who is
 	// enrolled without ever receiving a secret. Derived, never stored.
 	OTPEnabled bool `json:"otp_enabled,omitempty"`
+	// MFA lists the user's second factors in views that strip secrets
+	// (`pctl users ls`): "otp", "webauthn:2". Derived, never stored.
+	MFA []string `json:"mfa,omitempty"`
 	// Roles names the roles granted; default ["access"].
 	Roles []string `json:"roles"`
 	// Traits are per-user values that role templates expand, e.g.

@@ -4,6 +4,10 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+
+	"github.com/go-webauthn/webauthn/protocol"
+
+	"github.com/postern-dev/postern/lib/api"
 )
 
 // FuzzDecodeSSHLoginRequest: the login decoder takes bytes from anyone on
@@ -72,5 +76,22 @@ func FuzzDecodeSSOConsoleLoginRequest(f *testing.F) {
 		if req.Connector == "" || len(req.SealKey) != 32 || CheckLoopbackRedirect(req.RedirectURL) != nil {
 			t.Fatalf("accepted an invalid request: %+v", req)
 		}
+	})
+}
+
+// FuzzPasskeyAnswer: the body of a passkey ceremony's finish comes from
+// anyone on the network and reaches auth's WebAuthn parsers (CBOR,
+// base64url, JSON): neither the body decoder nor they may panic on it.
+func FuzzPasskeyAnswer(f *testing.F) {
+	f.Add([]byte(`{"challenge_id":"0123","webauthn":{"id":"AQ","rawId":"AQ","type":"public-key","response":{"clientDataJSON":"e30","authenticatorData":"AA","signature":"AA"}}}`))
+	f.Add([]byte(`{"challenge_id":"0123","webauthn":{"id":"AQ","rawId":"AQ","type":"public-key","response":{"clientDataJSON":"e30","attestationObject":"oA"}}}`))
+	f.Add([]byte(`{"challenge_id":"","webauthn":null}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var body mfaFinishBody
+		if err := api.UnmarshalStrict(data, &body); err != nil {
+			return
+		}
+		_, _ = protocol.ParseCredentialRequestResponseBytes(body.WebAuthn)
+		_, _ = protocol.ParseCredentialCreationResponseBytes(body.WebAuthn)
 	})
 }

@@ -194,9 +194,18 @@ func newRequestID() string {
 // is bounded (loginTimeout) so a stalled backend is an answer, not a hang.
 // ok is false when the response has been written.
 func (s *Server) authenticateSSHUser(w http.ResponseWriter, r *http.Request, log logrus.FieldLogger, req authapi.SSHLoginRequest) (resp *authapi.SSHLoginResponse, ok bool) {
+	return s.callLogin(w, r, log, func(ctx context.Context) (*authapi.SSHLoginResponse, error) {
+		return s.cfg.Auth.AuthenticateSSHUser(ctx, req)
+	})
+}
+
+// callLogin runs one login call to auth (a password login, or the finish
+// of a passkey login) under loginTimeout and answers its errors as
+// authenticateSSHUser says.
+func (s *Server) callLogin(w http.ResponseWriter, r *http.Request, log logrus.FieldLogger, login func(context.Context) (*authapi.SSHLoginResponse, error)) (resp *authapi.SSHLoginResponse, ok bool) {
 	ctx, cancel := context.WithTimeout(r.Context(), loginTimeout)
 	defer cancel()
-	resp, err := s.cfg.Auth.AuthenticateSSHUser(ctx, req)
+	resp, err := login(ctx)
 	switch {
 	case err == nil:
 		return resp, true

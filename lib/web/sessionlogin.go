@@ -71,6 +71,24 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	remote := remoteHost(r.RemoteAddr)
 	log := s.cfg.Logger.WithFields(logrus.Fields{"user": req.User, "remote_addr": remote})
 
+	s.issueWebSession(w, r, log, func(ctx context.Context, pub []byte, ttl time.Duration, init *authapi.WebSessionInit) (*authapi.SSHLoginResponse, error) {
+		// One auth call checks the password and OTP (under auth's
+		// per-user and per-address failure limits, shared with psh's
+		// login) and certifies the session's key: the key never leaves
+		// this process. With sessions kept by auth, the same call stores
+		// the session's record (hashes only), bound to the user the
+		// password proved.
+		return s.cfg.Auth.AuthenticateSSHUser(ctx, authapi.SSHLoginRequest{
+			AuthRequest: authapi.AuthRequest{User: req.User, Password: req.Password, OTP: req.OTPToken, RemoteAddr: remote},
+			PublicKey:   pub, TTL: ttl, WebSession: init,
+		})
+	})
+}
+
+// issueWebSession makes a browser session's key and secrets, has login
+// (a password login, or a passkey login's finish) check the credentials
+// and certify the key, and hands the session to the browser.
+func (s *Server) issueWebSession(w http.ResponseWriter, r *http.Request, log logrus.FieldLogger, login func(ctx context.Context, pub []byte, ttl time.Duration, init *authapi.WebSessionInit) (*authapi.SSHLoginResponse, error)) {
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		internalError(w, log, "Web login: could not generate the session key.", err)
@@ -88,21 +106,14 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	token := ref.Token
-	// One auth call checks the password and OTP (under auth's per-user and
-	// per-address failure limits, shared with psh's login) and certifies
-	// the session's key: the key never leaves this process. With sessions
-	// kept by auth, the same call stores the session's record (hashes
-	// only), bound to the user the password proved.
-	loginReq := authapi.SSHLoginRequest{
-		AuthRequest: authapi.AuthRequest{User: req.User, Password: req.Password, OTP: req.OTPToken, RemoteAddr: remote},
-		PublicKey:   ssh.MarshalAuthorizedKey(sshPub),
-		TTL:         cfg.TTL,
-	}
 	atLogin := sessionsCreatedAtLogin(cfg.Store)
+	var init *authapi.WebSessionInit
 	if atLogin {
-		loginReq.WebSession = ref.sessionInit()
+		init = ref.sessionInit()
 	}
-	resp, ok := s.authenticateSSHUser(w, r, log, loginReq)
+	resp, ok := s.callLogin(w, r, log, func(ctx context.Context) (*authapi.SSHLoginResponse, error) {
+		return login(ctx, ssh.MarshalAuthorizedKey(sshPub), cfg.TTL, init)
+	})
 	if !ok {
 		return
 	}

@@ -21,20 +21,20 @@ func (c *cli) registerResources(app *kingpin.Application, add adder) {
 	add(rl, func(ctx context.Context) error { return c.rolesLs(ctx, lsFormat) })
 
 	var file string
-	cr := app.Command("create", "Create or update resources from a YAML or JSON file (role, cluster_networking_config, trusted_cluster, oidc_connector).")
+	cr := app.Command("create", "Create or update resources from a YAML or JSON file (role, cluster_networking_config, trusted_cluster, oidc_connector, auth_preference).")
 	cr.Flag("file", "Resource file.").Short('f').Required().StringVar(&file)
 	add(cr, func(ctx context.Context) error { return c.create(ctx, file) })
 
 	var kind, name string
 	var getFormat string
-	get := app.Command("get", "Print resources as YAML or JSON: role, user, node, lock, cluster_networking_config, trusted_cluster, oidc_connector.")
+	get := app.Command("get", "Print resources as YAML or JSON: role, user, node, lock, cluster_networking_config, trusted_cluster, oidc_connector, auth_preference.")
 	get.Arg("kind", "Resource kind.").Required().StringVar(&kind)
 	get.Arg("name", "Resource name (all when omitted).").StringVar(&name)
 	formatFlag(get, &getFormat, "yaml (documents separated by ---, what pctl create -f reads) or json (one array).", formatYAML, formatJSON)
 	add(get, func(ctx context.Context) error { return c.get(ctx, kind, name, getFormat) })
 
 	var ref string
-	rm := app.Command("rm", "Remove a resource: role/NAME (not a preset, nor one still assigned), trusted_cluster/NAME (this cluster stops trusting the root NAME), oidc_connector/NAME (its logins stop at once).")
+	rm := app.Command("rm", "Remove a resource: role/NAME (not a preset, nor one still assigned), trusted_cluster/NAME (this cluster stops trusting the root NAME), oidc_connector/NAME (its logins stop at once), auth_preference (back to the defaults).")
 	rm.Arg("resource", "KIND/NAME.").Required().StringVar(&ref)
 	add(rm, func(ctx context.Context) error { return c.rm(ctx, ref) })
 
@@ -119,6 +119,11 @@ func (c *cli) create(ctx context.Context, file string) error {
 			return trace.Wrap(err)
 		}
 		fmt.Fprintf(c.stdout, "oidc_connector %q saved\n", r.Metadata.Name)
+	case *services.AuthPreference:
+		if err := clt.SetAuthPreference(ctx, r); err != nil {
+			return trace.Wrap(err)
+		}
+		fmt.Fprintf(c.stdout, "auth_preference saved: second_factor %s\n", r.Spec.SecondFactor)
 	default:
 		return trace.BadParameter("%s: pctl create does not handle kind %q", file, kind)
 	}
@@ -225,8 +230,17 @@ func (c *cli) get(ctx context.Context, kind, name, format string) error {
 		if name != "" && len(out) == 0 {
 			return trace.NotFound("oidc_connector %q not found", name)
 		}
+	case services.KindAuthPreference:
+		pref, err := clt.GetAuthPreference(ctx)
+		if err != nil {
+			if trace.IsNotFound(err) {
+				return trace.NotFound("no auth_preference is set: users with a second factor must use it, others log in with the password")
+			}
+			return trace.Wrap(err)
+		}
+		out = append(out, pref)
 	default:
-		return trace.BadParameter("unknown kind %q: want role, user, node, lock, cluster_networking_config, trusted_cluster or oidc_connector", kind)
+		return trace.BadParameter("unknown kind %q: want role, user, node, lock, cluster_networking_config, trusted_cluster, oidc_connector or auth_preference", kind)
 	}
 	return trace.Wrap(writeResources(c.stdout, format, out))
 }
@@ -275,6 +289,9 @@ func orDefault(v, def string) string {
 // rm removes KIND/NAME. Only kinds without a command of their own are
 // here (users, nodes, tokens and locks have theirs).
 func (c *cli) rm(ctx context.Context, ref string) error {
+	if ref == services.KindAuthPreference {
+		return trace.Wrap(c.rmAuthPreference(ctx))
+	}
 	kind, name, ok := strings.Cut(ref, "/")
 	if !ok || kind == "" || name == "" {
 		return trace.BadParameter("invalid resource %q: want KIND/NAME, e.g. role/dev or trusted_cluster/root", ref)
@@ -307,5 +324,18 @@ func (c *cli) rm(ctx context.Context, ref string) error {
 		return trace.Wrap(err)
 	}
 	fmt.Fprintf(c.stdout, "trusted_cluster %q removed: the root's users and CAs are no longer trusted here\n", name)
+	return nil
+}
+
+func (c *cli) rmAuthPreference(ctx context.Context) error {
+	clt, _, err := c.connect(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	defer clt.Close()
+	if err := clt.DeleteAuthPreference(ctx); err != nil {
+		return trace.Wrap(err)
+	}
+	fmt.Fprintln(c.stdout, "auth_preference removed: users with a second factor must use it, others log in with the password")
 	return nil
 }

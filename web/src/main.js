@@ -11,6 +11,7 @@ import { FitAddon } from '@xterm/addon-fit';
 import { SerializeAddon } from '@xterm/addon-serialize';
 import { WebglAddon } from '@xterm/addon-webgl';
 import { create as createPlayer } from 'asciinema-player';
+import * as passkeys from './passkeys.js';
 
 const $ = (id) => document.getElementById(id);
 const TOKEN_KEY = 'postern.token';
@@ -68,12 +69,13 @@ let playerGen = 0; // counts player openings: an older openPlayer's awaits stop
 
 function show(view) {
   if (view !== 'player') { playerGen++; closePlayer(); }
-  for (const v of ['login', 'nodes', 'terminal', 'sessions', 'recordings', 'player', 'notfound']) $(`view-${v}`).hidden = v !== view;
+  for (const v of ['login', 'nodes', 'terminal', 'sessions', 'recordings', 'player', 'account', 'notfound']) $(`view-${v}`).hidden = v !== view;
   const user = sessionStorage.getItem(USER_KEY);
   $('logout').hidden = view === 'login';
   $('nav-nodes').hidden = view === 'login';
   $('nav-sessions').hidden = view === 'login';
   $('nav-recordings').hidden = view === 'login';
+  $('nav-account').hidden = view === 'login';
   $('whoami').textContent = view === 'login' || !user ? '' : user;
   document.body.dataset.view = view;
 }
@@ -95,7 +97,10 @@ async function showLogin(message, notice) {
   $('login-notice').hidden = !notice;
   try {
     const ping = await api('GET', '/webapi/ping');
-    $('otp-row').hidden = ping.second_factor !== 'otp';
+    $('otp-row').hidden = ping.second_factor !== 'otp' && ping.second_factor !== 'on';
+    const keys = passkeys.supported() && (ping.second_factor === 'webauthn' || ping.second_factor === 'on');
+    $('login-passkey').hidden = !keys;
+    $('login-passwordless').hidden = !keys;
     showSSOButtons(ping.connectors || []);
   } catch { /* the form still works */ }
   $('login-user').focus();
@@ -133,18 +138,78 @@ $('login-form').addEventListener('submit', async (ev) => {
       password: $('login-password').value,
       otp_token: $('login-otp').value,
     });
-    token = resp.token;
-    sessionStorage.setItem(TOKEN_KEY, token);
-    sessionStorage.setItem(USER_KEY, resp.user);
-    $('login-password').value = '';
-    $('login-otp').value = '';
-    await route();
+    await loggedIn(resp);
   } catch (err) {
     $('login-error').textContent = err.message;
   } finally {
     $('login-submit').disabled = false;
   }
 });
+
+// loggedIn keeps a new session (from any way of logging in) and routes.
+async function loggedIn(resp) {
+  token = resp.token;
+  sessionStorage.setItem(TOKEN_KEY, token);
+  sessionStorage.setItem(USER_KEY, resp.user);
+  $('login-password').value = '';
+  $('login-otp').value = '';
+  await route();
+}
+
+// passkeyLogin runs a passkey ceremony from the login form.
+async function passkeyLogin(begin) {
+  $('login-error').textContent = '';
+  try {
+    await loggedIn(await passkeys.login(api, begin));
+  } catch (err) {
+    $('login-error').textContent = err.message;
+  }
+}
+
+$('login-passkey').addEventListener('click', () => {
+  if (!$('login-form').reportValidity()) return;
+  passkeyLogin({ user: $('login-user').value, password: $('login-password').value });
+});
+$('login-passwordless').addEventListener('click', () => passkeyLogin({ passwordless: true }));
+
+// ---- account -------------------------------------------------------------
+
+async function showAccount() {
+  closeTerminal();
+  if (location.pathname !== '/web/account') history.pushState(null, '', '/web/account');
+  show('account');
+  $('account-error').textContent = '';
+  await loadDevices();
+}
+
+async function loadDevices() {
+  try {
+    const devices = await api('GET', '/webapi/mfa/devices');
+    passkeys.renderDevices(api, document.querySelector('#devices tbody'), devices,
+      (msg) => { $('account-error').textContent = msg; }, loadDevices);
+    $('devices-empty').hidden = devices.length > 0;
+  } catch (err) {
+    if (err.status === 401) return showLogin('Your session has ended; log in again.');
+    $('account-error').textContent = err.message;
+  }
+}
+
+$('passkey-form').addEventListener('submit', async (ev) => {
+  ev.preventDefault();
+  $('account-error').textContent = '';
+  $('passkey-add').disabled = true;
+  try {
+    await passkeys.register(api, $('passkey-name').value);
+    $('passkey-name').value = '';
+    await loadDevices();
+  } catch (err) {
+    $('account-error').textContent = err.message;
+  } finally {
+    $('passkey-add').disabled = false;
+  }
+});
+
+$('nav-account').addEventListener('click', () => navigate('/web/account'));
 
 $('logout').addEventListener('click', async () => {
   try { await api('DELETE', '/webapi/sessions'); } catch { /* already gone */ }
@@ -339,6 +404,7 @@ async function route() {
   }
   if (p === '/web/sessions') return showSessions();
   if (p === '/web/recordings') return showRecordings();
+  if (p === '/web/account') return showAccount();
   const rm = p.match(/^\/web\/recordings\/([0-9a-f-]{36})\/?$/);
   if (rm) {
     const t = Number(new URLSearchParams(location.search).get('t'));

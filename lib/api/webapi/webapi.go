@@ -56,6 +56,10 @@ type SSOConsoleLoginResponse struct {
 const (
 	SecondFactorOff = "off"
 	SecondFactorOTP = "otp"
+	// SecondFactorWebAuthn: logins need a passkey (the web login page).
+	SecondFactorWebAuthn = "webauthn"
+	// SecondFactorOn: logins need an OTP code or a passkey.
+	SecondFactorOn = "on"
 )
 
 // SSHLoginRequest is the body of POST /webapi/ssh/certs (docs/reference.md).
