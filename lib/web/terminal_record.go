@@ -3,6 +3,7 @@ package web
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"github.com/google/uuid"
 	"github.com/gravitational/trace"
@@ -54,6 +55,20 @@ type termRecording struct {
 	// requiredBy names the role that requires the recording: output the
 	// recording did not take is not shown, and the terminal ends.
 	requiredBy string
+	// failOnce emits recording.failed once per terminal.
+	failOnce sync.Once
+}
+
+// auditFailed emits recording.failed once, as a node does for its
+// sessions.
+func (t *term) auditFailed(ctx context.Context, role string) {
+	t.rec.failOnce.Do(func() {
+		fields := events.Fields{events.FieldMethod: auditMethod, events.FieldKind: auditKind, events.FieldSessionID: t.id, events.FieldReason: errProxyRecordingFailed}
+		if role != "" {
+			fields["required_by"] = role
+		}
+		t.srv.cfg.WebSessions.Audit.Emit(context.WithoutCancel(ctx), events.Event{Type: events.RecordingFailed, User: t.live.user, Fields: fields})
+	})
 }
 
 // startRecording decides, as a node does for its sessions, whether the
@@ -125,6 +140,7 @@ func (t *term) startRecording(ctx context.Context, id *authz.Identity, node serv
 		},
 		OnFail: func(err error) {
 			t.log.WithError(err).Warn("Recording failed.")
+			t.auditFailed(ctx, role)
 			if required {
 				// As on a node: a required recording that fails ends the
 				// session.
@@ -247,6 +263,7 @@ func (t *term) closeRecording(end *sessionEnd, fields events.Fields) {
 	final, err := w.Close(label)
 	if err != nil {
 		t.log.WithError(err).Warn("Recording is incomplete: a chunk could not be stored.")
+		t.auditFailed(t.srv.web.ctx, t.rec.requiredBy)
 		fields[events.FieldRecorded] = false
 		fields[events.FieldRecordingReason] = errProxyRecordingFailed
 		return
