@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -22,9 +24,12 @@ import (
 // openSSHEnv is a termEnv whose node is a kind openssh record (the test
 // node's certificate names its hostname), recorded by spool when the
 // recorder is on, with the cluster's session_recording mode.
-func openSSHEnv(t *testing.T, withRecorder bool, mode string) (*termEnv, *events.Recorder, recording.DirStorage) {
+func openSSHEnv(t *testing.T, withRecorder bool, mode string, spoolDir ...string) (*termEnv, *events.Recorder, recording.DirStorage) {
 	rec := events.NewRecorder()
 	spool := recording.DirStorage{Dir: t.TempDir()}
+	if len(spoolDir) > 0 {
+		spool.Dir = spoolDir[0]
+	}
 	e := newTermEnv(t, func(c *WebSessionsConfig) {
 		c.Audit = rec
 		if withRecorder {
@@ -111,8 +116,10 @@ func TestWebTerminalOpenSSHRecordedAtProxy(t *testing.T) {
 
 // TestWebTerminalOpenSSHRecordingPolicy: the cluster's off and a role's
 // require apply as on a node: off leaves the terminal unrecorded and
-// session.start says why; require with a proxy that does not record
-// refuses the terminal, naming the role, before any shell starts.
+// session.start says why; require with a proxy that does not record, or
+// whose spool cannot be written, refuses the terminal, naming the role,
+// before any shell starts (even when the cluster says off); without
+// require an unwritable spool leaves the terminal unrecorded.
 func TestWebTerminalOpenSSHRecordingPolicy(t *testing.T) {
 	t.Run("off", func(t *testing.T) {
 		e, rec, _ := openSSHEnv(t, true, services.RecordingOff)
@@ -127,30 +134,65 @@ func TestWebTerminalOpenSSHRecordingPolicy(t *testing.T) {
 		require.NoError(t, c.Write(ctx, websocket.MessageBinary, EncodeFrame(FrameData, []byte("exit"))))
 		requireClosed(t, ctx, c, websocket.StatusNormalClosure, "")
 	})
-	t.Run("require without a recorder", func(t *testing.T) {
-		e, rec, _ := openSSHEnv(t, false, "")
-		ctx := context.Background()
-		require.NoError(t, e.store.UpsertRole(ctx, &services.Role{Kind: "role", Metadata: services.Metadata{Name: "audited"}, Spec: services.RoleSpec{
-			Logins: []string{"{{internal.logins}}"}, NodeLabels: map[string]services.LabelValues{"*": {"*"}}, SessionRecording: services.RecordingRequire,
-		}}))
-		_, err := e.auth.CreateUser(ctx, "carol", []byte(testPassword), []string{"carol"}, []string{"audited"}, false)
-		require.NoError(t, err)
-		resp, body := e.do(t, http.MethodPost, "/webapi/sessions", fmt.Sprintf(`{"user":"carol","password":%q,"otp_token":""}`, testPassword), webSession{}, nil)
-		require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
-		var out webapi.CreateSessionResponse
-		require.NoError(t, json.Unmarshal(body, &out))
-		carol := webSession{cookie: resp.Cookies()[0], token: out.Token}
+	// A spool under a regular file cannot be written, even by root.
+	blocked := func(t *testing.T) string {
+		f := filepath.Join(t.TempDir(), "file")
+		require.NoError(t, os.WriteFile(f, nil, 0o600))
+		return filepath.Join(f, "spool")
+	}
+	requireRefused := func(t *testing.T, e *termEnv, rec *events.Recorder, why string) {
+		carol := loginRequired(t, e)
 		tctx := testCtx(t)
 		c := e.dialTerminal(t, tctx, carol, TerminalParams{Host: "node1", Login: "carol", Cols: 80, Rows: 24})
 		openTerminal(t, tctx, c, carol.token)
 		f := readUntil(t, tctx, c, FrameError, "")
 		require.Contains(t, string(f.Payload), `session recording is required by role "audited"`)
 		denied := waitAudit(t, rec, events.AccessDenied, func(ev events.Event) bool { return ev.User == "carol" })
-		require.Contains(t, denied.Fields[events.FieldReason], "this proxy does not record sessions")
+		require.Contains(t, denied.Fields[events.FieldReason], why)
 		select {
 		case <-e.node.started:
 			t.Fatal("a shell started for a terminal whose required recording cannot be made")
 		default:
 		}
+	}
+	t.Run("require without a recorder", func(t *testing.T) {
+		e, rec, _ := openSSHEnv(t, false, "")
+		requireRefused(t, e, rec, "this proxy does not record sessions")
 	})
+	t.Run("require with a spool that cannot be written", func(t *testing.T) {
+		e, rec, _ := openSSHEnv(t, true, services.RecordingOff, blocked(t))
+		requireRefused(t, e, rec, "the recording could not be started")
+	})
+	t.Run("a spool that cannot be written, not required", func(t *testing.T) {
+		e, rec, _ := openSSHEnv(t, true, services.RecordingNode, blocked(t))
+		ws := e.login(t)
+		ctx := testCtx(t)
+		c := e.dialTerminal(t, ctx, ws, defaultParams())
+		openTerminal(t, ctx, c, ws.token)
+		readUntil(t, ctx, c, FrameData, "prompt$ ")
+		start := waitAudit(t, rec, events.SessionStart, func(events.Event) bool { return true })
+		require.Equal(t, false, start.Fields[events.FieldRecorded])
+		require.Equal(t, "the recording could not be started", start.Fields[events.FieldRecordingReason])
+		require.NoError(t, c.Write(ctx, websocket.MessageBinary, EncodeFrame(FrameData, []byte("exit"))))
+		requireClosed(t, ctx, c, websocket.StatusNormalClosure, "")
+		end := waitAudit(t, rec, events.SessionEnd, func(events.Event) bool { return true })
+		require.Equal(t, false, end.Fields[events.FieldRecorded])
+	})
+}
+
+// loginRequired creates carol, whose role requires recording, and logs
+// her in.
+func loginRequired(t *testing.T, e *termEnv) webSession {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, e.store.UpsertRole(ctx, &services.Role{Kind: "role", Metadata: services.Metadata{Name: "audited"}, Spec: services.RoleSpec{
+		Logins: []string{"{{internal.logins}}"}, NodeLabels: map[string]services.LabelValues{"*": {"*"}}, SessionRecording: services.RecordingRequire,
+	}}))
+	_, err := e.auth.CreateUser(ctx, "carol", []byte(testPassword), []string{"carol"}, []string{"audited"}, false)
+	require.NoError(t, err)
+	resp, body := e.do(t, http.MethodPost, "/webapi/sessions", fmt.Sprintf(`{"user":"carol","password":%q,"otp_token":""}`, testPassword), webSession{}, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	var out webapi.CreateSessionResponse
+	require.NoError(t, json.Unmarshal(body, &out))
+	return webSession{cookie: resp.Cookies()[0], token: out.Token}
 }
