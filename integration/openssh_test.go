@@ -145,6 +145,10 @@ func TestOpenSSHNodeAgentless(t *testing.T) {
 		require.Empty(t, o)
 	})
 
+	t.Run("web terminal recorded at the proxy", func(t *testing.T) {
+		checkOpenSSHWebTerminal(t, c, e)
+	})
+
 	t.Run("offline and back", func(t *testing.T) {
 		d.Stop()
 		var last string

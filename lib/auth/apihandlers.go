@@ -178,10 +178,11 @@ func (a *APIServer) registerRoutes() {
 	a.handle("POST /v1/events", allow(node, proxy), a.shipEvents)
 	// Session recordings: nodes upload the sessions they ran (their own
 	// only: PutRecordingChunk checks the header's node against the
-	// caller); pctl reads them, and the proxy for psh play and the web
-	// player, which decide per user what may be seen (lib/web).
-	a.handle("PUT /v1/recordings/{session}/chunks/{n}", allow(node), a.audited("PUT /v1/recordings", a.putRecordingChunk))
-	a.handle("GET /v1/recordings/{session}/last", allow(node), a.lastRecordingChunk)
+	// caller), proxies those of their web terminals to OpenSSH nodes (and
+	// no other node's); pctl reads them, and the proxy for psh play and
+	// the web player, which decide per user what may be seen (lib/web).
+	a.handle("PUT /v1/recordings/{session}/chunks/{n}", allow(node, proxy), a.audited("PUT /v1/recordings", a.putRecordingChunk))
+	a.handle("GET /v1/recordings/{session}/last", allow(node, proxy), a.lastRecordingChunk)
 	a.handle("GET /v1/recordings", allow(proxy, admin), a.listRecordings)
 	a.handleStream("GET /v1/recordings/{session}", allow(proxy, admin), a.streamRecording)
 	// Backups (pctl backup): the whole backend, CA private keys included.

@@ -123,10 +123,10 @@ var wantPolicy = map[string][]string{
 	"GET /v1/watch/locks":            {RoleNode, RoleProxy},
 	"GET /v1/watch/access":           {RoleNode, RoleProxy},
 
-	"PUT /v1/recordings/{session}/chunks/{n}": {RoleNode},
+	"PUT /v1/recordings/{session}/chunks/{n}": {RoleNode, RoleProxy},
 	"GET /v1/recordings":                      {RoleProxy, RoleAdmin},
 	"GET /v1/recordings/{session}":            {RoleProxy, RoleAdmin},
-	"GET /v1/recordings/{session}/last":       {RoleNode},
+	"GET /v1/recordings/{session}/last":       {RoleNode, RoleProxy},
 
 	"GET /v1/backup": {RoleAdmin},
 }

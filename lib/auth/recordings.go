@@ -23,11 +23,15 @@ func (s *Server) recordings() (recording.Storage, error) {
 	return s.cfg.Recordings, nil
 }
 
-// PutRecordingChunk stores chunk c of session as uploaded by node nodeID.
+// PutRecordingChunk stores chunk c of session as uploaded by caller (a
+// node or a proxy identity).
 //
-// Only the node that recorded a session may write it: chunk 0's header
+// Only the host that recorded a session may write it: chunk 0's header
 // names the node (its UUID), and every later chunk must come from that
-// node. Chunks arrive in order and must extend the stored hash chain, so a
+// node. The one exception is a session on an OpenSSH node, which runs no
+// Postern process: the proxy whose web terminal was its SSH client
+// recorded it, so a proxy identity may write a session whose node is a
+// kind openssh record of this cluster, and no other (mayWrite). Chunks arrive in order and must extend the stored hash chain, so a
 // node (or anyone with its identity) cannot rewrite what it already
 // uploaded: a chunk that is already stored is accepted again only when it
 // is identical (an upload retried after a crash), never replaced.
@@ -36,7 +40,7 @@ func (s *Server) recordings() (recording.Storage, error) {
 // (its PutChunk never replaces a stored chunk, Storage), so several auth
 // servers sharing one store may each receive chunks of the same session
 // (a node failing over mid-upload) and the chain stays whole.
-func (s *Server) PutRecordingChunk(ctx context.Context, nodeID, session string, c recording.Chunk) error {
+func (s *Server) PutRecordingChunk(ctx context.Context, caller RecordingWriter, session string, c recording.Chunk) error {
 	st, err := s.recordings()
 	if err != nil {
 		return trace.Wrap(err)
@@ -50,7 +54,7 @@ func (s *Server) PutRecordingChunk(ctx context.Context, nodeID, session string, 
 	if _, err := recording.DecodeChunk(c.Data); err != nil {
 		return trace.Wrap(err)
 	}
-	var owner string
+	var owner *recording.Header
 	if c.Index == 0 {
 		h, err := recording.HeaderOf(c.Data)
 		if err != nil {
@@ -59,7 +63,7 @@ func (s *Server) PutRecordingChunk(ctx context.Context, nodeID, session string, 
 		if h.SessionID != session {
 			return trace.BadParameter("chunk 0 is for session %q, not %q", h.SessionID, session)
 		}
-		owner = h.Node
+		owner = h
 	} else {
 		first, err := st.GetChunk(ctx, session, 0)
 		if trace.IsNotFound(err) {
@@ -72,10 +76,10 @@ func (s *Server) PutRecordingChunk(ctx context.Context, nodeID, session string, 
 		if err != nil {
 			return trace.Wrap(err)
 		}
-		owner = h.Node
+		owner = h
 	}
-	if owner != nodeID {
-		return trace.AccessDenied("node %q may not upload the recording of a session on node %q", nodeID, owner)
+	if err := s.mayWrite(ctx, caller, owner); err != nil {
+		return trace.Wrap(err)
 	}
 	prev := ""
 	if c.Index > 0 {
@@ -108,9 +112,9 @@ func (s *Server) PutRecordingChunk(ctx context.Context, nodeID, session string, 
 // LastRecordingChunk answers a node resuming an upload: the index and
 // hash of the last chunk the store holds of session (NotFound when it
 // holds none). The store is the cluster's, so any auth server gives the
-// same answer. A node asks only about its own sessions: another node's is
-// NotFound, as if absent.
-func (s *Server) LastRecordingChunk(ctx context.Context, nodeID, session string) (*recording.ChunkRef, error) {
+// same answer. A node asks only about its own sessions (a proxy about
+// its OpenSSH nodes'): any other is NotFound, as if absent.
+func (s *Server) LastRecordingChunk(ctx context.Context, caller RecordingWriter, session string) (*recording.ChunkRef, error) {
 	st, err := s.recordings()
 	if err != nil {
 		return nil, trace.Wrap(err)
@@ -126,7 +130,7 @@ func (s *Server) LastRecordingChunk(ctx context.Context, nodeID, session string)
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	if h, err := recording.HeaderOf(first.Data); err != nil || h.Node != nodeID {
+	if h, err := recording.HeaderOf(first.Data); err != nil || s.mayWrite(ctx, caller, h) != nil {
 		return nil, notFound
 	}
 	last, err := st.LastChunk(ctx, session)
@@ -150,11 +154,11 @@ func (a *APIServer) putRecordingChunk(ctx context.Context, p *peer, r *http.Requ
 	if c.Index != n {
 		return nil, trace.BadParameter("chunk body says index %d, the path %d", c.Index, n)
 	}
-	return nil, trace.Wrap(a.auth.PutRecordingChunk(ctx, p.ID, session, c))
+	return nil, trace.Wrap(a.auth.PutRecordingChunk(ctx, RecordingWriter{ID: p.ID, Role: p.Role}, session, c))
 }
 
 func (a *APIServer) lastRecordingChunk(ctx context.Context, p *peer, r *http.Request) (any, error) {
-	ref, err := a.auth.LastRecordingChunk(ctx, p.ID, r.PathValue("session"))
+	ref, err := a.auth.LastRecordingChunk(ctx, RecordingWriter{ID: p.ID, Role: p.Role}, r.PathValue("session"))
 	return ref, trace.Wrap(err)
 }
 
@@ -237,13 +241,14 @@ func chunksFrom(idx []int, from int) []int {
 	return idx
 }
 
-// PutRecordingChunk uploads one chunk (node identity only).
+// PutRecordingChunk uploads one chunk (a node's identity, or a proxy's
+// for its web terminals to OpenSSH nodes).
 func (c *Client) PutRecordingChunk(ctx context.Context, session string, ch recording.Chunk) error {
 	return trace.Wrap(c.do(ctx, http.MethodPut, "/v1/recordings/"+url.PathEscape(session)+"/chunks/"+strconv.Itoa(ch.Index), nil, ch, nil))
 }
 
 // LastRecordingChunk asks which chunk of session the cluster's store
-// holds last (node identity only; NotFound when it holds none), so that
+// holds last (the identity that may upload it; NotFound when it holds none), so that
 // an upload resumes after it.
 func (c *Client) LastRecordingChunk(ctx context.Context, session string) (*recording.ChunkRef, error) {
 	var out recording.ChunkRef
@@ -344,4 +349,45 @@ func (s *Server) GetRecordingFrom(ctx context.Context, session string, from int,
 		}
 	}
 	return nil
+}
+
+// RecordingWriter is the identity uploading a recording: a node, or a
+// proxy recording its web terminals to OpenSSH nodes.
+type RecordingWriter struct {
+	ID   string
+	Role string
+}
+
+// mayWrite decides whether caller may write the recording whose header is
+// h. A node writes the sessions it ran (h.Node is its UUID). A proxy
+// writes only sessions of this cluster whose node is a kind openssh
+// record: a Postern node records its own sessions, and a proxy that could
+// write one could forge it. Anything else is refused (deny by default).
+func (s *Server) mayWrite(ctx context.Context, caller RecordingWriter, h *recording.Header) error {
+	switch caller.Role {
+	case RoleNode:
+		if h.Node != caller.ID {
+			return trace.AccessDenied("node %q may not upload the recording of a session on node %q", caller.ID, h.Node)
+		}
+		return nil
+	case RoleProxy:
+		if h.Cluster != s.cfg.ClusterName {
+			return trace.AccessDenied("proxy %q may not upload the recording of a session in cluster %q", caller.ID, h.Cluster)
+		}
+		nodes, err := s.store.GetNodes(ctx, s.cfg.ClusterName)
+		if err != nil {
+			return trace.Wrap(err)
+		}
+		for _, n := range nodes {
+			if n.UUID != h.Node {
+				continue
+			}
+			if n.IsOpenSSH() {
+				return nil
+			}
+			return trace.AccessDenied("proxy %q may not upload the recording of a session on Postern node %q: the node records its own sessions", caller.ID, h.Node)
+		}
+		return trace.AccessDenied("proxy %q may not upload the recording of a session on node %q: no OpenSSH node of cluster %q has that id", caller.ID, h.Node, s.cfg.ClusterName)
+	}
+	return trace.AccessDenied("a %s identity may not upload session recordings", caller.Role)
 }

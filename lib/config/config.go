@@ -498,6 +498,11 @@ func (c *Config) HostUUIDPath() string { return filepath.Join(c.DataDir, "host_u
 // them (DATA_DIR/recordings/SESSION/).
 func (c *Config) RecordingSpoolDir() string { return filepath.Join(c.DataDir, "recordings") }
 
+// ProxyRecordingSpoolDir is the proxy's spool of the web terminals it
+// records (to OpenSSH nodes): apart from a node's spool in the same data
+// dir, because each is uploaded with its own identity.
+func (c *Config) ProxyRecordingSpoolDir() string { return filepath.Join(c.DataDir, "proxy-recordings") }
+
 // AuthRecordingsDir is where the auth server stores uploaded recordings;
 // apart from the spool, so that an all-in-one never uploads its own store.
 func (c *Config) AuthRecordingsDir() string { return filepath.Join(c.DataDir, "auth", "recordings") }

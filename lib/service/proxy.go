@@ -126,7 +126,10 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	p.drainers = append(p.drainers, server.Shutdown)
 	p.log.WithField("addr", ln.Addr().String()).Info("Proxy SSH server is serving.")
 
-	err = p.startWeb(ln.Addr(), tunnelAddr, id, clt)
+	rec, err := p.startProxyRecorder(clt, networking)
+	if err == nil {
+		err = p.startWeb(ln.Addr(), tunnelAddr, id, clt, rec)
+	}
 	// Registered whether or not the web port came up, so the SSH server
 	// is shut down either way.
 	p.onShutdown(p.drainFrontends)
@@ -143,8 +146,8 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 // second-factor hint and recordings go to auth through clt, the proxy's
 // client: session records live in the backend, so that any proxy serves
 // any browser and a logout on one ends the session on all
-// (lib/web/sessionshared.go).
-func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string, id *auth.Identity, clt *auth.Client) error {
+// (lib/web/sessionshared.go). rec records the terminals to OpenSSH nodes.
+func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string, id *auth.Identity, clt *auth.Client, rec *web.TerminalRecorder) error {
 	raw, err := p.listen(ListenerWeb, p.cfg.WebAddr)
 	if err != nil {
 		return trace.Wrap(err)
@@ -188,7 +191,7 @@ func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string, id *auth.Identit
 	wcfg.WebSessions = web.WebSessionsConfig{
 		Router: p.router, Nodes: p.nodeWatcher, Locks: p.locks, Audit: p.audit,
 		Roles: clt, Store: &web.AuthSessionStore{Auth: clt}, Certs: clt, Watch: clt.WebSessionEvents,
-		Recordings: clt,
+		Recordings: clt, Recorder: rec,
 	}
 	// Leaf clusters in the web UI (leaf.go).
 	wcfg.WebSessions.Clusters, wcfg.WebSessions.LeafHostCAs = p.router, p.leafHostCAs(id)

@@ -7,7 +7,9 @@ import (
 
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/recording"
+	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/srv"
+	"github.com/postern-dev/postern/lib/web"
 )
 
 // startRecordingUploads starts the uploader of the node's recording spool
@@ -43,4 +45,39 @@ func (p *Process) startRecordingUploads(clt *auth.Client) (*srv.Recorder, error)
 		Clock:    p.clock,
 	})
 	return r, trace.Wrap(err)
+}
+
+// startProxyRecorder starts the uploader of the proxy's spool (its web
+// terminals to OpenSSH nodes, which no node records) and returns their
+// recorder. Uploads go through clt, the proxy identity's client: auth
+// accepts a proxy's chunks only for sessions on OpenSSH nodes.
+func (p *Process) startProxyRecorder(clt *auth.Client, networking *services.NetworkingWatcher) (*web.TerminalRecorder, error) {
+	spool := recording.DirStorage{Dir: p.cfg.ProxyRecordingSpoolDir()}
+	u, err := recording.NewUploader(recording.UploaderConfig{
+		Spool:   spool,
+		Upload:  clt,
+		Clock:   p.clock,
+		Logger:  p.log.WithField("component", "recording:upload:proxy"),
+		Metrics: p.registry,
+	})
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	p.onShutdown(func(ctx context.Context) error {
+		_ = u.Flush(ctx)
+		return u.Close()
+	})
+	return &web.TerminalRecorder{
+		Spool: spool,
+		// The proxy's watcher, or auth until it has synced.
+		Settings: func(ctx context.Context) (*services.ClusterNetworkingConfig, error) {
+			select {
+			case <-networking.Synced():
+				return networking.GetClusterNetworkingConfig(ctx)
+			default:
+				return clt.GetClusterNetworkingConfig(ctx)
+			}
+		},
+		Notify: u.Notify,
+	}, nil
 }

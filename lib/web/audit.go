@@ -115,6 +115,7 @@ func (t *term) emitEnd(end *sessionEnd) {
 	if end.code >= 0 {
 		fields[events.FieldExitCode] = end.code
 	}
+	t.closeRecording(end, fields)
 	// Not the terminal's context (it has ended), nor the server's alone
 	// (a shutdown ends it too, and those ends are recorded as well).
 	t.srv.cfg.WebSessions.Audit.Emit(context.WithoutCancel(t.srv.web.ctx), events.Event{Type: events.SessionEnd, User: t.live.user, Fields: fields})

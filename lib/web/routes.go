@@ -83,6 +83,10 @@ type WebSessionsConfig struct {
 	// host certificate against them, for the principal NAME.LEAF only.
 	// Nil means no terminals to leaf clusters.
 	LeafHostCAs func(ctx context.Context, cluster string) ([]ssh.PublicKey, error)
+	// Recorder records the terminals to OpenSSH nodes (terminal_record.go);
+	// nil means they are not recorded, and a role that requires recording
+	// refuses them.
+	Recorder *TerminalRecorder
 }
 
 func (c *WebSessionsConfig) enabled() bool { return c.Router != nil }
@@ -93,6 +97,9 @@ func (c *WebSessionsConfig) checkAndSetDefaults(now func() time.Time) error {
 	}
 	if c.Nodes == nil {
 		return trace.BadParameter("web: WebSessions.Router is set but Nodes is missing")
+	}
+	if err := c.Recorder.check(); err != nil {
+		return trace.Wrap(err)
 	}
 	if c.Roles == nil {
 		return trace.BadParameter("web: WebSessions.Router is set but Roles is missing")

@@ -217,6 +217,7 @@ func (s *Server) startTerm(live *liveSession, rawParams string, sock *termSocket
 	if !s.web.track() {
 		expiry.Stop()
 		client.Close()
+		t.abortRecording()
 		t.cancel(nil)
 		t.hist.close()
 		return nil, trace.ConnectionProblem(nil, "the proxy is shutting down")
@@ -225,6 +226,7 @@ func (s *Server) startTerm(live *liveSession, rawParams string, sock *termSocket
 		s.web.terminals.Done()
 		expiry.Stop()
 		client.Close()
+		t.abortRecording()
 		t.cancel(nil)
 		t.hist.close()
 		return nil, trace.ConnectionProblem(nil, "the proxy is shutting down")
@@ -288,6 +290,9 @@ type term struct {
 	// attached: a socket was attached before, so the next attach is a
 	// resume and its replay is marked (webterm.Session.Replay).
 	attached bool
+	// rec is the proxy's recording of a terminal to an OpenSSH node (set
+	// by connect, then read-only; the writer has its own lock).
+	rec termRecording
 }
 
 // Write takes the shell's output (stdout and stderr): into the history
@@ -296,6 +301,11 @@ type term struct {
 func (t *term) Write(p []byte) (int, error) {
 	t.outMu.Lock()
 	defer t.outMu.Unlock()
+	if !t.recordOutput(p) {
+		// A required recording failed: what it did not take is not
+		// shown (the terminal is ending).
+		return len(p), nil
+	}
 	seq := t.hist.write(p)
 	t.mu.Lock()
 	a := t.att
@@ -539,6 +549,7 @@ func (t *term) writeInput(sock *termSocket, p []byte) error {
 	if _, err := t.stdin.Write(p); err != nil {
 		return err
 	}
+	t.recordInput(p)
 	t.mu.Lock()
 	t.input += uint64(len(p))
 	t.mu.Unlock()
@@ -552,5 +563,6 @@ func (t *term) resize(sock *termSocket, size TermSize) error {
 		return nil
 	}
 	t.hist.resize(size.Cols, size.Rows)
+	t.recordResize(uint32(size.Cols), uint32(size.Rows))
 	return t.sess.WindowChange(size.Rows, size.Cols)
 }

@@ -142,9 +142,15 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) 
 	// The address given to the handshake is the node's UUID, always one
 	// of its host certificate's principals, checked against this
 	// cluster's host CA: the login's host CAs are scoped (a leaf's
-	// vouches only for *.LEAF names, never for a local node's UUID).
+	// vouches only for *.LEAF names, never for a local node's UUID). An
+	// OpenSSH node's certificate (pctl nodes add-openssh) names NAME,
+	// NAME.CLUSTER and its address's host, not the UUID: its hostname.
 	_, port, _ := net.SplitHostPort(node.Addr)
-	hostAddr, hostKeys := net.JoinHostPort(node.UUID, port), authz.ScopedHostKeyCallback(t.live.hostCAs, t.srv.cfg.Clock)
+	hostName := node.UUID
+	if node.IsOpenSSH() {
+		hostName = node.Hostname
+	}
+	hostAddr, hostKeys := net.JoinHostPort(hostName, port), authz.ScopedHostKeyCallback(t.live.hostCAs, t.srv.cfg.Clock)
 	if route.Leaf {
 		// The leaf's Router chose the node: the root knows only what the
 		// user asked for, and a leaf node's certificate is checked
@@ -196,7 +202,7 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) 
 	sess.Stdout = out
 	sess.Stderr = out
 	modes := ssh.TerminalModes{ssh.ECHO: 1, ssh.TTY_OP_ISPEED: 14400, ssh.TTY_OP_OSPEED: 14400}
-	if err := sess.RequestPty("xterm-256color", p.Rows, p.Cols, modes); err != nil {
+	if err := sess.RequestPty(termType, p.Rows, p.Cols, modes); err != nil {
 		client.Close()
 		return nil, nil, nil, trace.ConnectionProblem(err, "pty request on node %q refused: %v", node.Hostname, err)
 	}
@@ -206,10 +212,23 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) 
 		// awaited (OpenSSH's SendEnv does not either).
 		_, _ = sess.SendRequest("env", false, ssh.Marshal(struct{ Name, Value string }{"LANG", p.Lang}))
 	}
+	if node.IsOpenSSH() && !route.Leaf {
+		// No Postern process on the node records the session: this proxy
+		// does (terminal_record.go), under a session id of the
+		// recordings' form.
+		out.id = newRecordingID()
+		out.log = out.log.WithField("terminal_id", out.id)
+		if err := out.startRecording(ctx, id, node, uint32(p.Cols), uint32(p.Rows)); err != nil {
+			client.Close()
+			return nil, nil, nil, trace.Wrap(err)
+		}
+	}
 	if err := sess.Shell(); err != nil {
 		client.Close()
+		out.abortRecording()
 		return nil, nil, nil, trace.ConnectionProblem(err, "shell on node %q refused: %v", node.Hostname, err)
 	}
+	out.emitStart(ctx, node)
 	return client, sess, stdin, nil
 }
 
