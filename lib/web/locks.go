@@ -44,6 +44,15 @@ func (w *webState) enforceLocks(s *Server, locks LockChecker) {
 				s.endSessionCause(w.ctx, live.ref, err)
 			}
 		}
+		// A Postern node ends its own sessions when it is locked; a
+		// stock sshd knows nothing of locks, so the proxy ends the
+		// terminals it holds to a locked OpenSSH node.
+		for t, node := range w.terms.openSSH() {
+			if err := locks.Check(services.LockTarget{Node: node}); services.IsLocked(err) {
+				t.log.WithField("reason", err.Error()).Warn("Ending a terminal to a locked OpenSSH node.")
+				t.cancel(err)
+			}
+		}
 		select {
 		case <-changed:
 		case <-w.ctx.Done():

@@ -90,3 +90,22 @@ func TestWebSessionRefusedWhileLocked(t *testing.T) {
 	resp, body = e.do(t, http.MethodGet, "/webapi/nodes", "", ws, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
 }
+
+// TestWebTerminalEndsWhenItsOpenSSHNodeIsLocked: a stock sshd knows
+// nothing of locks, so a lock on the node ends the proxy's terminal to it,
+// with the lock's message, and a new one is refused.
+func TestWebTerminalEndsWhenItsOpenSSHNodeIsLocked(t *testing.T) {
+	e, _ := newLockedTermEnv(t)
+	useOpenSSHNode(t, e)
+	ws := e.login(t)
+	ctx := testCtx(t)
+	c := e.dialTerminal(t, ctx, ws, defaultParams())
+	openTerminal(t, ctx, c, ws.token)
+	readUntil(t, ctx, c, FrameData, "prompt$ ")
+
+	require.NoError(t, e.store.UpsertLock(context.Background(), services.Lock{Target: services.LockTarget{Node: testNodeUUID}, Message: "maintenance window"}))
+	f := readUntil(t, ctx, c, FrameError, "")
+	require.Contains(t, string(f.Payload), "maintenance window")
+	requireClosed(t, ctx, c, closeError, "")
+	<-e.node.ended
+}

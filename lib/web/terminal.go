@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -251,6 +252,10 @@ type term struct {
 	started time.Time
 	// The node as routed (set by connect, then read-only).
 	nodeHostname, nodeUUID, cluster string
+	// openSSHNode is the UUID of the OpenSSH node the terminal reached,
+	// set once connected (nil otherwise): the lock sweep, which runs
+	// beside connect, reads it to end the terminals a node lock covers.
+	openSSHNode atomic.Pointer[string]
 	remoteAddr                      string
 	// resumable: the client speaks the sequenced dialect and the grace
 	// period is on; otherwise the terminal ends with its socket.

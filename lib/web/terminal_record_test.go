@@ -38,6 +38,14 @@ func openSSHEnv(t *testing.T, withRecorder bool, mode string, spoolDir ...string
 			}}
 		}
 	})
+	useOpenSSHNode(t, e)
+	return e, rec, spool
+}
+
+// useOpenSSHNode makes e's node a kind openssh record and waits until the
+// web server's NodeWatcher sees it so.
+func useOpenSSHNode(t *testing.T, e *termEnv) {
+	t.Helper()
 	ctx := context.Background()
 	require.NoError(t, e.store.UpsertNode(ctx, services.Node{
 		UUID: testNodeUUID, Hostname: "node1", Addr: e.node.addr(), Cluster: "c1", Kind: services.NodeKindOpenSSH,
@@ -57,7 +65,6 @@ func openSSHEnv(t *testing.T, withRecorder bool, mode string, spoolDir ...string
 		}
 		return false
 	}, testTimeout, 10*time.Millisecond)
-	return e, rec, spool
 }
 
 // TestWebTerminalOpenSSHRecordedAtProxy: a terminal to an OpenSSH node

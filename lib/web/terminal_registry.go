@@ -194,6 +194,20 @@ func (r *termRegistry) drain(cause error) {
 	}
 }
 
+// openSSH lists the terminals connected to OpenSSH nodes, with their
+// nodes' UUIDs.
+func (r *termRegistry) openSSH() map[*term]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[*term]string{}
+	for _, t := range r.byID {
+		if id := t.openSSHNode.Load(); id != nil {
+			out[t] = *id
+		}
+	}
+	return out
+}
+
 // isDraining reports whether drain was called.
 func (r *termRegistry) isDraining() bool {
 	r.mu.Lock()

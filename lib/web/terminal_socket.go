@@ -228,6 +228,20 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) 
 		out.abortRecording()
 		return nil, nil, nil, trace.ConnectionProblem(err, "shell on node %q refused: %v", node.Hostname, err)
 	}
+	if node.IsOpenSSH() && !route.Leaf {
+		// From now on the lock sweep (locks.go) ends it when the node
+		// is locked; a lock that landed since the Router's check ends
+		// it here.
+		uuid := node.UUID
+		out.openSSHNode.Store(&uuid)
+		if locks := cfg.Locks; locks != nil {
+			if err := locks.Check(services.LockTarget{Node: uuid}); services.IsLocked(err) {
+				client.Close()
+				out.abortRecording()
+				return nil, nil, nil, trace.Wrap(err)
+			}
+		}
+	}
 	out.emitStart(ctx, node)
 	return client, sess, stdin, nil
 }
