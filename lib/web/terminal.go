@@ -256,7 +256,7 @@ type term struct {
 	// set once connected (nil otherwise): the lock sweep, which runs
 	// beside connect, reads it to end the terminals a node lock covers.
 	openSSHNode atomic.Pointer[string]
-	remoteAddr                      string
+	remoteAddr  string
 	// resumable: the client speaks the sequenced dialect and the grace
 	// period is on; otherwise the terminal ends with its socket.
 	resumable bool
