@@ -97,7 +97,7 @@ func TestPctlUsersUpdateAndResetPassword(t *testing.T) {
 	require.Equal(t, []string{"bob", "deploy"}, users[i].Traits["logins"])
 	// Only --logins: the roles stay.
 	mustPctl(t, c.dataDir, "", "users", "update", "bob", "--logins", "bob")
-	require.Regexp(t, `(?m)^bob +dev,access +bob +no`, mustPctl(t, c.dataDir, "", "users", "ls"))
+	require.Regexp(t, `(?m)^bob +dev,access +bob +- +local$`, mustPctl(t, c.dataDir, "", "users", "ls"))
 
 	for _, bad := range []struct {
 		args []string

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -64,9 +65,13 @@ func TestLeafTrustRemovalEndsRootShells(t *testing.T) {
 		}
 	}
 	t.Logf("both shells ended %v after pctl rm", time.Since(start))
-	const why = `cluster "root" is no longer trusted here (its trusted_cluster was removed)`
-	require.Contains(t, outLeaf.String(), why)
-	require.Contains(t, outRoot.String(), why)
+	// Removing the trust deletes the trusted_cluster record, then the
+	// root's CAs. The leaf's servers follow the two through separate
+	// watch streams of the auth API, so either change may reach them
+	// first, and each is a true reason.
+	why := regexp.MustCompile(`cluster "root" is no longer trusted here \(its trusted_cluster was removed\)|the user CA of cluster "root" is no longer held here`)
+	require.Regexp(t, why, outLeaf.String())
+	require.Regexp(t, why, outRoot.String())
 
 	var ended []events.Event
 	require.Eventually(t, func() bool {
@@ -80,7 +85,7 @@ func TestLeafTrustRemovalEndsRootShells(t *testing.T) {
 		return len(ended) >= 2
 	}, 10*time.Second, 100*time.Millisecond, "conn.terminated events of the node for both of alice's connections")
 	for _, e := range ended {
-		require.Equal(t, why, e.Fields[events.FieldReason])
+		require.Regexp(t, why, e.Fields[events.FieldReason])
 		require.Equal(t, "root", e.Fields[events.FieldUserCluster])
 	}
 }
