@@ -18,22 +18,10 @@ import (
 // auth accepts a session's chunks only from the node that ran it.
 func (p *Process) startRecordingUploads(clt *auth.Client) (*srv.Recorder, error) {
 	spool := recording.DirStorage{Dir: p.cfg.RecordingSpoolDir()}
-	u, err := recording.NewUploader(recording.UploaderConfig{
-		Spool:   spool,
-		Upload:  clt,
-		Clock:   p.clock,
-		Logger:  p.log.WithField("component", "recording:upload"),
-		Metrics: p.registry,
-	})
+	u, err := p.startUploader(spool, clt, "recording:upload")
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	p.onShutdown(func(ctx context.Context) error {
-		// One last pass so that a clean shutdown leaves nothing behind,
-		// bounded by the shutdown's context.
-		_ = u.Flush(ctx)
-		return u.Close()
-	})
 	settings, err := p.nodeNetworking(clt)
 	if err != nil {
 		return nil, trace.Wrap(err)
@@ -47,26 +35,38 @@ func (p *Process) startRecordingUploads(clt *auth.Client) (*srv.Recorder, error)
 	return r, trace.Wrap(err)
 }
 
-// startProxyRecorder starts the uploader of the proxy's spool (its web
-// terminals to OpenSSH nodes, which no node records) and returns their
-// recorder. Uploads go through clt, the proxy identity's client: auth
-// accepts a proxy's chunks only for sessions on OpenSSH nodes.
-func (p *Process) startProxyRecorder(clt *auth.Client, networking *services.NetworkingWatcher) (*web.TerminalRecorder, error) {
-	spool := recording.DirStorage{Dir: p.cfg.ProxyRecordingSpoolDir()}
+// startUploader ships spool's recordings to auth through clt (which first
+// ships whatever an earlier run left there), and flushes it at shutdown.
+func (p *Process) startUploader(spool recording.DirStorage, clt *auth.Client, component string) (*recording.Uploader, error) {
 	u, err := recording.NewUploader(recording.UploaderConfig{
 		Spool:   spool,
 		Upload:  clt,
 		Clock:   p.clock,
-		Logger:  p.log.WithField("component", "recording:upload:proxy"),
+		Logger:  p.log.WithField("component", component),
 		Metrics: p.registry,
 	})
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
 	p.onShutdown(func(ctx context.Context) error {
+		// One last pass so that a clean shutdown leaves nothing behind,
+		// bounded by the shutdown's context.
 		_ = u.Flush(ctx)
 		return u.Close()
 	})
+	return u, nil
+}
+
+// startProxyRecorder starts the uploader of the proxy's spool (its web
+// terminals to OpenSSH nodes, which no node records) and returns their
+// recorder. Uploads go through clt, the proxy identity's client: auth
+// accepts a proxy's chunks only for sessions on OpenSSH nodes.
+func (p *Process) startProxyRecorder(clt *auth.Client, networking *services.NetworkingWatcher) (*web.TerminalRecorder, error) {
+	spool := recording.DirStorage{Dir: p.cfg.ProxyRecordingSpoolDir()}
+	u, err := p.startUploader(spool, clt, "recording:upload:proxy")
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
 	return &web.TerminalRecorder{
 		Spool: spool,
 		// The proxy's watcher, or auth until it has synced.
