@@ -18,6 +18,7 @@ import (
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/recording"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/srv/srvtest"
 )
 
 // requireRootFS skips a test that needs root to break a file system on
@@ -26,18 +27,8 @@ import (
 func requireRootFS(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		skipOrFailInCI(t, "needs root: makes the recording spool immutable or full")
+		srvtest.SkipOrFailInCI(t, "needs root: makes the recording spool immutable or full")
 	}
-}
-
-// skipOrFailInCI skips on a developer's machine that lacks what the test
-// needs, and fails under CI, whose .ci/run installs it and runs as root.
-func skipOrFailInCI(t *testing.T, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("CI") != "" {
-		t.Fatalf(format, args...)
-	}
-	t.Skipf(format, args...)
 }
 
 // immutable sets the immutable attribute on dir (chattr +i: not even root
@@ -46,7 +37,7 @@ func immutable(t *testing.T, dir string) {
 	t.Helper()
 	out, err := exec.Command("chattr", "+i", dir).CombinedOutput()
 	if err != nil {
-		skipOrFailInCI(t, "chattr +i %s: %v: %s (.ci/run installs e2fsprogs)", dir, err, out)
+		srvtest.SkipOrFailInCI(t, "chattr +i %s: %v: %s (.ci/run installs e2fsprogs)", dir, err, out)
 	}
 	t.Cleanup(func() { _ = exec.Command("chattr", "-i", dir).Run() })
 }
@@ -57,7 +48,7 @@ func smallTmpfs(t *testing.T, size int) string {
 	t.Helper()
 	dir := t.TempDir()
 	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
-		skipOrFailInCI(t, "mount tmpfs: %v", err)
+		srvtest.SkipOrFailInCI(t, "mount tmpfs: %v", err)
 	}
 	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
 	return dir

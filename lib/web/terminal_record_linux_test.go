@@ -12,6 +12,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/srv/srvtest"
 )
 
 // TestWebTerminalOpenSSHRequiredRecordingFails: a spool that fills up
@@ -19,11 +20,11 @@ import (
 // saying why, and recording.failed names the role; as on a node.
 func TestWebTerminalOpenSSHRequiredRecordingFails(t *testing.T) {
 	if os.Geteuid() != 0 {
-		skipUnlessCI(t, "needs root: mounts a small tmpfs as the proxy's spool")
+		srvtest.SkipOrFailInCI(t, "needs root: mounts a small tmpfs as the proxy's spool")
 	}
 	dir := t.TempDir()
 	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", 256<<10)); err != nil {
-		skipUnlessCI(t, "mount tmpfs: %v", err)
+		srvtest.SkipOrFailInCI(t, "mount tmpfs: %v", err)
 	}
 	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
 	e, rec, _ := openSSHEnv(t, true, services.RecordingNode, dir)
@@ -43,16 +44,6 @@ func TestWebTerminalOpenSSHRequiredRecordingFails(t *testing.T) {
 	require.Equal(t, "audited", failed.Fields["required_by"])
 	end := waitAudit(t, rec, events.SessionEnd, func(events.Event) bool { return true })
 	require.Equal(t, false, end.Fields[events.FieldRecorded])
-}
-
-// skipUnlessCI skips on a developer's machine that lacks what the test
-// needs, and fails under CI, which runs as root.
-func skipUnlessCI(t *testing.T, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("CI") != "" {
-		t.Fatalf(format, args...)
-	}
-	t.Skipf(format, args...)
 }
 
 // fillDir writes a file into dir until its file system is full.

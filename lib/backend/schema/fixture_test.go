@@ -23,19 +23,23 @@ const (
 	FixturePassword = "correct horse battery"
 )
 
-// TestWriteFixture (re)writes fixtures/datadir-v1 with this release's
-// code: an auth server's SQLite backend holding its CAs, the preset roles,
-// a role "ops", a user alice (password FixturePassword, logins alice and
-// root, roles access and ops) and a node "fixture-node" whose record
-// expires in 2126. It only runs with POSTERN_WRITE_FIXTURE=1: a fixture is
-// written once, by the release whose data it stands for, and kept.
+// TestWriteFixture writes a data dir as fixtures/datadir-v1 holds it,
+// with this release's code: an auth server's SQLite backend holding its
+// CAs, the preset roles, a role "ops", a user alice (password
+// FixturePassword, logins alice and root, roles access and ops) and a node
+// "fixture-node" whose record expires in 2126. It writes into a temporary
+// dir and reads it back, so that every run proves this release can still
+// write what the fixture stands for; with POSTERN_WRITE_FIXTURE=1 it
+// (re)writes fixtures/datadir-v1 itself, which is done once, by the
+// release whose data the fixture stands for, and kept.
 func TestWriteFixture(t *testing.T) {
-	if os.Getenv("POSTERN_WRITE_FIXTURE") != "1" {
-		t.Skip("set POSTERN_WRITE_FIXTURE=1 to rewrite " + fixtureDir)
+	dir := t.TempDir()
+	if os.Getenv("POSTERN_WRITE_FIXTURE") == "1" {
+		dir = fixtureDir
+		require.NoError(t, os.RemoveAll(dir))
 	}
 	ctx := context.Background()
-	require.NoError(t, os.RemoveAll(fixtureDir))
-	b, err := sqlite.New(ctx, sqlite.Config{Path: filepath.Join(fixtureDir, "backend", "postern.db")})
+	b, err := sqlite.New(ctx, sqlite.Config{Path: filepath.Join(dir, "backend", "postern.db")})
 	require.NoError(t, err)
 	require.NoError(t, schema.Migrate(ctx, b, nil))
 	store := services.NewStore(b)
@@ -60,14 +64,21 @@ func TestWriteFixture(t *testing.T) {
 		LastHeartbeat: time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC),
 	}))
 	require.NoError(t, b.Close())
-	require.NoError(t, os.WriteFile(filepath.Join(fixtureDir, "cluster_name"), []byte(FixtureCluster+"\n"), 0o600))
-	require.NoFileExists(t, filepath.Join(fixtureDir, "backend", "postern.db-wal"), "closed cleanly: one file")
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "cluster_name"), []byte(FixtureCluster+"\n"), 0o600))
+	require.NoFileExists(t, filepath.Join(dir, "backend", "postern.db-wal"), "closed cleanly: one file")
+	checkFixture(t, copyDir(t, dir))
 }
 
 // TestFixtureHoldsWhatItSays reads the fixture as this release does.
 func TestFixtureHoldsWhatItSays(t *testing.T) {
+	checkFixture(t, copyDir(t, fixtureDir))
+}
+
+// checkFixture reads the data dir dir as this release does and finds what
+// the fixture holds.
+func checkFixture(t *testing.T, dir string) {
+	t.Helper()
 	ctx := context.Background()
-	dir := copyDir(t, fixtureDir)
 	b, err := sqlite.New(ctx, sqlite.Config{Path: filepath.Join(dir, "backend", "postern.db")})
 	require.NoError(t, err)
 	defer b.Close()
