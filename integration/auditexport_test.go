@@ -65,6 +65,24 @@ func sessionEvents(lines []map[string]any) map[string][]string {
 }
 
 // fileLines reads the export file's JSON lines.
+// rotatedLines reads an export file rotated by size: path.N (the oldest)
+// down to path.1, then path.
+func rotatedLines(t *testing.T, path string) []map[string]any {
+	t.Helper()
+	n := 0
+	for {
+		if _, err := os.Stat(fmt.Sprintf("%s.%d", path, n+1)); err != nil {
+			break
+		}
+		n++
+	}
+	var out []map[string]any
+	for i := n; i >= 1; i-- {
+		out = append(out, fileLines(t, fmt.Sprintf("%s.%d", path, i))...)
+	}
+	return append(out, fileLines(t, path)...)
+}
+
 func fileLines(t *testing.T, path string) []map[string]any {
 	t.Helper()
 	data, err := os.ReadFile(path)
@@ -89,7 +107,9 @@ func TestAuditExportFromConfigFile(t *testing.T) {
 	srv := httptest.NewServer(col)
 	t.Cleanup(srv.Close)
 	exportFile := filepath.Join(t.TempDir(), "audit.jsonl")
-	d, addrs, _ := algorithmsDaemon(t, fmt.Sprintf("nodename: node-1\naudit:\n  file: %s\n  format: json\n  webhook: %s/ingest\n", exportFile, srv.URL))
+	// The file rotates itself every kilobyte or so and keeps every piece:
+	// the pieces read in order must hold every line once.
+	d, addrs, _ := algorithmsDaemon(t, fmt.Sprintf("nodename: node-1\naudit:\n  file: %s\n  format: json\n  webhook: %s/ingest\n  max_size_bytes: 1024\n  max_files: 1000\n", exportFile, srv.URL))
 	d.cmd.Stderr = d.stderr
 	require.NoError(t, d.cmd.Start())
 	go func() { d.done <- d.cmd.Wait() }()
@@ -143,12 +163,12 @@ func TestAuditExportFromConfigFile(t *testing.T) {
 	}
 	// So does the file, written by another goroutine of the daemon.
 	require.Eventually(t, func() bool {
-		return len(sessionEvents(fileLines(t, exportFile))[sid]) == 2
+		return len(sessionEvents(rotatedLines(t, exportFile))[sid]) == 2
 	}, 10*time.Second, 50*time.Millisecond)
 	st, err := os.Stat(exportFile)
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o600), st.Mode().Perm())
-	require.Equal(t, []string{"session.start", "session.end"}, sessionEvents(fileLines(t, exportFile))[sid])
+	require.Equal(t, []string{"session.start", "session.end"}, sessionEvents(rotatedLines(t, exportFile))[sid])
 
 	// Both hold the lines of events.log, and the daemon still stops
 	// cleanly with exporters running.
@@ -161,8 +181,9 @@ func TestAuditExportFromConfigFile(t *testing.T) {
 		t.Fatal("postern did not exit after SIGTERM")
 	}
 	logged := fileLines(t, filepath.Join(d.dataDir, "log", "events.log"))
-	exported := fileLines(t, exportFile)
+	exported := rotatedLines(t, exportFile)
 	require.Equal(t, logged, exported, "the export file is a copy of what this process emitted")
+	require.FileExists(t, exportFile+".1", "audit.max_size_bytes rotated the file")
 	col.mu.Lock()
 	defer col.mu.Unlock()
 	require.Equal(t, logged, col.lines, "every event reached the webhook, once, in order")

@@ -19,10 +19,10 @@ import (
 // Store and the API (every "auth is here" branch was a place where the two
 // could drift apart: the second-factor hint did).
 //
-// Why a socket pair (Linux) and not net.Pipe: a pipe has no buffer, so TLS's close
-// alerts and HTTP's pipelined writes block until the far side reads; the
-// kernel's buffer behaves like the TCP connection the rest of the code
-// assumes, and recordings stream through it at memory speed.
+// Why a socket pair (Linux) and not net.Pipe: a pipe has no buffer, so
+// TLS's close alerts and HTTP's pipelined writes block until the far side
+// reads; the kernel's buffer behaves like the TCP connection the rest of
+// the code assumes, and recordings stream through it at memory speed.
 
 // inProcessPeerAddr is the remote address the API sees for an in-process
 // caller: this machine, which is what it is. The address checks of
