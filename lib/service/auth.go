@@ -77,6 +77,7 @@ func (p *Process) startAuth(ctx context.Context) error {
 	if err != nil {
 		return trace.Wrap(err)
 	}
+	p.runAccessRequestExpiry()
 	p.authAPI, err = auth.NewAPIServer(auth.APIConfig{Auth: p.authServer, Listener: ln})
 	if err != nil {
 		return trace.Wrap(err)
@@ -213,4 +214,20 @@ func openEtcd(ctx context.Context, p *Process) (backend.Backend, error) {
 	}
 	b, err := etcdbk.New(ctx, cfg)
 	return b, trace.Wrap(err)
+}
+
+// runAccessRequestExpiry sweeps expired access requests until shutdown
+// (auth ends the grants of those that expire).
+func (p *Process) runAccessRequestExpiry() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.authServer.RunAccessRequestExpiry(ctx)
+	}()
+	p.onShutdown(func(context.Context) error {
+		cancel()
+		<-done
+		return nil
+	})
 }
