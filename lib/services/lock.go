@@ -75,6 +75,8 @@ func (t LockTarget) Check() error {
 		}
 	}
 	switch {
+	case t.User != "" && t.Node != "":
+		return trace.BadParameter("lock target names both a user and a node: lock one at a time")
 	case n > 1:
 		return trace.BadParameter("lock target names more than one of a user, a node and an access request: lock one at a time")
 	case t.AccessRequest != "":
