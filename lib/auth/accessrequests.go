@@ -300,7 +300,7 @@ func (s *Server) GenerateRequestCert(ctx context.Context, v *requestViewer, req 
 	}
 	now := s.clock.Now()
 	if r.State != services.RequestApproved || !now.Before(r.Expires) {
-		return nil, trace.AccessDenied("access request %s is %s, not approved: it grants nothing", r.ID, displayState(r, now))
+		return nil, trace.AccessDenied("access request %s is %s, not approved: it grants nothing", r.ID, r.StateAt(now))
 	}
 	user, err := s.store.GetUser(ctx, v.User)
 	if err != nil {
@@ -313,15 +313,6 @@ func (s *Server) GenerateRequestCert(ctx context.Context, v *requestViewer, req 
 		return nil, trace.AccessDenied("your certificate has expired: log in again")
 	}
 	return s.generateUserCert(ctx, &granted, authapi.UserCertRequest{User: v.User, PublicKey: req.PublicKey, TTL: ttl}, r)
-}
-
-// displayState is the state as of now: a pending or approved request past
-// its expiry is expired even before the sweep marks it.
-func displayState(r *services.AccessRequest, now time.Time) string {
-	if (r.State == services.RequestPending || r.State == services.RequestApproved) && !now.Before(r.Expires) {
-		return services.RequestExpired
-	}
-	return r.State
 }
 
 // applyRequestGrant makes cert carry request r: its id, and an expiry no

@@ -98,6 +98,7 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		Router:     router,
 		Nodes:      nw,
 		Recordings: clt,
+		Requests:   clt,
 		Audit:      p.audit,
 		Locks:      p.locks,
 		Logger:     p.log.WithField("component", "proxy:ssh"),

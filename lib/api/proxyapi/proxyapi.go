@@ -160,3 +160,39 @@ const (
 
 // MaxLeafRequest bounds a LeafRequest line: a certificate is under 2 KiB.
 const MaxLeafRequest = 64 << 10
+
+// SubsystemAccessRequestPrefix + a JSON AccessRequestOp is one access
+// request operation of the caller (psh request, psh login --request-id):
+// the proxy passes the caller's certificate to the auth server, which acts
+// for the user it names. The answer is JSON (a request, a list of them, or
+// an AccessRequestCertAnswer); a refusal is the subsystem's refusal with
+// the reason on stderr.
+const SubsystemAccessRequestPrefix = "access-request:"
+
+// Access request operations (AccessRequestOp.Op).
+const (
+	AccessRequestOpCreate = "create"
+	AccessRequestOpList   = "ls"
+	AccessRequestOpShow   = "show"
+	AccessRequestOpReview = "review"
+	AccessRequestOpCert   = "cert"
+)
+
+// AccessRequestOp is one operation of SubsystemAccessRequestPrefix.
+type AccessRequestOp struct {
+	Op     string   `json:"op"`
+	ID     string   `json:"id,omitempty"`
+	Roles  []string `json:"roles,omitempty"`
+	Reason string   `json:"reason,omitempty"`
+	// TTL is a Go duration ("1h"); empty means the cap.
+	TTL string `json:"ttl,omitempty"`
+	// State is the review: "approved" or "denied".
+	State string `json:"state,omitempty"`
+	// PublicKey is the key to certify (op cert), authorized_keys format.
+	PublicKey []byte `json:"public_key,omitempty"`
+}
+
+// AccessRequestCertAnswer answers op cert.
+type AccessRequestCertAnswer struct {
+	Cert []byte `json:"cert"`
+}
