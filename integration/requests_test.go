@@ -164,6 +164,11 @@ func TestAccessRequests(t *testing.T) {
 	require.Equal(t, 1, code, errOut)
 	require.Contains(t, errOut, "not an approved request of yours")
 
+	// pctl route --user names the request that grants the access.
+	route := mustPctl(t, c.dataDir, "", "route", "--user", "rita", "node-1")
+	require.Contains(t, route, "request:    "+id)
+	require.Contains(t, route, "grants node-1")
+
 	_, errOut, code = rita.run(t, "", "login", "--request-id", id)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, errOut, "Logged in with access request "+id)
