@@ -3,6 +3,7 @@ package auth
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"slices"
 	"strings"
 	"time"
@@ -411,7 +412,30 @@ func (s *Server) emitRequest(ctx context.Context, typ, by string, r *services.Ac
 		user = r.User
 	}
 	s.cfg.Audit.Emit(context.WithoutCancel(ctx), events.Event{Type: typ, User: user, Fields: fields})
+	s.notifyRequest(typ, user, r)
+}
 
+// RequestNotification is one line of the access_requests webhook: the
+// step (the audit event type), who took it and the request after it.
+type RequestNotification struct {
+	Event   string                 `json:"event"`
+	By      string                 `json:"by"`
+	Time    time.Time              `json:"time"`
+	Request services.AccessRequest `json:"request"`
+}
+
+// notifyRequest queues the webhook line; the exporter retries and never
+// blocks.
+func (s *Server) notifyRequest(typ, by string, r *services.AccessRequest) {
+	if s.cfg.RequestNotifier == nil {
+		return
+	}
+	line, err := json.Marshal(RequestNotification{Event: typ, By: by, Time: s.clock.Now().UTC(), Request: *r})
+	if err != nil {
+		s.log.WithError(err).Warn("Could not encode an access request notification.")
+		return
+	}
+	s.cfg.RequestNotifier.Export(line)
 }
 
 const (

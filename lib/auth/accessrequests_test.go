@@ -5,6 +5,10 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +18,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/events/export"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -264,4 +269,43 @@ func TestAccessRequestExpiry(t *testing.T) {
 	waitEvent(t, e.rec, events.AccessRequestExpire, func(ev events.Event) bool { return ev.Fields[events.FieldRequestID] == r.ID })
 	_, err = e.review("bob", pending.ID, services.RequestApproved)
 	requireKind(t, err, trace.IsBadParameter, "expired")
+}
+
+// TestAccessRequestWebhook: every state change reaches the
+// access_requests webhook as a JSON line naming the step and the request.
+func TestAccessRequestWebhook(t *testing.T) {
+	e := newRequestEnv(t)
+	got := make(chan RequestNotification, 16)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		for _, line := range strings.Split(strings.TrimSpace(string(body)), "\n") {
+			var n RequestNotification
+			if json.Unmarshal([]byte(line), &n) == nil {
+				got <- n
+			}
+		}
+	}))
+	defer srv.Close()
+	w, err := export.NewWebhook(export.Config{Webhook: srv.URL})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, w.Close(context.Background())) }()
+	e.auth.cfg.RequestNotifier = w
+
+	r := e.create(t, "alice", "dba")
+	_, err = e.review("bob", r.ID, services.RequestApproved)
+	require.NoError(t, err)
+	for _, want := range []struct{ event, by, state string }{
+		{events.AccessRequestCreate, "alice", services.RequestPending},
+		{events.AccessRequestReview, "bob", services.RequestApproved},
+	} {
+		select {
+		case n := <-got:
+			require.Equal(t, want.event, n.Event)
+			require.Equal(t, want.by, n.By)
+			require.Equal(t, r.ID, n.Request.ID)
+			require.Equal(t, want.state, n.Request.State)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no %s notification", want.event)
+		}
+	}
 }
