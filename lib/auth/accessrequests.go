@@ -295,6 +295,16 @@ func (s *Server) GenerateRequestCert(ctx context.Context, v *requestViewer, req 
 	if v.User == "" || v.Cert == nil {
 		return nil, trace.BadParameter("a request certificate is issued to a user, not an admin identity")
 	}
+	// The key certified is the one the user's certificate is for: the
+	// proxy passing the certificate (public data) cannot have the grant
+	// certified for a key of its own.
+	pub, err := parseAuthorizedKey(req.PublicKey)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if !bytes.Equal(pub.Marshal(), v.Cert.Key.Marshal()) {
+		return nil, trace.AccessDenied("a request certificate is issued for the key of the certificate that asks for it")
+	}
 	r, _, err := s.store.GetAccessRequest(ctx, req.ID)
 	if err != nil || r.User != v.User {
 		return nil, trace.AccessDenied("access request %q is not an approved request of yours", req.ID)

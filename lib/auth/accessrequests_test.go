@@ -86,7 +86,7 @@ func (e *requestEnv) review(user, id, state string) (*services.AccessRequest, er
 }
 
 func (e *requestEnv) cert(user, id string) (*ssh.Certificate, error) {
-	data, err := e.proxy.AccessRequestCert(context.Background(), authapi.AccessRequestCert{UserCert: e.certs[user], ID: id, PublicKey: testPublicKeyNoT()})
+	data, err := e.proxy.AccessRequestCert(context.Background(), authapi.AccessRequestCert{UserCert: e.certs[user], ID: id, PublicKey: certKey(e.certs[user])})
 	if err != nil {
 		return nil, err
 	}
@@ -97,10 +97,13 @@ func (e *requestEnv) cert(user, id string) (*ssh.Certificate, error) {
 	return pub.(*ssh.Certificate), nil
 }
 
-func testPublicKeyNoT() []byte {
-	pub, _, _ := ed25519.GenerateKey(rand.Reader)
-	sp, _ := ssh.NewPublicKey(pub)
-	return ssh.MarshalAuthorizedKey(sp)
+// certKey is the key a certificate (authorized_keys format) certifies.
+func certKey(cert []byte) []byte {
+	pub, _, _, _, err := ssh.ParseAuthorizedKey(cert)
+	if err != nil {
+		return nil
+	}
+	return ssh.MarshalAuthorizedKey(pub.(*ssh.Certificate).Key)
 }
 
 func ids(rs []services.AccessRequest) []string {
@@ -167,6 +170,10 @@ func TestAccessRequestLifecycle(t *testing.T) {
 	requireKind(t, err, trace.IsAccessDenied, "not an approved request of yours")
 	_, err = e.cert("alice", services.NewAccessRequestID())
 	requireKind(t, err, trace.IsAccessDenied, "not an approved request of yours")
+	// A key other than the asking certificate's: what a proxy that saw
+	// alice's certificate would ask for.
+	_, err = e.proxy.AccessRequestCert(ctx, authapi.AccessRequestCert{UserCert: e.certs["alice"], ID: r.ID, PublicKey: testPublicKey(t)})
+	requireKind(t, err, trace.IsAccessDenied, "for the key of the certificate")
 	// A certificate not of this cluster's user CA.
 	_, err = e.proxy.AccessRequestCert(ctx, authapi.AccessRequestCert{UserCert: forgedUserCert(t, "alice"), ID: r.ID, PublicKey: testPublicKey(t)})
 	requireKind(t, err, trace.IsAccessDenied, "user CA")

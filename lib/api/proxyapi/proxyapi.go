@@ -4,7 +4,13 @@
 // servers.
 package proxyapi
 
-import "time"
+import (
+	"encoding/json"
+	"strings"
+	"time"
+
+	"github.com/gravitational/trace"
+)
 
 // SubsystemNodes is the subsystem that lists the nodes the caller may
 // reach (what `psh ls` reads): a JSON array of NodeEntry, then the channel
@@ -195,4 +201,31 @@ type AccessRequestOp struct {
 // AccessRequestCertAnswer answers op cert.
 type AccessRequestCertAnswer struct {
 	Cert []byte `json:"cert"`
+}
+
+// maxAccessRequestOp bounds the JSON of an access request operation.
+const maxAccessRequestOp = 8 << 10
+
+// ParseAccessRequestOp reads the JSON after SubsystemAccessRequestPrefix:
+// one object with known fields only, a known op, at most 8 KiB.
+func ParseAccessRequestOp(raw string) (AccessRequestOp, error) {
+	var op AccessRequestOp
+	if len(raw) > maxAccessRequestOp {
+		return op, trace.BadParameter("access request operation longer than %d bytes", maxAccessRequestOp)
+	}
+	dec := json.NewDecoder(strings.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&op); err != nil {
+		return op, trace.BadParameter("invalid access request operation: %v", err)
+	}
+	if dec.More() {
+		return op, trace.BadParameter("invalid access request operation: trailing data after the object")
+	}
+	switch op.Op {
+	case AccessRequestOpCreate, AccessRequestOpList, AccessRequestOpShow, AccessRequestOpReview, AccessRequestOpCert:
+	default:
+		return op, trace.BadParameter("unknown access request operation %q: want %s, %s, %s, %s or %s", op.Op,
+			AccessRequestOpCreate, AccessRequestOpList, AccessRequestOpShow, AccessRequestOpReview, AccessRequestOpCert)
+	}
+	return op, nil
 }

@@ -27,9 +27,6 @@ type AccessRequests interface {
 	AccessRequestCert(ctx context.Context, req authapi.AccessRequestCert) ([]byte, error)
 }
 
-// maxAccessRequestOp bounds the JSON in the subsystem name.
-const maxAccessRequestOp = 8 << 10
-
 // accessRequestSubsystem serves `access-request:{JSON}`: the operation runs
 // before the request is accepted, so a refusal (a role not requestable,
 // a request one may not see) is the subsystem's refusal, with the reason.
@@ -40,19 +37,12 @@ func (h *Handler) accessRequestSubsystem(ctx context.Context, id *authz.Identity
 	if id.RemoteRoles != nil || id.Cert == nil {
 		return nil, trace.AccessDenied("access requests are made in your own cluster")
 	}
-	raw := strings.TrimPrefix(name, proxyapi.SubsystemAccessRequestPrefix)
-	if len(raw) > maxAccessRequestOp {
-		return nil, trace.BadParameter("access request operation longer than %d bytes", maxAccessRequestOp)
-	}
-	var op proxyapi.AccessRequestOp
-	dec := json.NewDecoder(strings.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&op); err != nil {
-		return nil, trace.BadParameter("invalid access request operation: %v", err)
+	op, err := proxyapi.ParseAccessRequestOp(strings.TrimPrefix(name, proxyapi.SubsystemAccessRequestPrefix))
+	if err != nil {
+		return nil, trace.Wrap(err)
 	}
 	userCert := ssh.MarshalAuthorizedKey(id.Cert)
 	var out any
-	var err error
 	switch op.Op {
 	case proxyapi.AccessRequestOpCreate:
 		var ttl time.Duration
@@ -72,8 +62,6 @@ func (h *Handler) accessRequestSubsystem(ctx context.Context, id *authz.Identity
 		var cert []byte
 		cert, err = h.cfg.Requests.AccessRequestCert(ctx, authapi.AccessRequestCert{UserCert: userCert, ID: op.ID, PublicKey: op.PublicKey})
 		out = proxyapi.AccessRequestCertAnswer{Cert: cert}
-	default:
-		return nil, trace.BadParameter("unknown access request operation %q", op.Op)
 	}
 	if err != nil {
 		return nil, trace.Wrap(err)
