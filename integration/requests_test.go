@@ -200,6 +200,40 @@ func TestAccessRequests(t *testing.T) {
 	otto.mustRun(t, "", "login", "--request-id", two)
 	require.Equal(t, "ok\n", otto.mustRun(t, "", "ssh", "node-1", "echo ok"))
 
+	// --wait: psh blocks until the review, then logs in with the grant.
+	rita.login(t, "rita", "pw-rita-long-enough\n")
+	wait := rita.cmd("", "request", "create", "--roles", "it-access", "--wait", "--wait-timeout", "1m")
+	var waitOut, waitErr bytes.Buffer
+	wait.Stdout, wait.Stderr = &waitOut, &waitErr
+	require.NoError(t, wait.Start())
+	waited := make(chan error, 1)
+	go func() { waited <- wait.Wait() }()
+	var waitID string
+	require.Eventually(t, func() bool {
+		for _, line := range strings.Split(mustPctl(t, c.dataDir, "", "requests", "ls"), "\n") {
+			if strings.Contains(line, "rita") && strings.Contains(line, "pending") {
+				waitID = strings.Fields(line)[0]
+				return true
+			}
+		}
+		return false
+	}, 20*time.Second, 100*time.Millisecond)
+	select {
+	case err := <-waited:
+		t.Fatalf("psh --wait returned before the review: %v %s", err, waitErr.String())
+	default:
+	}
+	rev1.mustRun(t, "", "request", "approve", waitID)
+	select {
+	case err := <-waited:
+		require.NoError(t, err, waitErr.String())
+	case <-time.After(30 * time.Second):
+		t.Fatal("psh --wait did not return after the approval")
+	}
+	require.Equal(t, waitID+"\n", waitOut.String())
+	require.Contains(t, waitErr.String(), "Logged in with access request "+waitID)
+	require.Equal(t, "ok\n", rita.mustRun(t, "", "ssh", "node-1", "echo ok"))
+
 	// Every step is audited.
 	events := mustPctl(t, c.dataDir, "", "events", "ls", "--format", "json")
 	for _, typ := range []string{"access_request.create", "access_request.review", "access_request.expire"} {
