@@ -124,3 +124,59 @@ func (c *Client) AccessRequestCert(ctx context.Context, req authapi.AccessReques
 	}
 	return out.Cert, nil
 }
+
+// UserAccessRequests is the access request API of a proxy served by this
+// auth server in-process: the same decisions as the HTTP API's, for the
+// user whose certificate each call carries.
+func (s *Server) UserAccessRequests() *LocalAccessRequests { return &LocalAccessRequests{s: s} }
+
+// LocalAccessRequests implements the proxy's access request interfaces
+// (lib/web, lib/proxy/sshproxy) on an in-process Server.
+type LocalAccessRequests struct{ s *Server }
+
+var proxyCaller = &peer{Role: RoleProxy, ID: "in-process"}
+
+// CreateAccessRequest is POST /v1/access_requests.
+func (l *LocalAccessRequests) CreateAccessRequest(ctx context.Context, req authapi.AccessRequestCreate) (*services.AccessRequest, error) {
+	v, err := l.s.requestViewerFor(ctx, proxyCaller, req.UserCert)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return l.s.CreateAccessRequest(ctx, v, req)
+}
+
+// ListAccessRequests is POST /v1/access_requests/list.
+func (l *LocalAccessRequests) ListAccessRequests(ctx context.Context, userCert []byte) ([]services.AccessRequest, error) {
+	v, err := l.s.requestViewerFor(ctx, proxyCaller, userCert)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return l.s.ListAccessRequests(ctx, v)
+}
+
+// GetAccessRequest is POST /v1/access_requests/get.
+func (l *LocalAccessRequests) GetAccessRequest(ctx context.Context, userCert []byte, id string) (*services.AccessRequest, error) {
+	v, err := l.s.requestViewerFor(ctx, proxyCaller, userCert)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return l.s.GetAccessRequest(ctx, v, id)
+}
+
+// ReviewAccessRequest is POST /v1/access_requests/review.
+func (l *LocalAccessRequests) ReviewAccessRequest(ctx context.Context, req authapi.AccessRequestReview) (*services.AccessRequest, error) {
+	v, err := l.s.requestViewerFor(ctx, proxyCaller, req.UserCert)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return l.s.ReviewAccessRequest(ctx, v, req)
+}
+
+// AccessRequestCert is POST /v1/access_requests/cert.
+func (l *LocalAccessRequests) AccessRequestCert(ctx context.Context, req authapi.AccessRequestCert) ([]byte, error) {
+	v, err := l.s.requestViewerFor(ctx, proxyCaller, req.UserCert)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return l.s.GenerateRequestCert(ctx, v, req)
+}
