@@ -172,7 +172,7 @@ func (l *Lock) Refusal() string {
 	if l.Target.Node != "" {
 		fmt.Fprintf(&b, "postern: node %s is locked", l.Target.Node)
 	} else if l.Target.AccessRequest != "" {
-		fmt.Fprintf(&b, "postern: the roles of access request %s ended", l.Target.AccessRequest)
+		fmt.Fprintf(&b, "postern: the roles of access request %s ended (log in again for your own roles)", l.Target.AccessRequest)
 	} else {
 		fmt.Fprintf(&b, "postern: access for user %s is locked", l.Target.User)
 	}
