@@ -85,7 +85,7 @@ func New(cfg Config) (*Handler, error) {
 	return &Handler{cfg: cfg}, nil
 }
 
-// Subsystem serves `proxysites`, `nodes[@CLUSTER]`, `recordings`,
+// Subsystem serves `proxysites`, `nodes[@CLUSTER]`, `recordings`, `access-request:{JSON}`,
 // `recording:ID`, `recording-chunks:ID`, `route:HOST[:PORT][@CLUSTER]` and
 // `proxy:HOST[:PORT][@CLUSTER]`.
 func (h *Handler) Subsystem(ctx context.Context, id *authz.Identity, name string) (srv.SubsystemFunc, error) {
