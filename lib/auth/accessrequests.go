@@ -78,6 +78,13 @@ func (s *Server) requestViewerFor(ctx context.Context, p *peer, userCert []byte)
 	if err := s.checkUserLock(ctx, user.Name); err != nil {
 		return nil, trace.Wrap(err)
 	}
+	if id := cert.Permissions.Extensions[services.CertExtensionRequestID]; id != "" {
+		// A certificate of an ended grant speaks for nobody, as it
+		// reaches no server.
+		if l, err := s.store.GetLock(ctx, services.LockTarget{AccessRequest: id}); err == nil && !l.IsExpired(s.clock.Now()) {
+			return nil, trace.AccessDenied("%s", l.Refusal())
+		}
+	}
 	roles, err := s.userRoles(ctx, user.Roles)
 	if err != nil {
 		return nil, trace.Wrap(err)

@@ -186,6 +186,9 @@ func TestAccessRequestLifecycle(t *testing.T) {
 	require.Contains(t, lk.Refusal(), r.ID)
 	_, err = e.cert("alice", r.ID)
 	requireKind(t, err, trace.IsAccessDenied, "denied")
+	// The certificate of the ended grant speaks for nobody.
+	_, err = e.proxy.ListAccessRequests(ctx, ssh.MarshalAuthorizedKey(cert))
+	requireKind(t, err, trace.IsAccessDenied, "access request "+r.ID)
 	waitEvent(t, e.rec, events.AccessRequestReview, func(ev events.Event) bool {
 		return ev.Fields[events.FieldRequestID] == r.ID && ev.Fields[fieldState] == services.RequestDenied
 	})
