@@ -39,6 +39,9 @@ func (c *cli) addRequests(app *kingpin.Application, add func(*kingpin.CmdClause,
 	login.Flag("wait", "With --request-id: wait until the request is reviewed first.").BoolVar(&f.loginWait)
 	add(login, func(ctx context.Context) error {
 		if f.loginID != "" {
+			if c.login.user != "" || c.login.auth != "" {
+				return trace.BadParameter("--request-id re-issues your current certificate: it takes no --user or --auth (psh login first, then psh login --request-id)")
+			}
 			return c.doRequestLogin(ctx, f.loginID, f.loginWait)
 		}
 		if f.loginWait {
