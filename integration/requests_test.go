@@ -234,6 +234,23 @@ func TestAccessRequests(t *testing.T) {
 	require.Contains(t, waitErr.String(), "Logged in with access request "+waitID)
 	require.Equal(t, "ok\n", rita.mustRun(t, "", "ssh", "node-1", "echo ok"))
 
+	// With ssh-agent, the key is added with the new certificate too.
+	t.Run("ssh-agent", func(t *testing.T) {
+		requireOpenSSH(t, "ssh-agent", "ssh-add")
+		ae := &pshEnv{c: c, home: rita.home, agentSock: startAgent(t)}
+		ae.login(t, "rita", "pw-rita-long-enough\n")
+		id := strings.TrimSpace(ae.mustRun(t, "", "request", "create", "--roles", "it-access"))
+		mustPctl(t, c.dataDir, "", "requests", "approve", id)
+		_, errOut, code := ae.run(t, "", "login", "--request-id", id)
+		require.Equal(t, 0, code, errOut)
+		require.NotContains(t, errOut, "WARNING")
+		list := exec.Command("ssh-add", "-l")
+		list.Env = ae.env()
+		out, err := list.CombinedOutput()
+		require.NoError(t, err, string(out))
+		require.Equal(t, 2, strings.Count(string(out), "ED25519-CERT"), string(out))
+	})
+
 	// Every step is audited.
 	events := mustPctl(t, c.dataDir, "", "events", "ls", "--format", "json")
 	for _, typ := range []string{"access_request.create", "access_request.review", "access_request.expire"} {

@@ -57,23 +57,27 @@ func WaitAccessRequest(ctx context.Context, creds *Credentials, id string, clock
 
 // LoginWithRequest replaces the stored certificate with one carrying
 // approved request id's roles, for the same key: the certificate ends with
-// the request (psh login --request-id).
-func (s *Store) LoginWithRequest(ctx context.Context, creds *Credentials, id string) (*ssh.Certificate, error) {
+// the request (psh login --request-id). With agentSock set the key is also
+// added to ssh-agent with the new certificate (agentErr says why not).
+func (s *Store) LoginWithRequest(ctx context.Context, creds *Credentials, id, agentSock string) (cert *ssh.Certificate, agentErr error, err error) {
 	var ans proxyapi.AccessRequestCertAnswer
 	op := proxyapi.AccessRequestOp{Op: proxyapi.AccessRequestOpCert, ID: id, PublicKey: ssh.MarshalAuthorizedKey(creds.Cert.Key)}
 	if err := AccessRequestOp(ctx, creds, op, &ans); err != nil {
-		return nil, trace.Wrap(err)
+		return nil, nil, trace.Wrap(err)
 	}
 	pub, _, _, _, err := ssh.ParseAuthorizedKey(ans.Cert)
 	cert, ok := pub.(*ssh.Certificate)
 	if err != nil || !ok {
-		return nil, trace.BadParameter("the proxy sent an invalid certificate")
+		return nil, nil, trace.BadParameter("the proxy sent an invalid certificate")
 	}
 	if string(cert.Key.Marshal()) != string(creds.Cert.Key.Marshal()) {
-		return nil, trace.BadParameter("the proxy sent a certificate for another key")
+		return nil, nil, trace.BadParameter("the proxy sent a certificate for another key")
 	}
 	if err := utils.WriteFileAtomic(s.CertPath(creds.Profile), ans.Cert, fileMode); err != nil {
-		return nil, trace.Wrap(err)
+		return nil, nil, trace.Wrap(err)
 	}
-	return cert, nil
+	if agentSock != "" {
+		agentErr = addToAgent(agentSock, creds.KeyPEM, cert, time.Now())
+	}
+	return cert, agentErr, nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -146,9 +147,12 @@ func (c *cli) doRequestLogin(ctx context.Context, id string, wait bool) error {
 	}
 	callCtx, cancel := context.WithTimeout(ctx, client.DialTimeout*2)
 	defer cancel()
-	cert, err := st.LoginWithRequest(callCtx, creds, id)
+	cert, agentErr, err := st.LoginWithRequest(callCtx, creds, id, os.Getenv("SSH_AUTH_SOCK"))
 	if err != nil {
 		return trace.Wrap(err)
+	}
+	if agentErr != nil {
+		fmt.Fprintf(c.stderr, "WARNING: the new certificate is stored but not in ssh-agent: %v\n", trace.UserMessage(agentErr))
 	}
 	fmt.Fprintf(c.stderr, "Logged in with access request %s: logins %s, valid until %s.\n", id,
 		strings.Join(cert.ValidPrincipals, ","), time.Unix(int64(cert.ValidBefore), 0).UTC().Format(time.RFC3339))
