@@ -151,3 +151,4 @@ e2e: build e2e/node_modules/.package-lock.json
 	$(GO) build -o $(BUILD_DIR)/oidc-op ./fixtures/oidc-op
 	POSTERN_BUILD_DIR=$(BUILD_DIR) node e2e/run.mjs
 	POSTERN_BUILD_DIR=$(BUILD_DIR) node e2e/passkeys.mjs
+	POSTERN_BUILD_DIR=$(BUILD_DIR) node e2e/requests.mjs

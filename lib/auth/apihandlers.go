@@ -185,6 +185,8 @@ func (a *APIServer) registerRoutes() {
 	a.handle("GET /v1/recordings/{session}/last", allow(node, proxy), a.lastRecordingChunk)
 	a.handle("GET /v1/recordings", allow(proxy, admin), a.listRecordings)
 	a.handleStream("GET /v1/recordings/{session}", allow(proxy, admin), a.streamRecording)
+	// Access requests (accessrequestsapi.go).
+	a.registerAccessRequestRoutes()
 	// Backups (pctl backup): the whole backend, CA private keys included.
 	a.handleStream("GET "+backupPath, allow(admin), a.streamBackup)
 }

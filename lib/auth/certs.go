@@ -44,7 +44,10 @@ func (s *Server) GenerateUserCert(ctx context.Context, req authapi.UserCertReque
 	return s.generateUserCert(ctx, user, req)
 }
 
-func (s *Server) generateUserCert(ctx context.Context, user *services.User, req authapi.UserCertRequest) ([]byte, error) {
+// grant, when given, is the approved access request whose roles user
+// already carries (accessrequests.go): the certificate names it and ends
+// with it.
+func (s *Server) generateUserCert(ctx context.Context, user *services.User, req authapi.UserCertRequest, grant ...*services.AccessRequest) ([]byte, error) {
 	if err := s.checkUserLock(ctx, user.Name); err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -105,6 +108,9 @@ func (s *Server) generateUserCert(ctx context.Context, user *services.User, req 
 	}
 	if checker.ForwardAgentAnywhere() {
 		cert.Permissions.Extensions["permit-agent-forwarding"] = ""
+	}
+	for _, g := range grant {
+		applyRequestGrant(cert, g)
 	}
 	if err := s.sign(cert, s.userSigner); err != nil {
 		return nil, trace.Wrap(err)

@@ -135,8 +135,11 @@ func (c *Client) DeleteLock(ctx context.Context, t services.LockTarget) error {
 		return trace.Wrap(err)
 	}
 	kind, name := services.LockTargetUser, t.User
-	if t.Node != "" {
+	switch {
+	case t.Node != "":
 		kind, name = services.LockTargetNode, t.Node
+	case t.AccessRequest != "":
+		kind, name = services.LockTargetAccessRequest, t.AccessRequest
 	}
 	return trace.Wrap(c.do(ctx, http.MethodDelete, "/v1/locks/"+url.PathEscape(kind)+"/"+url.PathEscape(name), nil, nil, nil))
 }

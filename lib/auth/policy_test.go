@@ -43,6 +43,12 @@ var wantPolicy = map[string][]string{
 
 	"GET /v1/ping": {RoleNode, RoleProxy, RoleAdmin},
 
+	"POST /v1/access_requests":        {RoleProxy},
+	"POST /v1/access_requests/list":   {RoleProxy, RoleAdmin},
+	"POST /v1/access_requests/get":    {RoleProxy, RoleAdmin},
+	"POST /v1/access_requests/review": {RoleProxy, RoleAdmin},
+	"POST /v1/access_requests/cert":   {RoleProxy},
+
 	"PUT /v1/nodes":                        {RoleNode, RoleProxy, RoleAdmin},
 	"GET /v1/nodes":                        {RoleProxy, RoleAdmin},
 	"DELETE /v1/nodes/{cluster}/{uuid}":    {RoleAdmin},

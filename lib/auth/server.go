@@ -97,6 +97,9 @@ type ServerConfig struct {
 	// root. Nil means this cluster cannot become a leaf (creating a
 	// trusted_cluster answers NotImplemented).
 	DialProxy DialProxyFunc
+	// RequestNotifier, when set, gets a JSON line for every access
+	// request state change (access_requests.webhook); it must not block.
+	RequestNotifier events.Exporter
 }
 
 // CheckAndSetDefaults validates the config and fills defaults.

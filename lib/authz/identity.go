@@ -40,6 +40,9 @@ type Identity struct {
 	// trusts, the roles the root's certificate names; Roles are then the
 	// leaf roles they map to (MapTrusted). Nil for local users.
 	RemoteRoles []string
+	// RequestID is the access request whose roles the certificate
+	// carries ("" for none): a lock on it ends the identity's access.
+	RequestID string
 	// Cert is the certificate itself.
 	Cert *ssh.Certificate
 	// Checker answers RBAC questions with the roles as they were when the
@@ -58,7 +61,8 @@ func FromCertificate(cert *ssh.Certificate, login string) (*Identity, error) {
 		return nil, trace.AccessDenied("no certificate")
 	}
 	ext := cert.Permissions.Extensions
-	id := &Identity{Login: login, Cert: cert, User: ext[services.CertExtensionUser], Cluster: ext[services.CertExtensionCluster]}
+	id := &Identity{Login: login, Cert: cert, User: ext[services.CertExtensionUser], Cluster: ext[services.CertExtensionCluster],
+		RequestID: ext[services.CertExtensionRequestID]}
 	if id.User == "" {
 		id.User = cert.KeyId
 	}
@@ -91,6 +95,16 @@ func strictUnmarshal(s string, v any) error {
 		return trace.BadParameter("trailing data")
 	}
 	return nil
+}
+
+// LockTargets are the locks that end this identity's access: its user
+// and, for a certificate issued for an access request, the request.
+func (id *Identity) LockTargets() []services.LockTarget {
+	t := []services.LockTarget{{User: id.User}}
+	if id.RequestID != "" {
+		t = append(t, services.LockTarget{AccessRequest: id.RequestID})
+	}
+	return t
 }
 
 // CheckCluster makes the check x/crypto's CertChecker does not: the

@@ -161,6 +161,9 @@ type FileConfig struct {
 	Recordings RecordingsConfig `yaml:"recordings,omitempty"`
 	// Audit exports this process's audit events (audit.go).
 	Audit AuditConfig `yaml:"audit,omitempty"`
+	// AccessRequests configures access request notifications
+	// (accessrequests.go).
+	AccessRequests AccessRequestsConfig `yaml:"access_requests,omitempty"`
 
 	// SSHKexAlgorithms, SSHCiphers and SSHMACs are the key exchanges,
 	// ciphers and MACs, in preference order, that every SSH port of this
@@ -371,6 +374,9 @@ func (c *Config) CheckAndSetDefaults() error {
 		c.Recordings.Dir = abs
 	}
 	if err := c.Audit.check(); err != nil {
+		return trace.Wrap(err)
+	}
+	if err := c.AccessRequests.check(); err != nil {
 		return trace.Wrap(err)
 	}
 	switch c.LogFormat {

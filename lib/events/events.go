@@ -132,6 +132,14 @@ const (
 	// the key certified (fingerprint).
 	NodeCreate = "node.create"
 	NodeRotate = "node.rotate"
+	// AccessRequestCreate, AccessRequestReview and AccessRequestExpire
+	// are the steps of an access request (psh request create, a review
+	// by psh/pctl/the web UI, auth's expiry sweep): request_id, roles,
+	// requester, state (after the step), reason, review (approved or
+	// denied).
+	AccessRequestCreate = "access_request.create"
+	AccessRequestReview = "access_request.review"
+	AccessRequestExpire = "access_request.expire"
 )
 
 // Field names, snake_case like the log keys. Use these
@@ -204,6 +212,8 @@ const (
 	FieldEmitterRole = "emitter_role"
 	// FieldFingerprint is an SSH key's SHA256 fingerprint.
 	FieldFingerprint = "fingerprint"
+	// FieldRequestID names an access request.
+	FieldRequestID = "request_id"
 )
 
 // Fields are an event's own fields, beside the common ones.

@@ -17,6 +17,8 @@ import (
 	"github.com/postern-dev/postern/lib/backend/schema"
 	"github.com/postern-dev/postern/lib/backend/sqlite"
 	"github.com/postern-dev/postern/lib/config"
+	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/events/export"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 	"github.com/postern-dev/postern/lib/web"
@@ -58,7 +60,12 @@ func (p *Process) startAuth(ctx context.Context) error {
 	if err != nil {
 		return trace.Wrap(err)
 	}
+	notifier, err := p.requestNotifier()
+	if err != nil {
+		return trace.Wrap(err)
+	}
 	p.authServer, err = auth.NewServer(auth.ServerConfig{
+		RequestNotifier:  notifier,
 		Store:            p.store,
 		ClusterName:      cfg.ClusterName,
 		AdminIdentityDir: cfg.AdminIdentityDir(),
@@ -77,6 +84,7 @@ func (p *Process) startAuth(ctx context.Context) error {
 	if err != nil {
 		return trace.Wrap(err)
 	}
+	p.runAccessRequestExpiry()
 	p.authAPI, err = auth.NewAPIServer(auth.APIConfig{Auth: p.authServer, Listener: ln})
 	if err != nil {
 		return trace.Wrap(err)
@@ -213,4 +221,36 @@ func openEtcd(ctx context.Context, p *Process) (backend.Backend, error) {
 	}
 	b, err := etcdbk.New(ctx, cfg)
 	return b, trace.Wrap(err)
+}
+
+// runAccessRequestExpiry sweeps expired access requests until shutdown
+// (auth ends the grants of those that expire).
+func (p *Process) runAccessRequestExpiry() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.authServer.RunAccessRequestExpiry(ctx)
+	}()
+	p.onShutdown(func(context.Context) error {
+		cancel()
+		<-done
+		return nil
+	})
+}
+
+// requestNotifier starts the access_requests webhook, if configured; it
+// is closed (what is queued delivered for a while) at shutdown.
+func (p *Process) requestNotifier() (events.Exporter, error) {
+	xcfg := p.cfg.AccessRequests.ExportConfig()
+	if xcfg.Webhook == "" {
+		return nil, nil
+	}
+	xcfg.Clock, xcfg.Logger = p.clock, p.log.WithField("component", "access-requests")
+	w, err := export.NewWebhook(xcfg)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	p.onShutdown(func(ctx context.Context) error { return w.Close(ctx) })
+	return w, nil
 }

@@ -98,6 +98,7 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		Router:     router,
 		Nodes:      nw,
 		Recordings: clt,
+		Requests:   clt,
 		Audit:      p.audit,
 		Locks:      p.locks,
 		Logger:     p.log.WithField("component", "proxy:ssh"),
@@ -191,7 +192,7 @@ func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string, id *auth.Identit
 	wcfg.WebSessions = web.WebSessionsConfig{
 		Router: p.router, Nodes: p.nodeWatcher, Locks: p.locks, Audit: p.audit,
 		Roles: clt, Store: &web.AuthSessionStore{Auth: clt}, Certs: clt, Watch: clt.WebSessionEvents,
-		Recordings: clt, Recorder: rec,
+		Recordings: clt, Recorder: rec, AccessRequests: clt,
 	}
 	// Leaf clusters in the web UI (leaf.go).
 	wcfg.WebSessions.Clusters, wcfg.WebSessions.LeafHostCAs = p.router, p.leafHostCAs(id)

@@ -34,6 +34,9 @@ const locksPrefix = "locks"
 const (
 	LockTargetUser = "user"
 	LockTargetNode = "node"
+	// LockTargetAccessRequest locks the roles an access request granted
+	// (auth writes it when the request is denied or expires).
+	LockTargetAccessRequest = "access_request"
 )
 
 // maxLockMessageLen bounds a lock's message: it is shown to users on their
@@ -47,6 +50,9 @@ type LockTarget struct {
 	// Node is a node's UUID: a hostname is chosen by the node itself and
 	// may be shared, a UUID is what the host certificate names.
 	Node string `json:"node,omitempty"`
+	// AccessRequest is an access request's id: it ends the certificates
+	// (connections, web sessions) that carry the request's roles.
+	AccessRequest string `json:"access_request,omitempty"`
 }
 
 // String is the target as pctl and logs name it: `user "alice"`.
@@ -54,14 +60,27 @@ func (t LockTarget) String() string {
 	if t.Node != "" {
 		return "node " + quote(t.Node)
 	}
+	if t.AccessRequest != "" {
+		return "access request " + quote(t.AccessRequest)
+	}
 	return "user " + quote(t.User)
 }
 
 // Check validates the target.
 func (t LockTarget) Check() error {
+	n := 0
+	for _, v := range []string{t.User, t.Node, t.AccessRequest} {
+		if v != "" {
+			n++
+		}
+	}
 	switch {
 	case t.User != "" && t.Node != "":
 		return trace.BadParameter("lock target names both a user and a node: lock one at a time")
+	case n > 1:
+		return trace.BadParameter("lock target names more than one of a user, a node and an access request: lock one at a time")
+	case t.AccessRequest != "":
+		return trace.Wrap(CheckRequestID(t.AccessRequest))
 	case t.User != "":
 		return trace.Wrap(CheckUserName(t.User))
 	case t.Node != "":
@@ -74,6 +93,9 @@ func (t LockTarget) Check() error {
 func (t LockTarget) kindAndName() (string, string) {
 	if t.Node != "" {
 		return LockTargetNode, t.Node
+	}
+	if t.AccessRequest != "" {
+		return LockTargetAccessRequest, t.AccessRequest
 	}
 	return LockTargetUser, t.User
 }
@@ -97,8 +119,10 @@ func ParseLockTarget(kind, name string) (LockTarget, error) {
 		t.User = name
 	case LockTargetNode:
 		t.Node = name
+	case LockTargetAccessRequest:
+		t.AccessRequest = name
 	default:
-		return t, trace.BadParameter("unknown lock target kind %q: want %q or %q", kind, LockTargetUser, LockTargetNode)
+		return t, trace.BadParameter("unknown lock target kind %q: want %q, %q or %q", kind, LockTargetUser, LockTargetNode, LockTargetAccessRequest)
 	}
 	return t, trace.Wrap(t.Check())
 }
@@ -147,6 +171,8 @@ func (l *Lock) Refusal() string {
 	var b strings.Builder
 	if l.Target.Node != "" {
 		fmt.Fprintf(&b, "postern: node %s is locked", l.Target.Node)
+	} else if l.Target.AccessRequest != "" {
+		fmt.Fprintf(&b, "postern: the roles of access request %s ended (log in again for your own roles)", l.Target.AccessRequest)
 	} else {
 		fmt.Fprintf(&b, "postern: access for user %s is locked", l.Target.User)
 	}
@@ -355,7 +381,7 @@ func (l *LockWatcher) checkSet(targets []LockTarget) error {
 	l.c.mu.Lock()
 	defer l.c.mu.Unlock()
 	for _, t := range targets {
-		if t.User == "" && t.Node == "" {
+		if t.User == "" && t.Node == "" && t.AccessRequest == "" {
 			continue
 		}
 		if lk, ok := l.c.locks[LockKey(t)]; ok && !lk.IsExpired(now) {

@@ -181,6 +181,12 @@ type RoleSpec struct {
 	// them unrecorded unless another of the user's roles requires it.
 	// Empty follows the cluster setting.
 	SessionRecording string `json:"session_recording,omitempty"`
+	// Request names the roles the holder may ask for just in time
+	// (psh request create); nil allows none.
+	Request *RequestOption `json:"request,omitempty"`
+	// ReviewRequests names the roles whose requests the holder may
+	// approve or deny; nil allows reviewing none.
+	ReviewRequests *ReviewRequestsOption `json:"review_requests,omitempty"`
 }
 
 // Role session_recording options. require beats exempt: a role that

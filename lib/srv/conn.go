@@ -132,7 +132,7 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 	} else if err := id.CheckCluster(s.cfg.ClusterName); err != nil {
 		return deny(err.Error())
 	}
-	if err := s.checkLocks(id.User); err != nil {
+	if err := s.checkLocks(id); err != nil {
 		// The one refusal explained before authentication ends: the user
 		// is known (the certificate checked out) and must learn why.
 		msg := lockRefusal(err)
@@ -457,7 +457,7 @@ func (c *conn) dispatch(nch ssh.NewChannel) {
 		return
 	}
 	t := nch.ChannelType()
-	if err := c.srv.checkLocks(c.auth.id.User); err != nil {
+	if err := c.srv.checkLocks(c.auth.id); err != nil {
 		c.log.WithField("reason", err.Error()).WithField("channel_type", t).Warn("Channel refused by a lock.")
 		_ = nch.Reject(ssh.Prohibited, lockRefusal(err))
 		return

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gravitational/trace"
 
+	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -49,12 +50,13 @@ const lockOutWait = time.Second
 // node that does not cooperate.
 const lockOutProxyGrace = time.Second
 
-// checkLocks checks the locks on user and, in node mode, on this node.
-func (s *Server) checkLocks(user string) error {
+// checkLocks checks the locks on the identity (its user and the access
+// request its certificate carries) and, in node mode, on this node.
+func (s *Server) checkLocks(id *authz.Identity) error {
 	if s.cfg.Locks == nil {
 		return nil
 	}
-	targets := []services.LockTarget{{User: user}}
+	targets := id.LockTargets()
 	if s.policy.checkNode {
 		targets = append(targets, services.LockTarget{Node: s.cfg.GetNode().UUID})
 	}
@@ -97,7 +99,7 @@ func (s *Server) closeLocked() {
 	s.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, c := range conns {
-		err := s.checkLocks(c.auth.id.User)
+		err := s.checkLocks(c.auth.id)
 		if !services.IsLocked(err) {
 			continue
 		}

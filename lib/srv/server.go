@@ -293,7 +293,7 @@ func (s *Server) handleConn(nc net.Conn) {
 	}()
 	// A lock that landed between authentication and the registration
 	// above was missed by the sweep: check once more.
-	if err := s.checkLocks(res.id.User); services.IsLocked(err) {
+	if err := s.checkLocks(res.id); services.IsLocked(err) {
 		c.close(lockRefusal(err))
 	}
 	c.serve(chans, reqs)

@@ -23,13 +23,20 @@ type LockChecker interface {
 
 var _ LockChecker = (*services.LockWatcher)(nil)
 
-// checkLocks is the lock check of one session's user.
-func (s *Server) checkLocks(user string) error {
+// checkLocks is the lock check of one session: its user and, when the
+// session's certificate carries an access request's roles, the request.
+func (s *Server) checkLocks(live *liveSession) error {
 	locks := s.cfg.WebSessions.Locks
 	if locks == nil {
 		return nil
 	}
-	return locks.Check(services.LockTarget{User: user})
+	targets := []services.LockTarget{{User: live.user}}
+	if live.cert != nil {
+		if id := live.cert.Permissions.Extensions[services.CertExtensionRequestID]; id != "" {
+			targets = append(targets, services.LockTarget{AccessRequest: id})
+		}
+	}
+	return locks.Check(targets...)
 }
 
 // enforceLocks ends locked users' sessions at start and at every change
@@ -39,7 +46,7 @@ func (w *webState) enforceLocks(s *Server, locks LockChecker) {
 	for {
 		changed := locks.Changes()
 		for _, live := range w.sessions.all() {
-			if err := s.checkLocks(live.user); services.IsLocked(err) {
+			if err := s.checkLocks(live); services.IsLocked(err) {
 				s.cfg.Logger.WithField("user", live.user).WithField("reason", err.Error()).Warn("Ending a locked user's web session.")
 				s.endSessionCause(w.ctx, live.ref, err)
 			}

@@ -48,6 +48,9 @@ type WebSessionsConfig struct {
 	// KeepAliveInterval is how often a terminal pings its browser, and how
 	// long it waits for the answer; zero means DefaultKeepAliveInterval.
 	KeepAliveInterval time.Duration
+	// AccessRequests serves /webapi/requests (requests.go); nil answers
+	// 501.
+	AccessRequests AccessRequestAPI
 	// Locks refuses and ends the sessions of locked (and deleted) users
 	// (locks.go); nil means no locks. The service always sets it.
 	Locks LockChecker
@@ -242,6 +245,7 @@ func (s *Server) registerWebRoutes(mux *http.ServeMux) error {
 	mux.HandleFunc("GET /webapi/recordings/{id}/segments/{n}", s.requireSession(s.recordingSegment))
 	mux.HandleFunc("GET /webapi/recordings/{id}/cast", s.requireSession(s.recordingCast))
 	mux.HandleFunc("GET /webapi/recordings/{id}/markers", s.requireSession(s.recordingMarkers))
+	s.registerRequestRoutes(mux)
 	s.registerUI(mux)
 	return nil
 }

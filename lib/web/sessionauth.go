@@ -178,7 +178,7 @@ func (s *Server) checkSession(ctx context.Context, sid, token string) (*liveSess
 			return nil, errNoSession
 		}
 	}
-	if err := s.checkLocks(live.user); err != nil {
+	if err := s.checkLocks(live); err != nil {
 		if services.IsLocked(err) {
 			s.endSessionCause(ctx, ref, err)
 		}

@@ -98,6 +98,7 @@ func (c *cli) newApp() (*kingpin.Application, map[string]func(context.Context) e
 	c.registerAuth(app, add)
 	c.registerEvents(app, add)
 	c.registerLocks(app, add)
+	c.registerRequests(app, add)
 	c.registerRecordings(app, add)
 	c.registerBackup(app, add)
 	return app, cmds

@@ -222,7 +222,11 @@ func (c *cli) routeAsUser(ctx context.Context, clt *auth.Client, local, user str
 	for _, line := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
 		fmt.Fprintln(c.stdout, services.EscapeText(line))
 	}
-	if ch.ExitStatus() > 0 {
+	byRequest, err := c.explainRequests(ctx, clt, user, t)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	if ch.ExitStatus() > 0 && !byRequest {
 		return trace.NotFound("no route to %s as user %q", t.String(), user)
 	}
 	return nil

@@ -68,6 +68,7 @@ type cli struct {
 	proxySSH struct{ cluster, target string }
 	status   struct{ format string }
 	bench    benchFlags
+	req      requestFlags
 }
 
 // loginTimeout bounds a whole login, prompts included: a person typing a
@@ -103,7 +104,7 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 	add(app.Command("version", "Print the version."), c.version)
 
 	login := app.Command("login", "Log in through the proxy and store a certificate.")
-	login.Flag("proxy", "Proxy web address HOST[:PORT] (port 3080 by default).").Required().StringVar(&c.login.proxy)
+	login.Flag("proxy", "Proxy web address HOST[:PORT] (port 3080 by default); required but with --request-id.").StringVar(&c.login.proxy)
 	login.Flag("user", "Postern user name (password login).").StringVar(&c.login.user)
 	login.Flag("auth", "Log in through this single sign-on connector of the proxy instead of a password.").StringVar(&c.login.auth)
 	login.Flag("browser", "With --auth: none prints the identity provider's URL without opening a browser.").EnumVar(&c.login.browser, "none")
@@ -148,6 +149,7 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 	c.addScp(app, add)
 	c.addBench(app, add)
 	c.addRecordings(app, add)
+	c.addRequests(app, add, login, c.doLogin)
 	add(app.Command("logout", "Remove the stored key, certificate and profile."), c.doLogout)
 
 	if versionAsked(args) {

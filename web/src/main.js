@@ -12,6 +12,7 @@ import { SerializeAddon } from '@xterm/addon-serialize';
 import { WebglAddon } from '@xterm/addon-webgl';
 import { create as createPlayer } from 'asciinema-player';
 import * as passkeys from './passkeys.js';
+import * as requests from './requests.js';
 
 const $ = (id) => document.getElementById(id);
 const TOKEN_KEY = 'postern.token';
@@ -69,13 +70,14 @@ let playerGen = 0; // counts player openings: an older openPlayer's awaits stop
 
 function show(view) {
   if (view !== 'player') { playerGen++; closePlayer(); }
-  for (const v of ['login', 'nodes', 'terminal', 'sessions', 'recordings', 'player', 'account', 'notfound']) $(`view-${v}`).hidden = v !== view;
+  for (const v of ['login', 'nodes', 'terminal', 'sessions', 'recordings', 'player', 'account', 'requests', 'notfound']) $(`view-${v}`).hidden = v !== view;
   const user = sessionStorage.getItem(USER_KEY);
   $('logout').hidden = view === 'login';
   $('nav-nodes').hidden = view === 'login';
   $('nav-sessions').hidden = view === 'login';
   $('nav-recordings').hidden = view === 'login';
   $('nav-account').hidden = view === 'login';
+  requests.setNavHidden(view === 'login');
   $('whoami').textContent = view === 'login' || !user ? '' : user;
   document.body.dataset.view = view;
 }
@@ -405,6 +407,8 @@ async function route() {
   if (p === '/web/sessions') return showSessions();
   if (p === '/web/recordings') return showRecordings();
   if (p === '/web/account') return showAccount();
+  const qm = p.match(/^\/web\/requests(?:\/([0-9a-f-]{36}))?\/?$/);
+  if (qm) { closeTerminal(); return requests.showList(qm[1]); }
   const rm = p.match(/^\/web\/recordings\/([0-9a-f-]{36})\/?$/);
   if (rm) {
     const t = Number(new URLSearchParams(location.search).get('t'));
@@ -1125,6 +1129,8 @@ $('player-back').addEventListener('click', () => navigate('/web/recordings'));
 $('nav-recordings').addEventListener('click', () => navigate('/web/recordings'));
 
 // ---- start ---------------------------------------------------------------
+
+requests.init({ api, show, navigate, showLogin });
 
 // adoptBrowserSession gives a tab without a token (a new tab, a deep
 // link opened in one) the browser's web session: the server derives its

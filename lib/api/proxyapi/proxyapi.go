@@ -4,7 +4,13 @@
 // servers.
 package proxyapi
 
-import "time"
+import (
+	"encoding/json"
+	"strings"
+	"time"
+
+	"github.com/gravitational/trace"
+)
 
 // SubsystemNodes is the subsystem that lists the nodes the caller may
 // reach (what `psh ls` reads): a JSON array of NodeEntry, then the channel
@@ -160,3 +166,66 @@ const (
 
 // MaxLeafRequest bounds a LeafRequest line: a certificate is under 2 KiB.
 const MaxLeafRequest = 64 << 10
+
+// SubsystemAccessRequestPrefix + a JSON AccessRequestOp is one access
+// request operation of the caller (psh request, psh login --request-id):
+// the proxy passes the caller's certificate to the auth server, which acts
+// for the user it names. The answer is JSON (a request, a list of them, or
+// an AccessRequestCertAnswer); a refusal is the subsystem's refusal with
+// the reason on stderr.
+const SubsystemAccessRequestPrefix = "access-request:"
+
+// Access request operations (AccessRequestOp.Op).
+const (
+	AccessRequestOpCreate = "create"
+	AccessRequestOpList   = "ls"
+	AccessRequestOpShow   = "show"
+	AccessRequestOpReview = "review"
+	AccessRequestOpCert   = "cert"
+)
+
+// AccessRequestOp is one operation of SubsystemAccessRequestPrefix.
+type AccessRequestOp struct {
+	Op     string   `json:"op"`
+	ID     string   `json:"id,omitempty"`
+	Roles  []string `json:"roles,omitempty"`
+	Reason string   `json:"reason,omitempty"`
+	// TTL is a Go duration ("1h"); empty means the cap.
+	TTL string `json:"ttl,omitempty"`
+	// State is the review: "approved" or "denied".
+	State string `json:"state,omitempty"`
+	// PublicKey is the key to certify (op cert), authorized_keys format.
+	PublicKey []byte `json:"public_key,omitempty"`
+}
+
+// AccessRequestCertAnswer answers op cert.
+type AccessRequestCertAnswer struct {
+	Cert []byte `json:"cert"`
+}
+
+// maxAccessRequestOp bounds the JSON of an access request operation.
+const maxAccessRequestOp = 8 << 10
+
+// ParseAccessRequestOp reads the JSON after SubsystemAccessRequestPrefix:
+// one object with known fields only, a known op, at most 8 KiB.
+func ParseAccessRequestOp(raw string) (AccessRequestOp, error) {
+	var op AccessRequestOp
+	if len(raw) > maxAccessRequestOp {
+		return op, trace.BadParameter("access request operation longer than %d bytes", maxAccessRequestOp)
+	}
+	dec := json.NewDecoder(strings.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&op); err != nil {
+		return op, trace.BadParameter("invalid access request operation: %v", err)
+	}
+	if dec.More() {
+		return op, trace.BadParameter("invalid access request operation: trailing data after the object")
+	}
+	switch op.Op {
+	case AccessRequestOpCreate, AccessRequestOpList, AccessRequestOpShow, AccessRequestOpReview, AccessRequestOpCert:
+	default:
+		return op, trace.BadParameter("unknown access request operation %q: want %s, %s, %s, %s or %s", op.Op,
+			AccessRequestOpCreate, AccessRequestOpList, AccessRequestOpShow, AccessRequestOpReview, AccessRequestOpCert)
+	}
+	return op, nil
+}

@@ -51,6 +51,9 @@ type Config struct {
 	// Locks, when set, ends open hops to an OpenSSH node once a lock
 	// covers the node (openssh.go); a Postern node does that itself.
 	Locks srv.LockChecker
+	// Requests serves the `access-request:` subsystem (psh request);
+	// nil means it is refused.
+	Requests AccessRequests
 }
 
 // CheckAndSetDefaults validates the config.
@@ -82,7 +85,7 @@ func New(cfg Config) (*Handler, error) {
 	return &Handler{cfg: cfg}, nil
 }
 
-// Subsystem serves `proxysites`, `nodes[@CLUSTER]`, `recordings`,
+// Subsystem serves `proxysites`, `nodes[@CLUSTER]`, `recordings`, `access-request:{JSON}`,
 // `recording:ID`, `recording-chunks:ID`, `route:HOST[:PORT][@CLUSTER]` and
 // `proxy:HOST[:PORT][@CLUSTER]`.
 func (h *Handler) Subsystem(ctx context.Context, id *authz.Identity, name string) (srv.SubsystemFunc, error) {
@@ -106,6 +109,9 @@ func (h *Handler) Subsystem(ctx context.Context, id *authz.Identity, name string
 			return h.nodesSubsystem(id)
 		}
 		return h.leafNodesSubsystem(ctx, id, cluster)
+	}
+	if strings.HasPrefix(name, proxyapi.SubsystemAccessRequestPrefix) {
+		return h.accessRequestSubsystem(ctx, id, name)
 	}
 	if strings.HasPrefix(name, proxyapi.SubsystemRoutePrefix) {
 		return h.routeSubsystem(ctx, id, name)
