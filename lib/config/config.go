@@ -22,6 +22,7 @@ import (
 	"github.com/gravitational/trace"
 	"gopkg.in/yaml.v3"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/sshalgo"
 )
 
@@ -161,6 +162,9 @@ type FileConfig struct {
 	Recordings RecordingsConfig `yaml:"recordings,omitempty"`
 	// Audit exports this process's audit events (audit.go).
 	Audit AuditConfig `yaml:"audit,omitempty"`
+	// Tracing exports this process's spans (OpenTelemetry, OTLP/HTTP);
+	// off when unset.
+	Tracing observe.TracingConfig `yaml:"tracing,omitempty"`
 
 	// SSHKexAlgorithms, SSHCiphers and SSHMACs are the key exchanges,
 	// ciphers and MACs, in preference order, that every SSH port of this
@@ -371,6 +375,9 @@ func (c *Config) CheckAndSetDefaults() error {
 		c.Recordings.Dir = abs
 	}
 	if err := c.Audit.check(); err != nil {
+		return trace.Wrap(err)
+	}
+	if err := c.Tracing.Check(); err != nil {
 		return trace.Wrap(err)
 	}
 	switch c.LogFormat {

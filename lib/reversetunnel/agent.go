@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
-	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
@@ -23,6 +22,7 @@ import (
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/backoff"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/promreg"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/sshalgo"
@@ -63,16 +63,6 @@ type AgentConfig struct {
 	// KeepAliveInterval and KeepAliveCountMax; zero means the defaults.
 	KeepAliveInterval time.Duration
 	KeepAliveCountMax int
-	// Clock times backoff and keep-alives; nil: real.
-	Clock clockwork.Clock
-	// Logger; nil means component "reversetunnel:agent".
-	Logger logrus.FieldLogger
-	// Metrics: where postern_tunnel_reconnects_total is registered; nil:
-	// a private registry.
-	Metrics prometheus.Registerer
-	// Audit receives the agent's refusals of a tunnel server (events.
-	// AccessDenied, kind "tunnel"); nil discards them.
-	Audit events.Emitter
 	// ExpectUUID, when set, is the UUID of the proxy this agent was
 	// started for (from an announcement): a tunnel server whose host
 	// certificate names another proxy is refused.
@@ -85,6 +75,8 @@ type AgentConfig struct {
 	// agent drops its tunnel when it returns (make before break: the
 	// pool opens a tunnel to another proxy first). Nil drops at once.
 	OnMove func(ctx context.Context, a *Agent)
+	// Deps (Clock, Logger, Metrics, Audit); zero fields get observe's defaults.
+	observe.Deps
 }
 
 // CheckAndSetDefaults validates the config and fills in defaults.
@@ -111,18 +103,7 @@ func (c *AgentConfig) CheckAndSetDefaults() error {
 	if c.KeepAliveCountMax == 0 {
 		c.KeepAliveCountMax = DefaultKeepAliveCountMax
 	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "reversetunnel:agent")
-	}
-	if c.Metrics == nil {
-		c.Metrics = prometheus.NewRegistry()
-	}
-	if c.Audit == nil {
-		c.Audit = events.Discard
-	}
+	c.Deps.SetDefaults(observe.ComponentTunnelAgent)
 	return nil
 }
 

@@ -36,7 +36,6 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
-	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
@@ -44,6 +43,7 @@ import (
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/limiter"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/promreg"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/sshalgo"
@@ -84,18 +84,6 @@ type ServerConfig struct {
 	KeepAliveCountMax int
 	// HandshakeTimeout: zero means DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
-	// Audit receives refusals (events.AccessDenied, kind "tunnel", with
-	// the count they stand for): each kind of refusal from one source at
-	// once, its repeats within limiter.RefusalReportInterval in one
-	// summary (limiter.Denials); nil discards them.
-	Audit events.Emitter
-	// Clock checks certificates and times keep-alives; nil: real.
-	Clock clockwork.Clock
-	// Logger; nil means component "reversetunnel:server".
-	Logger logrus.FieldLogger
-	// Metrics: where postern_tunnels is registered; nil: a private
-	// registry.
-	Metrics prometheus.Registerer
 	// DialAuth connects to the auth API for a node's ChannelAuth; nil
 	// refuses such channels (the node must reach auth by itself).
 	DialAuth func(ctx context.Context) (net.Conn, error)
@@ -119,6 +107,8 @@ type ServerConfig struct {
 	// see leaves.go) on this port too; nil refuses them like any
 	// certificate that is not a node's.
 	Leaves *Leaves
+	// Deps (Audit, Clock, Logger, Metrics); zero fields get observe's defaults.
+	observe.Deps
 }
 
 // DefaultAnnounceInterval: a new proxy or a keep-alive change reaches
@@ -143,18 +133,7 @@ func (c *ServerConfig) CheckAndSetDefaults() error {
 	if c.HandshakeTimeout == 0 {
 		c.HandshakeTimeout = DefaultHandshakeTimeout
 	}
-	if c.Audit == nil {
-		c.Audit = events.Discard
-	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "reversetunnel:server")
-	}
-	if c.Metrics == nil {
-		c.Metrics = prometheus.NewRegistry()
-	}
+	c.Deps.SetDefaults(observe.ComponentTunnelServer)
 	if c.AnnounceInterval <= 0 {
 		c.AnnounceInterval = DefaultAnnounceInterval
 	}

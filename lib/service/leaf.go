@@ -13,6 +13,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/reversetunnel"
 	"github.com/postern-dev/postern/lib/services"
@@ -357,12 +358,10 @@ func (l *leafAgents) startAgent(ctx context.Context, tc services.TrustedCluster)
 		Signer:    l.signer,
 		HostCAs:   func() []ssh.PublicKey { return rootCAs },
 		Handler:   l.handle,
-		Clock:     l.p.clock,
-		Logger:    l.log.WithFields(logrus.Fields{"component": "reversetunnel:agent", "root": name}),
-		Metrics:   l.p.registry,
 
 		// The root's tunnel port must accept this process's lists.
 		Algorithms: l.p.cfg.SSHAlgorithms(),
+		Deps:       l.p.depsWith(observe.ComponentTunnelAgent, nil, logrus.Fields{"root": name}),
 	}, resolve)
 	if err != nil {
 		return nil, trace.Wrap(err)

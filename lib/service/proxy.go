@@ -10,6 +10,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/limiter"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/proxy/health"
 	"github.com/postern-dev/postern/lib/proxy/sshproxy"
@@ -76,14 +77,12 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		ClusterName: p.clusterName,
 		NodeWatcher: nw,
 		Networking:  networking,
-		Clock:       p.clock,
-		Logger:      p.log.WithField("component", "router"),
-		Metrics:     p.registry,
 		Locks:       p.locks,
 		Health:      hc,
 		// A root routes to its leaves over their tunnels (leaf.go).
 		Leaves:         p.leafTunnels(),
 		RemoteClusters: p.remoteClusterLister(id),
+		Deps:           p.deps(observe.ComponentRouter, nil),
 	})
 	if err != nil {
 		return trace.Wrap(err)
@@ -112,11 +111,9 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		AccessPoint: p.sshAccess,
 		Proxy:       handler,
 		Limiter:     lim,
-		Audit:       p.audit,
-		Clock:       p.clock,
-		Logger:      p.log.WithField("component", "proxy:ssh"),
 		IdleTimeout: p.cfg.Limits.IdleTimeout,
 		Locks:       p.locks,
+		Deps:        p.deps(observe.ComponentProxySSH, p.audit),
 	})
 	if err != nil {
 		return trace.Wrap(err)

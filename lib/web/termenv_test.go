@@ -26,6 +26,7 @@ import (
 	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/backend/memory"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
@@ -266,7 +267,7 @@ func newTermEnv(t *testing.T, opts ...func(*WebSessionsConfig)) *termEnv {
 	nw, err := services.NewNodeWatcher(services.NodeWatcherConfig{Events: store.NodeEvents(), Clock: clock, Logger: quietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { nw.Close() })
-	router, err := proxy.NewRouter(proxy.RouterConfig{ClusterName: "c1", NodeWatcher: nw, Networking: store, Clock: clock, Logger: quietLogger()})
+	router, err := proxy.NewRouter(proxy.RouterConfig{ClusterName: "c1", NodeWatcher: nw, Networking: store, Deps: observe.Deps{Clock: clock, Logger: quietLogger()}})
 	require.NoError(t, err)
 
 	pair, err := LoadOrCreateTLS(t.TempDir(), "", "", nil, time.Now())

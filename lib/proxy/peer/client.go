@@ -9,10 +9,10 @@ import (
 
 	"github.com/gravitational/trace"
 	"github.com/hashicorp/yamux"
-	"github.com/jonboulle/clockwork"
 	"github.com/sirupsen/logrus"
 
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -36,13 +36,8 @@ type ClientConfig struct {
 	Locator Locator
 	// DialTimeout: zero means DefaultDialTimeout.
 	DialTimeout time.Duration
-	// Audit receives refusals of peers that are not who their lease
-	// says (events.AccessDenied, kind "peer"); nil discards them.
-	Audit events.Emitter
-	// Clock checks peer certificates; nil: the real clock.
-	Clock clockwork.Clock
-	// Logger; nil: component "proxy:peer".
-	Logger logrus.FieldLogger
+	// Deps (Audit, Clock, Logger); zero fields get observe's defaults.
+	observe.Deps
 }
 
 // CheckAndSetDefaults validates the config.
@@ -56,15 +51,7 @@ func (c *ClientConfig) CheckAndSetDefaults() error {
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = DefaultDialTimeout
 	}
-	if c.Audit == nil {
-		c.Audit = events.Discard
-	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "proxy:peer")
-	}
+	c.Deps.SetDefaults(observe.ComponentPeerClient)
 	return nil
 }
 

@@ -11,11 +11,11 @@ import (
 
 	"github.com/gravitational/trace"
 	"github.com/hashicorp/yamux"
-	"github.com/jonboulle/clockwork"
 	"github.com/sirupsen/logrus"
 
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/limiter"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/utils"
 )
 
@@ -41,17 +41,8 @@ type ServerConfig struct {
 	Tunnels LocalTunnels
 	// HandshakeTimeout: zero means DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
-	// Audit receives refusals (events.AccessDenied, kind "peer", with the
-	// count they stand for): each kind of refusal from one source at
-	// once, its repeats within limiter.RefusalReportInterval in one
-	// summary (limiter.Denials); nil discards them.
-	Audit events.Emitter
-	// Clock checks certificate validity and times the audit windows of
-	// refusals; nil: the real clock. (Timeouts on sockets are real time:
-	// they bound kernel I/O.)
-	Clock clockwork.Clock
-	// Logger; nil: component "proxy:peer".
-	Logger logrus.FieldLogger
+	// Deps (Audit, Clock, Logger); zero fields get observe's defaults.
+	observe.Deps
 }
 
 // CheckAndSetDefaults validates the config.
@@ -65,15 +56,7 @@ func (c *ServerConfig) CheckAndSetDefaults() error {
 	if c.HandshakeTimeout <= 0 {
 		c.HandshakeTimeout = DefaultHandshakeTimeout
 	}
-	if c.Audit == nil {
-		c.Audit = events.Discard
-	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "proxy:peer")
-	}
+	c.Deps.SetDefaults(observe.ComponentPeerServer)
 	return nil
 }
 
