@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/gravitational/trace"
 	"github.com/sirupsen/logrus"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	oteltrace "go.opentelemetry.io/otel/trace"
 )
@@ -158,4 +159,15 @@ func MetaOf(nc net.Conn) DialMeta {
 		return mc.DialMeta()
 	}
 	return DialMeta{}
+}
+
+// End ends span, marked failed with err's message as the reason when err
+// is not nil. Nothing is formatted for a span that is not recording
+// (tracing off, or not sampled).
+func End(span oteltrace.Span, err error) {
+	if err != nil && span.IsRecording() {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
 }

@@ -406,6 +406,14 @@ func (a *Agent) connectAndServe() (connected bool, err error) {
 			_ = nch.Reject(ssh.ConnectionFailed, "malformed transport request")
 			continue
 		}
+		var meta observe.DialMeta
+		if req.Meta != nil {
+			// Bad metadata costs the trace or the id, not the session.
+			var merr error
+			if meta, merr = req.Meta.Sanitize(); merr != nil {
+				a.cfg.Logger.WithError(merr).Warn("Ignoring malformed dial metadata from the proxy.")
+			}
+		}
 		if !d.begin() {
 			_ = nch.Reject(ssh.ConnectionFailed, "this tunnel is moving to another proxy")
 			continue
@@ -421,7 +429,7 @@ func (a *Agent) connectAndServe() (connected bool, err error) {
 		go func() {
 			defer wg.Done()
 			defer d.end()
-			a.cfg.Handler(a.transport(ch, req, tunnelLocal, tunnelDone))
+			a.cfg.Handler(a.transport(ch, req, meta, tunnelLocal, tunnelDone))
 		}()
 	}
 	ka.Close()
@@ -446,13 +454,15 @@ const dataConnRetry = time.Minute
 // transport is what the node's server serves a transport channel on: the
 // data connection the proxy offered (conn.go), else the channel itself,
 // which the proxy is then told (RequestInBand).
-func (a *Agent) transport(ch ssh.Channel, req TransportRequest, tunnelLocal net.Addr, tunnelDone <-chan struct{}) net.Conn {
+func (a *Agent) transport(ch ssh.Channel, req TransportRequest, meta observe.DialMeta, tunnelLocal net.Addr, tunnelDone <-chan struct{}) net.Conn {
 	if req.DataToken != "" && a.cfg.Clock.Now().UnixNano() >= a.noDataUntil.Load() {
 		nc, err := a.dialData(req.DataToken)
 		if err == nil {
 			local, remote := transportAddrs(req, nc.LocalAddr())
 			// The proxy closes the channel (conn.go).
-			return newDataConn(nc, tunnelDone, local, remote)
+			dc := newDataConn(nc, tunnelDone, local, remote)
+			dc.meta = meta
+			return dc
 		}
 		a.noDataUntil.Store(a.cfg.Clock.Now().Add(dataConnRetry).UnixNano())
 		a.cfg.Logger.WithError(err).WithFields(logrus.Fields{"proxy": a.cfg.ProxyAddr, "retry_in": dataConnRetry.String()}).Warn("No data connection to the proxy; carrying connections inside the tunnel for now.")
@@ -460,7 +470,9 @@ func (a *Agent) transport(ch ssh.Channel, req TransportRequest, tunnelLocal net.
 	if _, err := ch.SendRequest(RequestInBand, false, nil); err != nil {
 		_ = ch.Close()
 	}
-	return transportConn(ch, req, tunnelLocal)
+	c := transportConn(ch, req, tunnelLocal)
+	c.meta = meta
+	return c
 }
 
 // dialData opens a data connection: the tunnel port again, the magic and

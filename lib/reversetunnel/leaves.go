@@ -425,7 +425,7 @@ func (l *Leaves) DialLeaf(ctx context.Context, name, source, destination string)
 	if len(ts) == 0 {
 		return nil, trace.NotFound("no tunnel from leaf cluster %q on this proxy", name)
 	}
-	extra, err := json.Marshal(TransportRequest{Source: source, Destination: destination})
+	extra, err := json.Marshal(TransportRequest{Source: source, Destination: destination, Meta: metaOf(ctx)})
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}

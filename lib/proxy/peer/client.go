@@ -74,6 +74,9 @@ type peerConn struct {
 	ready      chan struct{}
 	sess       *yamux.Session
 	err        error
+	// v2: the peer negotiated ALPNv2, so its DialRequests may carry
+	// Meta.
+	v2 bool
 }
 
 // NewClient returns a Client.
@@ -116,6 +119,7 @@ func (c *Client) peerAddr(proxyUUID, node string) (string, error) {
 // otherwise.
 func (c *Client) DialPeer(ctx context.Context, proxyUUID, node, source, destination string) (net.Conn, error) {
 	req := DialRequest{NodeUUID: node, Source: source, Destination: destination}
+	meta := observe.MetaFromContext(ctx)
 	if err := req.Check(); err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -128,6 +132,9 @@ func (c *Client) DialPeer(ctx context.Context, proxyUUID, node, source, destinat
 	sess, err := c.session(ctx, proxyUUID, addr)
 	if err != nil {
 		return nil, trace.Wrap(err)
+	}
+	if meta != (observe.DialMeta{}) && c.carriesMeta(proxyUUID, sess) {
+		req.Meta = &meta
 	}
 	st, err := sess.OpenStream()
 	if err != nil {
@@ -199,9 +206,9 @@ func (c *Client) session(ctx context.Context, uuid, addr string) (*yamux.Session
 func (c *Client) connect(pc *peerConn) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.DialTimeout)
 	defer cancel()
-	sess, err := c.dialSession(ctx, pc.uuid, pc.addr)
+	sess, v2, err := c.dialSession(ctx, pc.uuid, pc.addr)
 	c.mu.Lock()
-	pc.sess, pc.err = sess, err
+	pc.sess, pc.err, pc.v2 = sess, err, v2
 	if err != nil && c.conns[pc.uuid] == pc {
 		// The next dial tries again.
 		delete(c.conns, pc.uuid)
@@ -213,11 +220,21 @@ func (c *Client) connect(pc *peerConn) {
 	close(pc.ready)
 }
 
-func (c *Client) dialSession(ctx context.Context, uuid, addr string) (*yamux.Session, error) {
+// carriesMeta reports whether sess, peer uuid's connection, negotiated
+// ALPNv2 (an older peer refuses a DialRequest with a field it does not
+// know).
+func (c *Client) carriesMeta(uuid string, sess *yamux.Session) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	pc := c.conns[uuid]
+	return pc != nil && pc.sess == sess && pc.v2
+}
+
+func (c *Client) dialSession(ctx context.Context, uuid, addr string) (*yamux.Session, bool, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, trace.ConnectionProblem(err, "connecting to peer proxy %q at %s: %v", uuid, addr, err)
+		return nil, false, trace.ConnectionProblem(err, "connecting to peer proxy %q at %s: %v", uuid, addr, err)
 	}
 	cert := c.cfg.Certificate
 	tc := tls.Client(nc, &tls.Config{
@@ -225,6 +242,7 @@ func (c *Client) dialSession(ctx context.Context, uuid, addr string) (*yamux.Ses
 		// no host name to check (see the package doc).
 		InsecureSkipVerify: true,
 		MinVersion:         tls.VersionTLS13,
+		NextProtos:         []string{ALPNv2},
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			return &cert, nil
 		},
@@ -241,16 +259,16 @@ func (c *Client) dialSession(ctx context.Context, uuid, addr string) (*yamux.Ses
 				events.FieldKind: "peer", events.FieldServerID: uuid, events.FieldAddr: addr,
 				events.FieldReason: trace.UserMessage(err),
 			}})
-			return nil, trace.Wrap(err)
+			return nil, false, trace.Wrap(err)
 		}
-		return nil, trace.ConnectionProblem(err, "TLS with peer proxy %q at %s: %v", uuid, addr, err)
+		return nil, false, trace.ConnectionProblem(err, "TLS with peer proxy %q at %s: %v", uuid, addr, err)
 	}
 	sess, err := yamux.Client(&coalescingConn{Conn: tc}, yamuxConfig())
 	if err != nil {
 		_ = tc.Close()
-		return nil, trace.Wrap(err)
+		return nil, false, trace.Wrap(err)
 	}
-	return sess, nil
+	return sess, tc.ConnectionState().NegotiatedProtocol == ALPNv2, nil
 }
 
 func (c *Client) drop(uuid string, sess *yamux.Session) {

@@ -90,6 +90,8 @@ type echoTunnels struct {
 	wg    sync.WaitGroup
 	mu    sync.Mutex
 	last  DialRequest
+	// lastMeta is what the last dial's context would send on.
+	lastMeta observe.DialMeta
 }
 
 func newEchoTunnels(t *testing.T, nodes ...string) *echoTunnels {
@@ -134,6 +136,7 @@ func (e *echoTunnels) DialTunnel(ctx context.Context, uuid, source, destination 
 	e.dials.Add(1)
 	e.mu.Lock()
 	e.last = DialRequest{NodeUUID: uuid, Source: source, Destination: destination}
+	e.lastMeta = observe.MetaFromContext(ctx)
 	e.mu.Unlock()
 	var d net.Dialer
 	return d.DialContext(ctx, "tcp", e.ln.Addr().String())
