@@ -288,10 +288,11 @@ func (s *Server) handleConn(nc net.Conn) {
 		}
 		defer release()
 	}
-	if span.IsRecording() {
-		span.SetAttributes(attribute.String("postern.user", res.id.User), attribute.String("postern.login", sconn.User()))
-	}
 	c := newConn(s, nc, sconn, ctx)
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("postern.user", res.id.User), attribute.String("postern.login", sconn.User()),
+			attribute.String("postern.conn_id", c.id))
+	}
 	s.mu.Lock()
 	if s.closing && s.ctx.Err() != nil {
 		s.mu.Unlock()
