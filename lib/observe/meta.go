@@ -135,7 +135,12 @@ func NewConnID() string { return uuid.NewString() }
 // LogFields are the trace_id and conn_id of ctx, for a log line: only
 // those it has.
 func LogFields(ctx context.Context) logrus.Fields {
-	f := logrus.Fields{}
+	return AddLogFields(ctx, logrus.Fields{})
+}
+
+// AddLogFields adds ctx's trace_id and conn_id to f (a log line's own
+// fields, so that no second map is made) and returns it.
+func AddLogFields(ctx context.Context, f logrus.Fields) logrus.Fields {
 	if id := ConnID(ctx); id != "" {
 		f["conn_id"] = id
 	}

@@ -173,7 +173,7 @@ func (r *Router) dialAddr(ctx context.Context, node services.Node, timeout time.
 	if err != nil {
 		conn.Close()
 		r.metrics.dialFailures.Inc()
-		r.cfg.Logger.WithFields(logrus.Fields{"node": node.UUID, "addr": node.Addr}).WithError(err).Warn("Node did not answer as an SSH server; not relaying.")
+		r.cfg.Logger.WithFields(observe.AddLogFields(ctx, logrus.Fields{"node": node.UUID, "addr": node.Addr})).WithError(err).Warn("Node did not answer as an SSH server; not relaying.")
 		if ctx.Err() != nil {
 			return nil, trace.ConnectionProblem(err, "dialing node %q (%s) canceled: %v", node.Hostname, node.Addr, context.Cause(ctx))
 		}
@@ -296,7 +296,7 @@ func (r *Router) dialTunnel(ctx context.Context, req RouteRequest, node services
 		case <-deadline.Chan():
 			record(resultTimeout)
 			r.metrics.tunnelTimeouts.Inc()
-			r.cfg.Logger.WithFields(logrus.Fields{"node": node.UUID, "timeout": timeout.String()}).Warn("No tunnel from the node reached this proxy or a peer in time.")
+			r.cfg.Logger.WithFields(observe.AddLogFields(ctx, logrus.Fields{"node": node.UUID, "timeout": timeout.String()})).Warn("No tunnel from the node reached this proxy or a peer in time.")
 			return nil, offline(last)
 		case <-ctx.Done():
 			record(resultCanceled)

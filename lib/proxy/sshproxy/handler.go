@@ -28,6 +28,7 @@ import (
 	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/srv"
 	"github.com/postern-dev/postern/lib/utils"
@@ -147,7 +148,7 @@ func (h *Handler) DialDirectTCPIP(ctx context.Context, id *authz.Identity, req s
 // dial routes target among the nodes the user may reach and dials the
 // chosen one.
 func (h *Handler) dial(ctx context.Context, id *authz.Identity, target proxy.Target, via string) (net.Conn, error) {
-	log := h.cfg.Logger.WithFields(logrus.Fields{"user": id.User, "target": target.String(), "via": via})
+	log := h.cfg.Logger.WithFields(observe.AddLogFields(ctx, logrus.Fields{"user": id.User, "target": target.String(), "via": via}))
 	conn, route, err := h.cfg.Router.DialHost(ctx, proxy.RouteRequest{
 		Target: target,
 		// RBAC first, then routing (rule 5, docs/reference.md Routing): a node
