@@ -218,7 +218,7 @@ func (a *Agent) checkProxy(addr string, remote net.Addr, key ssh.PublicKey) erro
 			reason = "the tunnel server at " + addr + " was refused: " + trace.UserMessage(err)
 		}
 		a.cfg.Logger.WithField("proxy", addr).Warn(reason)
-		a.cfg.Audit.Emit(context.Background(), events.Event{
+		a.cfg.Audit.Emit(a.ctx, events.Event{
 			Type: events.AccessDenied,
 			Fields: events.Fields{
 				events.FieldKind: "tunnel", events.FieldRemoteAddr: remote.String(), events.FieldReason: reason,

@@ -260,6 +260,8 @@ const leafCACheckInterval = time.Second
 // proxy's access cache holds it (no auth call where the cache is
 // in-memory): false once the CA is gone or no longer signs it.
 func (l *Leaves) stillSigned(t *leafTunnel, log logrus.FieldLogger) bool {
+	// A periodic re-check owned by the tunnel's watch loop, not by any
+	// request: bounded by its own timeout.
 	ctx, cancel := context.WithTimeout(context.Background(), leafCheckTimeout)
 	defer cancel()
 	cas, err := l.cfg.Trust.HostCAs(ctx, t.cluster)
@@ -281,6 +283,7 @@ func (l *Leaves) stillSigned(t *leafTunnel, log logrus.FieldLogger) bool {
 // and, if it still passes, reports the tunnel live. It returns false
 // when the leaf is no longer trusted (removed, or its CA changed).
 func (l *Leaves) report(t *leafTunnel, log logrus.FieldLogger) bool {
+	// Like stillSigned: the watch loop's own check, no request's.
 	ctx, cancel := context.WithTimeout(context.Background(), leafCheckTimeout)
 	defer cancel()
 	if _, err := l.checkLeafCert(ctx, t.cert); err != nil {

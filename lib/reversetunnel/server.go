@@ -190,6 +190,10 @@ type Server struct {
 	stopOnce sync.Once
 	// denials coalesces the audit events of refusals (deny).
 	denials *limiter.Denials
+	// ctx is the server's lifetime (cancel: Close): the root of every
+	// tunnel's and handshake's context, which no caller's outlives.
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 // NewServer returns a Server; call Serve.
@@ -223,6 +227,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 
 		dataWaiters: map[string]dataWaiter{},
 	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.denials, err = limiter.NewDenials(limiter.DenialsConfig{Report: s.auditDenial, Clock: cfg.Clock})
 	if err != nil {
 		return nil, trace.Wrap(err)
@@ -418,6 +423,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 // Close closes the listeners and every tunnel and waits for them.
 func (s *Server) Close() error {
+	s.cancel()
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.mu.Lock()
 	s.closing = true
@@ -486,7 +492,10 @@ func (s *Server) denyAs(remote net.Addr, kind, reason string) {
 // logged at debug level).
 func (s *Server) auditDenial(d limiter.Denial) {
 	s.cfg.Logger.WithFields(logrus.Fields{"remote_addr": d.Addr, "reason": d.Text(), "count": d.Count}).Warn("Tunnel refused.")
-	s.cfg.Audit.Emit(context.Background(), events.Event{
+	// limiter.Denials reports from its own timer, after the connection
+	// that was refused is gone, and flushes at Close: the server's
+	// context, without its cancel, is all there is.
+	s.cfg.Audit.Emit(context.WithoutCancel(s.ctx), events.Event{
 		Type: events.AccessDenied,
 		Fields: events.Fields{
 			events.FieldKind: "tunnel", events.FieldRemoteAddr: d.Addr, events.FieldReason: d.Text(), events.FieldCount: d.Count,
@@ -514,7 +523,7 @@ func (s *Server) handleConn(nc net.Conn) {
 	var refused bool
 	cfg.PublicKeyCallback = func(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permissions, error) {
 		if s.cfg.Leaves != nil && isLeafCert(key) {
-			cluster, err := s.cfg.Leaves.checkLeafCert(context.Background(), key)
+			cluster, err := s.cfg.Leaves.checkLeafCert(s.ctx, key)
 			if err != nil {
 				refused = true
 				s.deny(meta.RemoteAddr(), trace.UserMessage(err))
@@ -554,7 +563,7 @@ func (s *Server) handleConn(nc net.Conn) {
 	defer close(t.done)
 	log := s.cfg.Logger.WithFields(logrus.Fields{"uuid": t.uuid, "remote_addr": nc.RemoteAddr().String()})
 	// The only channel a node may open is one to the auth API.
-	tunnelCtx, endTunnel := context.WithCancel(context.Background())
+	tunnelCtx, endTunnel := context.WithCancel(s.ctx)
 	var chWG sync.WaitGroup
 	defer chWG.Wait()
 	defer endTunnel()
@@ -671,7 +680,7 @@ func (s *Server) TunnelRegistered(uuid string) <-chan struct{} {
 // spliceAuth connects a node's ChannelAuth to the auth API and copies
 // bytes both ways until either side closes.
 func (s *Server) spliceAuth(tunnelCtx context.Context, uuid string, nch ssh.NewChannel) {
-	ctx, cancel := context.WithTimeout(context.Background(), DefaultHandshakeTimeout)
+	ctx, cancel := context.WithTimeout(tunnelCtx, DefaultHandshakeTimeout)
 	ac, err := s.cfg.DialAuth(ctx)
 	cancel()
 	if err != nil {

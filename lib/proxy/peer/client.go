@@ -204,6 +204,8 @@ func (c *Client) session(ctx context.Context, uuid, addr string) (*yamux.Session
 // connect dials one peer. It runs on its own so that the caller that
 // started it can give up (its context) without failing the others.
 func (c *Client) connect(pc *peerConn) {
+	// The connection is shared by every dial to this peer, not owned by
+	// the one that started it (which may give up): its own timeout only.
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.DialTimeout)
 	defer cancel()
 	sess, v2, err := c.dialSession(ctx, pc.uuid, pc.addr)

@@ -199,7 +199,10 @@ func (s *Server) auditDenial(d limiter.Denial) {
 		f[k] = v
 	}
 	f[events.FieldKind], f[events.FieldRemoteAddr], f[events.FieldReason], f[events.FieldCount] = "peer", d.Addr, d.Text(), d.Count
-	s.cfg.Audit.Emit(context.Background(), events.Event{Type: events.AccessDenied, Fields: f})
+	// limiter.Denials reports from its own timer, after the refused
+	// stream is gone, and flushes at Close: the server's context, without
+	// its cancel, is all there is.
+	s.cfg.Audit.Emit(context.WithoutCancel(s.ctx), events.Event{Type: events.AccessDenied, Fields: f})
 }
 
 func (s *Server) tlsConfig(remote string, refused *bool) *tls.Config {
