@@ -97,9 +97,8 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		Router:     router,
 		Nodes:      nw,
 		Recordings: clt,
-		Audit:      p.audit,
 		Locks:      p.locks,
-		Logger:     p.log.WithField("component", "proxy:ssh"),
+		Deps:       p.deps(observe.ComponentProxySSH, p.audit),
 	})
 	if err != nil {
 		return trace.Wrap(err)
@@ -180,8 +179,7 @@ func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string, id *auth.Identit
 		SSHAlgorithms:  p.cfg.SSHAlgorithms(),
 		Auth:           clt,
 		SecondFactor:   web.CachedSecondFactor(clt, p.clock),
-		Clock:          p.clock,
-		Logger:         p.log.WithField("component", "web"),
+		Deps:           p.deps(observe.ComponentWeb, nil),
 	}
 	// Browser sessions and the terminal use this process's Router and
 	// NodeWatcher; their records are auth's.

@@ -277,8 +277,9 @@ func newTermEnv(t *testing.T, opts ...func(*WebSessionsConfig)) *termEnv {
 		o(&wsc)
 	}
 	s, err := NewServer(Config{
-		ClusterName: "c1", ProxySSHAddr: "127.0.0.1:3023", Certificate: pair, Auth: as, Clock: clock, Logger: quietLogger(),
+		ClusterName: "c1", ProxySSHAddr: "127.0.0.1:3023", Certificate: pair, Auth: as,
 		WebSessions: wsc,
+		Deps:        observe.Deps{Clock: clock, Logger: quietLogger()},
 	})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

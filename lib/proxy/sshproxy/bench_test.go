@@ -109,7 +109,7 @@ func newJumpChain(b *testing.B, tr benchTracer) *jumpChain {
 	router, err := proxy.NewRouter(routerConfig(proxy.RouterConfig{ClusterName: benchCluster, NodeWatcher: nw, Networking: store, Tunnels: tun},
 		clock, log.WithField("component", "router"), tr.tp))
 	require.NoError(b, err)
-	h, err := New(Config{Router: router, Logger: log.WithField("component", "proxy:ssh")})
+	h, err := New(handlerConfig(Config{Router: router}, log.WithField("component", "proxy:ssh")))
 	require.NoError(b, err)
 	proxySrv, err := srv.New(nodeSrvConfig(srv.Config{
 		ClusterName: benchCluster,

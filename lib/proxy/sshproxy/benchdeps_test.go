@@ -55,3 +55,8 @@ func routerConfig(c proxy.RouterConfig, clock clockwork.Clock, log logrus.FieldL
 	c.Deps = observe.Deps{Clock: clock, Logger: log, Tracer: tracer(tp, observe.ComponentRouter)}
 	return c
 }
+
+func handlerConfig(c Config, log logrus.FieldLogger) Config {
+	c.Deps = observe.Deps{Logger: log}
+	return c
+}

@@ -44,14 +44,11 @@ type Config struct {
 	// Recordings serves the `recordings` and `recording:ID` subsystems
 	// (psh recordings ls, psh play); nil means they are refused.
 	Recordings RecordingSource
-	// Logger; nil means component=proxy:ssh.
-	Logger logrus.FieldLogger
-	// Audit receives route.ambiguous and access.denied; nil means
-	// events.Discard.
-	Audit events.Emitter
 	// Locks, when set, ends open hops to an OpenSSH node once a lock
 	// covers the node (openssh.go); a Postern node does that itself.
 	Locks srv.LockChecker
+	// Deps (Logger, Audit); zero fields get observe's defaults.
+	observe.Deps
 }
 
 // CheckAndSetDefaults validates the config.
@@ -59,12 +56,7 @@ func (c *Config) CheckAndSetDefaults() error {
 	if c.Router == nil {
 		return trace.BadParameter("sshproxy: missing Router")
 	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "proxy:ssh")
-	}
-	if c.Audit == nil {
-		c.Audit = events.Discard
-	}
+	c.Deps.SetDefaults(observe.ComponentProxySSH)
 	return nil
 }
 
