@@ -49,7 +49,7 @@ type APIConfig struct {
 	// RequestTimeout bounds each API call's handler (streams excepted);
 	// zero means DefaultRequestTimeout.
 	RequestTimeout time.Duration
-	// Deps (Logger); zero fields get observe's defaults.
+	// Deps: Logger (component auth:api); the rest unused.
 	observe.Deps
 }
 

@@ -75,7 +75,10 @@ type AgentConfig struct {
 	// agent drops its tunnel when it returns (make before break: the
 	// pool opens a tunnel to another proxy first). Nil drops at once.
 	OnMove func(ctx context.Context, a *Agent)
-	// Deps (Clock, Logger, Metrics, Audit); zero fields get observe's defaults.
+	// Deps: Clock times backoff and keep-alives; Metrics holds
+	// postern_tunnel_reconnects_total; Audit receives the agent's
+	// refusals of a tunnel server (events.AccessDenied, kind "tunnel").
+	// Zero fields get observe's defaults.
 	observe.Deps
 }
 

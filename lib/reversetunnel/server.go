@@ -107,7 +107,12 @@ type ServerConfig struct {
 	// see leaves.go) on this port too; nil refuses them like any
 	// certificate that is not a node's.
 	Leaves *Leaves
-	// Deps (Audit, Clock, Logger, Metrics); zero fields get observe's defaults.
+	// Deps: Audit receives refusals (events.AccessDenied, kind
+	// "tunnel", with the count they stand for: each kind of refusal from
+	// one source at once, its repeats within limiter.RefusalReportInterval
+	// in one summary); Clock checks certificates and times keep-alives;
+	// Metrics holds postern_tunnels and postern_tunnel_transports_total.
+	// Zero fields get observe's defaults.
 	observe.Deps
 }
 

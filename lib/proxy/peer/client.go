@@ -36,7 +36,9 @@ type ClientConfig struct {
 	Locator Locator
 	// DialTimeout: zero means DefaultDialTimeout.
 	DialTimeout time.Duration
-	// Deps (Audit, Clock, Logger); zero fields get observe's defaults.
+	// Deps: Audit receives refusals of peers that are not who their
+	// lease says (events.AccessDenied, kind "peer"); Clock checks peer
+	// certificates. Zero fields get observe's defaults.
 	observe.Deps
 }
 

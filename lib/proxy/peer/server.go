@@ -44,7 +44,11 @@ type ServerConfig struct {
 	Tunnels LocalTunnels
 	// HandshakeTimeout: zero means DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
-	// Deps (Audit, Clock, Logger); zero fields get observe's defaults.
+	// Deps: Audit receives refusals (events.AccessDenied, kind "peer",
+	// coalesced by limiter.Denials); Clock checks certificate validity
+	// and times the refusals' audit windows (socket timeouts are real
+	// time: they bound kernel I/O); Tracer starts peer.serve. Zero fields
+	// get observe's defaults.
 	observe.Deps
 }
 

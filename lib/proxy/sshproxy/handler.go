@@ -47,7 +47,8 @@ type Config struct {
 	// Locks, when set, ends open hops to an OpenSSH node once a lock
 	// covers the node (openssh.go); a Postern node does that itself.
 	Locks srv.LockChecker
-	// Deps (Logger, Audit); zero fields get observe's defaults.
+	// Deps: Audit receives route.ambiguous and access.denied; Logger
+	// (component proxy:ssh). Zero fields get observe's defaults.
 	observe.Deps
 }
 
