@@ -33,6 +33,8 @@ const (
 	ComponentPeerClient   = "proxy:peer:client"
 	ComponentTunnelServer = "reversetunnel:server"
 	ComponentTunnelAgent  = "reversetunnel:agent"
+	ComponentTunnelLeaves = "reversetunnel:leaves"
+	ComponentHealth       = "proxy:health"
 	ComponentNode         = "node"
 	ComponentWeb          = "web"
 	ComponentAuthAPI      = "auth:api"

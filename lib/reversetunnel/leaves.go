@@ -9,11 +9,11 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
-	"github.com/jonboulle/clockwork"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -64,10 +64,9 @@ type LeavesConfig struct {
 	// keep-alives; zero means the defaults.
 	KeepAliveInterval time.Duration
 	KeepAliveCountMax int
-	// Clock checks certificates and times reports; nil: real.
-	Clock clockwork.Clock
-	// Logger; nil means component "reversetunnel:leaves".
-	Logger logrus.FieldLogger
+	// Deps: Clock checks certificates and times reports; Logger. Zero
+	// fields get observe's defaults.
+	observe.Deps
 }
 
 // DefaultLeafReportInterval: a removed leaf's tunnel is cut, and a live
@@ -94,12 +93,7 @@ func (c *LeavesConfig) CheckAndSetDefaults() error {
 	if c.KeepAliveCountMax == 0 {
 		c.KeepAliveCountMax = DefaultKeepAliveCountMax
 	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "reversetunnel:leaves")
-	}
+	c.Deps.SetDefaults(observe.ComponentTunnelLeaves)
 	return nil
 }
 

@@ -102,8 +102,7 @@ func (p *Process) newLeaves(id *auth.Identity) (*reversetunnel.Leaves, error) {
 	l, err := reversetunnel.NewLeaves(reversetunnel.LeavesConfig{
 		Trust:       leafTrust{api: api, cas: cas},
 		ClusterName: p.clusterName,
-		Clock:       p.clock,
-		Logger:      p.log.WithField("component", "reversetunnel:leaves"),
+		Deps:        p.deps(observe.ComponentTunnelLeaves, nil),
 	})
 	if err != nil {
 		return nil, trace.Wrap(err)

@@ -41,7 +41,7 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	// the host CA from its in-memory access cache.
 	hc, err := health.New(health.Config{
 		ClusterName: p.clusterName, Nodes: nw, CAs: p.sshAccess,
-		Clock: p.clock, Logger: p.log.WithField("component", "proxy:health"),
+		Deps: p.deps(observe.ComponentHealth, nil),
 	})
 	if err != nil {
 		return trace.Wrap(err)

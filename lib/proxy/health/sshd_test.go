@@ -41,7 +41,7 @@ func TestRealSSHD(t *testing.T) {
 	ap := srvtest.NewAccessPoint()
 	ap.SetCA(ca.CertAuthority(testCluster, services.HostCA))
 	dialer := &countingDialer{clock: clock, dials: make(chan time.Time, 16)}
-	c, err := New(Config{ClusterName: testCluster, Nodes: w, CAs: ap, Clock: clock, Dialer: dialer,
+	c, err := New(Config{ClusterName: testCluster, Nodes: w, CAs: ap, Deps: observe.Deps{Clock: clock}, Dialer: dialer,
 		Interval: 10 * time.Second, MinBackoff: 2 * time.Second, MaxBackoff: 8 * time.Second})
 	require.NoError(t, err)
 	defer c.Close()
