@@ -260,7 +260,10 @@ func newConn(s *Server, nc net.Conn, sconn *ssh.ServerConn, traced context.Conte
 	// node for this connection passes it on (utils.ClientAddr); so do the
 	// connection id and the span of its accept, for the next hop's
 	// DialMeta. The lifetime stays the server's (s.ctx), not traced's.
-	ctx := oteltrace.ContextWithSpanContext(s.ctx, oteltrace.SpanContextFromContext(traced))
+	ctx := s.ctx
+	if sc := oteltrace.SpanContextFromContext(traced); sc.IsValid() {
+		ctx = oteltrace.ContextWithSpanContext(ctx, sc)
+	}
 	ctx = observe.WithConnID(utils.WithClientAddr(ctx, nc.RemoteAddr().String()), id)
 	ctx, cancel := context.WithCancelCause(ctx)
 	c := &conn{
