@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"net"
@@ -12,7 +13,10 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -63,4 +67,58 @@ func TestDialHostSpans(t *testing.T) {
 	refused := byName["route"][1]
 	require.Equal(t, codes.Error, refused.Status().Code)
 	require.Contains(t, refused.Status().Description, `"nosuch"`)
+}
+
+// metaPipe is a transport connection that arrived with dial metadata, as
+// a leaf's agent hands one to LeafTransport.
+type metaPipe struct {
+	net.Conn
+	meta observe.DialMeta
+}
+
+func (c metaPipe) DialMeta() observe.DialMeta { return c.meta }
+
+// TestLeafTransportContinuesTrace: a root proxy's request continues the
+// root's trace in the leaf (leaf.serve is a child of the root's dial,
+// and the leaf's own route span a child of that); a refused route in the
+// leaf is an error span there.
+func TestLeafTransportContinuesTrace(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer func() { require.NoError(t, tp.Shutdown(context.Background())) }()
+	env := newRouterEnvWith(t, nil, func(c *RouterConfig) { c.Tracer = tp.Tracer("leaf-router") })
+	h, err := NewLeafTransport(LeafTransportConfig{
+		Router: env.router,
+		Identify: func(_ context.Context, cert *ssh.Certificate) (*authz.Identity, error) {
+			return &authz.Identity{User: cert.KeyId, Cluster: "root", Cert: cert}, nil
+		},
+		Deps: observe.Deps{Tracer: tp.Tracer("leaf")},
+	})
+	require.NoError(t, err)
+
+	rctx, rootDial := tp.Tracer("root").Start(observe.WithConnID(context.Background(), "root-conn"), "dial")
+	meta := observe.MetaFromContext(rctx)
+	rootDial.End()
+	client, server := net.Pipe()
+	done := make(chan struct{})
+	go func() { defer close(done); h.Serve(context.Background(), metaPipe{Conn: server, meta: meta}) }()
+	_, _ = io.WriteString(client, leafRequest(t, "nosuch:22", rootUserCert(t, "alice"))+"\n")
+	line, err := bufio.NewReader(client).ReadString('\n')
+	require.NoError(t, err)
+	require.Contains(t, line, "not_found")
+	client.Close()
+	<-done
+
+	byName := map[string]sdktrace.ReadOnlySpan{}
+	for _, s := range rec.Ended() {
+		byName[s.Name()] = s
+	}
+	serve, route := byName["leaf.serve"], byName["route"]
+	require.NotNil(t, serve)
+	require.NotNil(t, route)
+	require.Equal(t, rootDial.SpanContext().TraceID(), serve.SpanContext().TraceID())
+	require.Equal(t, rootDial.SpanContext().SpanID(), serve.Parent().SpanID())
+	require.Equal(t, serve.SpanContext().SpanID(), route.Parent().SpanID())
+	require.Equal(t, codes.Error, route.Status().Code)
+	require.Contains(t, route.Status().Description, `"nosuch"`)
 }
