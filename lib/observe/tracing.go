@@ -1,18 +1,11 @@
 package observe
 
 import (
-	"context"
 	"net"
 	"net/url"
 	"strings"
 
 	"github.com/gravitational/trace"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
-	"go.opentelemetry.io/otel/sdk/resource"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	oteltrace "go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // TracingConfig is the tracing section of postern.yaml. The zero value is
@@ -57,6 +50,11 @@ func (c TracingConfig) Check() error {
 // Enabled reports whether spans are exported.
 func (c TracingConfig) Enabled() bool { return c.Exporter != "" }
 
+// OTLPEndpoint is tracing.endpoint as host:port and whether it is TLS.
+func (c TracingConfig) OTLPEndpoint() (hostport string, tls bool, err error) {
+	return parseEndpoint(c.Endpoint)
+}
+
 // parseEndpoint splits tracing.endpoint into host:port and whether it
 // is TLS.
 func parseEndpoint(ep string) (hostport string, tls bool, err error) {
@@ -86,59 +84,4 @@ func parseEndpoint(ep string) (hostport string, tls bool, err error) {
 		return "", false, trace.BadParameter("tracing.endpoint %q: want HOST:PORT or https://HOST:PORT", ep)
 	}
 	return hostport, tls, nil
-}
-
-// Provider is a process's tracer provider: each component takes its
-// Tracer from it.
-type Provider struct {
-	oteltrace.TracerProvider
-	sdk *sdktrace.TracerProvider
-}
-
-// NewProvider returns the provider tracing config c asks for: a no-op one
-// when tracing is off (no goroutine, nothing exported), else spans batched
-// to the OTLP/HTTP collector. instance names this process in the spans'
-// resource (service.instance.id), so that a trace shows which proxy or
-// node each hop ran on.
-func NewProvider(c TracingConfig, instance string) (*Provider, error) {
-	if err := c.Check(); err != nil {
-		return nil, trace.Wrap(err)
-	}
-	if !c.Enabled() {
-		return &Provider{TracerProvider: noop.NewTracerProvider()}, nil
-	}
-	hostport, tls, _ := parseEndpoint(c.Endpoint)
-	opts := []otlptracehttp.Option{otlptracehttp.WithEndpoint(hostport)}
-	if !tls {
-		opts = append(opts, otlptracehttp.WithInsecure())
-	}
-	// New does not connect: a collector that is down costs dropped
-	// batches (logged by the SDK), never a start or a dial.
-	exp, err := otlptracehttp.New(context.Background(), opts...)
-	if err != nil {
-		return nil, trace.Wrap(err, "tracing.endpoint %q", c.Endpoint)
-	}
-	rate := 1.0
-	if c.SamplingRate != nil {
-		rate = *c.SamplingRate
-	}
-	res := resource.NewSchemaless(
-		attribute.String("service.name", "postern"),
-		attribute.String("service.instance.id", instance),
-	)
-	sdk := sdktrace.NewTracerProvider(
-		sdktrace.WithBatcher(exp),
-		sdktrace.WithResource(res),
-		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(rate))),
-	)
-	return &Provider{TracerProvider: sdk, sdk: sdk}, nil
-}
-
-// Shutdown exports what is buffered and stops the batcher's goroutine;
-// ctx bounds the export.
-func (p *Provider) Shutdown(ctx context.Context) error {
-	if p == nil || p.sdk == nil {
-		return nil
-	}
-	return trace.Wrap(p.sdk.Shutdown(ctx))
 }

@@ -8,13 +8,14 @@ import (
 
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/observe"
+	"github.com/postern-dev/postern/lib/observe/provider"
 )
 
 // startTracing makes the process's tracer provider from the tracing
 // section (a no-op one when it is unset) and flushes it last on shutdown:
 // closers run in reverse, so the spans the other closers end still go out.
 func (p *Process) startTracing() error {
-	tp, err := observe.NewProvider(p.cfg.Tracing, p.cfg.NodeName)
+	tp, err := provider.New(p.cfg.Tracing, p.cfg.NodeName)
 	if err != nil {
 		return trace.Wrap(err)
 	}

@@ -31,7 +31,7 @@ import (
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/limiter"
 	"github.com/postern-dev/postern/lib/memtrim"
-	"github.com/postern-dev/postern/lib/observe"
+	"github.com/postern-dev/postern/lib/observe/provider"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/proxy/health"
 	"github.com/postern-dev/postern/lib/reversetunnel"
@@ -71,7 +71,7 @@ type Process struct {
 	diag     *diagServer
 	// tracer is the tracing section's provider (startTracing); nil
 	// before Start, which components take as tracing off.
-	tracer *observe.Provider
+	tracer *provider.Provider
 
 	// hostUUID is this host's UUID: made up on the first start of an
 	// auth host, assigned by the auth server at join otherwise (empty

@@ -10,6 +10,7 @@ import (
 	oteltrace "go.opentelemetry.io/otel/trace"
 
 	"github.com/postern-dev/postern/lib/observe"
+	"github.com/postern-dev/postern/lib/observe/provider"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/reversetunnel"
 	"github.com/postern-dev/postern/lib/srv"
@@ -23,7 +24,7 @@ type tracerProvider = oteltrace.TracerProvider
 
 func benchArms(b *testing.B, collector string) []benchTracer {
 	rate := 1.0
-	tp, err := observe.NewProvider(observe.TracingConfig{Exporter: observe.ExporterOTLP, Endpoint: collector, SamplingRate: &rate}, "bench")
+	tp, err := provider.New(observe.TracingConfig{Exporter: observe.ExporterOTLP, Endpoint: collector, SamplingRate: &rate}, "bench")
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	return []benchTracer{{name: "tracing=off"}, {name: "tracing=sampled", tp: tp}}

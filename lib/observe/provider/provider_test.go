@@ -1,4 +1,4 @@
-package observe
+package provider
 
 import (
 	"context"
@@ -11,13 +11,18 @@ import (
 
 	"github.com/stretchr/testify/require"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"go.uber.org/goleak"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/postern-dev/postern/lib/observe"
 )
 
 // TestProviderExportsOTLP: with tracing on, the spans reach an OTLP/HTTP
 // collector at /v1/traces on Shutdown, with the process named in the
 // resource; with tracing off, nothing is started (goleak checks) and a
 // span carries no context.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
 func TestProviderExportsOTLP(t *testing.T) {
 	var mu sync.Mutex
 	var got []*collectortrace.ExportTraceServiceRequest
@@ -36,7 +41,7 @@ func TestProviderExportsOTLP(t *testing.T) {
 	}))
 	defer srv.Close()
 
-	off, err := NewProvider(TracingConfig{}, "p1")
+	off, err := New(observe.TracingConfig{}, "p1")
 	require.NoError(t, err)
 	_, span := off.Tracer("x").Start(context.Background(), "nothing")
 	require.False(t, span.SpanContext().IsValid())
@@ -44,9 +49,9 @@ func TestProviderExportsOTLP(t *testing.T) {
 	require.NoError(t, off.Shutdown(context.Background()))
 
 	rate := 1.0
-	on, err := NewProvider(TracingConfig{Exporter: ExporterOTLP, Endpoint: strings.TrimPrefix(srv.URL, "http://"), SamplingRate: &rate}, "proxy-1")
+	on, err := New(observe.TracingConfig{Exporter: observe.ExporterOTLP, Endpoint: strings.TrimPrefix(srv.URL, "http://"), SamplingRate: &rate}, "proxy-1")
 	require.NoError(t, err)
-	_, span = on.Tracer(ComponentRouter).Start(context.Background(), "route")
+	_, span = on.Tracer(observe.ComponentRouter).Start(context.Background(), "route")
 	span.End()
 	require.NoError(t, on.Shutdown(context.Background()))
 
@@ -61,9 +66,9 @@ func TestProviderExportsOTLP(t *testing.T) {
 		}
 	}
 	require.Equal(t, "proxy-1", instance)
-	require.Equal(t, ComponentRouter, rs.ScopeSpans[0].Scope.Name)
+	require.Equal(t, observe.ComponentRouter, rs.ScopeSpans[0].Scope.Name)
 	require.Equal(t, "route", rs.ScopeSpans[0].Spans[0].Name)
 
-	_, err = NewProvider(TracingConfig{Exporter: "zipkin", Endpoint: "c:1"}, "x")
+	_, err = New(observe.TracingConfig{Exporter: "zipkin", Endpoint: "c:1"}, "x")
 	require.ErrorContains(t, err, `tracing.exporter "zipkin"`)
 }
