@@ -35,6 +35,7 @@ const (
 	ComponentTunnelAgent  = "reversetunnel:agent"
 	ComponentTunnelLeaves = "reversetunnel:leaves"
 	ComponentHealth       = "proxy:health"
+	ComponentLimiter      = "limiter"
 	ComponentNode         = "node"
 	ComponentWeb          = "web"
 	ComponentAuthAPI      = "auth:api"
