@@ -61,6 +61,9 @@ if [ "$REPORT_HOLD_N" -gt 0 ]; then
 fi
 
 mkdir -p "$(dirname "$OUT")"
+# REPORT_EXTRA: sections measured by other means (Go benchmarks), kept
+# across regenerations.
+REPORT_EXTRA=${REPORT_EXTRA:-$HERE/tracing-overhead.md} \
 python3 - "$COLLECT" "$REPORT_RUNS" "$OUT" \
 	"$(date -u '+%F %T UTC')" \
 	"$(nproc) cores, $(awk -F': ' '/model name/{print $2; exit}' /proc/cpuinfo), $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -sr)" \
@@ -176,6 +179,9 @@ with open(out, "w") as f:
                 "caps a proxy at about half of it: with a hard RLIMIT_NOFILE of 20,000 (which only "
                 "CAP_SYS_RESOURCE can raise) the proxy caps its SSH port at (20,000 - 256) / 2 = 9,872 "
                 "connections, says so once at start, and refuses the next one with that reason.\n")
+    extra = os.environ.get("REPORT_EXTRA", "")
+    if extra and os.path.exists(extra):
+        f.write("\n" + open(extra).read())
     f.write("\n## Notes\n\n")
     f.write("- The machine is shared (other engineers' builds and tests ran at the same time): absolute "
             "figures move by +-25% between runs; the ratios, taken within a run with the arms "

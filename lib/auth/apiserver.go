@@ -18,6 +18,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/api"
 	"github.com/postern-dev/postern/lib/api/authapi"
+	"github.com/postern-dev/postern/lib/observe"
 )
 
 // Server names a client puts in its TLS ClientHello (SNI).
@@ -45,11 +46,11 @@ type APIConfig struct {
 	Auth *Server
 	// Listener is where to serve (plain TCP: TLS is added here); required.
 	Listener net.Listener
-	// Logger defaults to the auth server's logger with component=auth:api.
-	Logger logrus.FieldLogger
 	// RequestTimeout bounds each API call's handler (streams excepted);
 	// zero means DefaultRequestTimeout.
 	RequestTimeout time.Duration
+	// Deps: Logger (component auth:api); the rest unused.
+	observe.Deps
 }
 
 // DefaultRequestTimeout bounds one API call on the server side. It must be
@@ -68,9 +69,7 @@ func (c *APIConfig) CheckAndSetDefaults() error {
 	if c.Listener == nil {
 		return trace.BadParameter("auth API: missing Listener")
 	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "auth:api")
-	}
+	c.Deps.SetDefaults(observe.ComponentAuthAPI)
 	if c.RequestTimeout <= 0 {
 		c.RequestTimeout = DefaultRequestTimeout
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -154,7 +155,7 @@ func frozenListener(t *testing.T) net.Listener {
 // serveOn serves env's auth API on l until the test ends.
 func serveOn(t *testing.T, env *testEnv, l net.Listener) *APIServer {
 	t.Helper()
-	api, err := NewAPIServer(APIConfig{Auth: env.auth, Listener: l, Logger: testLogger()})
+	api, err := NewAPIServer(APIConfig{Auth: env.auth, Listener: l, Deps: observe.Deps{Logger: testLogger()}})
 	require.NoError(t, err)
 	served := make(chan error, 1)
 	go func() { served <- api.Serve() }()

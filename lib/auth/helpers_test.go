@@ -18,6 +18,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/backend/memory"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/recording"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -88,7 +89,7 @@ func startAPI(t testing.TB, env *testEnv) *APIServer {
 	t.Helper()
 	l, err := netListen()
 	require.NoError(t, err)
-	api, err := NewAPIServer(APIConfig{Auth: env.auth, Listener: l, Logger: testLogger()})
+	api, err := NewAPIServer(APIConfig{Auth: env.auth, Listener: l, Deps: observe.Deps{Logger: testLogger()}})
 	require.NoError(t, err)
 	served := make(chan error, 1)
 	go func() { served <- api.Serve() }()

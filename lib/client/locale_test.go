@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/srv"
 	"github.com/postern-dev/postern/lib/srv/srvtest"
@@ -42,7 +43,6 @@ func TestRunSessionSendsLocale(t *testing.T) {
 		HostSigners: []ssh.Signer{hostCA.HostSigner(t, "node-uuid", "127.0.0.1")},
 		AccessPoint: ap,
 		GetNode:     func() services.Node { return services.Node{UUID: "node-uuid", Hostname: "node1", Cluster: "example"} },
-		Logger:      logger.WithField("component", "node"),
 		LookupLogin: func(login string) (*srv.Login, error) {
 			l, err := srv.LookupOSLogin(login)
 			if err == nil {
@@ -52,6 +52,7 @@ func TestRunSessionSendsLocale(t *testing.T) {
 		},
 		AgentSocketDir: t.TempDir(),
 		Locale:         srv.LocaleConfig{Default: "C.UTF-8", Installed: func(n string) bool { return installed[n] }},
+		Deps:           observe.Deps{Logger: logger.WithField("component", "node")},
 	})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -22,6 +22,7 @@ import (
 	"github.com/gravitational/trace"
 	"gopkg.in/yaml.v3"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/sshalgo"
 )
 
@@ -164,6 +165,9 @@ type FileConfig struct {
 	// AccessRequests configures access request notifications
 	// (accessrequests.go).
 	AccessRequests AccessRequestsConfig `yaml:"access_requests,omitempty"`
+	// Tracing exports this process's spans (OpenTelemetry, OTLP/HTTP);
+	// off when unset.
+	Tracing observe.TracingConfig `yaml:"tracing,omitempty"`
 
 	// SSHKexAlgorithms, SSHCiphers and SSHMACs are the key exchanges,
 	// ciphers and MACs, in preference order, that every SSH port of this
@@ -377,6 +381,9 @@ func (c *Config) CheckAndSetDefaults() error {
 		return trace.Wrap(err)
 	}
 	if err := c.AccessRequests.check(); err != nil {
+		return trace.Wrap(err)
+	}
+	if err := c.Tracing.Check(); err != nil {
 		return trace.Wrap(err)
 	}
 	switch c.LogFormat {

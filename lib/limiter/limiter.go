@@ -32,9 +32,9 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
-	"github.com/jonboulle/clockwork"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
+
+	"github.com/postern-dev/postern/lib/observe"
 )
 
 // Defaults. The numbers are budgets of file descriptors and memory: each
@@ -156,15 +156,11 @@ type Config struct {
 	// 1 for its socket, 2 where every connection dials on (a proxied SSH
 	// session: the client's socket and the node's). Zero means 1.
 	DescriptorsPerConn int
-	// Clock times the Warn-level refusal log; nil means the real clock.
-	Clock clockwork.Clock
-	// Logger; nil means logrus.WithField("component", "limiter").
-	Logger logrus.FieldLogger
-	// Metrics is where the counters are registered; nil means a private
-	// registry (the counters still count, nobody scrapes them). Several
-	// limiters may share one registry: they share the series, told apart
-	// by the `listener` label.
-	Metrics prometheus.Registerer
+	// Deps: Clock times the Warn-level refusal log; Metrics is where the
+	// counters are registered (several limiters may share one registry:
+	// they share the series, told apart by the `listener` label). Zero
+	// fields get observe's defaults.
+	observe.Deps
 }
 
 // CheckAndSetDefaults fills in defaults.
@@ -185,15 +181,7 @@ func (c *Config) CheckAndSetDefaults() error {
 	if c.DescriptorsPerConn == 0 {
 		c.DescriptorsPerConn = 1
 	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "limiter")
-	}
-	if c.Metrics == nil {
-		c.Metrics = prometheus.NewRegistry()
-	}
+	c.Deps.SetDefaults(observe.ComponentLimiter)
 	return nil
 }
 

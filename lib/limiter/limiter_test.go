@@ -15,6 +15,8 @@ import (
 	"github.com/sirupsen/logrus/hooks/test"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/postern-dev/postern/lib/observe"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -198,9 +200,9 @@ func TestUserSessionForwardCaps(t *testing.T) {
 func TestSharedRegistry(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	l, _ := test.NewNullLogger()
-	a, err := NewConnectionLimiter(Config{Name: "proxy_ssh", MaxConnectionsPerUser: 1, Metrics: reg, Logger: l})
+	a, err := NewConnectionLimiter(Config{Name: "proxy_ssh", MaxConnectionsPerUser: 1, Deps: observe.Deps{Metrics: reg, Logger: l}})
 	require.NoError(t, err)
-	b, err := NewConnectionLimiter(Config{Name: "web", MaxConnectionsPerUser: 1, Metrics: reg, Logger: l})
+	b, err := NewConnectionLimiter(Config{Name: "web", MaxConnectionsPerUser: 1, Deps: observe.Deps{Metrics: reg, Logger: l}})
 	require.NoError(t, err)
 	for _, lim := range []*ConnectionLimiter{a, b, b} {
 		r, err := lim.AcquireUser("u")
@@ -219,7 +221,7 @@ func TestRefusalWarnThrottled(t *testing.T) {
 	logger, hook := test.NewNullLogger()
 	logger.SetLevel(logrus.DebugLevel)
 	clock := clockwork.NewFakeClock()
-	lim, _ := newTestLimiter(t, Config{MaxConnectionsPerUser: 1, Clock: clock, Logger: logger})
+	lim, _ := newTestLimiter(t, Config{MaxConnectionsPerUser: 1, Deps: observe.Deps{Clock: clock, Logger: logger}})
 	r, err := lim.AcquireUser("alice")
 	require.NoError(t, err)
 	defer r()

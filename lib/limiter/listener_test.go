@@ -16,6 +16,8 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/lib/observe"
 )
 
 // openSSHClient is the path of OpenSSH's ssh, or "" (the test part that
@@ -219,7 +221,7 @@ func TestWrapListenerReportsRefusals(t *testing.T) {
 	raw, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	clock := clockwork.NewFakeClock()
-	lim, _ := newTestLimiter(t, Config{Name: "proxy_ssh", MaxConnectionsPerIP: 1, Clock: clock})
+	lim, _ := newTestLimiter(t, Config{Name: "proxy_ssh", MaxConnectionsPerIP: 1, Deps: observe.Deps{Clock: clock}})
 	reports := make(chan Refusal, 16)
 	ln := WrapListener(raw, lim, ListenerOptions{Refusal: SSHRefusal, OnRefuse: func(r Refusal) { reports <- r }})
 	conns := acceptLoop(t, ln)

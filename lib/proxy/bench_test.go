@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postern-dev/postern/lib/backend/memory"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -60,7 +61,8 @@ func benchWatcher(tb testing.TB, s *services.Store) *services.NodeWatcher {
 func benchRouter(tb testing.TB, s NetworkingGetter, w *services.NodeWatcher) *Router {
 	tb.Helper()
 	r, err := NewRouter(RouterConfig{ClusterName: testCluster, NodeWatcher: w, Networking: s,
-		Clock: clockwork.NewRealClock(), Metrics: prometheus.NewRegistry()})
+		Deps: observe.Deps{Clock: clockwork.NewRealClock(), Metrics: prometheus.NewRegistry()},
+	})
 	require.NoError(tb, err)
 	return r
 }

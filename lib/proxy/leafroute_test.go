@@ -20,6 +20,7 @@ import (
 	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -85,7 +86,6 @@ func newLeafRouting(t *testing.T, leafNodeAddr string) (*Router, *pipeLeaves, *e
 	h, err := NewLeafTransport(LeafTransportConfig{
 		Router: leaf.router,
 		Nodes:  leaf.watcher,
-		Audit:  audit,
 		Identify: func(_ context.Context, cert *ssh.Certificate) (*authz.Identity, error) {
 			if cert.KeyId == "mallory" {
 				return nil, trace.AccessDenied(`roles [auditor] of user "mallory" of cluster "root" map to no role here`)
@@ -93,6 +93,7 @@ func newLeafRouting(t *testing.T, leafNodeAddr string) (*Router, *pipeLeaves, *e
 			return &authz.Identity{User: cert.KeyId, Cluster: "root", Cert: cert, Roles: []string{"dev"},
 				Checker: services.NewAccessChecker([]*services.Role{dev}, nil)}, nil
 		},
+		Deps: observe.Deps{Audit: audit},
 	})
 	require.NoError(t, err)
 	leaves := &pipeLeaves{name: testCluster, h: h}

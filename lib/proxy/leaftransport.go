@@ -12,11 +12,13 @@ import (
 
 	"github.com/gravitational/trace"
 	"github.com/sirupsen/logrus"
+	oteltrace "go.opentelemetry.io/otel/trace"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -42,10 +44,9 @@ type LeafTransportConfig struct {
 	// Nodes lists this cluster's nodes for a LeafKindNodes request (the
 	// leaf's NodeWatcher); nil refuses such requests as unavailable.
 	Nodes authz.NodeLister
-	// Audit receives access.denied; nil discards.
-	Audit events.Emitter
-	// Logger; nil means component "proxy:leaf".
-	Logger logrus.FieldLogger
+	// Deps: Audit receives access.denied; Tracer starts the leaf.serve
+	// span, a child of the root proxy's dial.
+	observe.Deps
 	// RequestTimeout bounds reading the request, identifying and
 	// dialing; zero means DefaultLeafRequestTimeout.
 	RequestTimeout time.Duration
@@ -64,12 +65,7 @@ func NewLeafTransport(cfg LeafTransportConfig) (*LeafTransport, error) {
 	if cfg.Identify == nil {
 		return nil, trace.BadParameter("leaf transport: missing Identify")
 	}
-	if cfg.Audit == nil {
-		cfg.Audit = events.Discard
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = logrus.WithField("component", "proxy:leaf")
-	}
+	cfg.Deps.SetDefaults(observe.ComponentLeaf)
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = DefaultLeafRequestTimeout
 	}
@@ -80,6 +76,10 @@ func NewLeafTransport(cfg LeafTransportConfig) (*LeafTransport, error) {
 // and closes it. ctx ends the splice (the tunnel's or the process's end).
 func (h *LeafTransport) Serve(ctx context.Context, nc net.Conn) {
 	defer nc.Close()
+	// The root proxy's trace and connection id ride the transport
+	// channel that carries this request (reversetunnel.TransportRequest).
+	ctx, span := h.cfg.Tracer.Start(observe.MetaOf(nc).Context(ctx), "leaf.serve", oteltrace.WithSpanKind(oteltrace.SpanKindServer))
+	defer span.End()
 	rctx, cancel := context.WithTimeout(ctx, h.cfg.RequestTimeout)
 	defer cancel()
 	_ = nc.SetReadDeadline(time.Now().Add(h.cfg.RequestTimeout))
@@ -89,7 +89,7 @@ func (h *LeafTransport) Serve(ctx context.Context, nc net.Conn) {
 		return
 	}
 	_ = nc.SetReadDeadline(time.Time{})
-	log := h.cfg.Logger.WithFields(logrus.Fields{"target": req.Target, "source": req.Source, "kind": req.Kind})
+	log := h.cfg.Logger.WithFields(observe.LogFields(ctx)).WithFields(logrus.Fields{"target": req.Target, "source": req.Source, "kind": req.Kind})
 	var target Target
 	switch req.Kind {
 	case "", proxyapi.LeafKindDial, proxyapi.LeafKindRoute:

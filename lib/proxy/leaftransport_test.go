@@ -20,6 +20,7 @@ import (
 	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -101,7 +102,6 @@ func TestLeafTransport(t *testing.T) {
 	audit := events.NewRecorder()
 	h, err := NewLeafTransport(LeafTransportConfig{
 		Router: env.router,
-		Audit:  audit,
 		Identify: func(_ context.Context, cert *ssh.Certificate) (*authz.Identity, error) {
 			if cert.KeyId == "mallory" {
 				return nil, trace.AccessDenied(`roles [auditor] of user "mallory" of cluster "root" map to no role here`)
@@ -109,6 +109,7 @@ func TestLeafTransport(t *testing.T) {
 			return &authz.Identity{User: cert.KeyId, Cluster: "root", Cert: cert, Roles: []string{"dev"},
 				Checker: services.NewAccessChecker([]*services.Role{dev}, nil)}, nil
 		},
+		Deps: observe.Deps{Audit: audit},
 	})
 	require.NoError(t, err)
 	alice := rootUserCert(t, "alice")

@@ -9,6 +9,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -25,7 +26,7 @@ func TestDialHostRefusesLockedNode(t *testing.T) {
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	require.NoError(t, locks.WaitSynced(wctx))
-	r, err := NewRouter(RouterConfig{ClusterName: testCluster, NodeWatcher: env.watcher, Networking: env.store, Dialer: dialer, Clock: env.clock, Locks: locks})
+	r, err := NewRouter(RouterConfig{ClusterName: testCluster, NodeWatcher: env.watcher, Networking: env.store, Dialer: dialer, Locks: locks, Deps: observe.Deps{Clock: env.clock}})
 	require.NoError(t, err)
 
 	changed := locks.Changes()

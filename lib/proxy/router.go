@@ -21,10 +21,9 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
-	"github.com/jonboulle/clockwork"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -73,15 +72,10 @@ type RouterConfig struct {
 	// unacknowledged this long (Linux TCP_USER_TIMEOUT) on the default
 	// Dialer; zero means DefaultTCPUserTimeout, negative turns it off.
 	TCPUserTimeout time.Duration
-	// Clock times routing decisions and stamps Sites. Nil means the real
-	// clock.
-	Clock clockwork.Clock
-	// Logger; nil means logrus with component "proxy:router".
-	Logger logrus.FieldLogger
-	// Metrics is where the router's metrics are registered; nil means a
-	// private registry (metrics collected but not exported). Tests must
-	// never pass prometheus.DefaultRegisterer.
-	Metrics prometheus.Registerer
+	// Deps: Clock times routing decisions and stamps Sites; Tracer
+	// starts the route and dial spans; Metrics holds the router's
+	// metrics. Audit is unused.
+	observe.Deps
 	// Tunnels, when set, are the reverse tunnels connected to this proxy
 	// (*reversetunnel.Server): a node with a tunnel here is dialed over
 	// it, and a tunnel-only node is waited for (tunnel_find_timeout).
@@ -185,15 +179,7 @@ func (c *RouterConfig) CheckAndSetDefaults() error {
 	if c.Dialer == nil {
 		c.Dialer = newNodeDialer(c.KeepAlive, c.TCPUserTimeout)
 	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "proxy:router")
-	}
-	if c.Metrics == nil {
-		c.Metrics = prometheus.NewRegistry()
-	}
+	c.Deps.SetDefaults(observe.ComponentRouter)
 	return nil
 }
 

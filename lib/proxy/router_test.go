@@ -17,6 +17,7 @@ import (
 	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/backend/memory"
 	"github.com/postern-dev/postern/lib/freeport"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -59,7 +60,7 @@ func newRouterEnvWith(t testing.TB, nodes []services.Node, mutate func(*RouterCo
 	t.Cleanup(func() { w.Close() })
 	require.NoError(t, w.WaitSynced(ctx))
 	reg := prometheus.NewRegistry()
-	cfg := RouterConfig{ClusterName: testCluster, NodeWatcher: w, Networking: store, Clock: clock, Metrics: reg}
+	cfg := RouterConfig{ClusterName: testCluster, NodeWatcher: w, Networking: store, Deps: observe.Deps{Clock: clock, Metrics: reg}}
 	mutate(&cfg)
 	r, err := NewRouter(cfg)
 	require.NoError(t, err)
@@ -459,7 +460,7 @@ func TestNewRouterConfig(t *testing.T) {
 	require.True(t, trace.IsBadParameter(err))
 	env := newRouterEnv(t, nil, nil)
 	// A second router on the same registry shares the metrics.
-	r2, err := NewRouter(RouterConfig{ClusterName: testCluster, NodeWatcher: env.watcher, Networking: env.store, Metrics: env.reg})
+	r2, err := NewRouter(RouterConfig{ClusterName: testCluster, NodeWatcher: env.watcher, Networking: env.store, Deps: observe.Deps{Metrics: env.reg}})
 	require.NoError(t, err)
 	_, err = r2.Route(context.Background(), Target{Host: "x"}, nil)
 	require.True(t, trace.IsNotFound(err))

@@ -13,8 +13,11 @@ import (
 
 	"github.com/gravitational/trace"
 	"github.com/sirupsen/logrus"
+	"go.opentelemetry.io/otel/attribute"
+	oteltrace "go.opentelemetry.io/otel/trace"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -48,7 +51,18 @@ type RouteRequest struct {
 // splice. The returned Route is filled in whenever routing got that far,
 // also on error, for logs and audit.
 func (r *Router) DialHost(ctx context.Context, req RouteRequest) (net.Conn, Route, error) {
-	route, netCfg, err := r.route(ctx, req.Target, req.Access)
+	rctx, span := r.cfg.Tracer.Start(ctx, "route")
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("postern.target", req.Target.String()))
+	}
+	route, netCfg, err := r.route(rctx, req.Target, req.Access)
+	if span.IsRecording() && route.Node.UUID != "" {
+		span.SetAttributes(attribute.String("postern.node_uuid", route.Node.UUID))
+	}
+	// A refused route (not found, denied, ambiguous) ends its span as an
+	// error with the real reason: the trace is the operator's, whatever
+	// the user is told.
+	observe.End(span, err)
 	if err != nil {
 		// A leaf without a live tunnel reads "offline" only to a user it
 		// accepted before; to everyone else, not found.
@@ -59,15 +73,23 @@ func (r *Router) DialHost(ctx context.Context, req RouteRequest) (net.Conn, Rout
 		// wrapped again so a miss stays cheap.
 		return nil, route, err
 	}
+	ctx, span = r.cfg.Tracer.Start(ctx, "dial")
 	if route.Leaf {
 		// The leaf checks everything (its RBAC, locks, the node's
 		// banner); Authorize's login check happens at the leaf's node.
+		span.SetAttributes(attrDialVia.String("leaf"))
 		conn, err := r.dialLeaf(ctx, req, route)
+		observe.End(span, err)
 		return conn, route, err
 	}
 	conn, err := r.dialLocal(ctx, req, route.Node, netCfg)
+	observe.End(span, err)
 	return conn, route, err
 }
+
+// attrDialVia says how a dial reached the node: tunnel, peer, direct
+// (the registered address) or leaf.
+const attrDialVia = attribute.Key("postern.dial_via")
 
 // dialLocal opens node, chosen in this cluster: first the checks every
 // local node gets (Authorize, then locks), then the way this node is
@@ -95,7 +117,7 @@ func (r *Router) dialLocal(ctx context.Context, req RouteRequest, node services.
 			r.metrics.dialFailures.Inc()
 			return nil, openSSHOffline(node)
 		}
-		return r.dialAddr(ctx, node, timeout)
+		return r.dialDirect(ctx, node, timeout)
 	}
 	if node.Tunnel || r.hasLocalTunnel(node.UUID) || len(r.peerHolders(node.UUID)) > 0 {
 		conn, err := r.dialTunnel(ctx, req, node, netCfg)
@@ -115,7 +137,15 @@ func (r *Router) dialLocal(ctx context.Context, req RouteRequest, node services.
 		// address is the last resort.
 		r.cfg.Logger.WithError(err).WithField("node", node.UUID).Debug("Tunnel dial failed; dialing the registered address.")
 	}
-	return r.dialAddr(ctx, node, timeout)
+	return r.dialDirect(ctx, node, timeout)
+}
+
+// dialDirect is dialAddr in a span of its own.
+func (r *Router) dialDirect(ctx context.Context, node services.Node, timeout time.Duration) (net.Conn, error) {
+	ctx, span := r.cfg.Tracer.Start(ctx, "dial.direct", oteltrace.WithSpanKind(oteltrace.SpanKindClient))
+	conn, err := r.dialAddr(ctx, node, timeout)
+	observe.End(span, err)
+	return conn, err
 }
 
 // dialAddr dials node's registered address, bounded by timeout
@@ -143,7 +173,7 @@ func (r *Router) dialAddr(ctx context.Context, node services.Node, timeout time.
 	if err != nil {
 		conn.Close()
 		r.metrics.dialFailures.Inc()
-		r.cfg.Logger.WithFields(logrus.Fields{"node": node.UUID, "addr": node.Addr}).WithError(err).Warn("Node did not answer as an SSH server; not relaying.")
+		r.cfg.Logger.WithFields(observe.AddLogFields(ctx, logrus.Fields{"node": node.UUID, "addr": node.Addr})).WithError(err).Warn("Node did not answer as an SSH server; not relaying.")
 		if ctx.Err() != nil {
 			return nil, trace.ConnectionProblem(err, "dialing node %q (%s) canceled: %v", node.Hostname, node.Addr, context.Cause(ctx))
 		}
@@ -198,7 +228,7 @@ func (r *Router) dialTunnel(ctx context.Context, req RouteRequest, node services
 		return nil, offline(nil)
 	}
 	start := r.cfg.Clock.Now()
-	observe := func(result string) {
+	record := func(result string) {
 		r.metrics.tunnelRouting.WithLabelValues(result).Observe(r.cfg.Clock.Since(start).Seconds())
 	}
 	deadline := r.cfg.Clock.NewTimer(timeout)
@@ -221,15 +251,17 @@ func (r *Router) dialTunnel(ctx context.Context, req RouteRequest, node services
 			located = r.cfg.Peers.PeerLocated(node.UUID)
 		}
 		if r.hasLocalTunnel(node.UUID) {
-			conn, err := r.cfg.Tunnels.DialTunnel(ctx, node.UUID, src, dst)
+			tctx, span := r.cfg.Tracer.Start(ctx, "dial.tunnel", oteltrace.WithSpanKind(oteltrace.SpanKindClient))
+			conn, err := r.cfg.Tunnels.DialTunnel(tctx, node.UUID, src, dst)
+			observe.End(span, err)
 			if err == nil {
-				observe(resultFound)
+				record(resultFound)
 				return conn, nil
 			}
 			if !trace.IsNotFound(err) {
 				if ctx.Err() != nil || len(r.peerHolders(node.UUID)) == 0 {
 					r.metrics.dialFailures.Inc()
-					observe(resultCanceled)
+					record(resultCanceled)
 					return nil, trace.Wrap(err)
 				}
 				// The tunnel here failed under the dial (it is dying: its
@@ -243,13 +275,13 @@ func (r *Router) dialTunnel(ctx context.Context, req RouteRequest, node services
 		if holders := r.peerHolders(node.UUID); len(holders) > 0 {
 			conn, peer, err := r.dialPeers(ctx, holders, node.UUID, src, dst)
 			if err == nil {
-				observe(resultFound)
+				record(resultFound)
 				r.cfg.Logger.WithFields(logrus.Fields{"node": node.UUID, "peer": peer}).Debug("Dialed through a peer proxy.")
 				return conn, nil
 			}
 			last = err
 			if ctx.Err() != nil {
-				observe(resultCanceled)
+				record(resultCanceled)
 				return nil, trace.ConnectionProblem(context.Cause(ctx), "dialing node %q canceled: %v", req.Target.Host, context.Cause(ctx))
 			}
 			// Stale leases or unreachable peers: wait for the next
@@ -262,12 +294,12 @@ func (r *Router) dialTunnel(ctx context.Context, req RouteRequest, node services
 		case <-registered:
 		case <-located:
 		case <-deadline.Chan():
-			observe(resultTimeout)
+			record(resultTimeout)
 			r.metrics.tunnelTimeouts.Inc()
-			r.cfg.Logger.WithFields(logrus.Fields{"node": node.UUID, "timeout": timeout.String()}).Warn("No tunnel from the node reached this proxy or a peer in time.")
+			r.cfg.Logger.WithFields(observe.AddLogFields(ctx, logrus.Fields{"node": node.UUID, "timeout": timeout.String()})).Warn("No tunnel from the node reached this proxy or a peer in time.")
 			return nil, offline(last)
 		case <-ctx.Done():
-			observe(resultCanceled)
+			record(resultCanceled)
 			return nil, trace.ConnectionProblem(context.Cause(ctx), "dialing node %q canceled while waiting for its tunnel: %v", req.Target.Host, context.Cause(ctx))
 		}
 	}
@@ -291,7 +323,10 @@ func (r *Router) dialPeers(ctx context.Context, holders []string, node, source, 
 	results := make(chan result, len(holders))
 	for _, h := range holders {
 		go func() {
-			conn, err := r.cfg.Peers.DialPeer(ctx, h, node, source, dst)
+			pctx, span := r.cfg.Tracer.Start(ctx, "dial.peer", oteltrace.WithSpanKind(oteltrace.SpanKindClient),
+				oteltrace.WithAttributes(attribute.String("postern.peer", h)))
+			conn, err := r.cfg.Peers.DialPeer(pctx, h, node, source, dst)
+			observe.End(span, err)
 			results <- result{conn, h, err}
 		}()
 	}

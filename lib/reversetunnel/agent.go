@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
-	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
@@ -23,6 +22,7 @@ import (
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/backoff"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/promreg"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/sshalgo"
@@ -63,16 +63,6 @@ type AgentConfig struct {
 	// KeepAliveInterval and KeepAliveCountMax; zero means the defaults.
 	KeepAliveInterval time.Duration
 	KeepAliveCountMax int
-	// Clock times backoff and keep-alives; nil: real.
-	Clock clockwork.Clock
-	// Logger; nil means component "reversetunnel:agent".
-	Logger logrus.FieldLogger
-	// Metrics: where postern_tunnel_reconnects_total is registered; nil:
-	// a private registry.
-	Metrics prometheus.Registerer
-	// Audit receives the agent's refusals of a tunnel server (events.
-	// AccessDenied, kind "tunnel"); nil discards them.
-	Audit events.Emitter
 	// ExpectUUID, when set, is the UUID of the proxy this agent was
 	// started for (from an announcement): a tunnel server whose host
 	// certificate names another proxy is refused.
@@ -85,6 +75,11 @@ type AgentConfig struct {
 	// agent drops its tunnel when it returns (make before break: the
 	// pool opens a tunnel to another proxy first). Nil drops at once.
 	OnMove func(ctx context.Context, a *Agent)
+	// Deps: Clock times backoff and keep-alives; Metrics holds
+	// postern_tunnel_reconnects_total; Audit receives the agent's
+	// refusals of a tunnel server (events.AccessDenied, kind "tunnel").
+	// Zero fields get observe's defaults.
+	observe.Deps
 }
 
 // CheckAndSetDefaults validates the config and fills in defaults.
@@ -111,18 +106,7 @@ func (c *AgentConfig) CheckAndSetDefaults() error {
 	if c.KeepAliveCountMax == 0 {
 		c.KeepAliveCountMax = DefaultKeepAliveCountMax
 	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "reversetunnel:agent")
-	}
-	if c.Metrics == nil {
-		c.Metrics = prometheus.NewRegistry()
-	}
-	if c.Audit == nil {
-		c.Audit = events.Discard
-	}
+	c.Deps.SetDefaults(observe.ComponentTunnelAgent)
 	return nil
 }
 
@@ -237,7 +221,7 @@ func (a *Agent) checkProxy(addr string, remote net.Addr, key ssh.PublicKey) erro
 			reason = "the tunnel server at " + addr + " was refused: " + trace.UserMessage(err)
 		}
 		a.cfg.Logger.WithField("proxy", addr).Warn(reason)
-		a.cfg.Audit.Emit(context.Background(), events.Event{
+		a.cfg.Audit.Emit(a.ctx, events.Event{
 			Type: events.AccessDenied,
 			Fields: events.Fields{
 				events.FieldKind: "tunnel", events.FieldRemoteAddr: remote.String(), events.FieldReason: reason,
@@ -425,6 +409,14 @@ func (a *Agent) connectAndServe() (connected bool, err error) {
 			_ = nch.Reject(ssh.ConnectionFailed, "malformed transport request")
 			continue
 		}
+		var meta observe.DialMeta
+		if req.Meta != nil {
+			// Bad metadata costs the trace or the id, not the session.
+			var merr error
+			if meta, merr = req.Meta.Sanitize(); merr != nil {
+				a.cfg.Logger.WithError(merr).Warn("Ignoring malformed dial metadata from the proxy.")
+			}
+		}
 		if !d.begin() {
 			_ = nch.Reject(ssh.ConnectionFailed, "this tunnel is moving to another proxy")
 			continue
@@ -440,7 +432,7 @@ func (a *Agent) connectAndServe() (connected bool, err error) {
 		go func() {
 			defer wg.Done()
 			defer d.end()
-			a.cfg.Handler(a.transport(ch, req, tunnelLocal, tunnelDone))
+			a.cfg.Handler(a.transport(ch, req, meta, tunnelLocal, tunnelDone))
 		}()
 	}
 	ka.Close()
@@ -465,13 +457,15 @@ const dataConnRetry = time.Minute
 // transport is what the node's server serves a transport channel on: the
 // data connection the proxy offered (conn.go), else the channel itself,
 // which the proxy is then told (RequestInBand).
-func (a *Agent) transport(ch ssh.Channel, req TransportRequest, tunnelLocal net.Addr, tunnelDone <-chan struct{}) net.Conn {
+func (a *Agent) transport(ch ssh.Channel, req TransportRequest, meta observe.DialMeta, tunnelLocal net.Addr, tunnelDone <-chan struct{}) net.Conn {
 	if req.DataToken != "" && a.cfg.Clock.Now().UnixNano() >= a.noDataUntil.Load() {
 		nc, err := a.dialData(req.DataToken)
 		if err == nil {
 			local, remote := transportAddrs(req, nc.LocalAddr())
 			// The proxy closes the channel (conn.go).
-			return newDataConn(nc, tunnelDone, local, remote)
+			dc := newDataConn(nc, tunnelDone, local, remote)
+			dc.meta = meta
+			return dc
 		}
 		a.noDataUntil.Store(a.cfg.Clock.Now().Add(dataConnRetry).UnixNano())
 		a.cfg.Logger.WithError(err).WithFields(logrus.Fields{"proxy": a.cfg.ProxyAddr, "retry_in": dataConnRetry.String()}).Warn("No data connection to the proxy; carrying connections inside the tunnel for now.")
@@ -479,7 +473,9 @@ func (a *Agent) transport(ch ssh.Channel, req TransportRequest, tunnelLocal net.
 	if _, err := ch.SendRequest(RequestInBand, false, nil); err != nil {
 		_ = ch.Close()
 	}
-	return transportConn(ch, req, tunnelLocal)
+	c := transportConn(ch, req, tunnelLocal)
+	c.meta = meta
+	return c
 }
 
 // dialData opens a data connection: the tunnel port again, the magic and

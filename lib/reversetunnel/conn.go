@@ -1,6 +1,7 @@
 package reversetunnel
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"github.com/gravitational/trace"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/utils"
 )
 
@@ -41,6 +43,23 @@ type TransportRequest struct {
 	// (hex), and the client's bytes flow over that plain TCP connection
 	// instead of inside the tunnel. Empty: in-band only.
 	DataToken string `json:"data,omitempty"`
+	// Meta carries the dialing proxy's trace context and connection id
+	// to the node (or, on a leaf's tunnel, to the leaf's proxy, whose
+	// LeafRequest travels in this channel). Absent from an older proxy;
+	// an older node ignores it (encoding/json skips unknown fields, and
+	// nodes parse this request leniently for that reason), so the field
+	// needs no version of its own.
+	Meta *observe.DialMeta `json:"meta,omitempty"`
+}
+
+// metaOf is what a dial in ctx sends as TransportRequest.Meta; nil when
+// there is nothing to send.
+func metaOf(ctx context.Context) *observe.DialMeta {
+	m := observe.MetaFromContext(ctx)
+	if m == (observe.DialMeta{}) {
+		return nil
+	}
+	return &m
 }
 
 // A data connection carries one transport's bytes on a TCP connection of
@@ -114,8 +133,10 @@ func (c *prefixConn) Read(p []byte) (int, error) {
 type dataConn struct {
 	net.Conn
 	local, remote net.Addr
-	closeOnce     sync.Once
-	closed        chan struct{}
+	// meta is the transport's dial metadata (observe.MetaConn).
+	meta      observe.DialMeta
+	closeOnce sync.Once
+	closed    chan struct{}
 }
 
 func newDataConn(nc net.Conn, tunnelDone <-chan struct{}, local, remote net.Addr) *dataConn {
@@ -178,7 +199,13 @@ func (c *dataConn) SyscallConn() (syscall.RawConn, error) {
 	return nil, trace.NotImplemented("a data connection over %T has no socket", c.Conn)
 }
 
-var _ net.Conn = (*dataConn)(nil)
+// DialMeta is the metadata the transport request carried.
+func (c *dataConn) DialMeta() observe.DialMeta { return c.meta }
+
+var (
+	_ observe.MetaConn = (*dataConn)(nil)
+	_ observe.MetaConn = (*channelConn)(nil)
+)
 
 // maxTransportRequest bounds the extra data a node parses.
 const maxTransportRequest = 4096
@@ -211,6 +238,8 @@ func (a chanAddr) String() string  { return string(a) }
 type channelConn struct {
 	ssh.Channel
 	local, remote net.Addr
+	// meta is the transport's dial metadata (observe.MetaConn).
+	meta observe.DialMeta
 
 	// mu guards timer.
 	mu    sync.Mutex
@@ -220,6 +249,9 @@ type channelConn struct {
 func newChannelConn(ch ssh.Channel, local, remote string) *channelConn {
 	return &channelConn{Channel: ch, local: chanAddr(local), remote: chanAddr(remote)}
 }
+
+// DialMeta is the metadata the transport request carried.
+func (c *channelConn) DialMeta() observe.DialMeta { return c.meta }
 
 func (c *channelConn) LocalAddr() net.Addr  { return c.local }
 func (c *channelConn) RemoteAddr() net.Addr { return c.remote }

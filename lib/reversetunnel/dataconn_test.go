@@ -20,6 +20,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/srv/srvtest"
 )
 
@@ -73,12 +74,12 @@ func (c *tapConn) Write(p []byte) (int, error) {
 func (f *fixture) startTapAgent(t *testing.T, uuid string, d *tapDialer, h ConnHandler, clock clockwork.Clock) *Agent {
 	t.Helper()
 	a, err := NewAgent(AgentConfig{
-		Clock:     clock,
 		ProxyAddr: f.addr,
 		Signer:    f.ca.RoleHostSigner(t, srvtest.HostCert{UUID: uuid, Role: RoleNode}),
 		HostCAs:   func() []ssh.PublicKey { return []ssh.PublicKey{f.ca.Signer.PublicKey()} },
 		Handler:   h,
 		Dial:      d.dial,
+		Deps:      observe.Deps{Clock: clock},
 	})
 	require.NoError(t, err)
 	a.Start()

@@ -48,7 +48,7 @@ func (s *Server) DialTunnel(ctx context.Context, uuid, source, destination strin
 		if err != nil {
 			return nil, trace.Wrap(err)
 		}
-		extra, err := json.Marshal(TransportRequest{Source: source, Destination: destination, DataToken: token})
+		extra, err := json.Marshal(TransportRequest{Source: source, Destination: destination, DataToken: token, Meta: metaOf(ctx)})
 		if err != nil {
 			s.withdrawDataConn(token, w)
 			return nil, trace.Wrap(err)

@@ -9,11 +9,11 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
-	"github.com/jonboulle/clockwork"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -64,10 +64,9 @@ type LeavesConfig struct {
 	// keep-alives; zero means the defaults.
 	KeepAliveInterval time.Duration
 	KeepAliveCountMax int
-	// Clock checks certificates and times reports; nil: real.
-	Clock clockwork.Clock
-	// Logger; nil means component "reversetunnel:leaves".
-	Logger logrus.FieldLogger
+	// Deps: Clock checks certificates and times reports; Logger. Zero
+	// fields get observe's defaults.
+	observe.Deps
 }
 
 // DefaultLeafReportInterval: a removed leaf's tunnel is cut, and a live
@@ -94,12 +93,7 @@ func (c *LeavesConfig) CheckAndSetDefaults() error {
 	if c.KeepAliveCountMax == 0 {
 		c.KeepAliveCountMax = DefaultKeepAliveCountMax
 	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "reversetunnel:leaves")
-	}
+	c.Deps.SetDefaults(observe.ComponentTunnelLeaves)
 	return nil
 }
 
@@ -260,6 +254,8 @@ const leafCACheckInterval = time.Second
 // proxy's access cache holds it (no auth call where the cache is
 // in-memory): false once the CA is gone or no longer signs it.
 func (l *Leaves) stillSigned(t *leafTunnel, log logrus.FieldLogger) bool {
+	// A periodic re-check owned by the tunnel's watch loop, not by any
+	// request: bounded by its own timeout.
 	ctx, cancel := context.WithTimeout(context.Background(), leafCheckTimeout)
 	defer cancel()
 	cas, err := l.cfg.Trust.HostCAs(ctx, t.cluster)
@@ -281,6 +277,7 @@ func (l *Leaves) stillSigned(t *leafTunnel, log logrus.FieldLogger) bool {
 // and, if it still passes, reports the tunnel live. It returns false
 // when the leaf is no longer trusted (removed, or its CA changed).
 func (l *Leaves) report(t *leafTunnel, log logrus.FieldLogger) bool {
+	// Like stillSigned: the watch loop's own check, no request's.
 	ctx, cancel := context.WithTimeout(context.Background(), leafCheckTimeout)
 	defer cancel()
 	if _, err := l.checkLeafCert(ctx, t.cert); err != nil {
@@ -425,7 +422,7 @@ func (l *Leaves) DialLeaf(ctx context.Context, name, source, destination string)
 	if len(ts) == 0 {
 		return nil, trace.NotFound("no tunnel from leaf cluster %q on this proxy", name)
 	}
-	extra, err := json.Marshal(TransportRequest{Source: source, Destination: destination})
+	extra, err := json.Marshal(TransportRequest{Source: source, Destination: destination, Meta: metaOf(ctx)})
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}

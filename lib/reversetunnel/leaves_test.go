@@ -14,6 +14,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/srv/srvtest"
 )
 
@@ -98,7 +99,7 @@ func TestLeafTunnels(t *testing.T) {
 	trust := newFakeTrust(map[string]*srvtest.CA{"leaf": leafCA})
 	// Keep-alives off: the fake clock then has one waiter per leaf
 	// tunnel, its report loop.
-	leaves, err := NewLeaves(LeavesConfig{Trust: trust, ClusterName: "root", Clock: clock, KeepAliveInterval: -1})
+	leaves, err := NewLeaves(LeavesConfig{Trust: trust, ClusterName: "root", KeepAliveInterval: -1, Deps: observe.Deps{Clock: clock}})
 	require.NoError(t, err)
 	f := newFixture(t, clock, func(c *ServerConfig) { c.Leaves = leaves })
 

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/srv/srvtest"
 )
 
@@ -45,8 +46,8 @@ func startServer(t *testing.T, ca *srvtest.CA, uuid string, mutate func(*ServerC
 	cfg := ServerConfig{
 		HostSigner:       ca.RoleHostSigner(t, srvtest.HostCert{UUID: uuid, Role: RoleProxy, Principals: []string{"127.0.0.1"}}),
 		HostCAs:          func() []ssh.PublicKey { return []ssh.PublicKey{ca.Signer.PublicKey()} },
-		Audit:            audit,
 		AnnounceInterval: 20 * time.Millisecond,
+		Deps:             observe.Deps{Audit: audit},
 	}
 	if mutate != nil {
 		mutate(&cfg)
@@ -260,7 +261,7 @@ func TestAgentRefusesProxyOfAnotherCluster(t *testing.T) {
 		Signer:    ca.RoleHostSigner(t, srvtest.HostCert{UUID: "node-1", Role: RoleNode}),
 		HostCAs:   func() []ssh.PublicKey { return []ssh.PublicKey{ca.Signer.PublicKey()} },
 		Handler:   func(nc net.Conn) { t.Error("served a channel from an untrusted proxy"); nc.Close() },
-		Audit:     audit,
+		Deps:      observe.Deps{Audit: audit},
 	})
 	require.NoError(t, err)
 	a.Start()
@@ -291,7 +292,7 @@ func TestAgentNamesTheSettingForAMissingPrincipal(t *testing.T) {
 		Signer:    ca.RoleHostSigner(t, srvtest.HostCert{UUID: "node-1", Role: RoleNode}),
 		HostCAs:   func() []ssh.PublicKey { return []ssh.PublicKey{ca.Signer.PublicKey()} },
 		Handler:   func(nc net.Conn) { t.Error("served a channel from a proxy at an unnamed address"); nc.Close() },
-		Audit:     audit,
+		Deps:      observe.Deps{Audit: audit},
 	})
 	require.NoError(t, err)
 	a.Start()

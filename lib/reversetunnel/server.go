@@ -36,7 +36,6 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
-	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
@@ -44,6 +43,7 @@ import (
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/limiter"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/promreg"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/sshalgo"
@@ -84,18 +84,6 @@ type ServerConfig struct {
 	KeepAliveCountMax int
 	// HandshakeTimeout: zero means DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
-	// Audit receives refusals (events.AccessDenied, kind "tunnel", with
-	// the count they stand for): each kind of refusal from one source at
-	// once, its repeats within limiter.RefusalReportInterval in one
-	// summary (limiter.Denials); nil discards them.
-	Audit events.Emitter
-	// Clock checks certificates and times keep-alives; nil: real.
-	Clock clockwork.Clock
-	// Logger; nil means component "reversetunnel:server".
-	Logger logrus.FieldLogger
-	// Metrics: where postern_tunnels is registered; nil: a private
-	// registry.
-	Metrics prometheus.Registerer
 	// DialAuth connects to the auth API for a node's ChannelAuth; nil
 	// refuses such channels (the node must reach auth by itself).
 	DialAuth func(ctx context.Context) (net.Conn, error)
@@ -119,6 +107,13 @@ type ServerConfig struct {
 	// see leaves.go) on this port too; nil refuses them like any
 	// certificate that is not a node's.
 	Leaves *Leaves
+	// Deps: Audit receives refusals (events.AccessDenied, kind
+	// "tunnel", with the count they stand for: each kind of refusal from
+	// one source at once, its repeats within limiter.RefusalReportInterval
+	// in one summary); Clock checks certificates and times keep-alives;
+	// Metrics holds postern_tunnels and postern_tunnel_transports_total.
+	// Zero fields get observe's defaults.
+	observe.Deps
 }
 
 // DefaultAnnounceInterval: a new proxy or a keep-alive change reaches
@@ -143,18 +138,7 @@ func (c *ServerConfig) CheckAndSetDefaults() error {
 	if c.HandshakeTimeout == 0 {
 		c.HandshakeTimeout = DefaultHandshakeTimeout
 	}
-	if c.Audit == nil {
-		c.Audit = events.Discard
-	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "reversetunnel:server")
-	}
-	if c.Metrics == nil {
-		c.Metrics = prometheus.NewRegistry()
-	}
+	c.Deps.SetDefaults(observe.ComponentTunnelServer)
 	if c.AnnounceInterval <= 0 {
 		c.AnnounceInterval = DefaultAnnounceInterval
 	}
@@ -211,6 +195,10 @@ type Server struct {
 	stopOnce sync.Once
 	// denials coalesces the audit events of refusals (deny).
 	denials *limiter.Denials
+	// ctx is the server's lifetime (cancel: Close): the root of every
+	// tunnel's and handshake's context, which no caller's outlives.
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 // NewServer returns a Server; call Serve.
@@ -244,6 +232,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 
 		dataWaiters: map[string]dataWaiter{},
 	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.denials, err = limiter.NewDenials(limiter.DenialsConfig{Report: s.auditDenial, Clock: cfg.Clock})
 	if err != nil {
 		return nil, trace.Wrap(err)
@@ -439,6 +428,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 // Close closes the listeners and every tunnel and waits for them.
 func (s *Server) Close() error {
+	s.cancel()
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.mu.Lock()
 	s.closing = true
@@ -507,7 +497,10 @@ func (s *Server) denyAs(remote net.Addr, kind, reason string) {
 // logged at debug level).
 func (s *Server) auditDenial(d limiter.Denial) {
 	s.cfg.Logger.WithFields(logrus.Fields{"remote_addr": d.Addr, "reason": d.Text(), "count": d.Count}).Warn("Tunnel refused.")
-	s.cfg.Audit.Emit(context.Background(), events.Event{
+	// limiter.Denials reports from its own timer, after the connection
+	// that was refused is gone, and flushes at Close: the server's
+	// context, without its cancel, is all there is.
+	s.cfg.Audit.Emit(context.WithoutCancel(s.ctx), events.Event{
 		Type: events.AccessDenied,
 		Fields: events.Fields{
 			events.FieldKind: "tunnel", events.FieldRemoteAddr: d.Addr, events.FieldReason: d.Text(), events.FieldCount: d.Count,
@@ -535,7 +528,7 @@ func (s *Server) handleConn(nc net.Conn) {
 	var refused bool
 	cfg.PublicKeyCallback = func(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permissions, error) {
 		if s.cfg.Leaves != nil && isLeafCert(key) {
-			cluster, err := s.cfg.Leaves.checkLeafCert(context.Background(), key)
+			cluster, err := s.cfg.Leaves.checkLeafCert(s.ctx, key)
 			if err != nil {
 				refused = true
 				s.deny(meta.RemoteAddr(), trace.UserMessage(err))
@@ -575,7 +568,7 @@ func (s *Server) handleConn(nc net.Conn) {
 	defer close(t.done)
 	log := s.cfg.Logger.WithFields(logrus.Fields{"uuid": t.uuid, "remote_addr": nc.RemoteAddr().String()})
 	// The only channel a node may open is one to the auth API.
-	tunnelCtx, endTunnel := context.WithCancel(context.Background())
+	tunnelCtx, endTunnel := context.WithCancel(s.ctx)
 	var chWG sync.WaitGroup
 	defer chWG.Wait()
 	defer endTunnel()
@@ -692,7 +685,7 @@ func (s *Server) TunnelRegistered(uuid string) <-chan struct{} {
 // spliceAuth connects a node's ChannelAuth to the auth API and copies
 // bytes both ways until either side closes.
 func (s *Server) spliceAuth(tunnelCtx context.Context, uuid string, nch ssh.NewChannel) {
-	ctx, cancel := context.WithTimeout(context.Background(), DefaultHandshakeTimeout)
+	ctx, cancel := context.WithTimeout(tunnelCtx, DefaultHandshakeTimeout)
 	ac, err := s.cfg.DialAuth(ctx)
 	cancel()
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/srv/srvtest"
 )
 
@@ -35,8 +36,7 @@ func newFixture(t *testing.T, clock clockwork.Clock, opts ...func(*ServerConfig)
 	cfg := ServerConfig{
 		HostSigner: ca.RoleHostSigner(t, srvtest.HostCert{UUID: "proxy-1", Role: RoleProxy, Principals: []string{"127.0.0.1"}}),
 		HostCAs:    func() []ssh.PublicKey { return []ssh.PublicKey{ca.Signer.PublicKey()} },
-		Audit:      audit,
-		Clock:      clock,
+		Deps:       observe.Deps{Audit: audit, Clock: clock},
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -71,7 +71,7 @@ func (f *fixture) startAgent(t *testing.T, signer ssh.Signer, h ConnHandler, reg
 		Signer:    signer,
 		HostCAs:   func() []ssh.PublicKey { return []ssh.PublicKey{f.ca.Signer.PublicKey()} },
 		Handler:   h,
-		Metrics:   reg,
+		Deps:      observe.Deps{Metrics: reg},
 	})
 	require.NoError(t, err)
 	a.Start()
@@ -233,7 +233,7 @@ func TestAgentRefusesNonProxy(t *testing.T) {
 		Signer:    ca.RoleHostSigner(t, srvtest.HostCert{UUID: "node-1", Role: RoleNode}),
 		HostCAs:   func() []ssh.PublicKey { return []ssh.PublicKey{ca.Signer.PublicKey()} },
 		Handler:   func(nc net.Conn) { t.Error("served a channel from a non-proxy"); nc.Close() },
-		Clock:     clock,
+		Deps:      observe.Deps{Clock: clock},
 	})
 	require.NoError(t, err)
 	a.Start()

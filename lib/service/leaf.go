@@ -13,6 +13,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/reversetunnel"
 	"github.com/postern-dev/postern/lib/services"
@@ -101,8 +102,7 @@ func (p *Process) newLeaves(id *auth.Identity) (*reversetunnel.Leaves, error) {
 	l, err := reversetunnel.NewLeaves(reversetunnel.LeavesConfig{
 		Trust:       leafTrust{api: api, cas: cas},
 		ClusterName: p.clusterName,
-		Clock:       p.clock,
-		Logger:      p.log.WithField("component", "reversetunnel:leaves"),
+		Deps:        p.deps(observe.ComponentTunnelLeaves, nil),
 	})
 	if err != nil {
 		return nil, trace.Wrap(err)
@@ -225,9 +225,8 @@ func (p *Process) startLeafAgents(id *auth.Identity) error {
 		Identify: func(ctx context.Context, cert *ssh.Certificate) (*authz.Identity, error) {
 			return srv.IdentifyRootUser(ctx, p.sshAccess, p.clusterName, p.clock, cert)
 		},
-		Nodes:  p.nodeWatcher,
-		Audit:  p.audit,
-		Logger: p.log.WithField("component", "proxy:leaf"),
+		Nodes: p.nodeWatcher,
+		Deps:  p.deps(observe.ComponentLeaf, p.audit),
 	})
 	if err != nil {
 		return trace.Wrap(err)
@@ -357,12 +356,10 @@ func (l *leafAgents) startAgent(ctx context.Context, tc services.TrustedCluster)
 		Signer:    l.signer,
 		HostCAs:   func() []ssh.PublicKey { return rootCAs },
 		Handler:   l.handle,
-		Clock:     l.p.clock,
-		Logger:    l.log.WithFields(logrus.Fields{"component": "reversetunnel:agent", "root": name}),
-		Metrics:   l.p.registry,
 
 		// The root's tunnel port must accept this process's lists.
 		Algorithms: l.p.cfg.SSHAlgorithms(),
+		Deps:       l.p.depsWith(observe.ComponentTunnelAgent, nil, logrus.Fields{"root": name}),
 	}, resolve)
 	if err != nil {
 		return nil, trace.Wrap(err)

@@ -8,6 +8,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/postern-dev/postern/lib/limiter"
+	"github.com/postern-dev/postern/lib/observe"
 )
 
 // listenerCaps is how one listener is capped, beyond what every listener
@@ -78,9 +79,7 @@ func (p *Process) capListener(name string, ln net.Listener, caps listenerCaps) (
 		MaxHandshakesPerIP:    l.MaxHandshakesPerIP,
 		Budget:                budget,
 		DescriptorsPerConn:    caps.descriptors,
-		Clock:                 p.clock,
-		Logger:                p.log.WithField("component", "limiter"),
-		Metrics:               p.registry,
+		Deps:                  p.deps(observe.ComponentLimiter, nil),
 	})
 	if err != nil {
 		return nil, nil, trace.Wrap(err)

@@ -8,6 +8,7 @@ import (
 	"github.com/gravitational/trace"
 
 	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/proxy/peer"
 	"github.com/postern-dev/postern/lib/reversetunnel"
 	"github.com/postern-dev/postern/lib/services"
@@ -59,9 +60,7 @@ func (p *Process) startPeering(id *auth.Identity, ts *reversetunnel.Server) (*pe
 		Tunnels:  peerTunnels{ts: ts, leaves: p.leaves},
 		// Zero: peer.DefaultHandshakeTimeout.
 		HandshakeTimeout: p.cfg.Limits.HandshakeTimeout,
-		Audit:            p.audit,
-		Clock:            p.clock,
-		Logger:           p.log.WithField("component", "proxy:peer"),
+		Deps:             p.deps(observe.ComponentPeerServer, p.audit),
 	})
 	if err != nil {
 		return nil, "", trace.Wrap(err)
@@ -79,9 +78,7 @@ func (p *Process) startPeering(id *auth.Identity, ts *reversetunnel.Server) (*pe
 	client, err := peer.NewClient(peer.ClientConfig{
 		Identity: ident,
 		Locator:  loc,
-		Audit:    p.audit,
-		Clock:    p.clock,
-		Logger:   p.log.WithField("component", "proxy:peer"),
+		Deps:     p.deps(observe.ComponentPeerClient, p.audit),
 	})
 	if err != nil {
 		return nil, "", trace.Wrap(err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/limiter"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/proxy/health"
 	"github.com/postern-dev/postern/lib/proxy/sshproxy"
@@ -40,7 +41,7 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	// the host CA from its in-memory access cache.
 	hc, err := health.New(health.Config{
 		ClusterName: p.clusterName, Nodes: nw, CAs: p.sshAccess,
-		Clock: p.clock, Logger: p.log.WithField("component", "proxy:health"),
+		Deps: p.deps(observe.ComponentHealth, nil),
 	})
 	if err != nil {
 		return trace.Wrap(err)
@@ -76,14 +77,12 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		ClusterName: p.clusterName,
 		NodeWatcher: nw,
 		Networking:  networking,
-		Clock:       p.clock,
-		Logger:      p.log.WithField("component", "router"),
-		Metrics:     p.registry,
 		Locks:       p.locks,
 		Health:      hc,
 		// A root routes to its leaves over their tunnels (leaf.go).
 		Leaves:         p.leafTunnels(),
 		RemoteClusters: p.remoteClusterLister(id),
+		Deps:           p.deps(observe.ComponentRouter, nil),
 	})
 	if err != nil {
 		return trace.Wrap(err)
@@ -99,9 +98,8 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		Nodes:      nw,
 		Recordings: clt,
 		Requests:   clt,
-		Audit:      p.audit,
 		Locks:      p.locks,
-		Logger:     p.log.WithField("component", "proxy:ssh"),
+		Deps:       p.deps(observe.ComponentProxySSH, p.audit),
 	})
 	if err != nil {
 		return trace.Wrap(err)
@@ -113,11 +111,9 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		AccessPoint: p.sshAccess,
 		Proxy:       handler,
 		Limiter:     lim,
-		Audit:       p.audit,
-		Clock:       p.clock,
-		Logger:      p.log.WithField("component", "proxy:ssh"),
 		IdleTimeout: p.cfg.Limits.IdleTimeout,
 		Locks:       p.locks,
+		Deps:        p.deps(observe.ComponentProxySSH, p.audit),
 	})
 	if err != nil {
 		return trace.Wrap(err)
@@ -184,8 +180,7 @@ func (p *Process) startWeb(sshAddr net.Addr, tunnelAddr string, id *auth.Identit
 		SSHAlgorithms:  p.cfg.SSHAlgorithms(),
 		Auth:           clt,
 		SecondFactor:   web.CachedSecondFactor(clt, p.clock),
-		Clock:          p.clock,
-		Logger:         p.log.WithField("component", "web"),
+		Deps:           p.deps(observe.ComponentWeb, nil),
 	}
 	// Browser sessions and the terminal use this process's Router and
 	// NodeWatcher; their records are auth's.

@@ -10,6 +10,7 @@ import (
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/limiter"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/srv"
 	"github.com/postern-dev/postern/lib/version"
@@ -185,11 +186,9 @@ func (p *Process) startNode(ctx context.Context, ln net.Listener, lim *limiter.C
 		Algorithms:  p.cfg.SSHAlgorithms(),
 		AccessPoint: p.sshAccess,
 		GetNode:     rec.get,
-		Clock:       p.clock,
-		Logger:      p.log.WithField("component", "node"),
 		IdleTimeout: p.cfg.Limits.IdleTimeout,
-		Audit:       p.audit,
 		Locks:       p.locks,
+		Deps:        p.deps(observe.ComponentNode, p.audit),
 	}
 	// Behind NAT there is no listener and so no listener's limiter: the
 	// proxy's caps apply to every connection before it reaches the

@@ -31,6 +31,7 @@ import (
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/limiter"
 	"github.com/postern-dev/postern/lib/memtrim"
+	"github.com/postern-dev/postern/lib/observe/provider"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/proxy/health"
 	"github.com/postern-dev/postern/lib/reversetunnel"
@@ -68,6 +69,9 @@ type Process struct {
 
 	registry *prometheus.Registry
 	diag     *diagServer
+	// tracer is the tracing section's provider (startTracing); nil
+	// before Start, which components take as tracing off.
+	tracer *provider.Provider
 
 	// hostUUID is this host's UUID: made up on the first start of an
 	// auth host, assigned by the auth server at join otherwise (empty
@@ -235,6 +239,9 @@ func (p *Process) Start(ctx context.Context) error {
 	}
 	p.hostUUID = id
 	p.clusterName = cfg.ClusterName
+	if err := p.startTracing(); err != nil {
+		return trace.Wrap(err)
+	}
 
 	if cfg.HasRole(config.RoleAuth) {
 		if err := p.startAuth(ctx); err != nil {

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/proxy"
 
 	"github.com/gravitational/trace"
@@ -70,10 +71,6 @@ func (p *Process) startTunnelServer(id *auth.Identity, networking proxy.Networki
 		HostSigner: id.SSHSigner,
 		Algorithms: p.cfg.SSHAlgorithms(),
 		HostCAs:    signerCA(id),
-		Audit:      p.audit,
-		Clock:      p.clock,
-		Logger:     p.log.WithField("component", "reversetunnel:server"),
-		Metrics:    p.registry,
 		DialAuth:   p.dialAuthAPI,
 		// Zero: reversetunnel.DefaultHandshakeTimeout.
 		HandshakeTimeout: p.cfg.Limits.HandshakeTimeout,
@@ -81,6 +78,7 @@ func (p *Process) startTunnelServer(id *auth.Identity, networking proxy.Networki
 		Proxies:          p.announcedProxies,
 		Self:             reversetunnel.AnnouncedProxy{UUID: p.hostUUID, TunnelAddr: advertisedAddr(ln.Addr())},
 		Leaves:           leaves,
+		Deps:             p.deps(observe.ComponentTunnelServer, p.audit),
 	})
 	if err != nil {
 		ln.Close()
@@ -216,13 +214,10 @@ func (p *Process) startTunnelAgent(ctx context.Context, id *auth.Identity) (*tun
 		Signer:    id.SSHSigner,
 		HostCAs:   signerCA(id),
 		Handler:   tn.handle,
-		Audit:     tn,
-		Clock:     p.clock,
-		Logger:    p.log.WithField("component", "reversetunnel:agent"),
-		Metrics:   p.registry,
 
 		// What the proxy's tunnel port offers when both run this config.
 		Algorithms: p.cfg.SSHAlgorithms(),
+		Deps:       p.deps(observe.ComponentTunnelAgent, tn),
 	}, resolve)
 	if err != nil {
 		return nil, trace.Wrap(err)

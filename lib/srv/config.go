@@ -5,11 +5,9 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
-	"github.com/jonboulle/clockwork"
-	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
 
-	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/sshalgo"
 )
@@ -63,12 +61,6 @@ type Config struct {
 	// -R and agent forwarding are refused (proxyPolicy in policy.go).
 	// Nil means node mode (nodePolicy).
 	Proxy ProxyHandler
-	// Clock drives certificate validity, keep-alives and the idle timeout.
-	// Nil means the real clock.
-	Clock clockwork.Clock
-	// Logger logs with a component field. Nil means
-	// logrus.WithField("component", Component).
-	Logger logrus.FieldLogger
 	// Component names this server in logs; default "node" or "proxy:ssh".
 	Component string
 	// IdleTimeout closes a connection when no channel data moved for this
@@ -94,9 +86,6 @@ type Config struct {
 	// AgentSocketDir is where per-connection agent socket directories are
 	// created. Empty means os.TempDir().
 	AgentSocketDir string
-	// Audit receives the audit events (session.start/end, access.denied,
-	// port.forward, agent.forward). Nil means events.Discard.
-	Audit events.Emitter
 	// Limiter caps connections per user and channels per user (lib/limiter
 	// implements it). Nil means no caps here; per-address caps apply at the
 	// listener, before any handshake work is spent.
@@ -110,6 +99,11 @@ type Config struct {
 	// Locale decides sessions' LANG and LC_* (locale.go); the zero value
 	// uses the system's default locale and its installed ones.
 	Locale LocaleConfig
+	// Deps: Clock drives certificate validity, keep-alives and the idle
+	// timeout; Logger's default has Component; Audit receives
+	// session.start/end, access.denied, port.forward, agent.forward;
+	// Tracer starts the accept, auth, channel and session spans.
+	observe.Deps
 }
 
 // Limiter is the part of lib/limiter the server uses. A refusal is a
@@ -128,9 +122,6 @@ type Limiter interface {
 
 // CheckAndSetDefaults validates cfg and fills in defaults.
 func (c *Config) CheckAndSetDefaults() error {
-	if c.Audit == nil {
-		c.Audit = events.Discard
-	}
 	if c.ClusterName == "" {
 		return trace.BadParameter("srv: missing ClusterName")
 	}
@@ -143,21 +134,16 @@ func (c *Config) CheckAndSetDefaults() error {
 	if c.Proxy == nil && c.GetNode == nil {
 		return trace.BadParameter("srv: missing GetNode (required in node mode)")
 	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
 	if err := c.Locale.checkAndSetDefaults(); err != nil {
 		return trace.Wrap(err)
 	}
 	if c.Component == "" {
-		c.Component = "node"
+		c.Component = observe.ComponentNode
 		if c.Proxy != nil {
-			c.Component = "proxy:ssh"
+			c.Component = observe.ComponentProxySSH
 		}
 	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", c.Component)
-	}
+	c.Deps.SetDefaults(c.Component)
 	if c.IdleTimeout < 0 {
 		return trace.BadParameter("srv: negative IdleTimeout %v", c.IdleTimeout)
 	}

@@ -16,9 +16,11 @@ import (
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
 	"github.com/sirupsen/logrus"
+	oteltrace "go.opentelemetry.io/otel/trace"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -246,18 +248,31 @@ type conn struct {
 	chanReqs chan (<-chan *ssh.Request)
 }
 
-func newConn(s *Server, nc net.Conn, sconn *ssh.ServerConn) *conn {
+func newConn(s *Server, nc net.Conn, sconn *ssh.ServerConn, traced context.Context) *conn {
 	res, _ := authResultOf(sconn)
+	// The connection keeps the id the first proxy gave it (a connection
+	// that arrived over a tunnel or a peer carries it), else gets one.
+	id := observe.ConnID(traced)
+	if id == "" {
+		id = uuid.NewString()
+	}
 	// The client's address rides the context: a proxy dialing a tunnel
-	// node for this connection passes it on (utils.ClientAddr).
-	ctx, cancel := context.WithCancelCause(utils.WithClientAddr(s.ctx, nc.RemoteAddr().String()))
+	// node for this connection passes it on (utils.ClientAddr); so do the
+	// connection id and the span of its accept, for the next hop's
+	// DialMeta. The lifetime stays the server's (s.ctx), not traced's.
+	ctx := s.ctx
+	if sc := oteltrace.SpanContextFromContext(traced); sc.IsValid() {
+		ctx = oteltrace.ContextWithSpanContext(ctx, sc)
+	}
+	ctx = observe.WithConnID(utils.WithClientAddr(ctx, nc.RemoteAddr().String()), id)
+	ctx, cancel := context.WithCancelCause(ctx)
 	c := &conn{
 		srv:      s,
 		cfg:      &s.cfg,
 		nc:       nc,
 		sconn:    sconn,
 		auth:     res,
-		id:       uuid.NewString(),
+		id:       id,
 		ctx:      ctx,
 		cancel:   cancel,
 		forwards: map[uint32]*remoteForward{},
@@ -269,6 +284,9 @@ func newConn(s *Server, nc net.Conn, sconn *ssh.ServerConn) *conn {
 		"login":       sconn.User(),
 		"user":        res.id.User,
 	})
+	if sc := oteltrace.SpanContextFromContext(ctx); sc.IsValid() {
+		c.log = c.log.WithField("trace_id", sc.TraceID().String())
+	}
 	c.touch()
 	return c
 }

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/srv/srvtest"
 )
@@ -92,9 +93,9 @@ func newTestEnvTB(t testing.TB, opts ...func(*Config)) *testEnv {
 			defer e.nodeMu.Unlock()
 			return e.node
 		},
-		Logger:         logger.WithField("component", "node"),
 		LookupLogin:    testShell,
 		AgentSocketDir: t.TempDir(),
+		Deps:           observe.Deps{Logger: logger.WithField("component", "node")},
 	}
 	for _, o := range opts {
 		o(&cfg)

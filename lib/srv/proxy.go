@@ -7,10 +7,13 @@ import (
 	"strings"
 
 	"github.com/gravitational/trace"
+	"go.opentelemetry.io/otel/attribute"
+	oteltrace "go.opentelemetry.io/otel/trace"
 
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/observe"
 )
 
 // ProxyHandler is the seam through which the proxy reuses this server: it
@@ -131,11 +134,14 @@ func (c *conn) handleProxyDirectTCPIP(nch ssh.NewChannel) {
 		return
 	}
 	req := DirectTCPIPRequest(p)
-	target, err := c.cfg.Proxy.DialDirectTCPIP(c.ctx, c.auth.id, req)
+	ctx, span := c.cfg.Tracer.Start(c.ctx, "ssh.channel", oteltrace.WithAttributes(attribute.String("postern.channel_type", "direct-tcpip")))
+	target, err := c.cfg.Proxy.DialDirectTCPIP(ctx, c.auth.id, req)
 	if err != nil {
+		observe.End(span, err)
 		c.log.WithError(err).WithField("target", net.JoinHostPort(req.Host, fmt.Sprint(req.Port))).Info("direct-tcpip refused.")
 		_ = nch.Reject(rejectReason(err), trace.UserMessage(err))
 		return
 	}
+	defer span.End()
 	c.spliceChannel(nch, target, "direct-tcpip", net.JoinHostPort(req.Host, fmt.Sprint(req.Port)))
 }

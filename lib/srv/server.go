@@ -8,8 +8,11 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
+	"go.opentelemetry.io/otel/attribute"
+	oteltrace "go.opentelemetry.io/otel/trace"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -249,6 +252,13 @@ func (s *Server) closeConns() {
 
 // handleConn runs the handshake and then the connection until it ends.
 func (s *Server) handleConn(nc net.Conn) {
+	// A connection that came over a tunnel continues the dialing proxy's
+	// trace and keeps its connection id (observe.DialMeta); the span of
+	// the connection runs from accept to its end, the auth span over the
+	// handshake.
+	ctx, span := s.cfg.Tracer.Start(observe.MetaOf(nc).Context(s.ctx), "ssh.accept", oteltrace.WithSpanKind(oteltrace.SpanKindServer))
+	defer span.End()
+	_, authSpan := s.cfg.Tracer.Start(ctx, "ssh.auth")
 	// A socket deadline, not the Clock: it must fire even while a
 	// callback is blocked, and only the kernel can interrupt a read.
 	_ = nc.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
@@ -256,6 +266,7 @@ func (s *Server) handleConn(nc net.Conn) {
 	qc := utils.NewQuickAckConn(nc)
 	sconn, chans, reqs, err := ssh.NewServerConn(qc, s.sshCfg)
 	qc.Stop()
+	observe.End(authSpan, err)
 	if err != nil {
 		s.cfg.Logger.WithField("remote_addr", nc.RemoteAddr().String()).WithError(err).Debug("SSH handshake failed.")
 		_ = nc.Close()
@@ -277,7 +288,11 @@ func (s *Server) handleConn(nc net.Conn) {
 		}
 		defer release()
 	}
-	c := newConn(s, nc, sconn)
+	c := newConn(s, nc, sconn, ctx)
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("postern.user", res.id.User), attribute.String("postern.login", sconn.User()),
+			attribute.String("postern.conn_id", c.id))
+	}
 	s.mu.Lock()
 	if s.closing && s.ctx.Err() != nil {
 		s.mu.Unlock()

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/gravitational/trace"
 	"github.com/sirupsen/logrus"
+	"go.opentelemetry.io/otel/attribute"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/events"
@@ -94,7 +95,12 @@ func (c *conn) handleSession(nch ssh.NewChannel) {
 	}
 	s := &session{c: c, id: uuid.NewString(), ch: trackedChannel{Channel: ch, c: c, counts: &byteCounts{}}, recFailed: make(chan struct{})}
 	s.log = c.log.WithField("session_id", s.id)
-	s.ctx, s.cancel = context.WithCancel(c.ctx)
+	ctx, span := c.cfg.Tracer.Start(c.ctx, "ssh.session")
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("postern.session_id", s.id))
+	}
+	defer span.End()
+	s.ctx, s.cancel = context.WithCancel(ctx)
 	c.addSession(s)
 	defer c.removeSession(s)
 	s.serve(reqs)

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postern-dev/postern/lib/api/authapi"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
@@ -98,8 +99,8 @@ func TestInternalErrorNamesRequestID(t *testing.T) {
 			logger, hook := logtest.NewNullLogger()
 			wsc := WebSessionsConfig{Router: noRoutes{}, Nodes: noNodes{}, Roles: env.store, Store: tc.sessions}
 			s, err := NewServer(Config{
-				ClusterName: "c1", ProxySSHAddr: "127.0.0.1:3023", Certificate: pair, Auth: tc.auth, Clock: env.clock,
-				Logger: logger.WithField("component", "web"), WebSessions: wsc,
+				ClusterName: "c1", ProxySSHAddr: "127.0.0.1:3023", Certificate: pair, Auth: tc.auth, WebSessions: wsc,
+				Deps: observe.Deps{Clock: env.clock, Logger: logger.WithField("component", "web")},
 			})
 			require.NoError(t, err)
 			t.Cleanup(func() { require.NoError(t, s.Shutdown(ctx)) })

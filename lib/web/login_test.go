@@ -24,6 +24,7 @@ import (
 	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/backend/memory"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -61,7 +62,8 @@ func newLoginEnv(t *testing.T) *loginEnv {
 	require.NoError(t, err)
 	s, err := NewServer(Config{
 		ClusterName: "c1", ProxySSHAddr: "127.0.0.1:3023", Certificate: pair,
-		Auth: as, SecondFactor: CachedSecondFactor(as, clock), Clock: clock, Logger: quietLogger(),
+		Auth: as, SecondFactor: CachedSecondFactor(as, clock),
+		Deps: observe.Deps{Clock: clock, Logger: quietLogger()},
 	})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -22,6 +22,7 @@ import (
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/backend/memory"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -59,7 +60,7 @@ func newMFAEnv(t *testing.T) *mfaEnv {
 	require.NoError(t, err)
 	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	api, err := auth.NewAPIServer(auth.APIConfig{Auth: as, Listener: apiLn, Logger: quietLogger()})
+	api, err := auth.NewAPIServer(auth.APIConfig{Auth: as, Listener: apiLn, Deps: observe.Deps{Logger: quietLogger()}})
 	require.NoError(t, err)
 	served := make(chan error, 1)
 	go func() { served <- api.Serve() }()
@@ -72,11 +73,12 @@ func newMFAEnv(t *testing.T) *mfaEnv {
 	require.NoError(t, err)
 	s, err := NewServer(Config{
 		ClusterName: "c1", ProxySSHAddr: "127.0.0.1:3023", Certificate: pair,
-		Auth: clt, SecondFactor: CachedSecondFactor(clt, clock), Clock: clock, Logger: quietLogger(),
+		Auth: clt, SecondFactor: CachedSecondFactor(clt, clock),
 		WebSessions: WebSessionsConfig{
 			Router: noRoutes{}, Nodes: noNodes{}, Roles: clt,
 			Store: &AuthSessionStore{Auth: clt}, Certs: clt, Watch: clt.WebSessionEvents,
 		},
+		Deps: observe.Deps{Clock: clock, Logger: quietLogger()},
 	})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -14,10 +14,9 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
-	"github.com/jonboulle/clockwork"
-	"github.com/sirupsen/logrus"
 
 	"github.com/postern-dev/postern/lib/api/webapi"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/sshalgo"
 	"github.com/postern-dev/postern/lib/version"
 )
@@ -57,10 +56,9 @@ type Config struct {
 	// SSHAlgorithms are what the web terminal offers the nodes it dials;
 	// an empty list means sshalgo's default one.
 	SSHAlgorithms sshalgo.Lists
-	// Clock; nil means the real clock.
-	Clock clockwork.Clock
-	// Logger; nil means component=web.
-	Logger logrus.FieldLogger
+	// Deps: Clock, Logger; Tracer starts a span per web request, the
+	// parent of what the request routes and dials (the web terminal).
+	observe.Deps
 }
 
 // CheckAndSetDefaults validates the config.
@@ -74,12 +72,7 @@ func (c *Config) CheckAndSetDefaults() error {
 	if len(c.Certificate.Certificate) == 0 {
 		return trace.BadParameter("web: missing Certificate")
 	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "web")
-	}
+	c.Deps.SetDefaults(observe.ComponentWeb)
 	return nil
 }
 
@@ -126,7 +119,7 @@ func NewServer(cfg Config) (*Server, error) {
 		return nil, trace.Wrap(err)
 	}
 	s.srv = &http.Server{
-		Handler:           securityHeaders(mux),
+		Handler:           traced(s.cfg.Tracer, securityHeaders(mux)),
 		ReadHeaderTimeout: readHeaderTimeout,
 		IdleTimeout:       idleTimeout,
 		TLSConfig: &tls.Config{

@@ -15,6 +15,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/backend"
+	"github.com/postern-dev/postern/lib/observe"
 )
 
 // sharedEnv is two web servers (two proxies) on one auth server and one
@@ -36,12 +37,13 @@ func newSharedEnv(t *testing.T) *sharedEnv {
 	e := &sharedEnv{env: env, watchesB: make(chan backend.Watcher, 8)}
 	mk := func(watch SessionWatch) *Server {
 		s, err := NewServer(Config{
-			ClusterName: "c1", ProxySSHAddr: "127.0.0.1:3023", Certificate: pair, Auth: env.auth, Clock: env.clock, Logger: quietLogger(),
+			ClusterName: "c1", ProxySSHAddr: "127.0.0.1:3023", Certificate: pair, Auth: env.auth,
 			WebSessions: WebSessionsConfig{
 				Router: noRoutes{}, Nodes: noNodes{}, Roles: env.store,
 				Store: &BackendSessionStore{Backend: env.store.Backend()},
 				Certs: env.auth, Watch: watch,
 			},
+			Deps: observe.Deps{Clock: env.clock, Logger: quietLogger()},
 		})
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, s.Shutdown(context.Background())) })

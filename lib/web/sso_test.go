@@ -18,6 +18,7 @@ import (
 	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -99,11 +100,12 @@ func newSSOEnv(t *testing.T, publicAddrs ...string) *ssoEnv {
 		publicAddrs = []string{"proxy.example.com:3080", "proxy.example.com", "127.0.0.1:3080"}
 	}
 	s, err := NewServer(Config{
-		ClusterName: "c1", ProxySSHAddr: "127.0.0.1:3023", Certificate: pair, Auth: f, Clock: env.clock, Logger: quietLogger(),
+		ClusterName: "c1", ProxySSHAddr: "127.0.0.1:3023", Certificate: pair, Auth: f,
 		PublicWebAddrs: publicAddrs,
 		WebSessions: WebSessionsConfig{
 			Router: noRoutes{}, Nodes: noNodes{}, Roles: env.store, Store: store, Certs: env.auth,
 		},
+		Deps: observe.Deps{Clock: env.clock, Logger: quietLogger()},
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, s.Shutdown(context.Background())) })

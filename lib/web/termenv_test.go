@@ -26,6 +26,7 @@ import (
 	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/backend/memory"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
@@ -266,7 +267,7 @@ func newTermEnv(t *testing.T, opts ...func(*WebSessionsConfig)) *termEnv {
 	nw, err := services.NewNodeWatcher(services.NodeWatcherConfig{Events: store.NodeEvents(), Clock: clock, Logger: quietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { nw.Close() })
-	router, err := proxy.NewRouter(proxy.RouterConfig{ClusterName: "c1", NodeWatcher: nw, Networking: store, Clock: clock, Logger: quietLogger()})
+	router, err := proxy.NewRouter(proxy.RouterConfig{ClusterName: "c1", NodeWatcher: nw, Networking: store, Deps: observe.Deps{Clock: clock, Logger: quietLogger()}})
 	require.NoError(t, err)
 
 	pair, err := LoadOrCreateTLS(t.TempDir(), "", "", nil, time.Now())
@@ -276,8 +277,9 @@ func newTermEnv(t *testing.T, opts ...func(*WebSessionsConfig)) *termEnv {
 		o(&wsc)
 	}
 	s, err := NewServer(Config{
-		ClusterName: "c1", ProxySSHAddr: "127.0.0.1:3023", Certificate: pair, Auth: as, Clock: clock, Logger: quietLogger(),
+		ClusterName: "c1", ProxySSHAddr: "127.0.0.1:3023", Certificate: pair, Auth: as,
 		WebSessions: wsc,
+		Deps:        observe.Deps{Clock: clock, Logger: quietLogger()},
 	})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -18,6 +18,7 @@ import (
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/client"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
@@ -66,11 +67,11 @@ func (c *cli) route(ctx context.Context, cluster, user, target string) error {
 		ClusterName: id.ClusterName,
 		NodeWatcher: nw,
 		Networking:  clt,
-		Logger:      quiet.WithField("component", "router"),
 		Peers:       leaseView(leases),
 		// A leaf whose tunnel a proxy leases resolves as a cluster; pctl
 		// holds no tunnel of its own.
 		Leaves: noLeafTunnels{},
+		Deps:   observe.Deps{Logger: quiet.WithField("component", "router")},
 	})
 	if err != nil {
 		return trace.Wrap(err)

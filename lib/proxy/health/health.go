@@ -25,11 +25,11 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
-	"github.com/jonboulle/clockwork"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/backoff"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -91,11 +91,6 @@ type Config struct {
 	CAs CAGetter
 	// Dialer; nil means a net.Dialer.
 	Dialer Dialer
-	// Clock schedules checks and backoffs and is the time certificates
-	// are checked against; nil means the real clock.
-	Clock clockwork.Clock
-	// Logger; nil means logrus with component "proxy:health".
-	Logger logrus.FieldLogger
 	// Interval, MinBackoff, MaxBackoff, Timeout, MaxConcurrent: zero
 	// means the Default of the same name.
 	Interval      time.Duration
@@ -103,6 +98,10 @@ type Config struct {
 	MaxBackoff    time.Duration
 	Timeout       time.Duration
 	MaxConcurrent int
+	// Deps: Clock schedules checks and backoffs and is the time
+	// certificates are checked against; Logger. Zero fields get
+	// observe's defaults.
+	observe.Deps
 }
 
 // CheckAndSetDefaults validates the config and fills in defaults.
@@ -119,12 +118,7 @@ func (c *Config) CheckAndSetDefaults() error {
 	if c.Dialer == nil {
 		c.Dialer = &net.Dialer{}
 	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "proxy:health")
-	}
+	c.Deps.SetDefaults(observe.ComponentHealth)
 	if c.Interval <= 0 {
 		c.Interval = DefaultInterval
 	}

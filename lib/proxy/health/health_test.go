@@ -13,6 +13,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/backend/memory"
 	"github.com/postern-dev/postern/lib/freeport"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/srv/srvtest"
 )
@@ -150,7 +151,7 @@ func TestCheckerOfflineAndBack(t *testing.T) {
 	ap.SetCA(ca.CertAuthority(testCluster, services.HostCA))
 	dialer := &countingDialer{clock: clock, dials: make(chan time.Time, 16)}
 
-	c, err := New(Config{ClusterName: testCluster, Nodes: w, CAs: ap, Clock: clock, Dialer: dialer,
+	c, err := New(Config{ClusterName: testCluster, Nodes: w, CAs: ap, Deps: observe.Deps{Clock: clock}, Dialer: dialer,
 		Interval: 10 * time.Second, MinBackoff: 2 * time.Second, MaxBackoff: 8 * time.Second})
 	require.NoError(t, err)
 	defer func() {

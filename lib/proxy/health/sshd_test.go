@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/srv/srvtest"
@@ -40,12 +41,13 @@ func TestRealSSHD(t *testing.T) {
 	ap := srvtest.NewAccessPoint()
 	ap.SetCA(ca.CertAuthority(testCluster, services.HostCA))
 	dialer := &countingDialer{clock: clock, dials: make(chan time.Time, 16)}
-	c, err := New(Config{ClusterName: testCluster, Nodes: w, CAs: ap, Clock: clock, Dialer: dialer,
+	c, err := New(Config{ClusterName: testCluster, Nodes: w, CAs: ap, Deps: observe.Deps{Clock: clock}, Dialer: dialer,
 		Interval: 10 * time.Second, MinBackoff: 2 * time.Second, MaxBackoff: 8 * time.Second})
 	require.NoError(t, err)
 	defer c.Close()
-	router, err := proxy.NewRouter(proxy.RouterConfig{ClusterName: testCluster, NodeWatcher: w, Networking: store,
-		Clock: clock, Metrics: prometheus.NewRegistry(), Health: c})
+	router, err := proxy.NewRouter(proxy.RouterConfig{ClusterName: testCluster, NodeWatcher: w, Networking: store, Health: c,
+		Deps: observe.Deps{Clock: clock, Metrics: prometheus.NewRegistry()},
+	})
 	require.NoError(t, err)
 	dial := func() error {
 		conn, _, err := router.DialHost(context.Background(), proxy.RouteRequest{Target: proxy.Target{Host: "db1", Port: "22"}})

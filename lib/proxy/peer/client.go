@@ -9,10 +9,10 @@ import (
 
 	"github.com/gravitational/trace"
 	"github.com/hashicorp/yamux"
-	"github.com/jonboulle/clockwork"
 	"github.com/sirupsen/logrus"
 
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -36,13 +36,10 @@ type ClientConfig struct {
 	Locator Locator
 	// DialTimeout: zero means DefaultDialTimeout.
 	DialTimeout time.Duration
-	// Audit receives refusals of peers that are not who their lease
-	// says (events.AccessDenied, kind "peer"); nil discards them.
-	Audit events.Emitter
-	// Clock checks peer certificates; nil: the real clock.
-	Clock clockwork.Clock
-	// Logger; nil: component "proxy:peer".
-	Logger logrus.FieldLogger
+	// Deps: Audit receives refusals of peers that are not who their
+	// lease says (events.AccessDenied, kind "peer"); Clock checks peer
+	// certificates. Zero fields get observe's defaults.
+	observe.Deps
 }
 
 // CheckAndSetDefaults validates the config.
@@ -56,15 +53,7 @@ func (c *ClientConfig) CheckAndSetDefaults() error {
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = DefaultDialTimeout
 	}
-	if c.Audit == nil {
-		c.Audit = events.Discard
-	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "proxy:peer")
-	}
+	c.Deps.SetDefaults(observe.ComponentPeerClient)
 	return nil
 }
 
@@ -87,6 +76,9 @@ type peerConn struct {
 	ready      chan struct{}
 	sess       *yamux.Session
 	err        error
+	// v2: the peer negotiated ALPNv2, so its DialRequests may carry
+	// Meta.
+	v2 bool
 }
 
 // NewClient returns a Client.
@@ -129,6 +121,7 @@ func (c *Client) peerAddr(proxyUUID, node string) (string, error) {
 // otherwise.
 func (c *Client) DialPeer(ctx context.Context, proxyUUID, node, source, destination string) (net.Conn, error) {
 	req := DialRequest{NodeUUID: node, Source: source, Destination: destination}
+	meta := observe.MetaFromContext(ctx)
 	if err := req.Check(); err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -141,6 +134,9 @@ func (c *Client) DialPeer(ctx context.Context, proxyUUID, node, source, destinat
 	sess, err := c.session(ctx, proxyUUID, addr)
 	if err != nil {
 		return nil, trace.Wrap(err)
+	}
+	if meta != (observe.DialMeta{}) && c.carriesMeta(proxyUUID, sess) {
+		req.Meta = &meta
 	}
 	st, err := sess.OpenStream()
 	if err != nil {
@@ -210,11 +206,13 @@ func (c *Client) session(ctx context.Context, uuid, addr string) (*yamux.Session
 // connect dials one peer. It runs on its own so that the caller that
 // started it can give up (its context) without failing the others.
 func (c *Client) connect(pc *peerConn) {
+	// The connection is shared by every dial to this peer, not owned by
+	// the one that started it (which may give up): its own timeout only.
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.DialTimeout)
 	defer cancel()
-	sess, err := c.dialSession(ctx, pc.uuid, pc.addr)
+	sess, v2, err := c.dialSession(ctx, pc.uuid, pc.addr)
 	c.mu.Lock()
-	pc.sess, pc.err = sess, err
+	pc.sess, pc.err, pc.v2 = sess, err, v2
 	if err != nil && c.conns[pc.uuid] == pc {
 		// The next dial tries again.
 		delete(c.conns, pc.uuid)
@@ -226,11 +224,21 @@ func (c *Client) connect(pc *peerConn) {
 	close(pc.ready)
 }
 
-func (c *Client) dialSession(ctx context.Context, uuid, addr string) (*yamux.Session, error) {
+// carriesMeta reports whether sess, peer uuid's connection, negotiated
+// ALPNv2 (an older peer refuses a DialRequest with a field it does not
+// know).
+func (c *Client) carriesMeta(uuid string, sess *yamux.Session) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	pc := c.conns[uuid]
+	return pc != nil && pc.sess == sess && pc.v2
+}
+
+func (c *Client) dialSession(ctx context.Context, uuid, addr string) (*yamux.Session, bool, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, trace.ConnectionProblem(err, "connecting to peer proxy %q at %s: %v", uuid, addr, err)
+		return nil, false, trace.ConnectionProblem(err, "connecting to peer proxy %q at %s: %v", uuid, addr, err)
 	}
 	cert := c.cfg.Certificate
 	tc := tls.Client(nc, &tls.Config{
@@ -238,6 +246,7 @@ func (c *Client) dialSession(ctx context.Context, uuid, addr string) (*yamux.Ses
 		// no host name to check (see the package doc).
 		InsecureSkipVerify: true,
 		MinVersion:         tls.VersionTLS13,
+		NextProtos:         []string{ALPNv2},
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			return &cert, nil
 		},
@@ -254,16 +263,16 @@ func (c *Client) dialSession(ctx context.Context, uuid, addr string) (*yamux.Ses
 				events.FieldKind: "peer", events.FieldServerID: uuid, events.FieldAddr: addr,
 				events.FieldReason: trace.UserMessage(err),
 			}})
-			return nil, trace.Wrap(err)
+			return nil, false, trace.Wrap(err)
 		}
-		return nil, trace.ConnectionProblem(err, "TLS with peer proxy %q at %s: %v", uuid, addr, err)
+		return nil, false, trace.ConnectionProblem(err, "TLS with peer proxy %q at %s: %v", uuid, addr, err)
 	}
 	sess, err := yamux.Client(&coalescingConn{Conn: tc}, yamuxConfig())
 	if err != nil {
 		_ = tc.Close()
-		return nil, trace.Wrap(err)
+		return nil, false, trace.Wrap(err)
 	}
-	return sess, nil
+	return sess, tc.ConnectionState().NegotiatedProtocol == ALPNv2, nil
 }
 
 func (c *Client) drop(uuid string, sess *yamux.Session) {

@@ -24,6 +24,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -89,6 +90,8 @@ type echoTunnels struct {
 	wg    sync.WaitGroup
 	mu    sync.Mutex
 	last  DialRequest
+	// lastMeta is what the last dial's context would send on.
+	lastMeta observe.DialMeta
 }
 
 func newEchoTunnels(t *testing.T, nodes ...string) *echoTunnels {
@@ -133,6 +136,7 @@ func (e *echoTunnels) DialTunnel(ctx context.Context, uuid, source, destination 
 	e.dials.Add(1)
 	e.mu.Lock()
 	e.last = DialRequest{NodeUUID: uuid, Source: source, Destination: destination}
+	e.lastMeta = observe.MetaFromContext(ctx)
 	e.mu.Unlock()
 	var d net.Dialer
 	return d.DialContext(ctx, "tcp", e.ln.Addr().String())
@@ -176,7 +180,7 @@ func newPeerEnvWithClock(t *testing.T, clock clockwork.Clock, serverID string, n
 	ca := newTestCA(t)
 	tun := newEchoTunnels(t, nodes...)
 	rec := events.NewRecorder()
-	srv, err := NewServer(ServerConfig{Identity: ca.identity(t, serverID, RoleProxy), Tunnels: tun, Audit: rec, HandshakeTimeout: 5 * time.Second, Clock: clock})
+	srv, err := NewServer(ServerConfig{Identity: ca.identity(t, serverID, RoleProxy), Tunnels: tun, HandshakeTimeout: 5 * time.Second, Deps: observe.Deps{Audit: rec, Clock: clock}})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -193,7 +197,7 @@ func newPeerEnvWithClock(t *testing.T, clock clockwork.Clock, serverID string, n
 func (e *peerEnv) client(t *testing.T, id Identity, leases ...services.TunnelConnection) (*Client, *events.Recorder) {
 	t.Helper()
 	rec := events.NewRecorder()
-	c, err := NewClient(ClientConfig{Identity: id, Locator: &staticLocator{leases: leases}, Audit: rec, DialTimeout: 5 * time.Second})
+	c, err := NewClient(ClientConfig{Identity: id, Locator: &staticLocator{leases: leases}, DialTimeout: 5 * time.Second, Deps: observe.Deps{Audit: rec}})
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c, rec

@@ -11,11 +11,14 @@ import (
 
 	"github.com/gravitational/trace"
 	"github.com/hashicorp/yamux"
-	"github.com/jonboulle/clockwork"
 	"github.com/sirupsen/logrus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	oteltrace "go.opentelemetry.io/otel/trace"
 
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/limiter"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/utils"
 )
 
@@ -41,17 +44,12 @@ type ServerConfig struct {
 	Tunnels LocalTunnels
 	// HandshakeTimeout: zero means DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
-	// Audit receives refusals (events.AccessDenied, kind "peer", with the
-	// count they stand for): each kind of refusal from one source at
-	// once, its repeats within limiter.RefusalReportInterval in one
-	// summary (limiter.Denials); nil discards them.
-	Audit events.Emitter
-	// Clock checks certificate validity and times the audit windows of
-	// refusals; nil: the real clock. (Timeouts on sockets are real time:
-	// they bound kernel I/O.)
-	Clock clockwork.Clock
-	// Logger; nil: component "proxy:peer".
-	Logger logrus.FieldLogger
+	// Deps: Audit receives refusals (events.AccessDenied, kind "peer",
+	// coalesced by limiter.Denials); Clock checks certificate validity
+	// and times the refusals' audit windows (socket timeouts are real
+	// time: they bound kernel I/O); Tracer starts peer.serve. Zero fields
+	// get observe's defaults.
+	observe.Deps
 }
 
 // CheckAndSetDefaults validates the config.
@@ -65,15 +63,7 @@ func (c *ServerConfig) CheckAndSetDefaults() error {
 	if c.HandshakeTimeout <= 0 {
 		c.HandshakeTimeout = DefaultHandshakeTimeout
 	}
-	if c.Audit == nil {
-		c.Audit = events.Discard
-	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "proxy:peer")
-	}
+	c.Deps.SetDefaults(observe.ComponentPeerServer)
 	return nil
 }
 
@@ -95,6 +85,10 @@ type Server struct {
 	streams sync.WaitGroup
 	// denials coalesces the audit events of refusals (deny).
 	denials *limiter.Denials
+	// ctx is the server's lifetime, the parent of every peered dial's
+	// context (cancel: Close).
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 // NewServer returns a Server; call Serve.
@@ -103,6 +97,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		return nil, trace.Wrap(err)
 	}
 	s := &Server{cfg: cfg, listeners: map[net.Listener]struct{}{}, sessions: map[*yamux.Session]struct{}{}}
+	// The server owns its dials' lifetime: no caller context outlives a
+	// stream, so this one is the root, ended by Close.
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	var err error
 	s.denials, err = limiter.NewDenials(limiter.DenialsConfig{Report: s.auditDenial, Clock: cfg.Clock})
 	if err != nil {
@@ -206,7 +203,10 @@ func (s *Server) auditDenial(d limiter.Denial) {
 		f[k] = v
 	}
 	f[events.FieldKind], f[events.FieldRemoteAddr], f[events.FieldReason], f[events.FieldCount] = "peer", d.Addr, d.Text(), d.Count
-	s.cfg.Audit.Emit(context.Background(), events.Event{Type: events.AccessDenied, Fields: f})
+	// limiter.Denials reports from its own timer, after the refused
+	// stream is gone, and flushes at Close: the server's context, without
+	// its cancel, is all there is.
+	s.cfg.Audit.Emit(context.WithoutCancel(s.ctx), events.Event{Type: events.AccessDenied, Fields: f})
 }
 
 func (s *Server) tlsConfig(remote string, refused *bool) *tls.Config {
@@ -216,6 +216,7 @@ func (s *Server) tlsConfig(remote string, refused *bool) *tls.Config {
 		// by crypto/tls's client verification, which knows none of them.
 		ClientAuth: tls.RequireAnyClientCert,
 		MinVersion: tls.VersionTLS13,
+		NextProtos: []string{ALPNv2},
 		VerifyConnection: func(cs tls.ConnectionState) error {
 			if _, err := verifyPeer(cs, s.cfg.CAPool(), s.cfg.ClusterName, "", s.cfg.Clock.Now()); err != nil {
 				*refused = true
@@ -315,11 +316,23 @@ func (s *Server) handleStream(st *yamux.Stream, peerID, remote string) {
 		_ = writeFrame(st, responseFor(err))
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HandshakeTimeout)
-	nc, err := s.cfg.Tunnels.DialTunnel(ctx, req.NodeUUID, req.Source, req.Destination)
+	// The dial's context is the caller's trace and connection id on
+	// the server's lifetime: the stream is the request, and the server's
+	// Close ends it.
+	meta, merr := req.meta()
+	if merr != nil {
+		s.cfg.Logger.WithError(merr).WithField("peer", peerID).Warn("Ignoring malformed dial metadata from a peer.")
+	}
+	ctx := meta.Context(s.ctx)
+	ctx, span := s.cfg.Tracer.Start(ctx, "peer.serve", oteltrace.WithSpanKind(oteltrace.SpanKindServer),
+		oteltrace.WithAttributes(attribute.String("postern.node_uuid", req.NodeUUID), attribute.String("postern.peer", peerID)))
+	defer span.End()
+	dctx, cancel := context.WithTimeout(ctx, s.cfg.HandshakeTimeout)
+	nc, err := s.cfg.Tunnels.DialTunnel(dctx, req.NodeUUID, req.Source, req.Destination)
 	cancel()
 	if err != nil {
-		s.cfg.Logger.WithError(err).WithFields(logrus.Fields{"peer": peerID, "node": req.NodeUUID}).Warn("Peered dial over a local tunnel failed.")
+		span.SetStatus(codes.Error, trace.UserMessage(err))
+		s.cfg.Logger.WithError(err).WithFields(observe.LogFields(ctx)).WithFields(logrus.Fields{"peer": peerID, "node": req.NodeUUID}).Warn("Peered dial over a local tunnel failed.")
 		_ = writeFrame(st, responseFor(trace.Wrap(err)))
 		return
 	}
@@ -330,12 +343,13 @@ func (s *Server) handleStream(st *yamux.Stream, peerID, remote string) {
 	s.cfg.Logger.WithFields(logrus.Fields{"peer": peerID, "node": req.NodeUUID, "source": req.Source}).Debug("Peered dial.")
 	// The stream's own end (Close) ends the splice; a session torn down
 	// by Close resets every stream.
-	_, _, _ = utils.Splice(context.Background(), c, nc)
+	_, _, _ = utils.Splice(ctx, c, nc)
 }
 
 // Close closes the listeners and every peer connection (and so every
 // stream on them) and waits for their goroutines.
 func (s *Server) Close() error {
+	s.cancel()
 	s.mu.Lock()
 	s.closing = true
 	for ln := range s.listeners {

@@ -38,6 +38,8 @@ import (
 	"unicode"
 
 	"github.com/gravitational/trace"
+
+	"github.com/postern-dev/postern/lib/observe"
 )
 
 // DefaultListenAddr is peer_addr's default.
@@ -65,6 +67,26 @@ type DialRequest struct {
 	Source string `json:"source,omitempty"`
 	// Destination is the target the client asked for.
 	Destination string `json:"destination,omitempty"`
+	// Meta is the dialing proxy's trace context and connection id. Only
+	// sent on a connection that negotiated ALPNv2: an older peer
+	// decodes frames strictly and would refuse the dial.
+	Meta *observe.DialMeta `json:"meta,omitempty"`
+}
+
+// ALPNv2 is the TLS ALPN protocol of a peer that takes
+// DialRequest.Meta. A peer without it (an older proxy) negotiates none,
+// and is sent version 1 requests (no Meta); both ends offer it, so a
+// mixed cluster keeps peering during an upgrade.
+const ALPNv2 = "postern-peer/2"
+
+// meta is the request's dial metadata with what is malformed dropped,
+// and the error naming it: a bad field costs the trace, never the dial.
+func (r DialRequest) meta() (observe.DialMeta, error) {
+	if r.Meta == nil {
+		return observe.DialMeta{}, nil
+	}
+	m, err := r.Meta.Sanitize()
+	return m, trace.Wrap(err)
 }
 
 // Check validates a request; its error names the bad field.

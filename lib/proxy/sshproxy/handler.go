@@ -28,6 +28,7 @@ import (
 	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/srv"
 	"github.com/postern-dev/postern/lib/utils"
@@ -43,17 +44,15 @@ type Config struct {
 	// Recordings serves the `recordings` and `recording:ID` subsystems
 	// (psh recordings ls, psh play); nil means they are refused.
 	Recordings RecordingSource
-	// Logger; nil means component=proxy:ssh.
-	Logger logrus.FieldLogger
-	// Audit receives route.ambiguous and access.denied; nil means
-	// events.Discard.
-	Audit events.Emitter
 	// Locks, when set, ends open hops to an OpenSSH node once a lock
 	// covers the node (openssh.go); a Postern node does that itself.
 	Locks srv.LockChecker
 	// Requests serves the `access-request:` subsystem (psh request);
 	// nil means it is refused.
 	Requests AccessRequests
+	// Deps: Audit receives route.ambiguous and access.denied; Logger
+	// (component proxy:ssh). Zero fields get observe's defaults.
+	observe.Deps
 }
 
 // CheckAndSetDefaults validates the config.
@@ -61,12 +60,7 @@ func (c *Config) CheckAndSetDefaults() error {
 	if c.Router == nil {
 		return trace.BadParameter("sshproxy: missing Router")
 	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "proxy:ssh")
-	}
-	if c.Audit == nil {
-		c.Audit = events.Discard
-	}
+	c.Deps.SetDefaults(observe.ComponentProxySSH)
 	return nil
 }
 
@@ -153,7 +147,7 @@ func (h *Handler) DialDirectTCPIP(ctx context.Context, id *authz.Identity, req s
 // dial routes target among the nodes the user may reach and dials the
 // chosen one.
 func (h *Handler) dial(ctx context.Context, id *authz.Identity, target proxy.Target, via string) (net.Conn, error) {
-	log := h.cfg.Logger.WithFields(logrus.Fields{"user": id.User, "target": target.String(), "via": via})
+	log := h.cfg.Logger.WithFields(observe.AddLogFields(ctx, logrus.Fields{"user": id.User, "target": target.String(), "via": via}))
 	conn, route, err := h.cfg.Router.DialHost(ctx, proxy.RouteRequest{
 		Target: target,
 		// RBAC first, then routing (rule 5, docs/reference.md Routing): a node

@@ -12,6 +12,7 @@ import (
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/backend/memory"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
@@ -28,7 +29,7 @@ func TestOpenSSHHopIsAudited(t *testing.T) {
 	ln, nodeConn, served := echoNode(t)
 
 	rec := events.NewRecorder()
-	h, err := New(Config{Router: &proxy.Router{}, Audit: rec})
+	h, err := New(Config{Router: &proxy.Router{}, Deps: observe.Deps{Audit: rec}})
 	require.NoError(t, err)
 	node := services.Node{UUID: "00000000-0000-4000-8000-000000000001", Hostname: "legacy", Addr: ln.Addr().String(), Kind: services.NodeKindOpenSSH}
 	id := &authz.Identity{User: "alice", Login: "alice"}
@@ -105,7 +106,7 @@ func TestOpenSSHHopEndsWhenTheNodeIsLocked(t *testing.T) {
 	require.NoError(t, locks.WaitSynced(ctx))
 
 	rec := events.NewRecorder()
-	h, err := New(Config{Router: &proxy.Router{}, Audit: rec, Locks: locks})
+	h, err := New(Config{Router: &proxy.Router{}, Locks: locks, Deps: observe.Deps{Audit: rec}})
 	require.NoError(t, err)
 	id := &authz.Identity{User: "alice", Login: "alice"}
 	hop := func(uuid string) (net.Conn, <-chan struct{}, <-chan struct{}) {
