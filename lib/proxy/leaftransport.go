@@ -138,6 +138,7 @@ func (h *LeafTransport) Serve(ctx context.Context, nc net.Conn) {
 			h.reply(nc, proxyapi.LeafReply{Error: "the leaf cluster cannot list nodes now", Kind: proxyapi.LeafUnavailable})
 			return
 		}
+		h.cfg.Router.NodeStatuses(entries)
 		h.reply(nc, proxyapi.LeafReply{Nodes: entries})
 		return
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 
+	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -499,6 +500,23 @@ func HideDenied(t Target, route Route, err error) (visible error, denied bool) {
 		return nodeNotFound(t.Host, cluster), true
 	}
 	return err, false
+}
+
+// NodeStatuses sets the Status of the OpenSSH nodes among entries (a
+// listing of this cluster's nodes) from this proxy's health checker, the
+// one whose answer the Router routes by: a node the list shows online is
+// one a dial from here tries.
+func (r *Router) NodeStatuses(entries []proxyapi.NodeEntry) {
+	for i := range entries {
+		e := &entries[i]
+		if e.Kind != services.NodeKindOpenSSH {
+			continue
+		}
+		e.Status = proxyapi.NodeOnline
+		if r.cfg.Health != nil && !r.cfg.Health.Online(e.UUID) {
+			e.Status = proxyapi.NodeOffline
+		}
+	}
 }
 
 // ClusterName is the local cluster's name.

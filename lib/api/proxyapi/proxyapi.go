@@ -31,7 +31,20 @@ type NodeEntry struct {
 	// Logins are the certificate's logins the caller's roles allow on
 	// this node.
 	Logins []string `json:"logins"`
+	// Kind is "openssh" for a stock sshd registered with `pctl nodes
+	// add-openssh` (empty for a Postern node).
+	Kind string `json:"kind,omitempty"`
+	// Status is an OpenSSH node's health as the answering proxy's
+	// checker finds it, NodeOnline or NodeOffline (empty for a Postern
+	// node, which is listed only while it heartbeats).
+	Status string `json:"status,omitempty"`
 }
+
+// Statuses of an OpenSSH node in NodeEntry.Status.
+const (
+	NodeOnline  = "online"
+	NodeOffline = "offline"
+)
 
 // Site is one entry of the `proxysites` answer.
 type Site struct {
