@@ -43,12 +43,13 @@ var wantPolicy = map[string][]string{
 
 	"GET /v1/ping": {RoleNode, RoleProxy, RoleAdmin},
 
-	"PUT /v1/nodes":                        {RoleNode, RoleProxy, RoleAdmin},
-	"GET /v1/nodes":                        {RoleProxy, RoleAdmin},
-	"DELETE /v1/nodes/{cluster}/{uuid}":    {RoleAdmin},
-	"POST /v1/nodes/openssh":               {RoleAdmin},
-	"POST /v1/nodes/openssh/{name}/rotate": {RoleAdmin},
-	"GET /v1/watch/nodes":                  {RoleProxy, RoleAdmin},
+	"PUT /v1/nodes":                                {RoleNode, RoleProxy, RoleAdmin},
+	"GET /v1/nodes":                                {RoleProxy, RoleAdmin},
+	"DELETE /v1/nodes/{cluster}/{uuid}":            {RoleAdmin},
+	"POST /v1/nodes/openssh":                       {RoleAdmin},
+	"POST /v1/nodes/openssh/{name}/rotate":         {RoleAdmin},
+	"POST /v1/nodes/openssh/{uuid}/root-user-cert": {RoleProxy},
+	"GET /v1/watch/nodes":                          {RoleProxy, RoleAdmin},
 
 	"POST /v1/tunnel_connections":        {RoleProxy},
 	"POST /v1/tunnel_connections/delete": {RoleProxy},

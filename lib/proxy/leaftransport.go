@@ -46,6 +46,11 @@ type LeafTransportConfig struct {
 	Audit events.Emitter
 	// Logger; nil means component "proxy:leaf".
 	Logger logrus.FieldLogger
+	// OpenSSHCert asks this cluster's auth server for a root user's
+	// certificate for OpenSSH node uuid (auth.Client.OpenSSHRootUserCert),
+	// sent with a dial's reply: a root proxy's web terminal logs in with
+	// it. Nil sends none (the root then refuses such a terminal).
+	OpenSSHCert func(ctx context.Context, uuid string, rootCert []byte) ([]byte, error)
 	// RequestTimeout bounds reading the request, identifying and
 	// dialing; zero means DefaultLeafRequestTimeout.
 	RequestTimeout time.Duration
@@ -173,11 +178,41 @@ func (h *LeafTransport) Serve(ctx context.Context, nc net.Conn) {
 		return
 	}
 	defer conn.Close()
-	if !h.reply(nc, proxyapi.LeafReply{}) {
+	var reply proxyapi.LeafReply
+	if route.Node.IsOpenSSH() {
+		// Nothing on a stock sshd records; the root proxy, if it is the
+		// session's SSH client (a web terminal), does, and is told the
+		// node and whether this cluster's roles for the user require a
+		// recording. An ssh -J session stays end to end.
+		reply.OpenSSH = &proxyapi.LeafOpenSSHNode{UUID: route.Node.UUID, Hostname: route.Node.Hostname}
+		if id.Checker != nil {
+			if mode, role := id.Checker.RecordingPolicy(); mode == services.RecordingRequire {
+				reply.OpenSSH.RecordingRequiredBy = role
+			}
+		}
+		h.openSSHCert(rctx, log, route.Node, req.Cert, reply.OpenSSH)
+	}
+	if !h.reply(nc, reply) {
 		return
 	}
 	log.WithField("node", route.Node.UUID).Debug("Routed a root user's connection.")
 	_, _, _ = utils.Splice(ctx, nc, conn)
+}
+
+// openSSHCert gets the root user's certificate for OpenSSH node n into
+// out (or why not into out.CertError: the root says it).
+func (h *LeafTransport) openSSHCert(ctx context.Context, log logrus.FieldLogger, n services.Node, rootCert string, out *proxyapi.LeafOpenSSHNode) {
+	if h.cfg.OpenSSHCert == nil {
+		out.CertError = "the leaf cluster's proxy does not issue certificates for its OpenSSH nodes"
+		return
+	}
+	cert, err := h.cfg.OpenSSHCert(ctx, n.UUID, []byte(rootCert))
+	if err != nil {
+		log.WithError(err).Warn("No certificate for a root user on an OpenSSH node.")
+		out.CertError = trace.UserMessage(err)
+		return
+	}
+	out.Cert = string(bytes.TrimSpace(cert))
 }
 
 // readLeafRequest reads one line byte by byte: nothing after the newline

@@ -247,6 +247,10 @@ type Route struct {
 	// nothing more, the leaf's Router picks the node when DialHost asks
 	// it, so Node and Candidates are empty.
 	Leaf bool
+	// LeafOpenSSH is the leaf's OpenSSH node a DialHost through a leaf
+	// reached (the leaf says so; nil for a Postern node, which records
+	// its own sessions): nothing records it unless the caller does.
+	LeafOpenSSH *proxyapi.LeafOpenSSHNode
 }
 
 // AccessFilter says whether the caller's roles let them reach a node. It

@@ -62,7 +62,8 @@ func (r *Router) DialHost(ctx context.Context, req RouteRequest) (net.Conn, Rout
 	if route.Leaf {
 		// The leaf checks everything (its RBAC, locks, the node's
 		// banner); Authorize's login check happens at the leaf's node.
-		conn, err := r.dialLeaf(ctx, req, route)
+		conn, openssh, err := r.dialLeaf(ctx, req, route)
+		route.LeafOpenSSH = openssh
 		return conn, route, err
 	}
 	conn, err := r.dialLocal(ctx, req, route.Node, netCfg)

@@ -10,14 +10,18 @@ import (
 	"strings"
 
 	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/backend"
 	"github.com/postern-dev/postern/lib/backend/etcdbk"
 	"github.com/postern-dev/postern/lib/backend/schema"
 	"github.com/postern-dev/postern/lib/backend/sqlite"
 	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/srv"
 	"github.com/postern-dev/postern/lib/utils"
 	"github.com/postern-dev/postern/lib/web"
 )
@@ -70,6 +74,9 @@ func (p *Process) startAuth(ctx context.Context) error {
 		Clock:            p.clock,
 		Logger:           p.log.WithField("component", "auth"),
 		Recordings:       recordings,
+		IdentifyRootUser: func(ctx context.Context, store *services.Store, clusterName string, clock clockwork.Clock, cert *ssh.Certificate) (*authz.Identity, error) {
+			return srv.IdentifyRootUser(ctx, store, clusterName, clock, cert)
+		},
 		// A leaf reaches its root's auth API through the root proxy's
 		// join relay: the same pinned path a node behind NAT joins by.
 		DialProxy: web.DialJoinRelay,

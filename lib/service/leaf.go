@@ -225,9 +225,10 @@ func (p *Process) startLeafAgents(id *auth.Identity) error {
 		Identify: func(ctx context.Context, cert *ssh.Certificate) (*authz.Identity, error) {
 			return srv.IdentifyRootUser(ctx, p.sshAccess, p.clusterName, p.clock, cert)
 		},
-		Nodes:  p.nodeWatcher,
-		Audit:  p.audit,
-		Logger: p.log.WithField("component", "proxy:leaf"),
+		Nodes:       p.nodeWatcher,
+		OpenSSHCert: p.authClient.OpenSSHRootUserCert,
+		Audit:       p.audit,
+		Logger:      p.log.WithField("component", "proxy:leaf"),
 	})
 	if err != nil {
 		return trace.Wrap(err)
