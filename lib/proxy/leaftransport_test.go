@@ -177,3 +177,57 @@ func TestLeafTransport(t *testing.T) {
 		require.Contains(t, r.Error, "longer than")
 	})
 }
+
+// TestLeafTransportOpenSSH: a root user's dial to one of the leaf's
+// OpenSSH nodes is answered with the node, the mapped role that requires
+// a recording and the certificate the leaf's auth signed for the user's
+// certificate (or why there is none); a Postern node's answer names
+// nothing.
+func TestLeafTransportOpenSSH(t *testing.T) {
+	addr := bannerServer(t)
+	env := newRouterEnv(t, []services.Node{
+		openSSHNode("o-db", "db", addr, "env", "test"),
+		node("u-web", "web", addr, 0, "env", "test"),
+	}, &net.Dialer{})
+	dev := &services.Role{Metadata: services.Metadata{Name: "dev"}, Spec: services.RoleSpec{
+		Logins: []string{"ops"}, NodeLabels: map[string]services.LabelValues{"env": {"test"}}, SessionRecording: services.RecordingRequire,
+	}}
+	require.NoError(t, dev.CheckAndSetDefaults())
+	var asked []string
+	var mu sync.Mutex
+	h, err := NewLeafTransport(LeafTransportConfig{
+		Router: env.router,
+		Identify: func(_ context.Context, cert *ssh.Certificate) (*authz.Identity, error) {
+			return &authz.Identity{User: cert.KeyId, Cluster: "root", Cert: cert, Roles: []string{"dev"},
+				Checker: services.NewAccessChecker([]*services.Role{dev}, nil)}, nil
+		},
+		OpenSSHCert: func(_ context.Context, uuid string, rootCert []byte) ([]byte, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			asked = append(asked, uuid)
+			if strings.Contains(string(rootCert), "ssh-ed25519-cert") {
+				return []byte("ssh-ed25519-cert-v01@openssh.com AAAA leaf-signed\n"), nil
+			}
+			return nil, trace.AccessDenied("no")
+		},
+	})
+	require.NoError(t, err)
+	alice := rootUserCert(t, "alice")
+
+	reply, _, _ := leafRoundTrip(t, h, leafRequest(t, "db:22", alice))
+	require.Empty(t, reply.Error)
+	require.Equal(t, &proxyapi.LeafOpenSSHNode{UUID: "o-db", Hostname: "db", RecordingRequiredBy: "dev", Cert: "ssh-ed25519-cert-v01@openssh.com AAAA leaf-signed"}, reply.OpenSSH)
+	require.Equal(t, []string{"o-db"}, asked)
+
+	reply, _, _ = leafRoundTrip(t, h, leafRequest(t, "web:22", alice))
+	require.Empty(t, reply.Error)
+	require.Nil(t, reply.OpenSSH, "a Postern node records its own sessions")
+	require.Equal(t, []string{"o-db"}, asked, "no certificate for a Postern node")
+
+	// Without the hook: the node, and why there is no certificate.
+	h.cfg.OpenSSHCert = nil
+	reply, _, _ = leafRoundTrip(t, h, leafRequest(t, "db:22", alice))
+	require.NotNil(t, reply.OpenSSH)
+	require.Empty(t, reply.OpenSSH.Cert)
+	require.Contains(t, reply.OpenSSH.CertError, "does not issue certificates")
+}
