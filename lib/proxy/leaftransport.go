@@ -51,9 +51,22 @@ type LeafTransportConfig struct {
 	// sent with a dial's reply: a root proxy's web terminal logs in with
 	// it. Nil sends none (the root then refuses such a terminal).
 	OpenSSHCert func(ctx context.Context, uuid string, rootCert []byte) ([]byte, error)
+	// Locks, when set, ends a root user's connection to one of this
+	// cluster's OpenSSH nodes when a lock here covers the node or the
+	// user (*services.LockWatcher): a stock sshd knows nothing of locks,
+	// so this proxy, the last Postern hop, ends it. Nil ends nothing.
+	Locks SpliceLocks
 	// RequestTimeout bounds reading the request, identifying and
 	// dialing; zero means DefaultLeafRequestTimeout.
 	RequestTimeout time.Duration
+}
+
+// SpliceLocks is the lock set a LeafTransport ends OpenSSH connections
+// by (*services.LockWatcher).
+type SpliceLocks interface {
+	Check(targets ...services.LockTarget) error
+	// Changes is closed at the next change of the set.
+	Changes() <-chan struct{}
 }
 
 // DefaultLeafRequestTimeout covers a dial at ssh_dial_timeout's default
@@ -196,7 +209,35 @@ func (h *LeafTransport) Serve(ctx context.Context, nc net.Conn) {
 		return
 	}
 	log.WithField("node", route.Node.UUID).Debug("Routed a root user's connection.")
+	if route.Node.IsOpenSSH() && h.cfg.Locks != nil {
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(done)
+			h.endWhenLocked(log, nc, conn, id.User, route.Node.UUID, stop)
+		}()
+		defer func() { close(stop); <-done }()
+	}
 	_, _, _ = utils.Splice(ctx, nc, conn)
+}
+
+// endWhenLocked closes both ends of a splice to OpenSSH node uuid for
+// user when a lock covers either, checking at every change of the lock
+// set until stop is closed.
+func (h *LeafTransport) endWhenLocked(log logrus.FieldLogger, nc, conn net.Conn, user, uuid string, stop <-chan struct{}) {
+	for {
+		changed := h.cfg.Locks.Changes()
+		if err := h.cfg.Locks.Check(services.LockTarget{Node: uuid}, services.LockTarget{User: user}); services.IsLocked(err) {
+			log.WithField("reason", err.Error()).Warn("Ending a root user's connection to a locked OpenSSH node.")
+			_ = conn.Close()
+			_ = nc.Close()
+			return
+		}
+		select {
+		case <-changed:
+		case <-stop:
+			return
+		}
+	}
 }
 
 // openSSHCert gets the root user's certificate for OpenSSH node n into

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 
@@ -230,4 +231,70 @@ func TestLeafTransportOpenSSH(t *testing.T) {
 	require.NotNil(t, reply.OpenSSH)
 	require.Empty(t, reply.OpenSSH.Cert)
 	require.Contains(t, reply.OpenSSH.CertError, "does not issue certificates")
+}
+
+// TestLeafTransportOpenSSHLocked: a lock in the leaf on its OpenSSH node
+// ends a root user's open connection to it (a stock sshd knows nothing
+// of locks); one on another node ends nothing.
+func TestLeafTransportOpenSSHLocked(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	defer func() { ln.Close(); wg.Wait() }()
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				c.Write([]byte("SSH-2.0-OpenSSH_9.2p1\r\n"))
+				_, _ = io.Copy(io.Discard, c)
+			})
+		}
+	})
+	env := newRouterEnv(t, []services.Node{openSSHNode("o-db", "db", ln.Addr().String(), "env", "test")}, &net.Dialer{})
+	locks, err := services.NewLockWatcher(services.LockWatcherConfig{Events: env.store, Clock: clockwork.NewRealClock()})
+	require.NoError(t, err)
+	defer locks.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, locks.WaitSynced(ctx))
+	dev := &services.Role{Metadata: services.Metadata{Name: "dev"}, Spec: services.RoleSpec{
+		Logins: []string{"ops"}, NodeLabels: map[string]services.LabelValues{"env": {"test"}},
+	}}
+	h, err := NewLeafTransport(LeafTransportConfig{
+		Router: env.router,
+		Locks:  locks,
+		Identify: func(_ context.Context, cert *ssh.Certificate) (*authz.Identity, error) {
+			return &authz.Identity{User: cert.KeyId, Cluster: "root", Cert: cert, Roles: []string{"dev"},
+				Checker: services.NewAccessChecker([]*services.Role{dev}, nil)}, nil
+		},
+	})
+	require.NoError(t, err)
+	reply, client, br := leafRoundTrip(t, h, leafRequest(t, "db:22", rootUserCert(t, "alice")))
+	// Before the server's wait above: a connection the lock did not end
+	// must not hold it.
+	defer client.Close()
+	require.Empty(t, reply.Error)
+	banner, err := br.ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "SSH-2.0-OpenSSH_9.2p1\r\n", banner)
+
+	// Another node's lock: still open.
+	changed := locks.Changes()
+	require.NoError(t, env.store.UpsertLock(ctx, services.Lock{Target: services.LockTarget{Node: "other"}}))
+	select {
+	case <-changed:
+	case <-ctx.Done():
+		t.Fatal("lock never arrived")
+	}
+	_, err = client.Write([]byte("still here\n"))
+	require.NoError(t, err)
+
+	require.NoError(t, env.store.UpsertLock(ctx, services.Lock{Target: services.LockTarget{Node: "o-db"}, Message: "maintenance"}))
+	_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = br.ReadString('\n')
+	require.ErrorIs(t, err, io.EOF, "the connection ends at the lock")
 }

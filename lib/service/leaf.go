@@ -227,6 +227,7 @@ func (p *Process) startLeafAgents(id *auth.Identity) error {
 		},
 		Nodes:       p.nodeWatcher,
 		OpenSSHCert: p.authClient.OpenSSHRootUserCert,
+		Locks:       p.locks,
 		Audit:       p.audit,
 		Logger:      p.log.WithField("component", "proxy:leaf"),
 	})
