@@ -147,8 +147,9 @@ func TestOpenSSHNodeAgentless(t *testing.T) {
 			}
 			return false
 		}, 20*time.Second, 100*time.Millisecond, "access.denied: %s", last)
-		// alice's role reaches it: listed, with its kind.
-		require.Contains(t, e.mustRun(t, "", "ls"), "legacy")
+		// alice's role reaches it: listed, with its kind and health.
+		ls := e.mustRun(t, "", "ls", "--format", "json")
+		require.Regexp(t, `"hostname": "legacy",[^}]*}[^}]*"kind": "openssh",\s*"status": "online"`, ls)
 	})
 
 	t.Run("sshd refuses a login the roles do not allow", func(t *testing.T) {
