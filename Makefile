@@ -145,10 +145,12 @@ e2e/node_modules/.package-lock.json: e2e/package.json e2e/package-lock.json
 # on loopback ports; screenshots land in e2e/artifacts/. Ends with
 # "N passed, N failed" and fails when any step failed. passkeys.mjs does
 # the passkey steps against its own daemon, with Chromium's virtual
-# authenticator.
+# authenticator; openssh.mjs a web terminal to Debian's sshd registered
+# with `pctl nodes add-openssh` (run as root: sshd needs it).
 e2e: build e2e/node_modules/.package-lock.json
 	$(GO) build -o $(BUILD_DIR)/genrec ./e2e/genrec
 	$(GO) build -o $(BUILD_DIR)/oidc-op ./fixtures/oidc-op
 	POSTERN_BUILD_DIR=$(BUILD_DIR) node e2e/run.mjs
 	POSTERN_BUILD_DIR=$(BUILD_DIR) node e2e/passkeys.mjs
 	POSTERN_BUILD_DIR=$(BUILD_DIR) node e2e/requests.mjs
+	POSTERN_BUILD_DIR=$(BUILD_DIR) node e2e/openssh.mjs

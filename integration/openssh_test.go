@@ -124,6 +124,34 @@ func TestOpenSSHNodeAgentless(t *testing.T) {
 		}
 	})
 
+	t.Run("labels and RBAC at the proxy", func(t *testing.T) {
+		// bob has the login, but his role reaches env=prod only: the
+		// proxy neither lists nor routes to the env=it server, and tells
+		// him it does not exist; the audit log says why.
+		createRole(t, c.dataDir, fmt.Sprintf("kind: role\nmetadata: {name: prod-only}\nspec:\n  logins: [%s]\n  node_labels: {env: prod}\n", c.login))
+		mustPctl(t, c.dataDir, "bob's password 1\n", "users", "add", "bob", "--logins", c.login, "--roles", "prod-only")
+		eb := newPshEnv(t, c)
+		eb.login(t, "bob", "bob's password 1\n")
+		require.NotContains(t, eb.mustRun(t, "", "ls"), "legacy")
+		_, errOut, code := eb.run(t, "", "ssh", "legacy", "echo reached")
+		require.Equal(t, 255, code, errOut)
+		require.Contains(t, errOut, `node "legacy" not found`)
+		require.NotContains(t, errOut, "offline")
+		var last string
+		require.Eventually(t, func() bool {
+			last = mustPctl(t, c.dataDir, "", "events", "ls", "--type", "access.denied", "--format", "json")
+			for _, l := range strings.Split(last, "\n") {
+				if strings.Contains(l, `"user":"bob"`) && strings.Contains(l, `"target":"legacy`) {
+					return true
+				}
+			}
+			return false
+		}, 20*time.Second, 100*time.Millisecond, "access.denied: %s", last)
+		// alice's role reaches it: listed, with its kind and health.
+		ls := e.mustRun(t, "", "ls", "--format", "json")
+		require.Regexp(t, `"hostname": "legacy",[^}]*}[^}]*"kind": "openssh",\s*"status": "online"`, ls)
+	})
+
 	t.Run("sshd refuses a login the roles do not allow", func(t *testing.T) {
 		// Straight to sshd, no proxy: its principal check is all there is.
 		direct := func(login string) (string, error) {

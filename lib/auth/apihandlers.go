@@ -57,6 +57,11 @@ func (a *APIServer) registerRoutes() {
 	// proxy that could would get a host certificate for any name.
 	a.handle("POST /v1/nodes/openssh", allow(admin), a.addOpenSSHNode)
 	a.handle("POST /v1/nodes/openssh/{name}/rotate", allow(admin), a.rotateOpenSSHNode)
+	// A root cluster's user on one of this (leaf) cluster's OpenSSH
+	// nodes (opensshroot.go): the leaf's proxy asks for the root proxy's
+	// web terminal; auth checks the root certificate and the role_map
+	// itself, and signs only the logins the mapped roles allow there.
+	a.handle("POST /v1/nodes/openssh/{uuid}/root-user-cert", allow(proxy), a.openSSHRootUserCert)
 	// Where tunnels live: a proxy writes leases for the tunnels it holds
 	// (for itself only: the proxy is the caller's certificate ID) and
 	// every proxy watches them to dial a peer that holds one; `pctl

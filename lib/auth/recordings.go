@@ -31,7 +31,9 @@ func (s *Server) recordings() (recording.Storage, error) {
 // node. The one exception is a session on an OpenSSH node, which runs no
 // Postern process: the proxy whose web terminal was its SSH client
 // recorded it, so a proxy identity may write a session whose node is a
-// kind openssh record of this cluster, and no other (mayWrite). Chunks arrive in order and must extend the stored hash chain, so a
+// kind openssh record of this cluster, or a session in one of this
+// cluster's leaves (a root proxy's web terminal to a leaf's OpenSSH node),
+// and no other (mayWrite). Chunks arrive in order and must extend the stored hash chain, so a
 // node (or anyone with its identity) cannot rewrite what it already
 // uploaded: a chunk that is already stored is accepted again only when it
 // is identical (an upload retried after a crash), never replaced.
@@ -372,7 +374,7 @@ func (s *Server) mayWrite(ctx context.Context, caller RecordingWriter, h *record
 		return nil
 	case RoleProxy:
 		if h.Cluster != s.cfg.ClusterName {
-			return trace.AccessDenied("proxy %q may not upload the recording of a session in cluster %q", caller.ID, h.Cluster)
+			return trace.Wrap(s.mayWriteLeaf(ctx, caller, h))
 		}
 		nodes, err := s.store.GetNodes(ctx, s.cfg.ClusterName)
 		if err != nil {
@@ -390,4 +392,29 @@ func (s *Server) mayWrite(ctx context.Context, caller RecordingWriter, h *record
 		return trace.AccessDenied("proxy %q may not upload the recording of a session on node %q: no OpenSSH node of cluster %q has that id", caller.ID, h.Node, s.cfg.ClusterName)
 	}
 	return trace.AccessDenied("a %s identity may not upload session recordings", caller.Role)
+}
+
+// mayWriteLeaf decides a proxy's upload of a session in another cluster:
+// a root proxy's web terminal to an OpenSSH node of one of this
+// cluster's leaves, which the root proxy records and this cluster stores
+// (lib/web's startRecording says why). This cluster knows none of a
+// leaf's nodes, so it checks that the cluster is a leaf of its own; it
+// stores no other recording of a leaf's sessions (a leaf's Postern nodes
+// upload to the leaf's auth), so such an upload cannot overwrite or pass
+// for a node's own recording.
+func (s *Server) mayWriteLeaf(ctx context.Context, caller RecordingWriter, h *recording.Header) error {
+	denied := trace.AccessDenied("proxy %q may not upload the recording of a session in cluster %q", caller.ID, h.Cluster)
+	if h.Cluster == "" || h.Node == "" {
+		return denied
+	}
+	rcs, err := s.store.GetRemoteClusters(ctx)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	for _, rc := range rcs {
+		if rc.Name == h.Cluster {
+			return nil
+		}
+	}
+	return denied
 }

@@ -33,7 +33,9 @@ func recordFor(t *testing.T, session, node, cluster string) []recording.Chunk {
 // to OpenSSH nodes and may upload those, and only those. The attack is a
 // proxy identity (a raw API client holding one) writing a Postern node's
 // session, a node that does not exist, another cluster's, or resuming
-// one it may not write; nodes keep their own rule.
+// one it may not write; nodes keep their own rule. A session in a leaf
+// of this cluster (a root proxy's web terminal to the leaf's OpenSSH
+// node) is the proxy's to write.
 func TestProxyRecordsOnlyOpenSSHNodes(t *testing.T) {
 	env := newTestAPI(t)
 	ctx := context.Background()
@@ -95,6 +97,22 @@ func TestProxyRecordsOnlyOpenSSHNodes(t *testing.T) {
 	err = proxy.PutRecordingChunk(ctx, sMissing, recordFor(t, sMissing, "no-such-node", testCluster)[0])
 	require.True(t, trace.IsAccessDenied(err), "%v", err)
 
+	// A leaf of this cluster: a root proxy records its web terminals to
+	// the leaf's OpenSSH nodes and this cluster stores them; a cluster
+	// that is not a leaf here stays refused, and a node still writes
+	// only its own sessions.
+	const sLeafOK = "66666666-6666-4666-8666-666666666666"
+	require.NoError(t, env.store.CreateRemoteCluster(ctx, services.RemoteCluster{Name: "leaf"}))
+	lchunks := recordFor(t, sLeafOK, "leaf-ssh", "leaf")
+	err = node1.PutRecordingChunk(ctx, sLeafOK, lchunks[0])
+	require.True(t, trace.IsAccessDenied(err), "%v", err)
+	for _, c := range lchunks {
+		require.NoError(t, proxy.PutRecordingChunk(ctx, sLeafOK, c))
+	}
+	err = proxy.PutRecordingChunk(ctx, sMissing, recordFor(t, sMissing, "leaf-ssh", "other")[0])
+	require.True(t, trace.IsAccessDenied(err), "%v", err)
+	require.ErrorContains(t, err, `in cluster "other"`)
+
 	// An admin identity is refused by the route table.
 	err = admin.PutRecordingChunk(ctx, sMissing, recordFor(t, sMissing, openssh, testCluster)[0])
 	require.True(t, trace.IsAccessDenied(err), "%v", err)
@@ -105,5 +123,5 @@ func TestProxyRecordsOnlyOpenSSHNodes(t *testing.T) {
 	for _, m := range list {
 		complete[m.SessionID] = m.Complete
 	}
-	require.Equal(t, map[string]bool{sOpenSSH: true, sPostern: true}, complete)
+	require.Equal(t, map[string]bool{sOpenSSH: true, sPostern: true, sLeafOK: true}, complete)
 }

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/recording"
 	"github.com/postern-dev/postern/lib/services"
@@ -52,6 +53,12 @@ const (
 type ServerConfig struct {
 	// Store holds every resource; required.
 	Store *services.Store
+	// IdentifyRootUser checks a trusted root cluster's user certificate
+	// against the store's trusted CAs and maps its roles
+	// (srv.IdentifyRootUser, which lib/auth does not link: the proxy's web
+	// backend links auth, and must not link the SSH server). Nil refuses
+	// root users' certificates for OpenSSH nodes (opensshroot.go).
+	IdentifyRootUser func(ctx context.Context, store *services.Store, clusterName string, clock clockwork.Clock, cert *ssh.Certificate) (*authz.Identity, error)
 	// ClusterName names the cluster; required. It is baked into the CAs and
 	// every certificate, so it cannot change once the cluster exists.
 	ClusterName string

@@ -38,7 +38,11 @@ func ListNodes(ctx context.Context, lister NodeLister, id *Identity, cluster str
 		if len(logins) == 0 {
 			continue
 		}
-		out = append(out, proxyapi.NodeEntry{UUID: n.UUID, Hostname: n.Hostname, Addr: n.Addr, Labels: n.Labels, Cluster: n.Cluster, Tunnel: n.Tunnel, Logins: logins})
+		e := proxyapi.NodeEntry{UUID: n.UUID, Hostname: n.Hostname, Addr: n.Addr, Labels: n.Labels, Cluster: n.Cluster, Tunnel: n.Tunnel, Logins: logins}
+		if n.IsOpenSSH() {
+			e.Kind = services.NodeKindOpenSSH
+		}
+		out = append(out, e)
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Hostname != out[j].Hostname {

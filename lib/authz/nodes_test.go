@@ -43,6 +43,8 @@ func TestListNodesFiltersByRBAC(t *testing.T) {
 		{UUID: "u2", Hostname: "db", Addr: "10.0.0.2:3022", Cluster: "c1", Labels: map[string]string{"env": "secret"}},
 		{UUID: "u4", Hostname: "app", Addr: "10.0.1.1:3022", Cluster: "other", Labels: map[string]string{"env": "dev"}},
 		{UUID: "u5", Hostname: "nat", Tunnel: true, Cluster: "c1", Labels: map[string]string{"env": "dev"}},
+		{UUID: "u6", Hostname: "old", Addr: "10.0.0.6:22", Cluster: "c1", Labels: map[string]string{"env": "dev"}, Kind: services.NodeKindOpenSSH},
+		{UUID: "u7", Hostname: "sec", Addr: "10.0.0.7:22", Cluster: "c1", Labels: map[string]string{"env": "secret"}, Kind: services.NodeKindOpenSSH},
 	}
 	id := &Identity{
 		User:    "alice",
@@ -54,6 +56,9 @@ func TestListNodesFiltersByRBAC(t *testing.T) {
 	require.Equal(t, []proxyapi.NodeEntry{
 		{UUID: "u1", Hostname: "app", Addr: "10.0.0.1:3022", Cluster: "c1", Labels: map[string]string{"env": "dev"}, Logins: []string{"dev"}},
 		{UUID: "u5", Hostname: "nat", Tunnel: true, Cluster: "c1", Labels: map[string]string{"env": "dev"}, Logins: []string{"dev"}},
+		// An OpenSSH node says so (labels and RBAC as for any node: u7 is
+		// not listed).
+		{UUID: "u6", Hostname: "old", Addr: "10.0.0.6:22", Cluster: "c1", Labels: map[string]string{"env": "dev"}, Logins: []string{"dev"}, Kind: services.NodeKindOpenSSH},
 		{UUID: "u3", Hostname: "web", Addr: "10.0.0.3:3022", Cluster: "c1", Labels: map[string]string{"env": "prod"}, Logins: []string{"root"}},
 	}, got)
 
@@ -61,7 +66,7 @@ func TestListNodesFiltersByRBAC(t *testing.T) {
 	id.Cert = &ssh.Certificate{ValidPrincipals: []string{"dev"}}
 	got, err = ListNodes(context.Background(), nodes, id, "c1")
 	require.NoError(t, err)
-	require.Len(t, got, 2)
+	require.Len(t, got, 3)
 
 	_, err = ListNodes(context.Background(), nodes, &Identity{}, "c1")
 	require.Error(t, err)

@@ -146,7 +146,10 @@ func leafTarget(t Target) string {
 
 // dialLeaf opens route's connection through leaf route.Cluster: the
 // leaf's Router picks the node; its reply maps to what the user is told.
-func (r *Router) dialLeaf(ctx context.Context, req RouteRequest, route Route) (net.Conn, error) {
+//
+// An OpenSSH node of the leaf is named in the leaf's reply; the caller
+// gets it as the Route's LeafOpenSSH.
+func (r *Router) dialLeaf(ctx context.Context, req RouteRequest, route Route) (net.Conn, *proxyapi.LeafOpenSSHNode, error) {
 	src := req.Source
 	if src == "" {
 		src = utils.ClientAddr(ctx)
@@ -155,7 +158,7 @@ func (r *Router) dialLeaf(ctx context.Context, req RouteRequest, route Route) (n
 		Target: leafTarget(route.Target), Source: src, Kind: proxyapi.LeafKindDial,
 	})
 	if err != nil {
-		return nil, trace.Wrap(err)
+		return nil, nil, trace.Wrap(err)
 	}
 	if err := r.leafReplyError(route.Cluster, req.Cert, reply); err != nil {
 		conn.Close()
@@ -166,10 +169,10 @@ func (r *Router) dialLeaf(ctx context.Context, req RouteRequest, route Route) (n
 			// plain local miss, so this must read as one too.
 			ld.visible = nodeNotFound(req.Target.Host, r.cfg.ClusterName).(*trace.NotFoundError)
 		}
-		return nil, err
+		return nil, nil, err
 	}
 	r.saw(req.Cert, route.Cluster, true)
-	return conn, nil
+	return conn, reply.OpenSSH, nil
 }
 
 // explainLeaf completes e, the root's part of explaining route (which

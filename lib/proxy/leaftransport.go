@@ -47,9 +47,27 @@ type LeafTransportConfig struct {
 	// Deps: Audit receives access.denied; Tracer starts the leaf.serve
 	// span, a child of the root proxy's dial.
 	observe.Deps
+	// OpenSSHCert asks this cluster's auth server for a root user's
+	// certificate for OpenSSH node uuid (auth.Client.OpenSSHRootUserCert),
+	// sent with a dial's reply: a root proxy's web terminal logs in with
+	// it. Nil sends none (the root then refuses such a terminal).
+	OpenSSHCert func(ctx context.Context, uuid string, rootCert []byte) ([]byte, error)
+	// Locks, when set, ends a root user's connection to one of this
+	// cluster's OpenSSH nodes when a lock here covers the node or the
+	// user (*services.LockWatcher): a stock sshd knows nothing of locks,
+	// so this proxy, the last Postern hop, ends it. Nil ends nothing.
+	Locks SpliceLocks
 	// RequestTimeout bounds reading the request, identifying and
 	// dialing; zero means DefaultLeafRequestTimeout.
 	RequestTimeout time.Duration
+}
+
+// SpliceLocks is the lock set a LeafTransport ends OpenSSH connections
+// by (*services.LockWatcher).
+type SpliceLocks interface {
+	Check(targets ...services.LockTarget) error
+	// Changes is closed at the next change of the set.
+	Changes() <-chan struct{}
 }
 
 // DefaultLeafRequestTimeout covers a dial at ssh_dial_timeout's default
@@ -138,6 +156,7 @@ func (h *LeafTransport) Serve(ctx context.Context, nc net.Conn) {
 			h.reply(nc, proxyapi.LeafReply{Error: "the leaf cluster cannot list nodes now", Kind: proxyapi.LeafUnavailable})
 			return
 		}
+		h.cfg.Router.NodeStatuses(entries)
 		h.reply(nc, proxyapi.LeafReply{Nodes: entries})
 		return
 	}
@@ -172,11 +191,69 @@ func (h *LeafTransport) Serve(ctx context.Context, nc net.Conn) {
 		return
 	}
 	defer conn.Close()
-	if !h.reply(nc, proxyapi.LeafReply{}) {
+	var reply proxyapi.LeafReply
+	if route.Node.IsOpenSSH() {
+		// Nothing on a stock sshd records; the root proxy, if it is the
+		// session's SSH client (a web terminal), does, and is told the
+		// node and whether this cluster's roles for the user require a
+		// recording. An ssh -J session stays end to end.
+		reply.OpenSSH = &proxyapi.LeafOpenSSHNode{UUID: route.Node.UUID, Hostname: route.Node.Hostname}
+		if id.Checker != nil {
+			if mode, role := id.Checker.RecordingPolicy(); mode == services.RecordingRequire {
+				reply.OpenSSH.RecordingRequiredBy = role
+			}
+		}
+		h.openSSHCert(rctx, log, route.Node, req.Cert, reply.OpenSSH)
+	}
+	if !h.reply(nc, reply) {
 		return
 	}
 	log.WithField("node", route.Node.UUID).Debug("Routed a root user's connection.")
+	if route.Node.IsOpenSSH() && h.cfg.Locks != nil {
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(done)
+			h.endWhenLocked(log, nc, conn, id.User, route.Node.UUID, stop)
+		}()
+		defer func() { close(stop); <-done }()
+	}
 	_, _, _ = utils.Splice(ctx, nc, conn)
+}
+
+// endWhenLocked closes both ends of a splice to OpenSSH node uuid for
+// user when a lock covers either, checking at every change of the lock
+// set until stop is closed.
+func (h *LeafTransport) endWhenLocked(log logrus.FieldLogger, nc, conn net.Conn, user, uuid string, stop <-chan struct{}) {
+	for {
+		changed := h.cfg.Locks.Changes()
+		if err := h.cfg.Locks.Check(services.LockTarget{Node: uuid}, services.LockTarget{User: user}); services.IsLocked(err) {
+			log.WithField("reason", err.Error()).Warn("Ending a root user's connection to a locked OpenSSH node.")
+			_ = conn.Close()
+			_ = nc.Close()
+			return
+		}
+		select {
+		case <-changed:
+		case <-stop:
+			return
+		}
+	}
+}
+
+// openSSHCert gets the root user's certificate for OpenSSH node n into
+// out (or why not into out.CertError: the root says it).
+func (h *LeafTransport) openSSHCert(ctx context.Context, log logrus.FieldLogger, n services.Node, rootCert string, out *proxyapi.LeafOpenSSHNode) {
+	if h.cfg.OpenSSHCert == nil {
+		out.CertError = "the leaf cluster's proxy does not issue certificates for its OpenSSH nodes"
+		return
+	}
+	cert, err := h.cfg.OpenSSHCert(ctx, n.UUID, []byte(rootCert))
+	if err != nil {
+		log.WithError(err).Warn("No certificate for a root user on an OpenSSH node.")
+		out.CertError = trace.UserMessage(err)
+		return
+	}
+	out.Cert = string(bytes.TrimSpace(cert))
 }
 
 // readLeafRequest reads one line byte by byte: nothing after the newline

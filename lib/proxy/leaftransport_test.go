@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 
@@ -177,4 +178,124 @@ func TestLeafTransport(t *testing.T) {
 		require.Equal(t, proxyapi.LeafBadRequest, r.Kind)
 		require.Contains(t, r.Error, "longer than")
 	})
+}
+
+// TestLeafTransportOpenSSH: a root user's dial to one of the leaf's
+// OpenSSH nodes is answered with the node, the mapped role that requires
+// a recording and the certificate the leaf's auth signed for the user's
+// certificate (or why there is none); a Postern node's answer names
+// nothing.
+func TestLeafTransportOpenSSH(t *testing.T) {
+	addr := bannerServer(t)
+	env := newRouterEnv(t, []services.Node{
+		openSSHNode("o-db", "db", addr, "env", "test"),
+		node("u-web", "web", addr, 0, "env", "test"),
+	}, &net.Dialer{})
+	dev := &services.Role{Metadata: services.Metadata{Name: "dev"}, Spec: services.RoleSpec{
+		Logins: []string{"ops"}, NodeLabels: map[string]services.LabelValues{"env": {"test"}}, SessionRecording: services.RecordingRequire,
+	}}
+	require.NoError(t, dev.CheckAndSetDefaults())
+	var asked []string
+	var mu sync.Mutex
+	h, err := NewLeafTransport(LeafTransportConfig{
+		Router: env.router,
+		Identify: func(_ context.Context, cert *ssh.Certificate) (*authz.Identity, error) {
+			return &authz.Identity{User: cert.KeyId, Cluster: "root", Cert: cert, Roles: []string{"dev"},
+				Checker: services.NewAccessChecker([]*services.Role{dev}, nil)}, nil
+		},
+		OpenSSHCert: func(_ context.Context, uuid string, rootCert []byte) ([]byte, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			asked = append(asked, uuid)
+			if strings.Contains(string(rootCert), "ssh-ed25519-cert") {
+				return []byte("ssh-ed25519-cert-v01@openssh.com AAAA leaf-signed\n"), nil
+			}
+			return nil, trace.AccessDenied("no")
+		},
+	})
+	require.NoError(t, err)
+	alice := rootUserCert(t, "alice")
+
+	reply, _, _ := leafRoundTrip(t, h, leafRequest(t, "db:22", alice))
+	require.Empty(t, reply.Error)
+	require.Equal(t, &proxyapi.LeafOpenSSHNode{UUID: "o-db", Hostname: "db", RecordingRequiredBy: "dev", Cert: "ssh-ed25519-cert-v01@openssh.com AAAA leaf-signed"}, reply.OpenSSH)
+	require.Equal(t, []string{"o-db"}, asked)
+
+	reply, _, _ = leafRoundTrip(t, h, leafRequest(t, "web:22", alice))
+	require.Empty(t, reply.Error)
+	require.Nil(t, reply.OpenSSH, "a Postern node records its own sessions")
+	require.Equal(t, []string{"o-db"}, asked, "no certificate for a Postern node")
+
+	// Without the hook: the node, and why there is no certificate.
+	h.cfg.OpenSSHCert = nil
+	reply, _, _ = leafRoundTrip(t, h, leafRequest(t, "db:22", alice))
+	require.NotNil(t, reply.OpenSSH)
+	require.Empty(t, reply.OpenSSH.Cert)
+	require.Contains(t, reply.OpenSSH.CertError, "does not issue certificates")
+}
+
+// TestLeafTransportOpenSSHLocked: a lock in the leaf on its OpenSSH node
+// ends a root user's open connection to it (a stock sshd knows nothing
+// of locks); one on another node ends nothing.
+func TestLeafTransportOpenSSHLocked(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	defer func() { ln.Close(); wg.Wait() }()
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				c.Write([]byte("SSH-2.0-OpenSSH_9.2p1\r\n"))
+				_, _ = io.Copy(io.Discard, c)
+			})
+		}
+	})
+	env := newRouterEnv(t, []services.Node{openSSHNode("o-db", "db", ln.Addr().String(), "env", "test")}, &net.Dialer{})
+	locks, err := services.NewLockWatcher(services.LockWatcherConfig{Events: env.store, Clock: clockwork.NewRealClock()})
+	require.NoError(t, err)
+	defer locks.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, locks.WaitSynced(ctx))
+	dev := &services.Role{Metadata: services.Metadata{Name: "dev"}, Spec: services.RoleSpec{
+		Logins: []string{"ops"}, NodeLabels: map[string]services.LabelValues{"env": {"test"}},
+	}}
+	h, err := NewLeafTransport(LeafTransportConfig{
+		Router: env.router,
+		Locks:  locks,
+		Identify: func(_ context.Context, cert *ssh.Certificate) (*authz.Identity, error) {
+			return &authz.Identity{User: cert.KeyId, Cluster: "root", Cert: cert, Roles: []string{"dev"},
+				Checker: services.NewAccessChecker([]*services.Role{dev}, nil)}, nil
+		},
+	})
+	require.NoError(t, err)
+	reply, client, br := leafRoundTrip(t, h, leafRequest(t, "db:22", rootUserCert(t, "alice")))
+	// Before the server's wait above: a connection the lock did not end
+	// must not hold it.
+	defer client.Close()
+	require.Empty(t, reply.Error)
+	banner, err := br.ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "SSH-2.0-OpenSSH_9.2p1\r\n", banner)
+
+	// Another node's lock: still open.
+	changed := locks.Changes()
+	require.NoError(t, env.store.UpsertLock(ctx, services.Lock{Target: services.LockTarget{Node: "other"}}))
+	select {
+	case <-changed:
+	case <-ctx.Done():
+		t.Fatal("lock never arrived")
+	}
+	_, err = client.Write([]byte("still here\n"))
+	require.NoError(t, err)
+
+	require.NoError(t, env.store.UpsertLock(ctx, services.Lock{Target: services.LockTarget{Node: "o-db"}, Message: "maintenance"}))
+	_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = br.ReadString('\n')
+	require.ErrorIs(t, err, io.EOF, "the connection ends at the lock")
 }

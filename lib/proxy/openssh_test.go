@@ -11,6 +11,7 @@ import (
 	"github.com/gravitational/trace"
 	"github.com/stretchr/testify/require"
 
+	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/freeport"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -149,4 +150,24 @@ func TestOpenSSHNodesWithoutChecker(t *testing.T) {
 	env := newRouterEnv(t, []services.Node{openSSHNode("o1", "db1", "127.0.0.1:7")}, nil)
 	e := env.router.ExplainTarget(context.Background(), Target{Host: "db1"})
 	require.Equal(t, "registered address 127.0.0.1:7 (an OpenSSH server)", e.Via)
+}
+
+// TestNodeStatuses: a listing shows an OpenSSH node online or offline as
+// this proxy's checker finds it (the answer its dials go by), and says
+// nothing of a Postern node's.
+func TestNodeStatuses(t *testing.T) {
+	health := &healthMap{offline: map[string]bool{"o2": true}}
+	env := newRouterEnvWith(t, nil, func(c *RouterConfig) { c.Health = health })
+	entries := []proxyapi.NodeEntry{{UUID: "o1", Kind: services.NodeKindOpenSSH}, {UUID: "o2", Kind: services.NodeKindOpenSSH}, {UUID: "p1"}}
+	env.router.NodeStatuses(entries)
+	require.Equal(t, []string{proxyapi.NodeOnline, proxyapi.NodeOffline, ""}, []string{entries[0].Status, entries[1].Status, entries[2].Status})
+	health.set("o2", true)
+	env.router.NodeStatuses(entries)
+	require.Equal(t, proxyapi.NodeOnline, entries[1].Status)
+
+	// Without a checker every OpenSSH node is dialed: online.
+	env = newRouterEnv(t, nil, nil)
+	entries = []proxyapi.NodeEntry{{UUID: "o2", Kind: services.NodeKindOpenSSH}}
+	env.router.NodeStatuses(entries)
+	require.Equal(t, proxyapi.NodeOnline, entries[0].Status)
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/gravitational/trace"
 	"github.com/sirupsen/logrus"
 
+	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -232,6 +233,10 @@ type Route struct {
 	// nothing more, the leaf's Router picks the node when DialHost asks
 	// it, so Node and Candidates are empty.
 	Leaf bool
+	// LeafOpenSSH is the leaf's OpenSSH node a DialHost through a leaf
+	// reached (the leaf says so; nil for a Postern node, which records
+	// its own sessions): nothing records it unless the caller does.
+	LeafOpenSSH *proxyapi.LeafOpenSSHNode
 }
 
 // AccessFilter says whether the caller's roles let them reach a node. It
@@ -485,6 +490,23 @@ func HideDenied(t Target, route Route, err error) (visible error, denied bool) {
 		return nodeNotFound(t.Host, cluster), true
 	}
 	return err, false
+}
+
+// NodeStatuses sets the Status of the OpenSSH nodes among entries (a
+// listing of this cluster's nodes) from this proxy's health checker, the
+// one whose answer the Router routes by: a node the list shows online is
+// one a dial from here tries.
+func (r *Router) NodeStatuses(entries []proxyapi.NodeEntry) {
+	for i := range entries {
+		e := &entries[i]
+		if e.Kind != services.NodeKindOpenSSH {
+			continue
+		}
+		e.Status = proxyapi.NodeOnline
+		if r.cfg.Health != nil && !r.cfg.Health.Online(e.UUID) {
+			e.Status = proxyapi.NodeOffline
+		}
+	}
 }
 
 // ClusterName is the local cluster's name.

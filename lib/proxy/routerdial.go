@@ -78,7 +78,8 @@ func (r *Router) DialHost(ctx context.Context, req RouteRequest) (net.Conn, Rout
 		// The leaf checks everything (its RBAC, locks, the node's
 		// banner); Authorize's login check happens at the leaf's node.
 		span.SetAttributes(attrDialVia.String("leaf"))
-		conn, err := r.dialLeaf(ctx, req, route)
+		conn, openssh, err := r.dialLeaf(ctx, req, route)
+		route.LeafOpenSSH = openssh
 		observe.End(span, err)
 		return conn, route, err
 	}

@@ -10,8 +10,11 @@ import (
 	"strings"
 
 	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/backend"
 	"github.com/postern-dev/postern/lib/backend/etcdbk"
 	"github.com/postern-dev/postern/lib/backend/schema"
@@ -20,6 +23,7 @@ import (
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/events/export"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/srv"
 	"github.com/postern-dev/postern/lib/utils"
 	"github.com/postern-dev/postern/lib/web"
 )
@@ -77,6 +81,9 @@ func (p *Process) startAuth(ctx context.Context) error {
 		Clock:            p.clock,
 		Logger:           p.log.WithField("component", "auth"),
 		Recordings:       recordings,
+		IdentifyRootUser: func(ctx context.Context, store *services.Store, clusterName string, clock clockwork.Clock, cert *ssh.Certificate) (*authz.Identity, error) {
+			return srv.IdentifyRootUser(ctx, store, clusterName, clock, cert)
+		},
 		// A leaf reaches its root's auth API through the root proxy's
 		// join relay: the same pinned path a node behind NAT joins by.
 		DialProxy: web.DialJoinRelay,

@@ -225,8 +225,10 @@ func (p *Process) startLeafAgents(id *auth.Identity) error {
 		Identify: func(ctx context.Context, cert *ssh.Certificate) (*authz.Identity, error) {
 			return srv.IdentifyRootUser(ctx, p.sshAccess, p.clusterName, p.clock, cert)
 		},
-		Nodes: p.nodeWatcher,
-		Deps:  p.deps(observe.ComponentLeaf, p.audit),
+		Nodes:       p.nodeWatcher,
+		OpenSSHCert: p.authClient.OpenSSHRootUserCert,
+		Locks:       p.locks,
+		Deps:        p.deps(observe.ComponentLeaf, p.audit),
 	})
 	if err != nil {
 		return trace.Wrap(err)

@@ -6,8 +6,10 @@ import (
 
 	"github.com/gravitational/trace"
 
+	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/proxy"
 )
 
 // identity is the session user as the SSH proxy would see them: the
@@ -24,6 +26,14 @@ func (s *Server) identity(ctx context.Context, live *liveSession) (*authz.Identi
 	}
 	return id, nil
 }
+
+// nodeStatuser sets the health of OpenSSH nodes in a listing
+// (*proxy.Router).
+type nodeStatuser interface {
+	NodeStatuses(entries []proxyapi.NodeEntry)
+}
+
+var _ nodeStatuser = (*proxy.Router)(nil)
 
 // listNodes serves GET /webapi/nodes: the same RBAC-filtered listing as
 // the proxy's `nodes` subsystem (psh ls), so both show the same nodes
@@ -42,6 +52,11 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request, live *liveSes
 	if err != nil {
 		internalError(w, s.cfg.Logger.WithField("user", live.user), "Could not list nodes.", err)
 		return
+	}
+	// An OpenSSH node's online or offline is this proxy's health
+	// checker's answer (*proxy.Router), the one its dials go by.
+	if h, ok := s.cfg.WebSessions.Router.(nodeStatuser); ok {
+		h.NodeStatuses(items)
 	}
 	writeJSON(w, http.StatusOK, webapi.NodesResponse{Items: items})
 }

@@ -31,7 +31,10 @@ type liveSession struct {
 	endID  string
 	user   string
 	signer ssh.Signer
-	cert   *ssh.Certificate
+	// keySigner signs for the session's key alone: with another certificate
+	// for it (a leaf's, for a leaf's OpenSSH node) it logs in as that.
+	keySigner ssh.Signer
+	cert      *ssh.Certificate
 	// hostCAs are the host CAs of the login's host_signers, each scoped
 	// as psh scopes them: this cluster's for every name, a leaf's only
 	// for *.LEAF, so a leaf's CA never vouches for a local node (a leaf
@@ -117,7 +120,7 @@ func newLiveSession(priv ed25519.PrivateKey, resp *authapi.SSHLoginResponse, loc
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	live := &liveSession{user: resp.Username, signer: signer, cert: cert}
+	live := &liveSession{user: resp.Username, signer: signer, keySigner: keySigner, cert: cert}
 	// This proxy's cluster; the certificate's own extension names the
 	// same cluster for a login here, and stands in when the caller has no
 	// name (tests of the registry alone).

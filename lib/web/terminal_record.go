@@ -78,16 +78,34 @@ func (t *term) auditFailed(ctx context.Context, role string) {
 // terminal unrecorded (and says why in session.start); with require the
 // terminal is refused, naming the role. It runs before the shell starts,
 // so that nothing is typed that is not recorded.
-func (t *term) startRecording(ctx context.Context, id *authz.Identity, node services.Node, cols, rows uint32) error {
+//
+// cluster is the cluster that owns node: this one, or a leaf whose
+// OpenSSH node the terminal reached through it (leafRequiredBy then
+// names the leaf role, among those the user's roles map to there, that
+// requires a recording). A leaf's OpenSSH node is recorded here, by the
+// root proxy, and stored in the root cluster: the session's SSH client
+// runs here and nowhere else sees it in clear (the leaf's proxy splices
+// the encrypted stream; recording there would take the user's key to the
+// leaf, a signing oracle for a certificate the root and every leaf
+// accept), and this proxy can hand a recording only to its own
+// cluster's auth server. So the root's settings and the user's own roles
+// decide, as for a local node, and a leaf role's require is honoured on
+// top: such a terminal is recorded whatever the root says, or refused.
+func (t *term) startRecording(ctx context.Context, id *authz.Identity, node services.Node, cluster, leafRequiredBy string, cols, rows uint32) error {
 	rec := &t.rec
 	rec.decided = true
 	mode, role := "", ""
 	if id.Checker != nil {
 		mode, role = id.Checker.RecordingPolicy()
 	}
+	who := fmt.Sprintf("role %q", role)
 	required := mode == services.RecordingRequire
+	if !required && leafRequiredBy != "" {
+		required, role = true, leafRequiredBy
+		who = fmt.Sprintf("role %q of cluster %q", role, cluster)
+	}
 	refuse := func(why string) error {
-		reason := fmt.Sprintf("session recording is required by role %q and %s", role, why)
+		reason := fmt.Sprintf("session recording is required by %s and %s", who, why)
 		t.srv.cfg.WebSessions.Audit.Emit(ctx, events.Event{Type: events.AccessDenied, User: t.live.user, Fields: events.Fields{
 			events.FieldMethod: auditMethod, events.FieldKind: auditKind, events.FieldTarget: t.params.Host,
 			events.FieldLogin: t.params.Login, events.FieldServerID: node.UUID, events.FieldReason: reason,
@@ -125,7 +143,7 @@ func (t *term) startRecording(ctx context.Context, id *authz.Identity, node serv
 		Header: recording.Header{
 			Width: cols, Height: rows, Env: map[string]string{"TERM": termType},
 			SessionID: t.id, User: t.live.user, Login: t.params.Login,
-			Node: node.UUID, NodeHostname: node.Hostname, Cluster: t.srv.cfg.ClusterName,
+			Node: node.UUID, NodeHostname: node.Hostname, Cluster: cluster,
 		},
 		Sink:        &recording.SpoolSink{Storage: r.Spool, Session: t.id, Notify: r.Notify, Clock: clock},
 		Clock:       clock,
@@ -144,7 +162,7 @@ func (t *term) startRecording(ctx context.Context, id *authz.Identity, node serv
 			if required {
 				// As on a node: a required recording that fails ends the
 				// session.
-				t.cancel(&sessionEnd{code: -1, err: fmt.Errorf("session recording is required by role %q and %s; the session is ended", role, errProxyRecordingFailed), reason: "session recording failed"})
+				t.cancel(&sessionEnd{code: -1, err: fmt.Errorf("session recording is required by %s and %s; the session is ended", who, errProxyRecordingFailed), reason: "session recording failed"})
 			}
 		},
 	})

@@ -14,6 +14,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/api/webterm"
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/proxy"
@@ -164,6 +165,16 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) 
 		hostAddr = route.Target.Host + "." + route.Cluster
 		node.Hostname = hostAddr
 	}
+	signer := t.live.signer
+	if lo := route.LeafOpenSSH; route.Leaf && lo != nil {
+		// A leaf's OpenSSH node trusts the leaf's user CA only: the leaf
+		// signed this key for the logins its roles allow the user there
+		// (lib/auth/opensshroot.go).
+		if signer, err = leafOpenSSHSigner(t.live.keySigner, lo, hostAddr); err != nil {
+			conn.Close()
+			return nil, nil, nil, trace.Wrap(err)
+		}
+	}
 	hctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	handshakeTimer := t.srv.cfg.Clock.AfterFunc(sshHandshakeTimeout, func() {
@@ -175,7 +186,7 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) 
 	// which the node's agree with when both run the same config.
 	sconn, chans, reqs, err := ssh.NewClientConn(conn, hostAddr, t.srv.cfg.SSHAlgorithms.ClientConfig(&ssh.ClientConfig{
 		User:            p.Login,
-		Auth:            []ssh.AuthMethod{ssh.PublicKeys(t.live.signer)},
+		Auth:            []ssh.AuthMethod{ssh.PublicKeys(signer)},
 		HostKeyCallback: hostKeys,
 	}))
 	if !stop() {
@@ -212,13 +223,21 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) 
 		// awaited (OpenSSH's SendEnv does not either).
 		_, _ = sess.SendRequest("env", false, ssh.Marshal(struct{ Name, Value string }{"LANG", p.Lang}))
 	}
-	if node.IsOpenSSH() && !route.Leaf {
+	// An OpenSSH node, this cluster's or a leaf's (the leaf says so in
+	// its reply), with nothing on it that records.
+	recNode, recCluster, leafRequiredBy := node, t.srv.cfg.ClusterName, ""
+	recorded := node.IsOpenSSH() && !route.Leaf
+	if lo := route.LeafOpenSSH; route.Leaf && lo != nil {
+		recorded, recCluster, leafRequiredBy = true, route.Cluster, lo.RecordingRequiredBy
+		recNode = services.Node{UUID: lo.UUID, Hostname: lo.Hostname, Cluster: route.Cluster, Kind: services.NodeKindOpenSSH}
+	}
+	if recorded {
 		// No Postern process on the node records the session: this proxy
 		// does (terminal_record.go), under a session id of the
 		// recordings' form.
 		out.id = newRecordingID()
 		out.log = out.log.WithField("terminal_id", out.id)
-		if err := out.startRecording(ctx, id, node, uint32(p.Cols), uint32(p.Rows)); err != nil {
+		if err := out.startRecording(ctx, id, recNode, recCluster, leafRequiredBy, uint32(p.Cols), uint32(p.Rows)); err != nil {
 			client.Close()
 			return nil, nil, nil, trace.Wrap(err)
 		}
@@ -242,8 +261,33 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) 
 			}
 		}
 	}
-	out.emitStart(ctx, node)
+	out.emitStart(ctx, recNode)
 	return client, sess, stdin, nil
+}
+
+// leafOpenSSHSigner logs in to a leaf's OpenSSH node with the leaf's
+// certificate for the session's key.
+func leafOpenSSHSigner(key ssh.Signer, lo *proxyapi.LeafOpenSSHNode, host string) (ssh.Signer, error) {
+	if lo.Cert == "" {
+		why := lo.CertError
+		if why == "" {
+			why = "the leaf cluster sent no certificate for it"
+		}
+		return nil, trace.AccessDenied("node %q is an OpenSSH server, which trusts its own cluster's certificates only: %s", host, why)
+	}
+	if key == nil {
+		return nil, trace.BadParameter("the web session has no key of its own")
+	}
+	pub, _, _, _, err := ssh.ParseAuthorizedKey([]byte(lo.Cert))
+	if err != nil {
+		return nil, trace.BadParameter("the leaf cluster's certificate for node %q: %v", host, err)
+	}
+	cert, ok := pub.(*ssh.Certificate)
+	if !ok {
+		return nil, trace.BadParameter("the leaf cluster sent a plain key for node %q, not a certificate", host)
+	}
+	s, err := ssh.NewCertSigner(cert, key)
+	return s, trace.Wrap(err)
 }
 
 // readLoop carries browser frames to the session until the browser ends

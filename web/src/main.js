@@ -302,7 +302,7 @@ function labelText(labels) {
 
 function matches(node, query) {
   if (!query) return true;
-  const hay = [node.hostname, node.uuid, node.addr, node.tunnel ? 'tunnel' : '', ...labelText(node.labels)].join(' ').toLowerCase();
+  const hay = [node.hostname, node.uuid, node.addr, node.tunnel ? 'tunnel' : '', node.kind || 'postern', node.status || '', ...labelText(node.labels)].join(' ').toLowerCase();
   return query.toLowerCase().split(/\s+/).filter(Boolean).every((w) => hay.includes(w));
 }
 
@@ -336,6 +336,17 @@ function renderNodes() {
       span.className = 'label';
       span.textContent = l;
       labels.append(span);
+    }
+    // An OpenSSH node (no Postern process on it) shows its health as
+    // this proxy's checks find it: an offline one cannot be reached.
+    const kind = cell(n.kind || 'postern', 'kind');
+    tr.dataset.kind = n.kind || 'postern';
+    if (n.status) {
+      tr.dataset.status = n.status;
+      const st = document.createElement('span');
+      st.className = `status ${n.status}`;
+      st.textContent = n.status;
+      kind.append(' ', st);
     }
     cell(n.uuid, 'uuid');
     const loginCell = cell('');

@@ -334,3 +334,20 @@ type OpenSSHNodeResponse struct {
 	// lines), for TrustedUserCAKeys.
 	UserCAKeys []string `json:"user_ca_keys"`
 }
+
+// OpenSSHRootUserCertRequest asks a leaf's auth server (POST
+// /v1/nodes/openssh/{uuid}/root-user-cert, proxies only) for a
+// certificate with which a root cluster's user reaches that OpenSSH node
+// through the root proxy's web terminal.
+type OpenSSHRootUserCertRequest struct {
+	// Cert is the root user's certificate, one authorized_keys line, as
+	// the root proxy sent it in its proxyapi.LeafRequest.
+	Cert []byte `json:"cert"`
+}
+
+// OpenSSHRootUserCertResponse carries the certificate: the root user's
+// key, signed by this cluster's user CA, naming the logins the user's
+// mapped roles allow on the node.
+type OpenSSHRootUserCertResponse struct {
+	Cert []byte `json:"cert"`
+}

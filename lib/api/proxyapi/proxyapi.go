@@ -37,7 +37,20 @@ type NodeEntry struct {
 	// Logins are the certificate's logins the caller's roles allow on
 	// this node.
 	Logins []string `json:"logins"`
+	// Kind is "openssh" for a stock sshd registered with `pctl nodes
+	// add-openssh` (empty for a Postern node).
+	Kind string `json:"kind,omitempty"`
+	// Status is an OpenSSH node's health as the answering proxy's
+	// checker finds it, NodeOnline or NodeOffline (empty for a Postern
+	// node, which is listed only while it heartbeats).
+	Status string `json:"status,omitempty"`
 }
+
+// Statuses of an OpenSSH node in NodeEntry.Status.
+const (
+	NodeOnline  = "online"
+	NodeOffline = "offline"
+)
 
 // Site is one entry of the `proxysites` answer.
 type Site struct {
@@ -150,6 +163,30 @@ type LeafReply struct {
 	// ambiguous).
 	Explanation string `json:"explanation,omitempty"`
 	RouteFailed bool   `json:"route_failed,omitempty"`
+	// OpenSSH is set on the answer to a LeafKindDial request that the
+	// leaf routed to one of its OpenSSH nodes (no Postern process there
+	// records anything): the root proxy's web terminal, the session's SSH
+	// client, then records it. Unset for a Postern node, which records
+	// its own sessions. An older root ignores it.
+	OpenSSH *LeafOpenSSHNode `json:"openssh,omitempty"`
+}
+
+// LeafOpenSSHNode is the OpenSSH node a leaf routed a dial to, as the
+// root's recording of a web terminal to it names it.
+type LeafOpenSSHNode struct {
+	UUID     string `json:"uuid"`
+	Hostname string `json:"hostname"`
+	// RecordingRequiredBy names the leaf role (of those the user's roles
+	// map to there) whose session_recording is require: the root then
+	// records the terminal whatever its own settings say, and refuses it
+	// when it cannot.
+	RecordingRequiredBy string `json:"recording_required_by,omitempty"`
+	// Cert is the leaf's certificate for the root user's key naming the
+	// logins the mapped roles allow there (the sshd trusts the leaf's
+	// user CA only, and enforces principals); CertError says why there
+	// is none.
+	Cert      string `json:"cert,omitempty"`
+	CertError string `json:"cert_error,omitempty"`
 }
 
 // MaxLeafReply bounds a LeafReply line (a node list) as the root reads it.

@@ -190,6 +190,21 @@ func (h *Handler) dial(ctx context.Context, id *authz.Identity, target proxy.Tar
 		log.WithError(err).Info("Routing failed.")
 		return nil, trace.Wrap(err)
 	}
+	if route.Leaf && route.LeafOpenSSH != nil {
+		// A leaf's OpenSSH node trusts the leaf's user CA only, and
+		// would enforce a root certificate's logins, not the role_map's
+		// (lib/auth/opensshroot.go): the user's own certificate cannot
+		// log in there, and it must not. Only the web terminal, which
+		// holds the session's key, logs in with the leaf's certificate.
+		conn.Close()
+		host := route.Target.Host + "." + route.Cluster
+		err := trace.AccessDenied("node %q is an OpenSSH server of leaf cluster %q, which accepts that cluster's certificates only: open it in the web terminal of this proxy, or log in to cluster %q's own proxy", host, route.Cluster, route.Cluster)
+		h.emit(ctx, events.AccessDenied, id, target, via, events.Fields{
+			events.FieldReason: err.Error(), events.FieldRemoteCluster: route.Cluster, events.FieldServerID: route.LeafOpenSSH.UUID,
+		})
+		log.WithField("cluster", route.Cluster).Info("Refused a hop to a leaf cluster's OpenSSH node.")
+		return nil, err
+	}
 	if route.Leaf {
 		// The root's record of the hop; the leaf audits the session.
 		h.emit(ctx, events.RouteLeaf, id, target, via, events.Fields{events.FieldRemoteCluster: route.Cluster, "leaf_target": route.Target.String()})

@@ -29,6 +29,7 @@ func (h *Handler) nodesSubsystem(id *authz.Identity) (srv.SubsystemFunc, error) 
 		if err != nil {
 			return trace.Wrap(err)
 		}
+		h.cfg.Router.NodeStatuses(entries)
 		data, err := json.Marshal(entries)
 		if err != nil {
 			return trace.Wrap(err)
