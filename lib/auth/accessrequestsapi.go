@@ -17,79 +17,69 @@ import (
 // certificate are a user's alone.
 func (a *APIServer) registerAccessRequestRoutes() {
 	const proxy, admin = RoleProxy, RoleAdmin
-	a.handle("POST /v1/access_requests", allow(proxy), a.audited("POST /v1/access_requests", a.createAccessRequest))
-	a.handle("POST /v1/access_requests/list", allow(proxy, admin), a.listAccessRequests)
-	a.handle("POST /v1/access_requests/get", allow(proxy, admin), a.getAccessRequest)
-	a.handle("POST /v1/access_requests/review", allow(proxy, admin), a.audited("POST /v1/access_requests/review", a.reviewAccessRequest))
-	a.handle("POST /v1/access_requests/cert", allow(proxy), a.audited("POST /v1/access_requests/cert", a.accessRequestCert))
+	a.handle("POST /v1/access_requests", allow(proxy), a.audited("POST /v1/access_requests", a.createAccessRequest()))
+	a.handle("POST /v1/access_requests/list", allow(proxy, admin), a.listAccessRequests())
+	a.handle("POST /v1/access_requests/get", allow(proxy, admin), a.getAccessRequest())
+	a.handle("POST /v1/access_requests/review", allow(proxy, admin), a.audited("POST /v1/access_requests/review", a.reviewAccessRequest()))
+	a.handle("POST /v1/access_requests/cert", allow(proxy), a.audited("POST /v1/access_requests/cert", a.accessRequestCert()))
 }
 
-func (a *APIServer) createAccessRequest(ctx context.Context, p *peer, r *http.Request) (any, error) {
-	var req authapi.AccessRequestCreate
-	if err := readJSON(r, &req); err != nil {
-		return nil, trace.Wrap(err)
+// asViewer adapts an access request operation to a route: it decodes the
+// body, resolves who acts (the user named by the body's certificate, or the
+// admin calling) and runs op for them, so every route checks the caller the
+// same way.
+func asViewer[Req any](a *APIServer, userCert func(*Req) []byte, op func(context.Context, *requestViewer, Req) (any, error)) apiHandler {
+	return func(ctx context.Context, p *peer, r *http.Request) (any, error) {
+		var req Req
+		if err := readJSON(r, &req); err != nil {
+			return nil, trace.Wrap(err)
+		}
+		v, err := a.auth.requestViewerFor(ctx, p, userCert(&req))
+		if err != nil {
+			return nil, trace.Wrap(err)
+		}
+		out, err := op(ctx, v, req)
+		return out, trace.Wrap(err)
 	}
-	v, err := a.auth.requestViewerFor(ctx, p, req.UserCert)
-	if err != nil {
-		return nil, trace.Wrap(err)
-	}
-	out, err := a.auth.CreateAccessRequest(ctx, v, req)
-	return out, trace.Wrap(err)
 }
 
-func (a *APIServer) listAccessRequests(ctx context.Context, p *peer, r *http.Request) (any, error) {
-	var req authapi.AccessRequestQuery
-	if err := readJSON(r, &req); err != nil {
-		return nil, trace.Wrap(err)
-	}
-	v, err := a.auth.requestViewerFor(ctx, p, req.UserCert)
-	if err != nil {
-		return nil, trace.Wrap(err)
-	}
-	out, err := a.auth.ListAccessRequests(ctx, v)
-	return out, trace.Wrap(err)
+func (a *APIServer) createAccessRequest() apiHandler {
+	return asViewer(a, func(r *authapi.AccessRequestCreate) []byte { return r.UserCert },
+		func(ctx context.Context, v *requestViewer, req authapi.AccessRequestCreate) (any, error) {
+			return a.auth.CreateAccessRequest(ctx, v, req)
+		})
 }
 
-func (a *APIServer) getAccessRequest(ctx context.Context, p *peer, r *http.Request) (any, error) {
-	var req authapi.AccessRequestQuery
-	if err := readJSON(r, &req); err != nil {
-		return nil, trace.Wrap(err)
-	}
-	v, err := a.auth.requestViewerFor(ctx, p, req.UserCert)
-	if err != nil {
-		return nil, trace.Wrap(err)
-	}
-	out, err := a.auth.GetAccessRequest(ctx, v, req.ID)
-	return out, trace.Wrap(err)
+func (a *APIServer) listAccessRequests() apiHandler {
+	return asViewer(a, func(r *authapi.AccessRequestQuery) []byte { return r.UserCert },
+		func(ctx context.Context, v *requestViewer, _ authapi.AccessRequestQuery) (any, error) {
+			return a.auth.ListAccessRequests(ctx, v)
+		})
 }
 
-func (a *APIServer) reviewAccessRequest(ctx context.Context, p *peer, r *http.Request) (any, error) {
-	var req authapi.AccessRequestReview
-	if err := readJSON(r, &req); err != nil {
-		return nil, trace.Wrap(err)
-	}
-	v, err := a.auth.requestViewerFor(ctx, p, req.UserCert)
-	if err != nil {
-		return nil, trace.Wrap(err)
-	}
-	out, err := a.auth.ReviewAccessRequest(ctx, v, req)
-	return out, trace.Wrap(err)
+func (a *APIServer) getAccessRequest() apiHandler {
+	return asViewer(a, func(r *authapi.AccessRequestQuery) []byte { return r.UserCert },
+		func(ctx context.Context, v *requestViewer, req authapi.AccessRequestQuery) (any, error) {
+			return a.auth.GetAccessRequest(ctx, v, req.ID)
+		})
 }
 
-func (a *APIServer) accessRequestCert(ctx context.Context, p *peer, r *http.Request) (any, error) {
-	var req authapi.AccessRequestCert
-	if err := readJSON(r, &req); err != nil {
-		return nil, trace.Wrap(err)
-	}
-	v, err := a.auth.requestViewerFor(ctx, p, req.UserCert)
-	if err != nil {
-		return nil, trace.Wrap(err)
-	}
-	cert, err := a.auth.GenerateRequestCert(ctx, v, req)
-	if err != nil {
-		return nil, trace.Wrap(err)
-	}
-	return authapi.CertResponse{Cert: cert}, nil
+func (a *APIServer) reviewAccessRequest() apiHandler {
+	return asViewer(a, func(r *authapi.AccessRequestReview) []byte { return r.UserCert },
+		func(ctx context.Context, v *requestViewer, req authapi.AccessRequestReview) (any, error) {
+			return a.auth.ReviewAccessRequest(ctx, v, req)
+		})
+}
+
+func (a *APIServer) accessRequestCert() apiHandler {
+	return asViewer(a, func(r *authapi.AccessRequestCert) []byte { return r.UserCert },
+		func(ctx context.Context, v *requestViewer, req authapi.AccessRequestCert) (any, error) {
+			cert, err := a.auth.GenerateRequestCert(ctx, v, req)
+			if err != nil {
+				return nil, trace.Wrap(err)
+			}
+			return authapi.CertResponse{Cert: cert}, nil
+		})
 }
 
 // CreateAccessRequest creates a request for the user of req.UserCert
