@@ -19,7 +19,11 @@ const buildDir = resolve(here, '..', process.env.POSTERN_BUILD_DIR || 'build');
 const chromiumPath = process.env.CHROMIUM || '/usr/bin/chromium';
 const artifacts = join(here, 'artifacts');
 const login = userInfo().username;
-const users = { a: ['pk-alice', 'alice passkey password 1'], b: ['pk-bob', 'bob passkey password 1'] };
+const users = {
+  a: ['pk-alice', 'alice passkey password 1'], b: ['pk-bob', 'bob passkey password 1'],
+  // carol has no factor when the cluster starts requiring one.
+  c: ['pk-carol', 'carol passkey password 1'],
+};
 
 let passed = 0;
 let failed = 0;
@@ -193,6 +197,37 @@ async function main() {
       });
       await passwordLogin(page, users.a);
       await loginError(page, 'invalid credentials');
+    });
+
+    const ctxC = await browser.newContext({ ignoreHTTPSErrors: true });
+    const pageC = await ctxC.newPage();
+    await step(pageC, 'a user without a factor gets a register-only session, registers, logs in again', async () => {
+      await pageC.goto(base);
+      await authenticator(pageC);
+      await waitFor('the passkey buttons', async () => {
+        await pageC.reload();
+        return !(await pageC.isHidden('#login-passkey'));
+      });
+      await passwordLogin(pageC, users.c);
+      await pageC.waitForSelector('#view-account:not([hidden])');
+      await pageC.waitForSelector('#account-notice:not([hidden])');
+      if (!(await pageC.isHidden('#nav-nodes'))) throw new Error('the Nodes tab is offered to a register-only session');
+      // The API itself refuses everything else, whatever the page shows.
+      const nodes = await pageC.evaluate(async () => {
+        const r = await fetch('/webapi/nodes', { headers: { Authorization: `Bearer ${sessionStorage.getItem('postern.token')}` } });
+        return { status: r.status, body: await r.text() };
+      });
+      if (nodes.status !== 403 || !nodes.body.includes('can only register a second factor')) throw new Error(`GET /webapi/nodes answered ${nodes.status} ${nodes.body}`);
+      await pageC.goto(`${base}/`);
+      await pageC.waitForSelector('#view-account:not([hidden])');
+      await pageC.fill('#passkey-name', 'carol key');
+      await pageC.click('#passkey-add');
+      await waitFor('the login page after registering', async () => (await pageC.textContent('#login-notice')).includes('Passkey registered'));
+      await pageC.fill('#login-user', users.c[0]);
+      await pageC.fill('#login-password', users.c[1]);
+      await pageC.click('#login-passkey');
+      await loggedInAs(pageC, users.c[0]);
+      await pageC.waitForSelector('#view-nodes:not([hidden])');
     });
 
     await step(page, 'log in with password and passkey', async () => {

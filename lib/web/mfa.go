@@ -219,7 +219,22 @@ func (s *Server) mfaRegisterFinish(w http.ResponseWriter, r *http.Request, live 
 		writeMFAError(w, s.cfg.Logger.WithField("user", live.user), err)
 		return
 	}
+	if live.registerOnly {
+		// The factor is there: the user now logs in with it.
+		s.endRegisterOnly(r.Context(), live)
+		clearSessionCookie(w, sessionCookieFor(bearerToken(r)))
+		clearSessionCookie(w, SessionCookieName)
+		writeJSON(w, http.StatusOK, registeredDevice{MFADevice: *dev, Relogin: true})
+		return
+	}
 	writeJSON(w, http.StatusOK, dev)
+}
+
+// registeredDevice answers the registration of a register-only session:
+// the new device, and that the session ended (log in again with it).
+type registeredDevice struct {
+	authapi.MFADevice
+	Relogin bool `json:"relogin,omitempty"`
 }
 
 // mfaDevices serves GET /webapi/mfa/devices.

@@ -16,6 +16,9 @@ import * as passkeys from './passkeys.js';
 const $ = (id) => document.getElementById(id);
 const TOKEN_KEY = 'postern.token';
 const USER_KEY = 'postern.user';
+// Set while the session can only register a second factor (the user has
+// none while the cluster requires one): only the Account page works.
+const REGISTER_ONLY_KEY = 'postern.registerOnly';
 const SUBPROTOCOL = 'postern.v1';
 const PING_INTERVAL_MS = 5000;
 // A socket whose pongs stopped for this long is given up and resumed: a
@@ -71,19 +74,30 @@ function show(view) {
   if (view !== 'player') { playerGen++; closePlayer(); }
   for (const v of ['login', 'nodes', 'terminal', 'sessions', 'recordings', 'player', 'account', 'notfound']) $(`view-${v}`).hidden = v !== view;
   const user = sessionStorage.getItem(USER_KEY);
+  const limited = view === 'login' || registerOnly();
   $('logout').hidden = view === 'login';
-  $('nav-nodes').hidden = view === 'login';
-  $('nav-sessions').hidden = view === 'login';
-  $('nav-recordings').hidden = view === 'login';
-  $('nav-account').hidden = view === 'login';
+  $('nav-nodes').hidden = limited;
+  $('nav-sessions').hidden = limited;
+  $('nav-recordings').hidden = limited;
+  $('nav-account').hidden = limited;
   $('whoami').textContent = view === 'login' || !user ? '' : user;
   document.body.dataset.view = view;
+}
+
+function registerOnly() { return sessionStorage.getItem(REGISTER_ONLY_KEY) === '1'; }
+
+function keepSession(resp) {
+  token = resp.token;
+  sessionStorage.setItem(TOKEN_KEY, token);
+  sessionStorage.setItem(USER_KEY, resp.user);
+  if (resp.register_only) sessionStorage.setItem(REGISTER_ONLY_KEY, '1'); else sessionStorage.removeItem(REGISTER_ONLY_KEY);
 }
 
 function forgetSession() {
   token = null;
   sessionStorage.removeItem(TOKEN_KEY);
   sessionStorage.removeItem(USER_KEY);
+  sessionStorage.removeItem(REGISTER_ONLY_KEY);
 }
 
 // showLogin shows the login form; message is an error (red), notice a
@@ -148,9 +162,7 @@ $('login-form').addEventListener('submit', async (ev) => {
 
 // loggedIn keeps a new session (from any way of logging in) and routes.
 async function loggedIn(resp) {
-  token = resp.token;
-  sessionStorage.setItem(TOKEN_KEY, token);
-  sessionStorage.setItem(USER_KEY, resp.user);
+  keepSession(resp);
   $('login-password').value = '';
   $('login-otp').value = '';
   await route();
@@ -179,6 +191,7 @@ async function showAccount() {
   if (location.pathname !== '/web/account') history.pushState(null, '', '/web/account');
   show('account');
   $('account-error').textContent = '';
+  $('account-notice').hidden = !registerOnly();
   await loadDevices();
 }
 
@@ -199,8 +212,15 @@ $('passkey-form').addEventListener('submit', async (ev) => {
   $('account-error').textContent = '';
   $('passkey-add').disabled = true;
   try {
-    await passkeys.register(api, $('passkey-name').value);
+    const dev = await passkeys.register(api, $('passkey-name').value);
     $('passkey-name').value = '';
+    if (dev && dev.relogin) {
+      // The register-only session ended with the registration: the next
+      // login presents the new passkey.
+      history.pushState(null, '', '/');
+      await showLogin('', 'Passkey registered: log in with your password and the passkey.');
+      return;
+    }
     await loadDevices();
   } catch (err) {
     $('account-error').textContent = err.message;
@@ -397,6 +417,8 @@ function loginLeadsTo(p) {
 async function route() {
   const p = location.pathname;
   if (!token) return showLogin('', loginLeadsTo(p));
+  // Nothing but the Account page until a second factor is registered.
+  if (registerOnly()) return showAccount();
   const m = p.match(/^\/web\/cluster\/([^/]+)\/node\/([^/]+)\/([^/]+)\/?$/);
   if (m) {
     const [cluster, uuid, login] = m.slice(1).map(decodeURIComponent);
@@ -1133,10 +1155,7 @@ $('nav-recordings').addEventListener('click', () => navigate('/web/recordings'))
 // it is one login too many).
 async function adoptBrowserSession() {
   try {
-    const r = await api('POST', '/webapi/sessions/token');
-    token = r.token;
-    sessionStorage.setItem(TOKEN_KEY, token);
-    sessionStorage.setItem(USER_KEY, r.user);
+    keepSession(await api('POST', '/webapi/sessions/token'));
   } catch { /* no live session in this browser: the login form */ }
 }
 

@@ -99,6 +99,11 @@ type CreateSessionResponse struct {
 	Token   string    `json:"token"`
 	Expires time.Time `json:"expires"`
 	User    string    `json:"user"`
+	// RegisterOnly: the session can only register a second factor (GET
+	// /webapi/mfa/devices, POST /webapi/mfa/register/*, DELETE
+	// /webapi/sessions); every other call answers 403 until the user has
+	// registered one and logged in again with it.
+	RegisterOnly bool `json:"register_only,omitempty"`
 }
 
 // NodesResponse is GET /webapi/nodes: the same entries as the proxy's
