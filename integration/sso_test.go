@@ -99,7 +99,14 @@ func proxyClient(t *testing.T, dataDir string) *http.Client {
 // running command and the URL it printed.
 func (s *ssoEnv) pshSSOLogin(t *testing.T, proxy string) (cmd *exec.Cmd, authURL string, stdout *strings.Builder, stderr func() string) {
 	t.Helper()
-	cmd = s.psh.cmd("", "login", "--proxy", proxy, "--cacert", s.psh.caCert(), "--auth", "corp", "--browser", "none")
+	return pshBrowserLogin(t, s.psh, proxy, "corp")
+}
+
+// pshBrowserLogin runs psh login --auth auth --browser none and returns
+// the running command and the URL it printed.
+func pshBrowserLogin(t *testing.T, e *pshEnv, proxy, auth string) (cmd *exec.Cmd, authURL string, stdout *strings.Builder, stderr func() string) {
+	t.Helper()
+	cmd = e.cmd("", "login", "--proxy", proxy, "--cacert", e.caCert(), "--auth", auth, "--browser", "none")
 	stdout = &strings.Builder{}
 	cmd.Stdout = stdout
 	pipe, err := cmd.StderrPipe()

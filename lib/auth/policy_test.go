@@ -100,6 +100,8 @@ var wantPolicy = map[string][]string{
 	"POST /v1/sso/requests":             {RoleProxy},
 	"POST /v1/sso/callback":             {RoleProxy},
 	"GET /v1/sso/connectors":            {RoleProxy},
+	"POST /v1/cli-logins":               {RoleProxy},
+	"POST /v1/cli-logins/finish":        {RoleProxy},
 	"PUT /v1/oidc_connectors":           {RoleAdmin},
 	"GET /v1/oidc_connectors":           {RoleAdmin},
 	"DELETE /v1/oidc_connectors/{name}": {RoleAdmin},

@@ -72,7 +72,7 @@ let playerGen = 0; // counts player openings: an older openPlayer's awaits stop
 
 function show(view) {
   if (view !== 'player') { playerGen++; closePlayer(); }
-  for (const v of ['login', 'nodes', 'terminal', 'sessions', 'recordings', 'player', 'account', 'notfound']) $(`view-${v}`).hidden = v !== view;
+  for (const v of ['login', 'nodes', 'terminal', 'sessions', 'recordings', 'player', 'account', 'cli', 'notfound']) $(`view-${v}`).hidden = v !== view;
   const user = sessionStorage.getItem(USER_KEY);
   const limited = view === 'login' || registerOnly();
   $('logout').hidden = view === 'login';
@@ -236,6 +236,37 @@ $('logout').addEventListener('click', async () => {
   for (const k of Object.keys(sessionStorage)) if (k.startsWith(TERM_KEY)) sessionStorage.removeItem(k);
   history.pushState(null, '', '/');
   await showLogin('', 'Logged out.');
+});
+
+// ---- psh login (psh login --auth web) ------------------------------------
+
+const CLI_LOGIN_PATH = '/web/cli-login';
+
+function showCLILogin() {
+  closeTerminal();
+  show('cli');
+  $('cli-user').textContent = sessionStorage.getItem(USER_KEY) || '';
+  $('cli-error').textContent = '';
+  $('cli-approve').disabled = false;
+  $('cli-approve').focus();
+}
+
+$('cli-approve').addEventListener('click', async () => {
+  $('cli-error').textContent = '';
+  $('cli-approve').disabled = true;
+  const id = new URLSearchParams(location.search).get('id') || '';
+  try {
+    const r = await api('POST', '/webapi/login/console/finish', { id });
+    // psh's own page on 127.0.0.1 takes the sealed result.
+    location.assign(r.redirect_url);
+  } catch (err) {
+    $('cli-approve').disabled = false;
+    if (err.status === 401 || (err.status === 403 && /log in again/.test(err.message))) {
+      await showLogin(err.message, loginLeadsTo(CLI_LOGIN_PATH));
+      return;
+    }
+    $('cli-error').textContent = err.message;
+  }
 });
 
 // ---- node list -----------------------------------------------------------
@@ -410,6 +441,7 @@ function loginLeadsTo(p) {
   }
   if (/^\/web\/recordings\/[0-9a-f-]{36}\/?$/.test(p)) return 'Log in to play the recording.';
   if (p === '/web/sessions') return 'Log in to see your active terminals.';
+  if (p === CLI_LOGIN_PATH) return 'Log in to give psh (the command line) a certificate.';
   if (p === '/web/recordings') return 'Log in to see the recordings.';
   return '';
 }
@@ -419,6 +451,7 @@ async function route() {
   if (!token) return showLogin('', loginLeadsTo(p));
   // Nothing but the Account page until a second factor is registered.
   if (registerOnly()) return showAccount();
+  if (p === CLI_LOGIN_PATH) return showCLILogin();
   const m = p.match(/^\/web\/cluster\/([^/]+)\/node\/([^/]+)\/([^/]+)\/?$/);
   if (m) {
     const [cluster, uuid, login] = m.slice(1).map(decodeURIComponent);
@@ -1158,6 +1191,12 @@ async function adoptBrowserSession() {
     keepSession(await api('POST', '/webapi/sessions/token'));
   } catch { /* no live session in this browser: the login form */ }
 }
+
+// A psh login is given only by a login made for it: the page starts
+// without this tab's session (a session this browser logged in with
+// since, through single sign-on say, is adopted from its cookie, and
+// the proxy refuses one older than psh's request).
+if (location.pathname === CLI_LOGIN_PATH) forgetSession();
 
 api('GET', '/webapi/ping').then((p) => { clusterName = p.cluster_name || ''; }).catch(() => {})
   .then(() => (token ? null : adoptBrowserSession()))

@@ -52,6 +52,42 @@ type SSOConsoleLoginResponse struct {
 	AuthURL string `json:"auth_url"`
 }
 
+// WebConsoleLoginRequest is the body of POST /webapi/login/console: psh
+// login --auth web starts a login on the proxy's web login page, whose
+// result the browser hands to psh's loopback listener, sealed to SealKey.
+type WebConsoleLoginRequest struct {
+	// PubKey is the key to certify, authorized_keys format.
+	PubKey string `json:"pub_key"`
+	// TTLSeconds is the wanted certificate lifetime; zero means the
+	// roles' max_session_ttl.
+	TTLSeconds int64 `json:"ttl_seconds"`
+	// RedirectURL is psh's loopback listener,
+	// http://127.0.0.1:PORT/callback.
+	RedirectURL string `json:"redirect_url"`
+	// SealKey is psh's ephemeral X25519 public key (32 bytes; base64 in
+	// JSON).
+	SealKey []byte `json:"seal_key"`
+}
+
+// WebConsoleLoginResponse answers WebConsoleLoginRequest: the login
+// page's path on the proxy (psh prefixes the address it was given).
+type WebConsoleLoginResponse struct {
+	Path string `json:"path"`
+}
+
+// WebConsoleFinishRequest is the body of POST
+// /webapi/login/console/finish: the logged-in browser gives psh its
+// certificate.
+type WebConsoleFinishRequest struct {
+	ID string `json:"id"`
+}
+
+// WebConsoleFinishResponse is where the browser goes next: psh's
+// loopback listener with the sealed result.
+type WebConsoleFinishResponse struct {
+	RedirectURL string `json:"redirect_url"`
+}
+
 // Values of PingResponse.SecondFactor.
 const (
 	SecondFactorOff = "off"
