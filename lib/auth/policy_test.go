@@ -102,6 +102,8 @@ var wantPolicy = map[string][]string{
 	"GET /v1/sso/connectors":            {RoleProxy},
 	"POST /v1/cli-logins":               {RoleProxy},
 	"POST /v1/cli-logins/finish":        {RoleProxy},
+	"POST /v1/mfa/session/begin":        {RoleProxy},
+	"POST /v1/mfa/session/certs":        {RoleProxy},
 	"PUT /v1/oidc_connectors":           {RoleAdmin},
 	"GET /v1/oidc_connectors":           {RoleAdmin},
 	"DELETE /v1/oidc_connectors/{name}": {RoleAdmin},

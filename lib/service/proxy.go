@@ -101,6 +101,8 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		Audit:      p.audit,
 		Locks:      p.locks,
 		Logger:     p.log.WithField("component", "proxy:ssh"),
+		// psh's per-session certificates (require_session_mfa).
+		SessionCerts: clt,
 	})
 	if err != nil {
 		return trace.Wrap(err)

@@ -181,6 +181,10 @@ type RoleSpec struct {
 	// them unrecorded unless another of the user's roles requires it.
 	// Empty follows the cluster setting.
 	SessionRecording string `json:"session_recording,omitempty"`
+	// RequireSessionMFA: every new session to a node this role reaches
+	// needs a fresh second factor, proven for that session alone (a
+	// per-session certificate, lib/auth/sessionmfa.go).
+	RequireSessionMFA bool `json:"require_session_mfa,omitempty"`
 }
 
 // Role session_recording options. require beats exempt: a role that

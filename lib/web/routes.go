@@ -231,6 +231,8 @@ func (s *Server) registerWebRoutes(mux *http.ServeMux) error {
 	mux.HandleFunc("GET /webapi/mfa/devices", s.requireAnySession(s.mfaDevices))
 	mux.HandleFunc("PUT /webapi/mfa/devices/{id}", s.requireSession(s.mfaRenameDevice))
 	mux.HandleFunc("DELETE /webapi/mfa/devices/{id}", s.requireSession(s.mfaDeleteDevice))
+	mux.HandleFunc("POST /webapi/mfa/session/begin", s.requireSession(s.sessionMFABegin))
+	mux.HandleFunc("POST /webapi/mfa/session/finish", s.requireSession(s.sessionMFAFinish))
 	mux.HandleFunc("POST /webapi/login/console", s.webConsoleLogin)
 	mux.HandleFunc("POST /webapi/login/console/finish", s.requireSession(s.webConsoleFinish))
 	mux.HandleFunc("GET /webapi/nodes", s.requireSession(s.listNodes))

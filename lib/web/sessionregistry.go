@@ -32,6 +32,9 @@ type liveSession struct {
 	user   string
 	signer ssh.Signer
 	cert   *ssh.Certificate
+	// privKey is the session's private key alone, for the per-session
+	// certificates of its terminals (sessionmfa.go).
+	privKey ssh.Signer
 	// hostCAs are the host CAs of the login's host_signers, each scoped
 	// as psh scopes them: this cluster's for every name, a leaf's only
 	// for *.LEAF, so a leaf's CA never vouches for a local node (a leaf
@@ -41,6 +44,9 @@ type liveSession struct {
 	// registerOnly: the session can only register a second factor
 	// (registeronly.go); it has no key, certificate or host CAs.
 	registerOnly bool
+	// grants are the per-session certificates this session got for new
+	// terminals (sessionmfa.go).
+	grants sessionGrants
 	// ctx ends when the session is logged out or expires; terminals
 	// opened with the session run under it.
 	ctx    context.Context
@@ -120,7 +126,7 @@ func newLiveSession(priv ed25519.PrivateKey, resp *authapi.SSHLoginResponse, loc
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	live := &liveSession{user: resp.Username, signer: signer, cert: cert}
+	live := &liveSession{user: resp.Username, signer: signer, cert: cert, privKey: keySigner}
 	// This proxy's cluster; the certificate's own extension names the
 	// same cluster for a login here, and stands in when the caller has no
 	// name (tests of the registry alone).

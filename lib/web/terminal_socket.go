@@ -35,6 +35,9 @@ type termSocket struct {
 	// term is set once the terminal exists (for the audit of a refused
 	// route, before it does, it carries the params).
 	term *term
+	// mfaToken is the first message's per-session MFA token (a new
+	// terminal to a node that needs one; sessionmfa.go).
+	mfaToken string
 }
 
 // serve attaches the socket and carries frames until the socket or the
@@ -139,6 +142,18 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) 
 	}
 	node := route.Node
 	out.nodeHostname, out.nodeUUID, out.cluster = node.Hostname, node.UUID, route.Cluster
+	signer := t.live.signer
+	if !route.Leaf {
+		if err := id.CheckSessionMFA(&node, t.srv.cfg.ClusterName); err != nil {
+			grant := t.live.grants.take(t.mfaToken, node.UUID, p.Login, t.srv.cfg.Clock.Now())
+			if grant == nil {
+				conn.Close()
+				t.log.WithError(err).Info("Refused a terminal without its fresh second factor.")
+				return nil, nil, nil, trace.AccessDenied(msgTerminalNeedsMFA)
+			}
+			signer = grant.signer
+		}
+	}
 	// The address given to the handshake is the node's UUID, always one
 	// of its host certificate's principals, checked against this
 	// cluster's host CA: the login's host CAs are scoped (a leaf's
@@ -175,7 +190,7 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) 
 	// which the node's agree with when both run the same config.
 	sconn, chans, reqs, err := ssh.NewClientConn(conn, hostAddr, t.srv.cfg.SSHAlgorithms.ClientConfig(&ssh.ClientConfig{
 		User:            p.Login,
-		Auth:            []ssh.AuthMethod{ssh.PublicKeys(t.live.signer)},
+		Auth:            []ssh.AuthMethod{ssh.PublicKeys(signer)},
 		HostKeyCallback: hostKeys,
 	}))
 	if !stop() {

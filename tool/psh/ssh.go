@@ -70,6 +70,31 @@ func (c *cli) dialTarget(ctx context.Context, targetSpec, loginFlag, port, clust
 	dialCtx, cancel := context.WithTimeout(ctx, client.DialTimeout*2)
 	defer cancel()
 	nc, err := client.DialNode(dialCtx, creds, target, login, client.KeepAliveConfig{})
+	if client.IsSessionMFARequired(err) {
+		// A require_session_mfa role reaches the node: a fresh code for
+		// this one session.
+		nc, err = c.dialWithSessionMFA(ctx, creds, target, login)
+	}
+	return nc, trace.Wrap(err)
+}
+
+// dialWithSessionMFA asks for a fresh OTP code, gets a per-session
+// certificate for target with it and connects with that.
+func (c *cli) dialWithSessionMFA(ctx context.Context, creds *client.Credentials, target proxy.Target, login string) (*client.NodeClient, error) {
+	otp, err := client.ReadSecretLine(c.stdin, c.stderr, fmt.Sprintf("Node %s asks for a fresh second factor for this session. OTP code: ", target.Host))
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if otp == "" {
+		return nil, trace.AccessDenied("node %s requires a fresh second factor for each session (require_session_mfa): give the OTP code", target.Host)
+	}
+	dialCtx, cancel := context.WithTimeout(ctx, client.DialTimeout*2)
+	defer cancel()
+	sessCreds, err := client.SessionMFACredentials(dialCtx, creds, target, login, otp)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	nc, err := client.DialNode(dialCtx, sessCreds, target, login, client.KeepAliveConfig{})
 	return nc, trace.Wrap(err)
 }
 

@@ -737,7 +737,35 @@ function browserLocale() {
   return '';
 }
 
-function connect(t) {
+// sessionMFA proves a passkey for a new terminal when a role that reaches
+// the node asks for one per session (require_session_mfa); '' when the
+// node needs none. A resume is the same session: never asked.
+async function sessionMFA(t) {
+  const { target } = t;
+  const body = { node: target.uuid, login: target.login, cluster: target.cluster === clusterName ? '' : target.cluster };
+  const b = await api('POST', '/webapi/mfa/session/begin', body);
+  if (!b.required) return '';
+  window.posternSessionMFAAsked = (window.posternSessionMFAAsked || 0) + 1;
+  setStatus('mfa', 'confirm with your passkey…');
+  const r = await passkeys.confirmSession(api, b, body);
+  return r.mfa_token;
+}
+
+async function connect(t) {
+  let mfaToken = '';
+  if (!t.resume) {
+    try {
+      mfaToken = await sessionMFA(t);
+    } catch (err) {
+      if (term !== t) return;
+      t.ended = true;
+      showTermError(err.message);
+      setStatus('disconnected', `disconnected: ${err.message}`);
+      t.xterm.options.disableStdin = true;
+      return;
+    }
+    if (term !== t) return;
+  }
   const { target, xterm } = t;
   const cluster = target.cluster === clusterName ? '' : target.cluster;
   const params = { host: target.uuid, login: target.login, cols: xterm.cols, rows: xterm.rows, cluster };
@@ -757,6 +785,7 @@ function connect(t) {
   ws.addEventListener('open', () => {
     const first = { token, ack: t.received };
     if (t.resume) first.resume = t.resume;
+    if (mfaToken) first.mfa_token = mfaToken;
     ws.send(JSON.stringify(first));
   });
   ws.addEventListener('message', (ev) => {

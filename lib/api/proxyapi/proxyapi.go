@@ -160,3 +160,36 @@ const (
 
 // MaxLeafRequest bounds a LeafRequest line: a certificate is under 2 KiB.
 const MaxLeafRequest = 64 << 10
+
+// SubsystemSessionMFACert is the subsystem through which psh gets a
+// per-session certificate for a node a require_session_mfa role reaches:
+// psh writes one JSON SessionMFACertRequest and closes its side; the
+// proxy answers one JSON SessionMFACertResponse, or says why not on
+// stderr with exit status 1.
+const SubsystemSessionMFACert = "session-mfa-cert"
+
+// SessionMFACertRequest asks for a per-session certificate.
+type SessionMFACertRequest struct {
+	// Target is the node as psh ssh names it (HOST[:PORT]); Cluster is
+	// empty for the proxy's own.
+	Target  string `json:"target"`
+	Cluster string `json:"cluster,omitempty"`
+	// Login is the login of the session.
+	Login string `json:"login"`
+	// OTP is a fresh TOTP code.
+	OTP string `json:"otp"`
+	// PublicKey is psh's key (authorized_keys form), the one its
+	// certificate certifies.
+	PublicKey string `json:"public_key"`
+}
+
+// SessionMFACertResponse is the per-session certificate (authorized_keys
+// form), good for a minute, for that node and login only.
+type SessionMFACertResponse struct {
+	Cert string `json:"cert"`
+}
+
+// MsgSessionMFARequired starts the proxy's refusal of a normal
+// certificate for a node a require_session_mfa role reaches: psh
+// recognizes it and asks for a fresh second factor.
+const MsgSessionMFARequired = "this node requires a fresh second factor for each session (require_session_mfa)"

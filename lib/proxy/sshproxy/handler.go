@@ -51,6 +51,10 @@ type Config struct {
 	// Locks, when set, ends open hops to an OpenSSH node once a lock
 	// covers the node (openssh.go); a Postern node does that itself.
 	Locks srv.LockChecker
+	// SessionCerts issues per-session certificates (sessionmfa.go); nil
+	// means the session-mfa-cert subsystem is refused (nodes that need
+	// one then cannot be reached with psh ssh).
+	SessionCerts SessionCertIssuer
 }
 
 // CheckAndSetDefaults validates the config.
@@ -106,6 +110,9 @@ func (h *Handler) Subsystem(ctx context.Context, id *authz.Identity, name string
 			return h.nodesSubsystem(id)
 		}
 		return h.leafNodesSubsystem(ctx, id, cluster)
+	}
+	if name == proxyapi.SubsystemSessionMFACert {
+		return h.sessionMFACertSubsystem(id)
 	}
 	if strings.HasPrefix(name, proxyapi.SubsystemRoutePrefix) {
 		return h.routeSubsystem(ctx, id, name)
@@ -188,6 +195,10 @@ func (h *Handler) dial(ctx context.Context, id *authz.Identity, target proxy.Tar
 			h.emit(ctx, events.RouteAmbiguous, id, target, via, events.Fields{events.FieldCandidates: uuids})
 		}
 		log.WithError(err).Info("Routing failed.")
+		return nil, trace.Wrap(err)
+	}
+	if err := h.checkRouteSessionMFA(ctx, id, route, target, via); err != nil {
+		conn.Close()
 		return nil, trace.Wrap(err)
 	}
 	if route.Leaf {
