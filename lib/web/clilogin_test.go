@@ -60,7 +60,7 @@ func TestWebConsoleLogin(t *testing.T) {
 	e := newMFAEnv(t)
 	// bob's first login: register-only, which may not give psh anything.
 	ro := e.loginRegisterOnly(t, "bob", bobPasswd)
-	id, pub, priv := e.startCLILogin(t)
+	id, _, _ := e.startCLILogin(t)
 	code, body := e.do(t, http.MethodPost, "/webapi/login/console/finish", map[string]string{"id": id}, ro)
 	require.Equal(t, http.StatusForbidden, code, string(body))
 	require.Contains(t, string(body), "can only register a second factor")
@@ -70,7 +70,7 @@ func TestWebConsoleLogin(t *testing.T) {
 	// A session from before psh's request is not a login for it.
 	old := e.fullSession(t, k)
 	e.clock.Advance(time.Second)
-	id, pub, priv = e.startCLILogin(t)
+	id, pub, priv := e.startCLILogin(t)
 	code, body = e.do(t, http.MethodPost, "/webapi/login/console/finish", map[string]string{"id": id}, old)
 	require.Equal(t, http.StatusForbidden, code, string(body))
 	require.Contains(t, string(body), "log in again")
