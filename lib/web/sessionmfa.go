@@ -98,11 +98,15 @@ type sessionMFABody struct {
 	Cluster     string          `json:"cluster,omitempty"`
 	ChallengeID string          `json:"challenge_id,omitempty"`
 	WebAuthn    json.RawMessage `json:"webauthn,omitempty"`
+	// OTP is a TOTP code, for a user without a passkey.
+	OTP string `json:"otp,omitempty"`
 }
 
-// sessionMFABeginResponse: required false, or the challenge.
+// sessionMFABeginResponse: required false, or the challenge, or otp
+// true for a user without a passkey (the page asks for a code).
 type sessionMFABeginResponse struct {
 	Required bool `json:"required"`
+	OTP      bool `json:"otp,omitempty"`
 	*authapi.MFAChallenge
 }
 
@@ -165,6 +169,12 @@ func (s *Server) sessionMFABegin(w http.ResponseWriter, r *http.Request, live *l
 		return
 	}
 	ch, err := a.BeginSessionMFA(r.Context(), authapi.SessionMFABeginRequest{SessionMFAIdentity: authapi.SessionMFAIdentity{WebSession: ptr(sessionRequest(live))}})
+	if trace.IsBadParameter(err) {
+		// No passkey to ask for: a TOTP code then (auth says whether it
+		// is one when it checks it).
+		writeJSON(w, http.StatusOK, sessionMFABeginResponse{Required: true, OTP: true})
+		return
+	}
 	if err != nil {
 		writeMFAError(w, log, err)
 		return
@@ -195,7 +205,7 @@ func (s *Server) sessionMFAFinish(w http.ResponseWriter, r *http.Request, live *
 	resp, err := a.IssueSessionCert(r.Context(), authapi.SessionCertRequest{
 		SessionMFAIdentity: authapi.SessionMFAIdentity{WebSession: ptr(sessionRequest(live))},
 		PublicKey:          ssh.MarshalAuthorizedKey(live.cert.Key), Node: node.UUID, Cluster: s.cfg.ClusterName, Login: body.Login,
-		ChallengeID: body.ChallengeID, WebAuthn: body.WebAuthn, RemoteAddr: remoteHost(r.RemoteAddr),
+		OTP: body.OTP, ChallengeID: body.ChallengeID, WebAuthn: body.WebAuthn, RemoteAddr: remoteHost(r.RemoteAddr),
 	})
 	if err != nil {
 		writeMFAError(w, log, err)

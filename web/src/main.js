@@ -746,6 +746,13 @@ async function sessionMFA(t) {
   const b = await api('POST', '/webapi/mfa/session/begin', body);
   if (!b.required) return '';
   window.posternSessionMFAAsked = (window.posternSessionMFAAsked || 0) + 1;
+  if (b.otp) {
+    // No passkey on this account: its one-time code.
+    setStatus('mfa', 'one-time code…');
+    const otp = window.prompt('This node asks for a fresh second factor for this session. One-time code:');
+    if (!otp) throw new Error('this node requires a fresh second factor for each session');
+    return (await api('POST', '/webapi/mfa/session/finish', { ...body, otp })).mfa_token;
+  }
   setStatus('mfa', 'confirm with your passkey…');
   const r = await passkeys.confirmSession(api, b, body);
   return r.mfa_token;
