@@ -106,7 +106,14 @@ func (s *ssoEnv) pshSSOLogin(t *testing.T, proxy string) (cmd *exec.Cmd, authURL
 // the running command and the URL it printed.
 func pshBrowserLogin(t *testing.T, e *pshEnv, proxy, auth string) (cmd *exec.Cmd, authURL string, stdout *strings.Builder, stderr func() string) {
 	t.Helper()
-	cmd = e.cmd("", "login", "--proxy", proxy, "--cacert", e.caCert(), "--auth", auth, "--browser", "none")
+	return pshPrintsURL(t, e, "", "login", "--proxy", proxy, "--cacert", e.caCert(), "--auth", auth, "--browser", "none")
+}
+
+// pshPrintsURL runs psh with args and stdin until it prints the URL to
+// open in a browser ("If the browser does not open, visit: URL").
+func pshPrintsURL(t *testing.T, e *pshEnv, stdin string, args ...string) (cmd *exec.Cmd, authURL string, stdout *strings.Builder, stderr func() string) {
+	t.Helper()
+	cmd = e.cmd(stdin, args...)
 	stdout = &strings.Builder{}
 	cmd.Stdout = stdout
 	pipe, err := cmd.StderrPipe()
@@ -131,8 +138,8 @@ func pshBrowserLogin(t *testing.T, e *pshEnv, proxy, auth string) (cmd *exec.Cmd
 		select {
 		case l, ok := <-lines:
 			require.True(t, ok, "psh ended without printing the URL: %s", all.String())
-			if strings.HasPrefix(l, prefix) {
-				authURL = strings.TrimPrefix(l, prefix)
+			if _, u, ok := strings.Cut(l, prefix); ok {
+				authURL = u
 			}
 		case <-timeout:
 			t.Fatal("psh printed no URL")

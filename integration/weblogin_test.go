@@ -86,3 +86,57 @@ func TestPshLoginAuthWeb(t *testing.T) {
 	require.Equal(t, 1, code)
 	requireOneLineError(t, errOut, "invalid credentials")
 }
+
+// TestSessionMFAPasskeyThroughPsh: psh ssh to a node a require_session_mfa
+// role reaches, confirmed with a passkey in the browser (Chromium, the
+// virtual authenticator): an empty line at psh's OTP prompt prints the
+// proxy's page, the test confirms there with the user's passkey, and the
+// per-session certificate reaches psh through the sealed loopback
+// hand-off. The passkey is registered and psh logged in on the same
+// browser first (psh login --auth web).
+func TestSessionMFAPasskeyThroughPsh(t *testing.T) {
+	script := e2eScript(t, "pshweblogin.mjs")
+	c := newAllInOne(t)
+	e := newPshEnv(t, c)
+	_, port, err := net.SplitHostPort(e.webAddr())
+	require.NoError(t, err)
+	proxy := net.JoinHostPort("localhost", port)
+	base := "https://" + proxy
+	dir := t.TempDir()
+	pref := filepath.Join(dir, "pref.yaml")
+	require.NoError(t, os.WriteFile(pref, []byte(fmt.Sprintf("kind: auth_preference\nspec:\n  second_factor: webauthn\n  webauthn:\n    rp_id: localhost\n    origins: [%q]\n", base)), 0o600))
+	mustPctl(t, c.dataDir, "", "create", "-f", pref)
+	role := filepath.Join(dir, "role.yaml")
+	require.NoError(t, os.WriteFile(role, []byte(fmt.Sprintf("kind: role\nversion: v1\nmetadata: {name: sensitive}\nspec:\n  logins: [%q]\n  node_labels: {\"*\": \"*\"}\n  require_session_mfa: true\n", c.login)), 0o600))
+	mustPctl(t, c.dataDir, "", "create", "-f", role)
+	mustPctl(t, c.dataDir, "erin password 1\n", "users", "add", "erin", "--logins", c.login, "--roles", "sensitive")
+
+	login, loginURL, loginOut, loginErr := pshBrowserLogin(t, e, proxy, "web")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	node := exec.CommandContext(ctx, "node", script)
+	node.Env = append(os.Environ(), "BASE="+base, "PSH_URL="+loginURL, "LOGIN_USER=erin", "LOGIN_PASSWORD=erin password 1", "ARTIFACTS="+t.TempDir(), "SESSION_URL_FROM_STDIN=1")
+	toNode, err := node.StdinPipe()
+	require.NoError(t, err)
+	var out syncBuffer
+	node.Stdout, node.Stderr = &out, &out
+	require.NoError(t, node.Start())
+	nodeDone := make(chan error, 1)
+	go func() { nodeDone <- node.Wait() }()
+	require.NoError(t, login.Wait(), loginErr())
+	require.Contains(t, loginOut.String(), "Logged in as erin")
+
+	ssh, sessionURL, sshOut, sshErr := pshPrintsURL(t, e, "\n", "ssh", "--browser", "none", c.hostname, "echo", "confirmed-$((6*7))")
+	require.True(t, strings.HasPrefix(sessionURL, base+"/web/cli-login?"), sessionURL)
+	_, err = toNode.Write([]byte(sessionURL + "\n"))
+	require.NoError(t, err)
+	select {
+	case err := <-nodeDone:
+		require.NoError(t, err, "the browser's steps: %s", out.String())
+	case <-ctx.Done():
+		t.Fatalf("the browser's steps did not end: %s", out.String())
+	}
+	require.Contains(t, out.String(), "ok   confirm psh ssh's session with the passkey")
+	require.NoError(t, ssh.Wait(), sshErr())
+	require.Equal(t, "confirmed-42\n", sshOut.String())
+}

@@ -149,6 +149,7 @@ func (a *APIServer) registerRoutes() {
 	// psh login --auth web (clilogin.go).
 	a.handle("POST /v1/cli-logins", allow(proxy), a.createCLILogin)
 	a.handle("POST /v1/cli-logins/finish", allow(proxy), a.finishCLILogin)
+	a.handle("POST /v1/cli-logins/session", allow(proxy), a.createSessionMFALogin)
 	// Per-session MFA (sessionmfa.go).
 	a.handle("POST /v1/mfa/session/begin", allow(proxy), a.beginSessionMFA)
 	a.handle("POST /v1/mfa/session/certs", allow(proxy), a.issueSessionCert)

@@ -13,6 +13,7 @@ import (
 	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/backend"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/services"
 )
 
 // CLI logins through the web login page (psh login --auth web; the
@@ -35,6 +36,11 @@ const methodWebCLI = "web"
 type cliLogin struct {
 	Client  authapi.SSOClientLogin `json:"client"`
 	Created time.Time              `json:"created"`
+	// User and Session are set for a per-session confirmation
+	// (CreateSessionMFALogin): the result is a per-session certificate
+	// for that session, after a passkey of that user.
+	User    string                     `json:"user,omitempty"`
+	Session *services.SessionMFATarget `json:"session,omitempty"`
 }
 
 // cliLoginKey is the backend key of a request: under its id's hash, so a
@@ -67,8 +73,37 @@ func (s *Server) CreateCLILogin(ctx context.Context, cl authapi.SSOClientLogin) 
 	if err := checkClientLogin(&cl); err != nil {
 		return nil, trace.Wrap(err)
 	}
+	return s.storeCLILogin(ctx, cliLogin{Client: cl, Created: s.clock.Now().UTC()})
+}
+
+// CreateSessionMFALogin starts the confirmation of one psh session with
+// a passkey in the browser: psh's certificate names the user, who must
+// be the one logged in on the page.
+func (s *Server) CreateSessionMFALogin(ctx context.Context, req authapi.SessionMFALoginRequest) (*authapi.CLILoginResponse, error) {
+	if req.WebSession != nil {
+		return nil, trace.BadParameter("psh names the user by its certificate")
+	}
+	user, err := s.sessionMFAUser(ctx, req.SessionMFAIdentity)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if err := checkClientLogin(&req.Client); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	node, err := s.checkSessionTarget(ctx, user, req.Cluster, req.Node, req.Login)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return s.storeCLILogin(ctx, cliLogin{
+		Client: req.Client, Created: s.clock.Now().UTC(), User: user.Name,
+		Session: &services.SessionMFATarget{Cluster: s.cfg.ClusterName, Node: node.UUID, Login: req.Login},
+	})
+}
+
+// storeCLILogin keeps a CLI login request under a new id.
+func (s *Server) storeCLILogin(ctx context.Context, cl cliLogin) (*authapi.CLILoginResponse, error) {
 	id := randomToken()
-	data, err := json.Marshal(cliLogin{Client: cl, Created: s.clock.Now().UTC()})
+	data, err := json.Marshal(cl)
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -114,6 +149,9 @@ func (s *Server) FinishCLILogin(ctx context.Context, req authapi.CLILoginFinishR
 	var cl cliLogin
 	if err := json.Unmarshal(item.Value, &cl); err != nil {
 		return nil, trace.BadParameter("corrupt CLI login record: %v", err)
+	}
+	if cl.Session != nil {
+		return s.finishSessionMFALogin(ctx, ws, key, &cl, req)
 	}
 	if ws.Created.Before(cl.Created) {
 		// Left in place: the user logs in on the page and finishes it.
@@ -181,4 +219,51 @@ func (c *Client) CreateCLILogin(ctx context.Context, cl authapi.SSOClientLogin) 
 // FinishCLILogin finishes it with a browser's web session (proxy).
 func (c *Client) FinishCLILogin(ctx context.Context, req authapi.CLILoginFinishRequest) (*authapi.SSOCallbackResponse, error) {
 	return call[authapi.SSOCallbackResponse](ctx, c, http.MethodPost, "/v1/cli-logins/finish", nil, req)
+}
+
+// finishSessionMFALogin finishes a per-session confirmation: the page's
+// user is the one psh's certificate named, and the passkey answer is
+// fresh (the web session's age does not matter: the passkey is the
+// factor), so psh's key gets a per-session certificate, sealed to it.
+func (s *Server) finishSessionMFALogin(ctx context.Context, ws *services.WebSession, key string, cl *cliLogin, req authapi.CLILoginFinishRequest) (*authapi.SSOCallbackResponse, error) {
+	if ws.User != cl.User {
+		return nil, trace.AccessDenied("this psh session belongs to another user: log in on this page as them")
+	}
+	if err := s.store.Backend().Delete(ctx, key); err != nil {
+		if trace.IsNotFound(err) {
+			return nil, trace.AccessDenied(MsgCLILoginGone)
+		}
+		return nil, trace.Wrap(err)
+	}
+	user, err := s.store.GetUser(ctx, ws.User)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	resp, err := s.issueSessionCert(ctx, user, authapi.SessionCertRequest{
+		PublicKey: cl.Client.PublicKey, Node: cl.Session.Node, Cluster: cl.Session.Cluster, Login: cl.Session.Login,
+		ChallengeID: req.ChallengeID, WebAuthn: req.WebAuthn, RemoteAddr: req.RemoteAddr,
+	})
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	sealed, err := sealLogin(&authapi.SSHLoginResponse{Username: user.Name, Cert: resp.Cert}, cl.Client.SealKey)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return &authapi.SSOCallbackResponse{Username: user.Name, ClientRedirectURL: cl.Client.RedirectURL, SealedLogin: sealed}, nil
+}
+
+func (a *APIServer) createSessionMFALogin(ctx context.Context, _ *peer, r *http.Request) (any, error) {
+	var req authapi.SessionMFALoginRequest
+	if err := readJSON(r, &req); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	resp, err := a.auth.CreateSessionMFALogin(ctx, req)
+	return resp, trace.Wrap(err)
+}
+
+// CreateSessionMFALogin starts a per-session confirmation in the browser
+// (proxy, for psh ssh).
+func (c *Client) CreateSessionMFALogin(ctx context.Context, req authapi.SessionMFALoginRequest) (*authapi.CLILoginResponse, error) {
+	return call[authapi.CLILoginResponse](ctx, c, http.MethodPost, "/v1/cli-logins/session", nil, req)
 }

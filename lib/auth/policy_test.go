@@ -102,6 +102,7 @@ var wantPolicy = map[string][]string{
 	"GET /v1/sso/connectors":            {RoleProxy},
 	"POST /v1/cli-logins":               {RoleProxy},
 	"POST /v1/cli-logins/finish":        {RoleProxy},
+	"POST /v1/cli-logins/session":       {RoleProxy},
 	"POST /v1/mfa/session/begin":        {RoleProxy},
 	"POST /v1/mfa/session/certs":        {RoleProxy},
 	"PUT /v1/oidc_connectors":           {RoleAdmin},

@@ -146,15 +146,16 @@ func (s *Server) IssueSessionCert(ctx context.Context, req authapi.SessionCertRe
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	defer func() {
-		if err != nil {
-			s.emitSessionMFA(ctx, events.AuthFailed, user.Name, req, auditReason(err))
-		}
-	}()
-	if req.Cluster != s.cfg.ClusterName {
+	return s.issueSessionCert(ctx, user, req)
+}
+
+// checkSessionTarget checks that user may reach node uuid of cluster as
+// login, and returns the node.
+func (s *Server) checkSessionTarget(ctx context.Context, user *services.User, cluster, uuid, login string) (*services.Node, error) {
+	if cluster != s.cfg.ClusterName {
 		return nil, trace.BadParameter("per-session certificates are for nodes of cluster %q", s.cfg.ClusterName)
 	}
-	node, err := s.sessionNode(ctx, req.Node)
+	node, err := s.sessionNode(ctx, uuid)
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -162,7 +163,21 @@ func (s *Server) IssueSessionCert(ctx context.Context, req authapi.SessionCertRe
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	if err := checker.CheckAccessToNode(node, req.Login); err != nil {
+	if err := checker.CheckAccessToNode(node, login); err != nil {
+		return nil, trace.Wrap(err)
+	}
+	return node, nil
+}
+
+// issueSessionCert is IssueSessionCert for a user already identified.
+func (s *Server) issueSessionCert(ctx context.Context, user *services.User, req authapi.SessionCertRequest) (resp *authapi.SessionCertResponse, err error) {
+	defer func() {
+		if err != nil {
+			s.emitSessionMFA(ctx, events.AuthFailed, user.Name, req, auditReason(err))
+		}
+	}()
+	node, err := s.checkSessionTarget(ctx, user, req.Cluster, req.Node, req.Login)
+	if err != nil {
 		return nil, trace.Wrap(err)
 	}
 	if err := s.verifySessionFactor(ctx, user, req); err != nil {

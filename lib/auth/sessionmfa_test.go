@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/json"
 	"net/url"
 	"testing"
@@ -107,4 +108,52 @@ func TestIssueSessionCert(t *testing.T) {
 	r.OTP = code(env.clock.Now())
 	_, err = a.IssueSessionCert(ctx, r)
 	require.ErrorContains(t, err, "certificate refused")
+}
+
+// TestSessionMFABrowserLogin: psh ssh's confirmation in the browser is
+// finished only by a web session of the user psh's certificate names,
+// and only with a passkey's answer; a refusal spends nothing of another
+// user's, and the request is single use.
+func TestSessionMFABrowserLogin(t *testing.T) {
+	env := newTestAuth(t)
+	ctx := context.Background()
+	a := env.auth
+	require.NoError(t, env.store.UpsertRole(ctx, &services.Role{Metadata: services.Metadata{Name: "strict"}, Spec: services.RoleSpec{
+		Logins: []string{"root"}, NodeLabels: map[string]services.LabelValues{"*": {"*"}}, RequireSessionMFA: true,
+	}}))
+	for _, u := range []string{"dora", "eve"} {
+		_, err := a.CreateUser(ctx, u, []byte(u+" password"), nil, []string{"strict"}, false)
+		require.NoError(t, err)
+	}
+	node := services.Node{UUID: "11111111-1111-4111-8111-111111111111", Hostname: "db", Addr: "127.0.0.1:3022", Cluster: testCluster, Expires: env.clock.Now().Add(time.Hour)}
+	require.NoError(t, env.store.UpsertNode(ctx, node))
+	_, pub, err := utils.GenerateKeyPair()
+	require.NoError(t, err)
+	doraCert, err := a.GenerateUserCert(ctx, authapi.UserCertRequest{User: "dora", PublicKey: pub, TTL: time.Hour})
+	require.NoError(t, err)
+	seal := make([]byte, 32)
+	started, err := a.CreateSessionMFALogin(ctx, authapi.SessionMFALoginRequest{
+		SessionMFAIdentity: authapi.SessionMFAIdentity{UserCert: doraCert},
+		Client:             authapi.SSOClientLogin{PublicKey: pub, RedirectURL: "http://127.0.0.1:40000/callback", SealKey: seal},
+		Node:               node.UUID, Cluster: testCluster, Login: "root",
+	})
+	require.NoError(t, err)
+	session := func(user, sid string) authapi.WebSessionRequest {
+		token := sid + "-token"
+		th := sha256.Sum256([]byte(token))
+		require.NoError(t, a.createWebSessionRecord(ctx, user, &authapi.WebSessionInit{Key: webSessionKeyOf(sid), TokenHash: th[:]}, env.clock.Now().Add(time.Hour), false))
+		return authapi.WebSessionRequest{SessionID: sid, Token: token}
+	}
+	// Eve's session: not hers to confirm.
+	_, err = a.FinishCLILogin(ctx, authapi.CLILoginFinishRequest{WebSessionRequest: session("eve", "eve-session"), ID: started.ID, ChallengeID: "x"})
+	require.ErrorContains(t, err, "belongs to another user")
+	// Dora's, without a passkey answer: refused, and the request is spent.
+	dora := session("dora", "dora-session")
+	_, err = a.FinishCLILogin(ctx, authapi.CLILoginFinishRequest{WebSessionRequest: dora, ID: started.ID})
+	require.Error(t, err)
+	_, err = a.FinishCLILogin(ctx, authapi.CLILoginFinishRequest{WebSessionRequest: dora, ID: started.ID})
+	require.ErrorContains(t, err, MsgCLILoginGone)
+	// psh names the user by a certificate, never by a web session.
+	_, err = a.CreateSessionMFALogin(ctx, authapi.SessionMFALoginRequest{SessionMFAIdentity: authapi.SessionMFAIdentity{WebSession: &dora}})
+	require.Error(t, err)
 }

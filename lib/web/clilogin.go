@@ -121,11 +121,11 @@ func (s *Server) webConsoleFinish(w http.ResponseWriter, r *http.Request, live *
 		writeError(w, http.StatusForbidden, trace.UserMessage(err))
 		return
 	}
-	data, ok := readLoginBody(w, r)
+	var req webapi.WebConsoleFinishRequest
+	data, ok := readMFABodyBytes(w, r)
 	if !ok {
 		return
 	}
-	var req webapi.WebConsoleFinishRequest
 	if err := api.UnmarshalStrict(data, &req); err != nil || req.ID == "" || len(req.ID) > 128 || strings.ContainsFunc(req.ID, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
 		writeError(w, http.StatusBadRequest, "invalid request: expected {\"id\"} of the psh login")
 		return
@@ -134,7 +134,9 @@ func (s *Server) webConsoleFinish(w http.ResponseWriter, r *http.Request, live *
 	log := s.cfg.Logger.WithFields(logrus.Fields{"user": live.user, "remote_addr": remote})
 	ctx, cancel := context.WithTimeout(r.Context(), loginTimeout)
 	defer cancel()
-	resp, err := a.FinishCLILogin(ctx, authapi.CLILoginFinishRequest{WebSessionRequest: sessionRequest(live), ID: req.ID, RemoteAddr: remote})
+	resp, err := a.FinishCLILogin(ctx, authapi.CLILoginFinishRequest{
+		WebSessionRequest: sessionRequest(live), ID: req.ID, ChallengeID: req.ChallengeID, WebAuthn: req.WebAuthn, RemoteAddr: remote,
+	})
 	if err != nil {
 		writeCLILoginError(w, log, err)
 		return
@@ -161,4 +163,20 @@ func writeCLILoginError(w http.ResponseWriter, log logrus.FieldLogger, err error
 	default:
 		internalError(w, log, "psh login through the web login page failed with an internal error.", err)
 	}
+}
+
+// webConsoleChallenge serves POST /webapi/login/console/challenge: the
+// passkey challenge with which the page confirms a psh session (psh ssh
+// to a node a require_session_mfa role reaches).
+func (s *Server) webConsoleChallenge(w http.ResponseWriter, r *http.Request, live *liveSession) {
+	a, ok := s.sessionMFAAuth(w)
+	if !ok {
+		return
+	}
+	ch, err := a.BeginSessionMFA(r.Context(), authapi.SessionMFABeginRequest{SessionMFAIdentity: authapi.SessionMFAIdentity{WebSession: ptr(sessionRequest(live))}})
+	if err != nil {
+		writeMFAError(w, s.cfg.Logger.WithField("user", live.user), err)
+		return
+	}
+	writeJSON(w, http.StatusOK, ch)
 }

@@ -235,6 +235,7 @@ func (s *Server) registerWebRoutes(mux *http.ServeMux) error {
 	mux.HandleFunc("POST /webapi/mfa/session/finish", s.requireSession(s.sessionMFAFinish))
 	mux.HandleFunc("POST /webapi/login/console", s.webConsoleLogin)
 	mux.HandleFunc("POST /webapi/login/console/finish", s.requireSession(s.webConsoleFinish))
+	mux.HandleFunc("POST /webapi/login/console/challenge", s.requireSession(s.webConsoleChallenge))
 	mux.HandleFunc("GET /webapi/nodes", s.requireSession(s.listNodes))
 	mux.HandleFunc("GET /webapi/clusters", s.requireSession(s.listClusters))
 	mux.HandleFunc("GET /webapi/terminal", s.terminal)

@@ -61,7 +61,7 @@ type cli struct {
 		forwardAgent, tty, noTTY, noCommand bool
 		local, remote, dynamic              []string
 		port, cluster, login, escape        string
-		target                              string
+		target, browser                     string
 		command                             []string
 	}
 	scp      scpFlags
@@ -131,6 +131,7 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 	sshCmd.Flag("escape", "Escape character of a pty session (~. disconnects), ^X, or none.").Short('e').Default("~").StringVar(&c.ssh.escape)
 	sshCmd.Flag("port", "Node SSH port (when several nodes share a name).").Short('p').StringVar(&c.ssh.port)
 	sshCmd.Flag("cluster", "Cluster of the node (default: the proxy's).").StringVar(&c.ssh.cluster)
+	sshCmd.Flag("browser", "For a node that asks a fresh second factor per session, confirmed with a passkey: none prints the page's URL without opening a browser.").EnumVar(&c.ssh.browser, "none")
 	sshCmd.Arg("host", "[LOGIN@]HOST").Required().StringVar(&c.ssh.target)
 	sshCmd.Arg("command", "Command to run (default: a login shell).").StringsVar(&c.ssh.command)
 	add(sshCmd, c.doSSH)

@@ -246,6 +246,14 @@ function showCLILogin() {
   closeTerminal();
   show('cli');
   $('cli-user').textContent = sessionStorage.getItem(USER_KEY) || '';
+  // psh ssh's confirmation of one session (require_session_mfa): the
+  // page names the node and login psh asked for.
+  const q = new URLSearchParams(location.search);
+  const session = q.has('node');
+  $('cli-login-text').hidden = session;
+  $('cli-session-text').hidden = !session;
+  $('cli-node').textContent = q.get('node') || '';
+  $('cli-login').textContent = q.get('login') || '';
   $('cli-error').textContent = '';
   $('cli-approve').disabled = false;
   $('cli-approve').focus();
@@ -256,7 +264,13 @@ $('cli-approve').addEventListener('click', async () => {
   $('cli-approve').disabled = true;
   const id = new URLSearchParams(location.search).get('id') || '';
   try {
-    const r = await api('POST', '/webapi/login/console/finish', { id });
+    const body = { id };
+    if (new URLSearchParams(location.search).has('node')) {
+      // The passkey is this session's fresh factor.
+      const ch = await api('POST', '/webapi/login/console/challenge', {});
+      Object.assign(body, await passkeys.answer(ch));
+    }
+    const r = await api('POST', '/webapi/login/console/finish', body);
     // psh's own page on 127.0.0.1 takes the sealed result.
     location.assign(r.redirect_url);
   } catch (err) {

@@ -67,6 +67,14 @@ export async function login(api, begin) {
   return api('POST', '/webapi/mfa/login/finish', { challenge_id: ch.challenge_id, webauthn: credentialJSON(cred) });
 }
 
+// answer runs a challenge ({challenge_id, webauthn}) on the
+// authenticator and returns {challenge_id, webauthn} to send back.
+export async function answer(ch) {
+  const cred = await navigator.credentials.get(requestOptions(ch.webauthn));
+  if (!cred) throw new Error('no passkey was chosen');
+  return { challenge_id: ch.challenge_id, webauthn: credentialJSON(cred) };
+}
+
 // confirmSession answers a per-session challenge (require_session_mfa)
 // for the terminal body names ({node, login, cluster}); it returns
 // {mfa_token} for the terminal's first message.

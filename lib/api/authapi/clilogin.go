@@ -1,5 +1,7 @@
 package authapi
 
+import "encoding/json"
+
 // psh login --auth web: the whole login happens on the proxy's own web
 // login page, and the certificate goes back to psh through the same
 // sealed loopback hand-off as a single sign-on login (SSOClientLogin).
@@ -27,6 +29,24 @@ type CLILoginFinishRequest struct {
 	WebSessionRequest
 	// ID is CLILoginResponse.ID.
 	ID string `json:"id"`
+	// ChallengeID and WebAuthn answer, for a per-session request
+	// (SessionMFALoginRequest), a challenge of POST /v1/mfa/session/begin.
+	ChallengeID string          `json:"challenge_id,omitempty"`
+	WebAuthn    json.RawMessage `json:"webauthn,omitempty"`
 	// RemoteAddr is the browser's address, for audit.
 	RemoteAddr string `json:"remote_addr,omitempty"`
+}
+
+// SessionMFALoginRequest starts, for psh ssh to a node a
+// require_session_mfa role reaches, the confirmation of that session
+// with a passkey in the browser (POST /v1/cli-logins/session): the page
+// at the answered id asks for the passkey, and the per-session
+// certificate reaches psh sealed, as a CLI login's result does.
+type SessionMFALoginRequest struct {
+	SessionMFAIdentity
+	Client SSOClientLogin `json:"client"`
+	// Node (UUID), Cluster and Login name the session.
+	Node    string `json:"node"`
+	Cluster string `json:"cluster"`
+	Login   string `json:"login"`
 }

@@ -176,17 +176,29 @@ type SessionMFACertRequest struct {
 	Cluster string `json:"cluster,omitempty"`
 	// Login is the login of the session.
 	Login string `json:"login"`
-	// OTP is a fresh TOTP code.
-	OTP string `json:"otp"`
+	// OTP is a fresh TOTP code; or Browser asks to confirm the session
+	// with a passkey in the browser instead.
+	OTP     string                  `json:"otp,omitempty"`
+	Browser *SessionMFABrowserLogin `json:"browser,omitempty"`
 	// PublicKey is psh's key (authorized_keys form), the one its
 	// certificate certifies.
 	PublicKey string `json:"public_key"`
 }
 
+// SessionMFABrowserLogin is where the browser confirmation's result goes:
+// psh's loopback listener, sealed to psh's key (as psh login --auth web).
+type SessionMFABrowserLogin struct {
+	RedirectURL string `json:"redirect_url"`
+	SealKey     []byte `json:"seal_key"`
+}
+
 // SessionMFACertResponse is the per-session certificate (authorized_keys
-// form), good for a minute, for that node and login only.
+// form), good for a minute, for that node and login only; or, for a
+// browser confirmation, the path of the page that asks for the passkey
+// (psh prefixes the proxy's web address).
 type SessionMFACertResponse struct {
-	Cert string `json:"cert"`
+	Cert string `json:"cert,omitempty"`
+	Path string `json:"path,omitempty"`
 }
 
 // MsgSessionMFARequired starts the proxy's refusal of a normal

@@ -6,6 +6,7 @@
 package webapi
 
 import (
+	"encoding/json"
 	"time"
 
 	"github.com/postern-dev/postern/lib/api/authapi"
@@ -80,6 +81,10 @@ type WebConsoleLoginResponse struct {
 // certificate.
 type WebConsoleFinishRequest struct {
 	ID string `json:"id"`
+	// ChallengeID and WebAuthn answer the challenge of POST
+	// /webapi/login/console/challenge, for a psh session's confirmation.
+	ChallengeID string          `json:"challenge_id,omitempty"`
+	WebAuthn    json.RawMessage `json:"webauthn,omitempty"`
 }
 
 // WebConsoleFinishResponse is where the browser goes next: psh's

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net"
+	"net/url"
 	"strings"
 
 	"github.com/gravitational/trace"
@@ -32,7 +33,13 @@ import (
 // client.
 type SessionCertIssuer interface {
 	IssueSessionCert(ctx context.Context, req authapi.SessionCertRequest) (*authapi.SessionCertResponse, error)
+	CreateSessionMFALogin(ctx context.Context, req authapi.SessionMFALoginRequest) (*authapi.CLILoginResponse, error)
 }
+
+// cliLoginPagePath is the web UI's page of a psh login (lib/web's
+// CLILoginPagePath; not imported: the SSH side does not link the web
+// server).
+const cliLoginPagePath = "/web/cli-login"
 
 // checkRouteSessionMFA applies authz.Identity.CheckSessionMFA to a dialed route; a leaf's
 // node is the leaf's to decide, but a per-session certificate never
@@ -90,6 +97,23 @@ func (h *Handler) sessionMFACertSubsystem(id *authz.Identity) (srv.SubsystemFunc
 			return trace.BadParameter("per-session certificates are for nodes of cluster %q", h.cfg.Router.ClusterName())
 		}
 		if err := id.CheckLogin(&route.Node, req.Login); err != nil {
+			return trace.Wrap(err)
+		}
+		if b := req.Browser; b != nil {
+			started, err := h.cfg.SessionCerts.CreateSessionMFALogin(ctx, authapi.SessionMFALoginRequest{
+				SessionMFAIdentity: authapi.SessionMFAIdentity{UserCert: ssh.MarshalAuthorizedKey(id.Cert)},
+				Client:             authapi.SSOClientLogin{PublicKey: []byte(req.PublicKey), RedirectURL: b.RedirectURL, SealKey: b.SealKey},
+				Node:               route.Node.UUID, Cluster: h.cfg.Router.ClusterName(), Login: req.Login,
+			})
+			if err != nil {
+				return trace.Wrap(err)
+			}
+			q := url.Values{"id": {started.ID}, "node": {route.Node.Hostname}, "login": {req.Login}}
+			out, err := json.Marshal(proxyapi.SessionMFACertResponse{Path: cliLoginPagePath + "?" + q.Encode()})
+			if err != nil {
+				return trace.Wrap(err)
+			}
+			_, err = ch.Write(out)
 			return trace.Wrap(err)
 		}
 		resp, err := h.cfg.SessionCerts.IssueSessionCert(ctx, authapi.SessionCertRequest{
