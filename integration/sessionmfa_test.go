@@ -98,7 +98,7 @@ func TestSessionMFAThroughPsh(t *testing.T) {
 	_, err = ssh.Dial("tcp", c.p.Addr(service.ListenerNode).String(), cfg)
 	require.Error(t, err, "the node refuses a normal certificate where a role requires a fresh factor per session")
 
-		// A user whose roles do not require it is not asked (alice).
+	// A user whose roles do not require it is not asked (alice).
 	e2 := newPshEnv(t, c)
 	e2.login(t, "alice", alicePassword+"\n")
 	require.Equal(t, "ok\n", e2.mustRun(t, "", "ssh", c.hostname, "echo", "ok"))
