@@ -11,6 +11,7 @@ import (
 	"github.com/gravitational/trace"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/api"
 	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/api/proxyapi"
 	"github.com/postern-dev/postern/lib/authz"
@@ -79,9 +80,9 @@ func (h *Handler) sessionMFACertSubsystem(id *authz.Identity) (srv.SubsystemFunc
 		if len(data) > maxSessionMFARequest {
 			return trace.BadParameter("request too large")
 		}
-		var req proxyapi.SessionMFACertRequest
-		if err := json.Unmarshal(data, &req); err != nil {
-			return trace.BadParameter("invalid per-session certificate request: %v", err)
+		req, err := DecodeSessionMFACertRequest(data)
+		if err != nil {
+			return trace.Wrap(err)
 		}
 		target, err := proxy.ParseTarget(req.Target)
 		if err != nil {
@@ -138,4 +139,38 @@ func remoteHost(addr string) string {
 		return h
 	}
 	return addr
+}
+
+// DecodeSessionMFACertRequest parses psh's request strictly: one JSON
+// object, no unknown fields, a target, a login, a public key, and either
+// a code or a loopback browser hand-off (a 32-byte seal key), not both.
+func DecodeSessionMFACertRequest(data []byte) (*proxyapi.SessionMFACertRequest, error) {
+	var req proxyapi.SessionMFACertRequest
+	if err := api.UnmarshalStrict(data, &req); err != nil {
+		return nil, trace.BadParameter("invalid per-session certificate request: %v", trace.UserMessage(err))
+	}
+	if req.Target == "" || req.Login == "" {
+		return nil, trace.BadParameter("invalid per-session certificate request: missing target or login")
+	}
+	if _, _, _, _, err := ssh.ParseAuthorizedKey([]byte(req.PublicKey)); err != nil {
+		return nil, trace.BadParameter("invalid per-session certificate request: public_key is not an SSH public key")
+	}
+	if (req.OTP == "") == (req.Browser == nil) {
+		return nil, trace.BadParameter("invalid per-session certificate request: give an otp or a browser hand-off, exactly one")
+	}
+	if b := req.Browser; b != nil {
+		u, err := url.Parse(b.RedirectURL)
+		ip := net.ParseIP(hostOf(u))
+		if err != nil || u.Scheme != "http" || ip == nil || !ip.IsLoopback() || len(b.SealKey) != 32 {
+			return nil, trace.BadParameter("invalid per-session certificate request: the browser hand-off needs psh's loopback URL and a 32-byte seal key")
+		}
+	}
+	return &req, nil
+}
+
+func hostOf(u *url.URL) string {
+	if u == nil {
+		return ""
+	}
+	return u.Hostname()
 }
