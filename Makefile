@@ -60,8 +60,10 @@ run-ha: build
 	@HA_DIR="$(CURDIR)/.postern-ha" BUILD_DIR="$(BUILD_DIR)" GO="$(GO)" PORT_BASE="$(PORT_BASE)" ./scripts/run-ha.sh
 
 # test runs the whole suite with the race detector. Integration tests drive
-# real OpenSSH clients; .ci/run installs them.
-test:
+# real OpenSSH clients; .ci/run installs them. Some drive Debian's chromium
+# through e2e/'s playwright-core against binaries with the web UI in them
+# (psh login --auth web): both are built first.
+test: web e2e/node_modules/.package-lock.json
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m ./...
 	# Tests that skip under -race because they push hundreds of MiB

@@ -19,7 +19,11 @@ const buildDir = resolve(here, '..', process.env.POSTERN_BUILD_DIR || 'build');
 const chromiumPath = process.env.CHROMIUM || '/usr/bin/chromium';
 const artifacts = join(here, 'artifacts');
 const login = userInfo().username;
-const users = { a: ['pk-alice', 'alice passkey password 1'], b: ['pk-bob', 'bob passkey password 1'] };
+const users = {
+  a: ['pk-alice', 'alice passkey password 1'], b: ['pk-bob', 'bob passkey password 1'],
+  // carol has no factor when the cluster starts requiring one.
+  c: ['pk-carol', 'carol passkey password 1'],
+};
 
 let passed = 0;
 let failed = 0;
@@ -119,8 +123,8 @@ async function main() {
   const dataDir = mkdtempSync(join(tmpdir(), 'postern-e2e-passkeys-'));
   const anyPort = '127.0.0.1:0';
   const daemon = spawn(join(buildDir, 'postern'), [
-    'start', '--data-dir', dataDir, '--cluster-name', 'e2e-pk', '--roles', 'auth,proxy',
-    '--ssh-addr', anyPort, '--web-addr', anyPort, '--auth-addr', anyPort,
+    'start', '--data-dir', dataDir, '--cluster-name', 'e2e-pk', '--roles', 'auth,proxy,node', '--nodename', 'pk-node',
+    '--node-addr', anyPort, '--ssh-addr', anyPort, '--web-addr', anyPort, '--auth-addr', anyPort,
     '--diag-addr', anyPort, '--tunnel-addr', anyPort, '--peer-addr', anyPort,
   ], { stdio: ['ignore', 'pipe', 'pipe'] });
   const webAddrP = servingAddr(daemon, 'Web server is serving.');
@@ -193,6 +197,85 @@ async function main() {
       });
       await passwordLogin(page, users.a);
       await loginError(page, 'invalid credentials');
+    });
+
+    const ctxC = await browser.newContext({ ignoreHTTPSErrors: true });
+    const pageC = await ctxC.newPage();
+    await step(pageC, 'a user without a factor gets a register-only session, registers, logs in again', async () => {
+      await pageC.goto(base);
+      await authenticator(pageC);
+      await waitFor('the passkey buttons', async () => {
+        await pageC.reload();
+        return !(await pageC.isHidden('#login-passkey'));
+      });
+      await passwordLogin(pageC, users.c);
+      await pageC.waitForSelector('#view-account:not([hidden])');
+      await pageC.waitForSelector('#account-notice:not([hidden])');
+      if (!(await pageC.isHidden('#nav-nodes'))) throw new Error('the Nodes tab is offered to a register-only session');
+      // The API itself refuses everything else, whatever the page shows.
+      const nodes = await pageC.evaluate(async () => {
+        const r = await fetch('/webapi/nodes', { headers: { Authorization: `Bearer ${sessionStorage.getItem('postern.token')}` } });
+        return { status: r.status, body: await r.text() };
+      });
+      if (nodes.status !== 403 || !nodes.body.includes('can only register a second factor')) throw new Error(`GET /webapi/nodes answered ${nodes.status} ${nodes.body}`);
+      await pageC.goto(`${base}/`);
+      await pageC.waitForSelector('#view-account:not([hidden])');
+      await pageC.fill('#passkey-name', 'carol key');
+      await pageC.click('#passkey-add');
+      await waitFor('the login page after registering', async () => (await pageC.textContent('#login-notice')).includes('Passkey registered'));
+      await pageC.fill('#login-user', users.c[0]);
+      await pageC.fill('#login-password', users.c[1]);
+      await pageC.click('#login-passkey');
+      await loggedInAs(pageC, users.c[0]);
+      await pageC.waitForSelector('#view-nodes:not([hidden])');
+    });
+
+    await step(pageC, 'a web terminal to a require_session_mfa node asks for the passkey first; a resume does not', async () => {
+      const roleFile = join(dataDir, 'sensitive.yaml');
+      writeFileSync(roleFile, ['kind: role', 'version: v1', 'metadata: {name: sensitive}', 'spec:',
+        `  logins: [${JSON.stringify(login)}]`, '  node_labels: {"*": "*"}', '  require_session_mfa: true', ''].join('\n'));
+      pctl(['create', '-f', roleFile]);
+      pctl(['users', 'update', users.c[0], '--roles', 'sensitive']);
+      let begins = 0;
+      pageC.on('request', (r) => { if (r.url().endsWith('/webapi/mfa/session/begin')) begins++; });
+      // The new role is in the next login's certificate.
+      await logout(pageC);
+      await pageC.fill('#login-user', users.c[0]);
+      await pageC.fill('#login-password', users.c[1]);
+      await pageC.click('#login-passkey');
+      await loggedInAs(pageC, users.c[0]);
+      const row = await pageC.waitForSelector('#nodes tbody tr[data-hostname="pk-node"]');
+      const uuid = await row.$eval('.uuid', (td) => td.textContent);
+      // The API refuses a terminal without the passkey, whatever a page does.
+      const reason = await pageC.evaluate(({ uuid, login }) => new Promise((res) => {
+        const params = encodeURIComponent(JSON.stringify({ host: uuid, login, cols: 80, rows: 24, cluster: '' }));
+        const ws = new WebSocket(`wss://${location.host}/webapi/terminal?params=${params}`, 'postern.v1');
+        ws.binaryType = 'arraybuffer';
+        let text = '';
+        ws.onopen = () => ws.send(JSON.stringify({ token: sessionStorage.getItem('postern.token'), ack: 0 }));
+        ws.onmessage = (ev) => { if (typeof ev.data !== 'string') text += new TextDecoder().decode(new Uint8Array(ev.data).subarray(1)); };
+        ws.onclose = (ev) => res(`${ev.reason} ${text}`);
+      }), { uuid, login });
+      if (!reason.includes('fresh second factor')) throw new Error(`a terminal without the passkey ended with "${reason}"`);
+      await row.$eval('a.connect', (a) => a.click());
+      await waitFor('the terminal to connect', async () => (await pageC.getAttribute('#term-status', 'data-status')) === 'connected');
+      if (begins !== 1) throw new Error(`the passkey was asked ${begins} times`);
+      await pageC.click('#terminal');
+      await pageC.keyboard.type('echo mfa-$((6*7))\n');
+      const text = () => pageC.evaluate(() => {
+        const t = window.posternTerminal;
+        if (!t) return '';
+        const b = t.buffer.active;
+        const out = [];
+        for (let y = 0; y < b.length; y++) out.push(b.getLine(y).translateToString(true));
+        return out.join('\n');
+      });
+      await waitFor('the command output', async () => (await text()).includes('mfa-42'));
+      // A reload resumes the same shell: no new passkey.
+      await pageC.reload();
+      await waitFor('the terminal to resume', async () => (await pageC.getAttribute('#term-status', 'data-status')) === 'connected');
+      await waitFor('the output after the resume', async () => (await text()).includes('mfa-42'));
+      if (begins !== 1) throw new Error(`a resume asked for the passkey again (${begins} begins)`);
     });
 
     await step(page, 'log in with password and passkey', async () => {

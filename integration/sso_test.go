@@ -99,7 +99,21 @@ func proxyClient(t *testing.T, dataDir string) *http.Client {
 // running command and the URL it printed.
 func (s *ssoEnv) pshSSOLogin(t *testing.T, proxy string) (cmd *exec.Cmd, authURL string, stdout *strings.Builder, stderr func() string) {
 	t.Helper()
-	cmd = s.psh.cmd("", "login", "--proxy", proxy, "--cacert", s.psh.caCert(), "--auth", "corp", "--browser", "none")
+	return pshBrowserLogin(t, s.psh, proxy, "corp")
+}
+
+// pshBrowserLogin runs psh login --auth auth --browser none and returns
+// the running command and the URL it printed.
+func pshBrowserLogin(t *testing.T, e *pshEnv, proxy, auth string) (cmd *exec.Cmd, authURL string, stdout *strings.Builder, stderr func() string) {
+	t.Helper()
+	return pshPrintsURL(t, e, "", "login", "--proxy", proxy, "--cacert", e.caCert(), "--auth", auth, "--browser", "none")
+}
+
+// pshPrintsURL runs psh with args and stdin until it prints the URL to
+// open in a browser ("If the browser does not open, visit: URL").
+func pshPrintsURL(t *testing.T, e *pshEnv, stdin string, args ...string) (cmd *exec.Cmd, authURL string, stdout *strings.Builder, stderr func() string) {
+	t.Helper()
+	cmd = e.cmd(stdin, args...)
 	stdout = &strings.Builder{}
 	cmd.Stdout = stdout
 	pipe, err := cmd.StderrPipe()
@@ -124,8 +138,8 @@ func (s *ssoEnv) pshSSOLogin(t *testing.T, proxy string) (cmd *exec.Cmd, authURL
 		select {
 		case l, ok := <-lines:
 			require.True(t, ok, "psh ended without printing the URL: %s", all.String())
-			if strings.HasPrefix(l, prefix) {
-				authURL = strings.TrimPrefix(l, prefix)
+			if _, u, ok := strings.Cut(l, prefix); ok {
+				authURL = u
 			}
 		case <-timeout:
 			t.Fatal("psh printed no URL")

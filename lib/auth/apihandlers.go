@@ -151,6 +151,13 @@ func (a *APIServer) registerRoutes() {
 	a.handle("POST /v1/sso/requests", allow(proxy), a.createSSOAuthRequest)
 	a.handle("POST /v1/sso/callback", allow(proxy), a.validateSSOCallback)
 	a.handle("GET /v1/sso/connectors", allow(proxy), a.getSSOConnectors)
+	// psh login --auth web (clilogin.go).
+	a.handle("POST /v1/cli-logins", allow(proxy), a.createCLILogin)
+	a.handle("POST /v1/cli-logins/finish", allow(proxy), a.finishCLILogin)
+	a.handle("POST /v1/cli-logins/session", allow(proxy), a.createSessionMFALogin)
+	// Per-session MFA (sessionmfa.go).
+	a.handle("POST /v1/mfa/session/begin", allow(proxy), a.beginSessionMFA)
+	a.handle("POST /v1/mfa/session/certs", allow(proxy), a.issueSessionCert)
 	// SSO connectors: pctl create/get/rm (secrets never leave auth).
 	a.handle("PUT /v1/oidc_connectors", allow(admin), a.upsertOIDCConnector)
 	a.handle("GET /v1/oidc_connectors", allow(admin), a.getOIDCConnectors)

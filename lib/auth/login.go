@@ -135,21 +135,39 @@ func (c localConnector) Authenticate(ctx context.Context, req authapi.AuthReques
 // secrets). Repeated failures for a user or from an address are refused
 // with a RetryAfterError before any check runs.
 func (c localConnector) authenticate(ctx context.Context, req authapi.AuthRequest) (*services.User, error) {
+	user, _, err := c.authenticateFor(ctx, req, false)
+	return user, trace.Wrap(err)
+}
+
+// authenticateFor is authenticate for a login that may end in a
+// register-only web session: with allowRegister, a user whose password
+// is right but who has no second factor while one is required (and may
+// register a passkey) is let through with registerOnly set, audited as a
+// login of that kind.
+func (c localConnector) authenticateFor(ctx context.Context, req authapi.AuthRequest, allowRegister bool) (user *services.User, registerOnly bool, err error) {
 	s := c.s
 	if err := s.limiter.check(req.User, req.RemoteAddr); err != nil {
 		s.emitLogin(ctx, events.AuthFailed, req, trace.UserMessage(err))
-		return nil, trace.Wrap(err)
+		return nil, false, trace.Wrap(err)
 	}
-	user, err := s.checkCredentials(ctx, req)
+	user, err = s.checkCredentials(ctx, req)
+	if allowRegister && isMustRegister(err) && user != nil {
+		s.limiter.success(req.User, req.RemoteAddr)
+		s.log.WithFields(map[string]any{"user": req.User, "remote_addr": req.RemoteAddr}).Info("Password login of a user without a second factor: register-only web session.")
+		s.cfg.Audit.Emit(ctx, events.Event{Type: events.AuthLogin, User: req.User, Fields: events.Fields{
+			events.FieldRemoteAddr: req.RemoteAddr, events.FieldMethod: "password", fieldRegisterOnly: true,
+		}})
+		return user, true, nil
+	}
 	if err != nil {
 		if trace.IsAccessDenied(err) {
 			s.limiter.failure(req.User, req.RemoteAddr)
 			s.log.WithFields(map[string]any{"user": req.User, "remote_addr": req.RemoteAddr}).Info("Failed login.")
 			s.emitLogin(ctx, events.AuthFailed, req, auditReason(err))
 		}
-		return nil, trace.Wrap(err)
+		return nil, false, trace.Wrap(err)
 	}
 	s.limiter.success(req.User, req.RemoteAddr)
 	s.emitLogin(ctx, events.AuthLogin, req, "")
-	return user, nil
+	return user, false, nil
 }

@@ -138,6 +138,8 @@ func (s *Server) checkSecondFactor(ctx context.Context, user *services.User, cod
 		return trace.Wrap(err)
 	case need.webauthn:
 		return errPasskeyRequired()
+	case canRegisterFirstFactor(pref, user):
+		return errMustRegister()
 	default:
 		return errNoFactorEnrolled()
 	}

@@ -74,8 +74,15 @@ func TestSecondFactorFromPreference(t *testing.T) {
 	// alice's OTP does not count under "webauthn", and she has no passkey.
 	user, err := env.store.GetUser(ctx, "alice")
 	require.NoError(t, err)
+	// Passkeys are allowed: she may register one in a register-only web
+	// session; under "otp" there is nothing she could register herself.
 	err = env.auth.checkSecondFactor(ctx, user, "123456")
-	require.ErrorContains(t, err, "none usable is registered")
+	require.ErrorContains(t, err, "log in on the web page once to register a passkey")
+	require.True(t, isMustRegister(err))
+	require.NoError(t, env.store.SetAuthPreference(ctx, &services.AuthPreference{Spec: services.AuthPreferenceSpec{SecondFactor: services.SecondFactorOTP}}))
+	err = env.auth.checkSecondFactor(ctx, user, "12345")
+	require.ErrorContains(t, err, "invalid credentials")
+	require.NoError(t, env.store.SetAuthPreference(ctx, &services.AuthPreference{Spec: services.AuthPreferenceSpec{SecondFactor: services.SecondFactorWebAuthn}}))
 
 	// A passkey-only user is told to use the web login after a right password.
 	require.NoError(t, env.store.CreateMFADevice(ctx, services.MFADevice{

@@ -195,6 +195,12 @@ func (s *Server) checkCredentials(ctx context.Context, req authapi.AuthRequest) 
 		return nil, trace.Wrap(err)
 	}
 	if err := s.checkSecondFactor(ctx, user, req.OTP); err != nil {
+		if isMustRegister(err) {
+			// The password was right: the caller may open a
+			// register-only session for this user.
+			out := publicUser(*user)
+			return &out, trace.Wrap(err)
+		}
 		return nil, trace.Wrap(err)
 	}
 	out := publicUser(*user)
@@ -293,10 +299,17 @@ func (s *Server) AuthenticateSSHUser(ctx context.Context, req authapi.SSHLoginRe
 	if _, err := parseAuthorizedKey(req.PublicKey); err != nil {
 		return nil, trace.Wrap(err)
 	}
-	res, err := s.local.Authenticate(ctx, req.AuthRequest)
+	// Only a browser login may end in a register-only session: psh has
+	// nowhere to register a passkey.
+	user, registerOnly, err := s.local.authenticateFor(ctx, req.AuthRequest, req.WebSession != nil)
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
+	if registerOnly {
+		resp, err := s.registerOnlyLogin(ctx, user, req.WebSession)
+		return resp, trace.Wrap(err)
+	}
+	res := &LoginResult{User: user.Name, Connector: ConnectorLocal, Roles: user.Roles, Traits: user.Traits}
 	resp, err := s.completeLogin(ctx, res, LoginOutput{PublicKey: req.PublicKey, TTL: req.TTL, WebSession: req.WebSession})
 	return resp, trace.Wrap(err)
 }

@@ -314,6 +314,7 @@ func (s *Server) FinishWebAuthnRegistration(ctx context.Context, req authapi.MFA
 	}
 	s.log.WithFields(map[string]any{"user": user.Name, "device": dev.Name}).Info("Registered a passkey.")
 	s.cfg.Audit.Emit(ctx, events.Event{Type: events.MFAAdd, User: user.Name, Fields: events.Fields{"device": dev.Name, "kind": dev.Kind}})
+	s.endRegisterOnly(ctx, req.WebSessionRequest)
 	out := publicDevice(dev)
 	return &out, nil
 }

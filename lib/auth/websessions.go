@@ -52,12 +52,6 @@ func webSessionKeyOf(sessionID string) string {
 // createWebSession stores the session a login asked for, expiring with
 // the certificate just issued.
 func (s *Server) createWebSession(ctx context.Context, user string, init *authapi.WebSessionInit, cert []byte) error {
-	if err := services.CheckWebSessionKey(init.Key); err != nil {
-		return trace.Wrap(err)
-	}
-	if len(init.TokenHash) != sha256.Size {
-		return trace.BadParameter("web session token hash must be a SHA-256")
-	}
 	pub, _, _, _, err := ssh.ParseAuthorizedKey(cert)
 	if err != nil {
 		return trace.Wrap(err)
@@ -66,10 +60,21 @@ func (s *Server) createWebSession(ctx context.Context, user string, init *authap
 	if !ok {
 		return trace.BadParameter("login issued no certificate")
 	}
+	return trace.Wrap(s.createWebSessionRecord(ctx, user, init, time.Unix(int64(c.ValidBefore), 0), false))
+}
+
+// createWebSessionRecord stores a new session's record (hashes only).
+func (s *Server) createWebSessionRecord(ctx context.Context, user string, init *authapi.WebSessionInit, expires time.Time, registerOnly bool) error {
+	if err := services.CheckWebSessionKey(init.Key); err != nil {
+		return trace.Wrap(err)
+	}
+	if len(init.TokenHash) != sha256.Size {
+		return trace.BadParameter("web session token hash must be a SHA-256")
+	}
 	now := s.clock.Now()
 	ws := services.WebSession{
 		User: user, TokenHash: init.TokenHash, Created: now, LastActive: now,
-		Expires: time.Unix(int64(c.ValidBefore), 0),
+		Expires: expires, RegisterOnly: registerOnly,
 	}
 	return trace.Wrap(s.store.CreateWebSession(ctx, init.Key, ws))
 }
@@ -154,6 +159,11 @@ func (s *Server) WebSessionCerts(ctx context.Context, req authapi.WebSessionCert
 	}
 	th := sha256.Sum256([]byte(req.Token))
 	if subtle.ConstantTimeCompare(ws.TokenHash, th[:]) != 1 {
+		return nil, denied
+	}
+	if ws.RegisterOnly {
+		// Its user proved a password only: nothing is certified for it.
+		s.log.WithField("user", ws.User).Warn("Refused to certify a key for a register-only web session.")
 		return nil, denied
 	}
 	ttl := ws.Expires.Sub(s.clock.Now())

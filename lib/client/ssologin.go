@@ -67,12 +67,79 @@ type SSOLoginConfig struct {
 	Now func() time.Time
 }
 
-// SSOLogin logs in through the proxy's single sign-on connector and
-// stores the result as Login does.
+// WebLoginConnector is the --auth value of a login on the proxy's own web
+// login page (psh login --auth web): password, second factors, passkeys,
+// or a single sign-on button there, with the certificate coming back
+// through the same sealed loopback hand-off as a single sign-on login.
+const WebLoginConnector = "web"
+
+// SSOLogin logs in through the proxy's single sign-on connector, or on
+// its web login page (WebLoginConnector), and stores the result as Login
+// does.
 func SSOLogin(ctx context.Context, cfg SSOLoginConfig) (*LoginResult, error) {
 	if cfg.Connector == "" {
 		return nil, trace.BadParameter("missing --auth NAME")
 	}
+	start := startSSO
+	if cfg.Connector == WebLoginConnector {
+		start = startWebLogin
+	}
+	return browserLogin(ctx, cfg, start)
+}
+
+// browserStart asks the proxy to start a login whose result is sealed to
+// sealKey and handed to redirect, and returns the URL to open.
+type browserStart func(ctx context.Context, cfg SSOLoginConfig, wc *WebClient, ping *webapi.PingResponse, pub []byte, redirect string, sealKey []byte) (string, error)
+
+// startSSO starts a login at the connector's identity provider.
+func startSSO(ctx context.Context, cfg SSOLoginConfig, wc *WebClient, ping *webapi.PingResponse, pub []byte, redirect string, sealKey []byte) (string, error) {
+	if err := checkConnectorListed(ping, cfg.Connector, wc.Addr()); err != nil {
+		return "", trace.Wrap(err)
+	}
+	authURL, err := wc.SSOConsoleLogin(ctx, webapi.SSOConsoleLoginRequest{
+		Connector:   cfg.Connector,
+		PubKey:      string(pub),
+		TTLSeconds:  int64(cfg.TTL / time.Second),
+		RedirectURL: redirect,
+		SealKey:     sealKey,
+	})
+	if err != nil {
+		return "", trace.Wrap(err)
+	}
+	if err := checkBrowserURL(authURL); err != nil {
+		return "", trace.BadParameter("proxy %s answered an unusable identity provider URL: %v", wc.Addr(), err)
+	}
+	return authURL, nil
+}
+
+// startWebLogin starts a login on the proxy's web login page. The URL is
+// built on the address psh was given (--proxy), the one this user reaches
+// the proxy by, with the page's path the proxy answered.
+func startWebLogin(ctx context.Context, cfg SSOLoginConfig, wc *WebClient, _ *webapi.PingResponse, pub []byte, redirect string, sealKey []byte) (string, error) {
+	path, err := wc.WebConsoleLogin(ctx, webapi.WebConsoleLoginRequest{
+		PubKey:      string(pub),
+		TTLSeconds:  int64(cfg.TTL / time.Second),
+		RedirectURL: redirect,
+		SealKey:     sealKey,
+	})
+	if err != nil {
+		return "", trace.Wrap(err)
+	}
+	if !strings.HasPrefix(path, "/") || strings.HasPrefix(path, "//") {
+		return "", trace.BadParameter("proxy %s answered an unusable login page path %q", wc.Addr(), path)
+	}
+	loginURL := "https://" + wc.Addr() + path
+	if err := checkBrowserURL(loginURL); err != nil {
+		return "", trace.BadParameter("proxy %s answered an unusable login page path: %v", wc.Addr(), err)
+	}
+	return loginURL, nil
+}
+
+// browserLogin is every login psh does in a browser: a fresh key pair,
+// the loopback listener with its seal key, start's URL printed (and
+// opened), and the one sealed result that comes back, stored as Login
+// stores its result.
+func browserLogin(ctx context.Context, cfg SSOLoginConfig, start browserStart) (*LoginResult, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultSSOTimeout
 	}
@@ -94,9 +161,6 @@ func SSOLogin(ctx context.Context, cfg SSOLoginConfig) (*LoginResult, error) {
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	if err := checkConnectorListed(ping, cfg.Connector, wc.Addr()); err != nil {
-		return nil, trace.Wrap(err)
-	}
 	priv, pub, err := utils.GenerateKeyPair()
 	if err != nil {
 		return nil, trace.Wrap(err)
@@ -110,22 +174,13 @@ func SSOLogin(ctx context.Context, cfg SSOLoginConfig) (*LoginResult, error) {
 		return nil, trace.Wrap(err)
 	}
 	defer stop()
-	authURL, err := wc.SSOConsoleLogin(ctx, webapi.SSOConsoleLoginRequest{
-		Connector:   cfg.Connector,
-		PubKey:      string(pub),
-		TTLSeconds:  int64(cfg.TTL / time.Second),
-		RedirectURL: redirect,
-		SealKey:     h.SealKey(),
-	})
+	loginURL, err := start(ctx, cfg, wc, ping, pub, redirect, h.SealKey())
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	if err := checkBrowserURL(authURL); err != nil {
-		return nil, trace.BadParameter("proxy %s answered an unusable identity provider URL: %v", wc.Addr(), err)
-	}
-	fmt.Fprintf(cfg.Out, "If the browser does not open, visit: %s\n", authURL)
+	fmt.Fprintf(cfg.Out, "If the browser does not open, visit: %s\n", loginURL)
 	if cfg.OpenBrowser != nil {
-		if err := cfg.OpenBrowser(authURL); err != nil {
+		if err := cfg.OpenBrowser(loginURL); err != nil {
 			fmt.Fprintf(cfg.Out, "Could not open a browser (%v); open the URL above yourself.\n", err)
 		}
 	}
@@ -304,7 +359,7 @@ func (h *SSOHandoff) Wait(ctx context.Context, clock clockwork.Clock, timeout ti
 	h.mu.Lock()
 	refused := h.refused
 	h.mu.Unlock()
-	msg := fmt.Sprintf("no login came back from the browser within %s: finish the login at your identity provider sooner, or run psh login again", timeout)
+	msg := fmt.Sprintf("no login came back from the browser within %s: finish the login in the browser sooner, or run psh login again", timeout)
 	if refused > 0 {
 		msg += fmt.Sprintf(" (%d login result(s) not for this psh were refused)", refused)
 	}

@@ -202,6 +202,40 @@ func (c *WebClient) SSOConsoleLogin(ctx context.Context, req webapi.SSOConsoleLo
 	return resp.AuthURL, nil
 }
 
+// WebConsoleLogin starts psh login --auth web: it answers the path of the
+// proxy's login page for this login.
+func (c *WebClient) WebConsoleLogin(ctx context.Context, req webapi.WebConsoleLoginRequest) (string, error) {
+	data, err := json.Marshal(req)
+	if err != nil {
+		return "", trace.Wrap(err)
+	}
+	const path = "/webapi/login/console"
+	code, body, err := c.call(ctx, http.MethodPost, path, data)
+	if err != nil {
+		return "", trace.Wrap(err)
+	}
+	if code != http.StatusOK {
+		var e webapi.ErrorResponse
+		if json.Unmarshal(body, &e) != nil || e.Error == "" {
+			return "", c.notPostern(fmt.Sprintf("POST %s answered %d", path, code))
+		}
+		switch code {
+		case http.StatusBadRequest, http.StatusForbidden:
+			return "", trace.BadParameter("web login refused: %s", e.Error)
+		case http.StatusNotFound, http.StatusNotImplemented:
+			return "", trace.NotImplemented("psh login --auth web is not available on proxy %s: %s", c.cfg.Proxy, e.Error)
+		case http.StatusServiceUnavailable:
+			return "", trace.ConnectionProblem(nil, "web login failed: %s", e.Error)
+		}
+		return "", trace.Errorf("web login failed: %s", e.Error)
+	}
+	var resp webapi.WebConsoleLoginResponse
+	if err := json.Unmarshal(body, &resp); err != nil || resp.Path == "" {
+		return "", c.notPostern("POST " + path + " answered no login page")
+	}
+	return resp.Path, nil
+}
+
 // call does one request and returns the status and (bounded) body. TLS
 // failures get a message that says what to do about them.
 func (c *WebClient) call(ctx context.Context, method, path string, body []byte) (int, []byte, error) {

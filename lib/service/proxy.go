@@ -100,6 +100,8 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 		Requests:   clt,
 		Locks:      p.locks,
 		Deps:       p.deps(observe.ComponentProxySSH, p.audit),
+		// psh's per-session certificates (require_session_mfa).
+		SessionCerts: clt,
 	})
 	if err != nil {
 		return trace.Wrap(err)

@@ -28,7 +28,25 @@ const (
 	// proxies at the other end of its tunnel. A host certificate without
 	// it (issued before reverse tunnels) is refused there.
 	CertExtensionHostRole = "postern-host-role@postern.dev"
+	// CertExtensionSessionMFA marks a per-session certificate, issued
+	// after a fresh second factor for one session: a JSON SessionMFATarget
+	// naming the node (UUID), its cluster and the login. The proxy lets it
+	// reach that node only, and only nodes a require_session_mfa role
+	// reaches need it.
+	CertExtensionSessionMFA = "postern-session-mfa@postern.dev"
 )
+
+// SessionMFATarget is what a per-session certificate is bound to.
+type SessionMFATarget struct {
+	Cluster string `json:"cluster"`
+	Node    string `json:"node"`
+	Login   string `json:"login"`
+}
+
+// SessionMFATTL is a per-session certificate's lifetime: long enough to
+// connect with it, no longer. A session it opened goes on after it
+// expires; a new one needs a new factor.
+const SessionMFATTL = time.Minute
 
 // loginsTemplate expands to the user's own logins trait.
 const loginsTemplate = "{{internal.logins}}"
@@ -218,6 +236,13 @@ func (a *AccessChecker) ForwardAgentAnywhere() bool {
 // ForwardAgentAnywhere).
 func (a *AccessChecker) PortForwardingAnywhere() bool {
 	return slices.ContainsFunc(a.roles, func(r *Role) bool { return r.Spec.PortForwarding })
+}
+
+// SessionMFARequired reports whether a role that reaches node requires a
+// fresh second factor per session (require_session_mfa): the strictest
+// of the roles that grant access there wins.
+func (a *AccessChecker) SessionMFARequired(node *Node) bool {
+	return slices.ContainsFunc(a.rolesForNode(node), func(r *Role) bool { return r.Spec.RequireSessionMFA })
 }
 
 // IsAdmin reports whether any role grants cluster administration.

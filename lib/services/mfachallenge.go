@@ -26,6 +26,9 @@ const (
 	// MFAPurposePasswordless: a discoverable passkey alone; the user is
 	// whoever its user handle names.
 	MFAPurposePasswordless = "passwordless"
+	// MFAPurposeSession: a passkey for one new session to a node a
+	// require_session_mfa role reaches (the user is logged in already).
+	MFAPurposeSession = "session"
 )
 
 // MFAChallenge is one ceremony under way.

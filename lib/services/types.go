@@ -187,6 +187,10 @@ type RoleSpec struct {
 	// ReviewRequests names the roles whose requests the holder may
 	// approve or deny; nil allows reviewing none.
 	ReviewRequests *ReviewRequestsOption `json:"review_requests,omitempty"`
+	// RequireSessionMFA: every new session to a node this role reaches
+	// needs a fresh second factor, proven for that session alone (a
+	// per-session certificate, lib/auth/sessionmfa.go).
+	RequireSessionMFA bool `json:"require_session_mfa,omitempty"`
 }
 
 // Role session_recording options. require beats exempt: a role that

@@ -31,6 +31,11 @@ type WebSession struct {
 	// LastActive is the last recorded use; the session is idle-expired
 	// when LastActive + idle TTL has passed.
 	LastActive time.Time `json:"last_active"`
+	// RegisterOnly marks the session of a user who proved their password
+	// but has no second factor while auth_preference requires one: it
+	// can only register a factor (the Account page), never reach a node,
+	// and auth certifies no key for it.
+	RegisterOnly bool `json:"register_only,omitempty"`
 }
 
 var webSessionsPrefix = []string{"web", "sessions"}

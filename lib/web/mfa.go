@@ -82,14 +82,8 @@ func (s *Server) mfaAuth(w http.ResponseWriter) (MFAAuthenticator, bool) {
 // readMFABody decodes a ceremony body strictly, at most maxWebAuthnBody
 // bytes; ok is false when the answer (413 or 400) has been written.
 func readMFABody(w http.ResponseWriter, r *http.Request, v any) bool {
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxWebAuthnBody))
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			writeError(w, http.StatusRequestEntityTooLarge, "request body too large")
-			return false
-		}
-		writeError(w, http.StatusBadRequest, "could not read request body")
+	data, ok := readMFABodyBytes(w, r)
+	if !ok {
 		return false
 	}
 	if err := api.UnmarshalStrict(data, v); err != nil {
@@ -97,6 +91,23 @@ func readMFABody(w http.ResponseWriter, r *http.Request, v any) bool {
 		return false
 	}
 	return true
+}
+
+// readMFABodyBytes reads a body that may carry a passkey's answer, at
+// most maxWebAuthnBody bytes; ok is false when the answer has been
+// written.
+func readMFABodyBytes(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxWebAuthnBody))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeError(w, http.StatusRequestEntityTooLarge, "request body too large")
+			return nil, false
+		}
+		writeError(w, http.StatusBadRequest, "could not read request body")
+		return nil, false
+	}
+	return data, true
 }
 
 // writeMFAError maps auth's answer for the browser: a refused ceremony is
@@ -219,7 +230,22 @@ func (s *Server) mfaRegisterFinish(w http.ResponseWriter, r *http.Request, live 
 		writeMFAError(w, s.cfg.Logger.WithField("user", live.user), err)
 		return
 	}
+	if live.registerOnly {
+		// The factor is there: the user now logs in with it.
+		s.endRegisterOnly(r.Context(), live)
+		clearSessionCookie(w, sessionCookieFor(bearerToken(r)))
+		clearSessionCookie(w, SessionCookieName)
+		writeJSON(w, http.StatusOK, registeredDevice{MFADevice: *dev, Relogin: true})
+		return
+	}
 	writeJSON(w, http.StatusOK, dev)
+}
+
+// registeredDevice answers the registration of a register-only session:
+// the new device, and that the session ended (log in again with it).
+type registeredDevice struct {
+	authapi.MFADevice
+	Relogin bool `json:"relogin,omitempty"`
 }
 
 // mfaDevices serves GET /webapi/mfa/devices.

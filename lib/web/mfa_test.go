@@ -36,6 +36,8 @@ type mfaEnv struct {
 	audit *events.Recorder
 	url   string
 	http  *http.Client
+	// nodes is what the web server lists (none until a test adds some).
+	nodes *mfaNodes
 }
 
 const (
@@ -71,11 +73,12 @@ func newMFAEnv(t *testing.T) *mfaEnv {
 
 	pair, err := LoadOrCreateTLS(t.TempDir(), "", "", nil, time.Now())
 	require.NoError(t, err)
+	nodes := &mfaNodes{}
 	s, err := NewServer(Config{
 		ClusterName: "c1", ProxySSHAddr: "127.0.0.1:3023", Certificate: pair,
 		Auth: clt, SecondFactor: CachedSecondFactor(clt, clock),
 		WebSessions: WebSessionsConfig{
-			Router: noRoutes{}, Nodes: noNodes{}, Roles: clt,
+			Router: noRoutes{}, Nodes: nodes, Roles: clt,
 			Store: &AuthSessionStore{Auth: clt}, Certs: clt, Watch: clt.WebSessionEvents,
 		},
 		Deps: observe.Deps{Clock: clock, Logger: quietLogger()},
@@ -109,7 +112,7 @@ func newMFAEnv(t *testing.T) *mfaEnv {
 		_, err := as.CreateUser(ctx, user, []byte(pw), []string{user}, nil, false)
 		require.NoError(t, err)
 	}
-	return &mfaEnv{clock: clock, auth: as, store: store, audit: audit, url: "https://" + ln.Addr().String(), http: &http.Client{Transport: tr}}
+	return &mfaEnv{clock: clock, auth: as, store: store, audit: audit, url: "https://" + ln.Addr().String(), http: &http.Client{Transport: tr}, nodes: nodes}
 }
 
 // do sends a JSON request, with ws's cookie and token when set.

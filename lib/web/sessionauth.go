@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"errors"
 	"net/http"
 	"strings"
 	"time"
@@ -120,8 +121,22 @@ func bearerToken(r *http.Request) string {
 }
 
 // authenticate checks the token and the session cookie that goes with it
-// (sessionCookie) against the store.
+// (sessionCookie) against the store. A register-only session is refused
+// (errRegisterOnly): only authenticateAny's callers serve it.
 func (s *Server) authenticate(ctx context.Context, r *http.Request, token string) (*liveSession, error) {
+	live, err := s.authenticateAny(ctx, r, token)
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if live.registerOnly {
+		return nil, errRegisterOnly
+	}
+	return live, nil
+}
+
+// authenticateAny is authenticate that also returns register-only
+// sessions.
+func (s *Server) authenticateAny(ctx context.Context, r *http.Request, token string) (*liveSession, error) {
 	if token == "" {
 		return nil, errNoSession
 	}
@@ -159,6 +174,10 @@ func (s *Server) checkSession(ctx context.Context, sid, token string) (*liveSess
 		return nil, errNoSession
 	}
 	live := s.web.sessions.get(key)
+	if live == nil && rec.RegisterOnly {
+		// No key to get: auth certifies none for it.
+		live = s.adoptRegisterOnly(ref, rec)
+	}
 	if live == nil {
 		// Created by another proxy (or before a restart): its key is not
 		// here. With Certs this proxy gets a key of its own
@@ -219,18 +238,32 @@ func (s *Server) endSession(ctx context.Context, ref SessionRef) {
 	s.web.sessions.remove(ref.Key())
 }
 
-// requireSession wraps an API handler with the cookie + bearer check.
+// requireSession wraps an API handler with the cookie + bearer check; a
+// register-only session is refused (403).
 func (s *Server) requireSession(next func(http.ResponseWriter, *http.Request, *liveSession)) http.HandlerFunc {
+	return s.sessionHandler(s.authenticate, next)
+}
+
+// requireAnySession is requireSession for the calls a register-only
+// session may make too: list and register second factors, log out.
+func (s *Server) requireAnySession(next func(http.ResponseWriter, *http.Request, *liveSession)) http.HandlerFunc {
+	return s.sessionHandler(s.authenticateAny, next)
+}
+
+func (s *Server) sessionHandler(check func(context.Context, *http.Request, string) (*liveSession, error), next func(http.ResponseWriter, *http.Request, *liveSession)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if !s.cfg.WebSessions.enabled() {
 			writeError(w, http.StatusNotImplemented, "web sessions are not available on this proxy")
 			return
 		}
-		live, err := s.authenticate(r.Context(), r, bearerToken(r))
+		live, err := check(r.Context(), r, bearerToken(r))
 		if err != nil {
 			code := http.StatusUnauthorized
-			if trace.IsConnectionProblem(err) {
+			switch {
+			case trace.IsConnectionProblem(err):
 				code = http.StatusServiceUnavailable
+			case errors.Is(err, errRegisterOnly):
+				code = http.StatusForbidden
 			}
 			writeError(w, code, trace.UserMessage(err))
 			return

@@ -16,6 +16,7 @@ import (
 	"github.com/postern-dev/postern/lib/api"
 	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/api/webapi"
+	"github.com/postern-dev/postern/lib/auth"
 )
 
 // The login and logout handlers of web sessions: POST and DELETE
@@ -117,20 +118,28 @@ func (s *Server) issueWebSession(w http.ResponseWriter, r *http.Request, log log
 	if !ok {
 		return
 	}
-	live, err := newLiveSession(priv, resp, s.cfg.ClusterName)
-	if err != nil {
-		internalError(w, log, "Web login: unusable certificate from auth.", err)
-		return
-	}
 	now := s.cfg.Clock.Now()
 	expires := now.Add(cfg.TTL)
-	if certEnd := time.Unix(int64(live.cert.ValidBefore), 0); certEnd.Before(expires) {
-		expires = certEnd
+	var live *liveSession
+	if resp.RegisterOnly {
+		live = &liveSession{user: resp.Username, registerOnly: true}
+		if end := now.Add(auth.RegisterOnlyTTL); end.Before(expires) {
+			expires = end
+		}
+	} else {
+		live, err = newLiveSession(priv, resp, s.cfg.ClusterName)
+		if err != nil {
+			internalError(w, log, "Web login: unusable certificate from auth.", err)
+			return
+		}
+		if certEnd := time.Unix(int64(live.cert.ValidBefore), 0); certEnd.Before(expires) {
+			expires = certEnd
+		}
 	}
 	live.setRef(ref)
 	live.expires = expires
 	if !atLogin {
-		rec := SessionRecord{User: resp.Username, TokenHash: hashSecret(token), Created: now, Expires: expires, LastActive: now}
+		rec := SessionRecord{User: resp.Username, TokenHash: hashSecret(token), Created: now, Expires: expires, LastActive: now, RegisterOnly: resp.RegisterOnly}
 		if err := cfg.Store.CreateSession(r.Context(), live.ref, rec); err != nil {
 			internalError(w, log, "Could not store a web session.", err)
 			return
@@ -139,8 +148,8 @@ func (s *Server) issueWebSession(w http.ResponseWriter, r *http.Request, log log
 	live.ctx, live.cancel = context.WithCancelCause(s.web.ctx)
 	s.web.sessions.add(live)
 	setSessionCookies(w, ref, expires)
-	log.Info("Web session created.")
-	writeJSON(w, http.StatusOK, webapi.CreateSessionResponse{Token: token, Expires: expires.UTC(), User: resp.Username})
+	log.WithField("register_only", resp.RegisterOnly).Info("Web session created.")
+	writeJSON(w, http.StatusOK, webapi.CreateSessionResponse{Token: token, Expires: expires.UTC(), User: resp.Username, RegisterOnly: resp.RegisterOnly})
 }
 
 // deleteSession serves DELETE /webapi/sessions: the record goes, every

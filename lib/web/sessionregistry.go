@@ -41,6 +41,12 @@ type liveSession struct {
 	// node's terminal is checked against that leaf's stored CA alone).
 	hostCAs []authz.HostAuthority
 	expires time.Time
+	// registerOnly: the session can only register a second factor
+	// (registeronly.go); it has no key, certificate or host CAs.
+	registerOnly bool
+	// grants are the per-session certificates this session got for new
+	// terminals (sessionmfa.go).
+	grants sessionGrants
 	// ctx ends when the session is logged out or expires; terminals
 	// opened with the session run under it.
 	ctx    context.Context

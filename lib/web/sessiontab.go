@@ -123,7 +123,7 @@ func (s *Server) sessionTokenForTab(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	writeJSON(w, http.StatusOK, webapi.CreateSessionResponse{Token: token, Expires: best.expires.UTC(), User: best.user})
+	writeJSON(w, http.StatusOK, webapi.CreateSessionResponse{Token: token, Expires: best.expires.UTC(), User: best.user, RegisterOnly: best.registerOnly})
 }
 
 func cookieValue(r *http.Request, name string) string {

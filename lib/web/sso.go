@@ -520,18 +520,31 @@ func (s *Server) ssoCallback(w http.ResponseWriter, r *http.Request) {
 // sealed login result. The proxy cannot read the result; it checks only
 // that it sends it to a loopback address.
 func (s *Server) ssoFinishConsole(w http.ResponseWriter, r *http.Request, log logrus.FieldLogger, resp *authapi.SSOCallbackResponse) {
-	if err := CheckLoopbackRedirect(resp.ClientRedirectURL); err != nil || len(resp.SealedLogin) == 0 {
-		if err == nil {
-			err = trace.BadParameter("no sealed login")
-		}
+	to, err := handoffURL(resp)
+	if err != nil {
 		id := s.logInternal(log.WithField("client_redirect_url", resp.ClientRedirectURL), "Single sign-on: auth answered a CLI login that cannot be handed to psh.", err)
 		s.ssoErrorPage(w, http.StatusInternalServerError, internalMessage(id))
 		return
 	}
+	log.Info("Single sign-on for psh done; handing the result to its loopback listener.")
+	http.Redirect(w, r, to, http.StatusFound)
+}
+
+// handoffURL is where the browser takes a CLI login's sealed result:
+// psh's loopback listener with ?response=BASE64URL(sealed). Only a
+// loopback address, whatever auth answered (CheckLoopbackRedirect).
+// Every CLI login that goes through a browser (single sign-on, the web
+// login page) ends here.
+func handoffURL(resp *authapi.SSOCallbackResponse) (string, error) {
+	if err := CheckLoopbackRedirect(resp.ClientRedirectURL); err != nil {
+		return "", trace.Wrap(err)
+	}
+	if len(resp.SealedLogin) == 0 {
+		return "", trace.BadParameter("no sealed login")
+	}
 	u, _ := url.Parse(resp.ClientRedirectURL)
 	u.RawQuery = url.Values{"response": {base64.RawURLEncoding.EncodeToString(resp.SealedLogin)}}.Encode()
-	log.Info("Single sign-on for psh done; handing the result to its loopback listener.")
-	http.Redirect(w, r, u.String(), http.StatusFound)
+	return u.String(), nil
 }
 
 // isSSOStateGone reports auth's answer to a state it does not hold (used,

@@ -101,7 +101,7 @@ func (s *Server) terminal(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	log = log.WithField("user", live.user)
-	sock := &termSocket{srv: s, c: c, live: live, log: log, remoteAddr: r.RemoteAddr, sequenced: msg.Ack != nil}
+	sock := &termSocket{srv: s, c: c, live: live, log: log, remoteAddr: r.RemoteAddr, sequenced: msg.Ack != nil, mfaToken: msg.MFAToken}
 	if msg.Resume != "" {
 		t, err := s.web.terms.claim(live, msg.Resume)
 		if err != nil {

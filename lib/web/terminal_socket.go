@@ -36,6 +36,9 @@ type termSocket struct {
 	// term is set once the terminal exists (for the audit of a refused
 	// route, before it does, it carries the params).
 	term *term
+	// mfaToken is the first message's per-session MFA token (a new
+	// terminal to a node that needs one; sessionmfa.go).
+	mfaToken string
 }
 
 // serve attaches the socket and carries frames until the socket or the
@@ -140,6 +143,18 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) 
 	}
 	node := route.Node
 	out.nodeHostname, out.nodeUUID, out.cluster = node.Hostname, node.UUID, route.Cluster
+	signer := t.live.signer
+	if !route.Leaf {
+		if err := id.CheckSessionMFA(&node, t.srv.cfg.ClusterName); err != nil {
+			grant := t.live.grants.take(t.mfaToken, node.UUID, p.Login, t.srv.cfg.Clock.Now())
+			if grant == nil {
+				conn.Close()
+				t.log.WithError(err).Info("Refused a terminal without its fresh second factor.")
+				return nil, nil, nil, trace.AccessDenied(msgTerminalNeedsMFA)
+			}
+			signer = grant.signer
+		}
+	}
 	// The address given to the handshake is the node's UUID, always one
 	// of its host certificate's principals, checked against this
 	// cluster's host CA: the login's host CAs are scoped (a leaf's
@@ -165,7 +180,6 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) 
 		hostAddr = route.Target.Host + "." + route.Cluster
 		node.Hostname = hostAddr
 	}
-	signer := t.live.signer
 	if lo := route.LeafOpenSSH; route.Leaf && lo != nil {
 		// A leaf's OpenSSH node trusts the leaf's user CA only: the leaf
 		// signed this key for the logins its roles allow the user there

@@ -87,7 +87,7 @@ func (s *Server) registerUI(mux *http.ServeMux) {
 var appRoutes = []*regexp.Regexp{
 	regexp.MustCompile(`^/$`),
 	regexp.MustCompile(`^/web/?$`),
-	regexp.MustCompile(`^/web/(sessions|recordings)$`),
+	regexp.MustCompile(`^/web/(sessions|recordings|account|cli-login)$`),
 	regexp.MustCompile(`^/web/recordings/[0-9a-f-]{36}$`),
 	regexp.MustCompile(`^/web/cluster/[^/]+/node/[^/]+/[^/]+$`),
 }

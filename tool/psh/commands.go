@@ -35,7 +35,7 @@ func (c *cli) doLogin(ctx context.Context) error {
 		return trace.BadParameter("--auth and --user exclude each other: with --auth your identity provider says who you are")
 	case c.login.auth != "":
 		if c.login.otp {
-			return trace.BadParameter("--otp is for a password login: with --auth your identity provider asks for a second factor")
+			return trace.BadParameter("--otp is for a password login in the terminal: with --auth the browser asks for the second factor")
 		}
 		open := client.OpenBrowser
 		if c.login.browser == "none" {

@@ -61,7 +61,7 @@ type cli struct {
 		forwardAgent, tty, noTTY, noCommand bool
 		local, remote, dynamic              []string
 		port, cluster, login, escape        string
-		target                              string
+		target, browser                     string
 		command                             []string
 	}
 	scp      scpFlags
@@ -106,8 +106,8 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 	login := app.Command("login", "Log in through the proxy and store a certificate.")
 	login.Flag("proxy", "Proxy web address HOST[:PORT] (port 3080 by default); required but with --request-id.").StringVar(&c.login.proxy)
 	login.Flag("user", "Postern user name (password login).").StringVar(&c.login.user)
-	login.Flag("auth", "Log in through this single sign-on connector of the proxy instead of a password.").StringVar(&c.login.auth)
-	login.Flag("browser", "With --auth: none prints the identity provider's URL without opening a browser.").EnumVar(&c.login.browser, "none")
+	login.Flag("auth", "Log in through this single sign-on connector of the proxy, or \"web\" on the proxy's web login page (password, passkey, any second factor), instead of in the terminal.").StringVar(&c.login.auth)
+	login.Flag("browser", "With --auth: none prints the login URL without opening a browser.").EnumVar(&c.login.browser, "none")
 	login.Flag("ttl", "Certificate lifetime (capped by your roles).").Default("8h").DurationVar(&c.login.ttl)
 	login.Flag("insecure", "Do not verify the proxy's TLS certificate (dangerous).").BoolVar(&c.login.insecure)
 	login.Flag("cacert", "PEM file of the CA that signed the proxy's TLS certificate.").StringVar(&c.login.cacert)
@@ -132,6 +132,7 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 	sshCmd.Flag("escape", "Escape character of a pty session (~. disconnects), ^X, or none.").Short('e').Default("~").StringVar(&c.ssh.escape)
 	sshCmd.Flag("port", "Node SSH port (when several nodes share a name).").Short('p').StringVar(&c.ssh.port)
 	sshCmd.Flag("cluster", "Cluster of the node (default: the proxy's).").StringVar(&c.ssh.cluster)
+	sshCmd.Flag("browser", "For a node that asks a fresh second factor per session, confirmed with a passkey: none prints the page's URL without opening a browser.").EnumVar(&c.ssh.browser, "none")
 	sshCmd.Arg("host", "[LOGIN@]HOST").Required().StringVar(&c.ssh.target)
 	sshCmd.Arg("command", "Command to run (default: a login shell).").StringsVar(&c.ssh.command)
 	add(sshCmd, c.doSSH)

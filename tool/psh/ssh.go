@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -70,6 +71,42 @@ func (c *cli) dialTarget(ctx context.Context, targetSpec, loginFlag, port, clust
 	dialCtx, cancel := context.WithTimeout(ctx, client.DialTimeout*2)
 	defer cancel()
 	nc, err := client.DialNode(dialCtx, creds, target, login, client.KeepAliveConfig{})
+	if client.IsSessionMFARequired(err) {
+		// A require_session_mfa role reaches the node: a fresh code for
+		// this one session.
+		nc, err = c.dialWithSessionMFA(ctx, creds, target, login)
+	}
+	return nc, trace.Wrap(err)
+}
+
+// dialWithSessionMFA asks for a fresh OTP code, gets a per-session
+// certificate for target with it and connects with that.
+func (c *cli) dialWithSessionMFA(ctx context.Context, creds *client.Credentials, target proxy.Target, login string) (*client.NodeClient, error) {
+	otp, err := client.ReadSecretLine(c.stdin, c.stderr, fmt.Sprintf("Node %s asks for a fresh second factor for this session. OTP code (empty: a passkey in the browser): ", target.Host))
+	if errors.Is(err, io.EOF) {
+		return nil, trace.AccessDenied("node %s requires a fresh second factor for each session (require_session_mfa): give an OTP code, or an empty line for a passkey in the browser", target.Host)
+	}
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	var sessCreds *client.Credentials
+	if otp == "" {
+		open := client.OpenBrowser
+		if c.ssh.browser == "none" {
+			open = nil
+		}
+		sessCreds, err = client.SessionMFABrowserCredentials(ctx, creds, target, login, client.SessionMFABrowser{Out: c.stderr, OpenBrowser: open})
+	} else {
+		askCtx, cancel := context.WithTimeout(ctx, client.DialTimeout*2)
+		sessCreds, err = client.SessionMFACredentials(askCtx, creds, target, login, otp)
+		cancel()
+	}
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	dialCtx, cancel := context.WithTimeout(ctx, client.DialTimeout*2)
+	defer cancel()
+	nc, err := client.DialNode(dialCtx, sessCreds, target, login, client.KeepAliveConfig{})
 	return nc, trace.Wrap(err)
 }
 

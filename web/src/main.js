@@ -17,6 +17,9 @@ import * as requests from './requests.js';
 const $ = (id) => document.getElementById(id);
 const TOKEN_KEY = 'postern.token';
 const USER_KEY = 'postern.user';
+// Set while the session can only register a second factor (the user has
+// none while the cluster requires one): only the Account page works.
+const REGISTER_ONLY_KEY = 'postern.registerOnly';
 const SUBPROTOCOL = 'postern.v1';
 const PING_INTERVAL_MS = 5000;
 // A socket whose pongs stopped for this long is given up and resumed: a
@@ -70,22 +73,33 @@ let playerGen = 0; // counts player openings: an older openPlayer's awaits stop
 
 function show(view) {
   if (view !== 'player') { playerGen++; closePlayer(); }
-  for (const v of ['login', 'nodes', 'terminal', 'sessions', 'recordings', 'player', 'account', 'requests', 'notfound']) $(`view-${v}`).hidden = v !== view;
+  for (const v of ['login', 'nodes', 'terminal', 'sessions', 'recordings', 'player', 'account', 'requests', 'cli', 'notfound']) $(`view-${v}`).hidden = v !== view;
   const user = sessionStorage.getItem(USER_KEY);
+  const limited = view === 'login' || registerOnly();
   $('logout').hidden = view === 'login';
-  $('nav-nodes').hidden = view === 'login';
-  $('nav-sessions').hidden = view === 'login';
-  $('nav-recordings').hidden = view === 'login';
-  $('nav-account').hidden = view === 'login';
-  requests.setNavHidden(view === 'login');
+  $('nav-nodes').hidden = limited;
+  $('nav-sessions').hidden = limited;
+  $('nav-recordings').hidden = limited;
+  $('nav-account').hidden = limited;
+  requests.setNavHidden(limited);
   $('whoami').textContent = view === 'login' || !user ? '' : user;
   document.body.dataset.view = view;
+}
+
+function registerOnly() { return sessionStorage.getItem(REGISTER_ONLY_KEY) === '1'; }
+
+function keepSession(resp) {
+  token = resp.token;
+  sessionStorage.setItem(TOKEN_KEY, token);
+  sessionStorage.setItem(USER_KEY, resp.user);
+  if (resp.register_only) sessionStorage.setItem(REGISTER_ONLY_KEY, '1'); else sessionStorage.removeItem(REGISTER_ONLY_KEY);
 }
 
 function forgetSession() {
   token = null;
   sessionStorage.removeItem(TOKEN_KEY);
   sessionStorage.removeItem(USER_KEY);
+  sessionStorage.removeItem(REGISTER_ONLY_KEY);
 }
 
 // showLogin shows the login form; message is an error (red), notice a
@@ -150,9 +164,7 @@ $('login-form').addEventListener('submit', async (ev) => {
 
 // loggedIn keeps a new session (from any way of logging in) and routes.
 async function loggedIn(resp) {
-  token = resp.token;
-  sessionStorage.setItem(TOKEN_KEY, token);
-  sessionStorage.setItem(USER_KEY, resp.user);
+  keepSession(resp);
   $('login-password').value = '';
   $('login-otp').value = '';
   await route();
@@ -181,6 +193,7 @@ async function showAccount() {
   if (location.pathname !== '/web/account') history.pushState(null, '', '/web/account');
   show('account');
   $('account-error').textContent = '';
+  $('account-notice').hidden = !registerOnly();
   await loadDevices();
 }
 
@@ -201,8 +214,15 @@ $('passkey-form').addEventListener('submit', async (ev) => {
   $('account-error').textContent = '';
   $('passkey-add').disabled = true;
   try {
-    await passkeys.register(api, $('passkey-name').value);
+    const dev = await passkeys.register(api, $('passkey-name').value);
     $('passkey-name').value = '';
+    if (dev && dev.relogin) {
+      // The register-only session ended with the registration: the next
+      // login presents the new passkey.
+      history.pushState(null, '', '/');
+      await showLogin('', 'Passkey registered: log in with your password and the passkey.');
+      return;
+    }
     await loadDevices();
   } catch (err) {
     $('account-error').textContent = err.message;
@@ -218,6 +238,51 @@ $('logout').addEventListener('click', async () => {
   for (const k of Object.keys(sessionStorage)) if (k.startsWith(TERM_KEY)) sessionStorage.removeItem(k);
   history.pushState(null, '', '/');
   await showLogin('', 'Logged out.');
+});
+
+// ---- psh login (psh login --auth web) ------------------------------------
+
+const CLI_LOGIN_PATH = '/web/cli-login';
+
+function showCLILogin() {
+  closeTerminal();
+  show('cli');
+  $('cli-user').textContent = sessionStorage.getItem(USER_KEY) || '';
+  // psh ssh's confirmation of one session (require_session_mfa): the
+  // page names the node and login psh asked for.
+  const q = new URLSearchParams(location.search);
+  const session = q.has('node');
+  $('cli-login-text').hidden = session;
+  $('cli-session-text').hidden = !session;
+  $('cli-node').textContent = q.get('node') || '';
+  $('cli-login').textContent = q.get('login') || '';
+  $('cli-error').textContent = '';
+  $('cli-approve').disabled = false;
+  $('cli-approve').focus();
+}
+
+$('cli-approve').addEventListener('click', async () => {
+  $('cli-error').textContent = '';
+  $('cli-approve').disabled = true;
+  const id = new URLSearchParams(location.search).get('id') || '';
+  try {
+    const body = { id };
+    if (new URLSearchParams(location.search).has('node')) {
+      // The passkey is this session's fresh factor.
+      const ch = await api('POST', '/webapi/login/console/challenge', {});
+      Object.assign(body, await passkeys.answer(ch));
+    }
+    const r = await api('POST', '/webapi/login/console/finish', body);
+    // psh's own page on 127.0.0.1 takes the sealed result.
+    location.assign(r.redirect_url);
+  } catch (err) {
+    $('cli-approve').disabled = false;
+    if (err.status === 401 || (err.status === 403 && /log in again/.test(err.message))) {
+      await showLogin(err.message, loginLeadsTo(CLI_LOGIN_PATH));
+      return;
+    }
+    $('cli-error').textContent = err.message;
+  }
 });
 
 // ---- node list -----------------------------------------------------------
@@ -403,6 +468,7 @@ function loginLeadsTo(p) {
   }
   if (/^\/web\/recordings\/[0-9a-f-]{36}\/?$/.test(p)) return 'Log in to play the recording.';
   if (p === '/web/sessions') return 'Log in to see your active terminals.';
+  if (p === CLI_LOGIN_PATH) return 'Log in to give psh (the command line) a certificate.';
   if (p === '/web/recordings') return 'Log in to see the recordings.';
   return '';
 }
@@ -410,6 +476,9 @@ function loginLeadsTo(p) {
 async function route() {
   const p = location.pathname;
   if (!token) return showLogin('', loginLeadsTo(p));
+  // Nothing but the Account page until a second factor is registered.
+  if (registerOnly()) return showAccount();
+  if (p === CLI_LOGIN_PATH) return showCLILogin();
   const m = p.match(/^\/web\/cluster\/([^/]+)\/node\/([^/]+)\/([^/]+)\/?$/);
   if (m) {
     const [cluster, uuid, login] = m.slice(1).map(decodeURIComponent);
@@ -697,7 +766,42 @@ function browserLocale() {
   return '';
 }
 
-function connect(t) {
+// sessionMFA proves a passkey for a new terminal when a role that reaches
+// the node asks for one per session (require_session_mfa); '' when the
+// node needs none. A resume is the same session: never asked.
+async function sessionMFA(t) {
+  const { target } = t;
+  const body = { node: target.uuid, login: target.login, cluster: target.cluster === clusterName ? '' : target.cluster };
+  const b = await api('POST', '/webapi/mfa/session/begin', body);
+  if (!b.required) return '';
+  window.posternSessionMFAAsked = (window.posternSessionMFAAsked || 0) + 1;
+  if (b.otp) {
+    // No passkey on this account: its one-time code.
+    setStatus('mfa', 'one-time code…');
+    const otp = window.prompt('This node asks for a fresh second factor for this session. One-time code:');
+    if (!otp) throw new Error('this node requires a fresh second factor for each session');
+    return (await api('POST', '/webapi/mfa/session/finish', { ...body, otp })).mfa_token;
+  }
+  setStatus('mfa', 'confirm with your passkey…');
+  const r = await passkeys.confirmSession(api, b, body);
+  return r.mfa_token;
+}
+
+async function connect(t) {
+  let mfaToken = '';
+  if (!t.resume) {
+    try {
+      mfaToken = await sessionMFA(t);
+    } catch (err) {
+      if (term !== t) return;
+      t.ended = true;
+      showTermError(err.message);
+      setStatus('disconnected', `disconnected: ${err.message}`);
+      t.xterm.options.disableStdin = true;
+      return;
+    }
+    if (term !== t) return;
+  }
   const { target, xterm } = t;
   const cluster = target.cluster === clusterName ? '' : target.cluster;
   const params = { host: target.uuid, login: target.login, cols: xterm.cols, rows: xterm.rows, cluster };
@@ -717,6 +821,7 @@ function connect(t) {
   ws.addEventListener('open', () => {
     const first = { token, ack: t.received };
     if (t.resume) first.resume = t.resume;
+    if (mfaToken) first.mfa_token = mfaToken;
     ws.send(JSON.stringify(first));
   });
   ws.addEventListener('message', (ev) => {
@@ -1150,12 +1255,15 @@ requests.init({ api, show, navigate, showLogin });
 // it is one login too many).
 async function adoptBrowserSession() {
   try {
-    const r = await api('POST', '/webapi/sessions/token');
-    token = r.token;
-    sessionStorage.setItem(TOKEN_KEY, token);
-    sessionStorage.setItem(USER_KEY, r.user);
+    keepSession(await api('POST', '/webapi/sessions/token'));
   } catch { /* no live session in this browser: the login form */ }
 }
+
+// A psh login is given only by a login made for it: the page starts
+// without this tab's session (a session this browser logged in with
+// since, through single sign-on say, is adopted from its cookie, and
+// the proxy refuses one older than psh's request).
+if (location.pathname === CLI_LOGIN_PATH) forgetSession();
 
 api('GET', '/webapi/ping').then((p) => { clusterName = p.cluster_name || ''; }).catch(() => {})
   .then(() => (token ? null : adoptBrowserSession()))

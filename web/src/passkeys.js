@@ -67,6 +67,23 @@ export async function login(api, begin) {
   return api('POST', '/webapi/mfa/login/finish', { challenge_id: ch.challenge_id, webauthn: credentialJSON(cred) });
 }
 
+// answer runs a challenge ({challenge_id, webauthn}) on the
+// authenticator and returns {challenge_id, webauthn} to send back.
+export async function answer(ch) {
+  const cred = await navigator.credentials.get(requestOptions(ch.webauthn));
+  if (!cred) throw new Error('no passkey was chosen');
+  return { challenge_id: ch.challenge_id, webauthn: credentialJSON(cred) };
+}
+
+// confirmSession answers a per-session challenge (require_session_mfa)
+// for the terminal body names ({node, login, cluster}); it returns
+// {mfa_token} for the terminal's first message.
+export async function confirmSession(api, ch, body) {
+  const cred = await navigator.credentials.get(requestOptions(ch.webauthn));
+  if (!cred) throw new Error('no passkey was chosen');
+  return api('POST', '/webapi/mfa/session/finish', { ...body, challenge_id: ch.challenge_id, webauthn: credentialJSON(cred) });
+}
+
 // register adds a passkey named name to the logged-in user.
 export async function register(api, name) {
   const ch = await api('POST', '/webapi/mfa/register/begin', { name });

@@ -139,6 +139,10 @@ type SSHLoginResponse struct {
 	Username    string       `json:"username"`
 	Cert        []byte       `json:"cert"`
 	HostSigners []HostSigner `json:"host_signers"`
+	// RegisterOnly: the login created a web session that can only
+	// register a second factor (the user has none while auth_preference
+	// requires one); Cert and HostSigners are empty.
+	RegisterOnly bool `json:"register_only,omitempty"`
 }
 
 // HostSigner lists one cluster's host CA keys (authorized_keys format).

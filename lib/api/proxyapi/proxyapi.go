@@ -266,3 +266,48 @@ func ParseAccessRequestOp(raw string) (AccessRequestOp, error) {
 	}
 	return op, nil
 }
+
+// SubsystemSessionMFACert is the subsystem through which psh gets a
+// per-session certificate for a node a require_session_mfa role reaches:
+// psh writes one JSON SessionMFACertRequest and closes its side; the
+// proxy answers one JSON SessionMFACertResponse, or says why not on
+// stderr with exit status 1.
+const SubsystemSessionMFACert = "session-mfa-cert"
+
+// SessionMFACertRequest asks for a per-session certificate.
+type SessionMFACertRequest struct {
+	// Target is the node as psh ssh names it (HOST[:PORT]); Cluster is
+	// empty for the proxy's own.
+	Target  string `json:"target"`
+	Cluster string `json:"cluster,omitempty"`
+	// Login is the login of the session.
+	Login string `json:"login"`
+	// OTP is a fresh TOTP code; or Browser asks to confirm the session
+	// with a passkey in the browser instead.
+	OTP     string                  `json:"otp,omitempty"`
+	Browser *SessionMFABrowserLogin `json:"browser,omitempty"`
+	// PublicKey is psh's key (authorized_keys form), the one its
+	// certificate certifies.
+	PublicKey string `json:"public_key"`
+}
+
+// SessionMFABrowserLogin is where the browser confirmation's result goes:
+// psh's loopback listener, sealed to psh's key (as psh login --auth web).
+type SessionMFABrowserLogin struct {
+	RedirectURL string `json:"redirect_url"`
+	SealKey     []byte `json:"seal_key"`
+}
+
+// SessionMFACertResponse is the per-session certificate (authorized_keys
+// form), good for a minute, for that node and login only; or, for a
+// browser confirmation, the path of the page that asks for the passkey
+// (psh prefixes the proxy's web address).
+type SessionMFACertResponse struct {
+	Cert string `json:"cert,omitempty"`
+	Path string `json:"path,omitempty"`
+}
+
+// MsgSessionMFARequired starts the proxy's refusal of a normal
+// certificate for a node a require_session_mfa role reaches: psh
+// recognizes it and asks for a fresh second factor.
+const MsgSessionMFARequired = "this node requires a fresh second factor for each session (require_session_mfa)"

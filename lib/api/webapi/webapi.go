@@ -6,6 +6,7 @@
 package webapi
 
 import (
+	"encoding/json"
 	"time"
 
 	"github.com/postern-dev/postern/lib/api/authapi"
@@ -50,6 +51,46 @@ type SSOConsoleLoginRequest struct {
 // the browser (the identity provider's login page).
 type SSOConsoleLoginResponse struct {
 	AuthURL string `json:"auth_url"`
+}
+
+// WebConsoleLoginRequest is the body of POST /webapi/login/console: psh
+// login --auth web starts a login on the proxy's web login page, whose
+// result the browser hands to psh's loopback listener, sealed to SealKey.
+type WebConsoleLoginRequest struct {
+	// PubKey is the key to certify, authorized_keys format.
+	PubKey string `json:"pub_key"`
+	// TTLSeconds is the wanted certificate lifetime; zero means the
+	// roles' max_session_ttl.
+	TTLSeconds int64 `json:"ttl_seconds"`
+	// RedirectURL is psh's loopback listener,
+	// http://127.0.0.1:PORT/callback.
+	RedirectURL string `json:"redirect_url"`
+	// SealKey is psh's ephemeral X25519 public key (32 bytes; base64 in
+	// JSON).
+	SealKey []byte `json:"seal_key"`
+}
+
+// WebConsoleLoginResponse answers WebConsoleLoginRequest: the login
+// page's path on the proxy (psh prefixes the address it was given).
+type WebConsoleLoginResponse struct {
+	Path string `json:"path"`
+}
+
+// WebConsoleFinishRequest is the body of POST
+// /webapi/login/console/finish: the logged-in browser gives psh its
+// certificate.
+type WebConsoleFinishRequest struct {
+	ID string `json:"id"`
+	// ChallengeID and WebAuthn answer the challenge of POST
+	// /webapi/login/console/challenge, for a psh session's confirmation.
+	ChallengeID string          `json:"challenge_id,omitempty"`
+	WebAuthn    json.RawMessage `json:"webauthn,omitempty"`
+}
+
+// WebConsoleFinishResponse is where the browser goes next: psh's
+// loopback listener with the sealed result.
+type WebConsoleFinishResponse struct {
+	RedirectURL string `json:"redirect_url"`
 }
 
 // Values of PingResponse.SecondFactor.
@@ -99,6 +140,11 @@ type CreateSessionResponse struct {
 	Token   string    `json:"token"`
 	Expires time.Time `json:"expires"`
 	User    string    `json:"user"`
+	// RegisterOnly: the session can only register a second factor (GET
+	// /webapi/mfa/devices, POST /webapi/mfa/register/*, DELETE
+	// /webapi/sessions); every other call answers 403 until the user has
+	// registered one and logged in again with it.
+	RegisterOnly bool `json:"register_only,omitempty"`
 }
 
 // NodesResponse is GET /webapi/nodes: the same entries as the proxy's

@@ -286,6 +286,11 @@ type AuthMessage struct {
 	// Ack is the client's rendered offset; present (even 0) selects the
 	// resumable dialect.
 	Ack *uint64 `json:"ack,omitempty"`
+	// MFAToken is, for a new terminal to a node that needs a fresh
+	// second factor per session (require_session_mfa), the token POST
+	// /webapi/mfa/session/finish answered: single use, for that node and
+	// login, within a minute.
+	MFAToken string `json:"mfa_token,omitempty"`
 }
 
 // maxAuthMessage bounds the first message.

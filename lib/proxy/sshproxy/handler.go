@@ -53,6 +53,10 @@ type Config struct {
 	// Deps: Audit receives route.ambiguous and access.denied; Logger
 	// (component proxy:ssh). Zero fields get observe's defaults.
 	observe.Deps
+	// SessionCerts issues per-session certificates (sessionmfa.go); nil
+	// means the session-mfa-cert subsystem is refused (nodes that need
+	// one then cannot be reached with psh ssh).
+	SessionCerts SessionCertIssuer
 }
 
 // CheckAndSetDefaults validates the config.
@@ -106,6 +110,9 @@ func (h *Handler) Subsystem(ctx context.Context, id *authz.Identity, name string
 	}
 	if strings.HasPrefix(name, proxyapi.SubsystemAccessRequestPrefix) {
 		return h.accessRequestSubsystem(ctx, id, name)
+	}
+	if name == proxyapi.SubsystemSessionMFACert {
+		return h.sessionMFACertSubsystem(id)
 	}
 	if strings.HasPrefix(name, proxyapi.SubsystemRoutePrefix) {
 		return h.routeSubsystem(ctx, id, name)
@@ -204,6 +211,10 @@ func (h *Handler) dial(ctx context.Context, id *authz.Identity, target proxy.Tar
 		})
 		log.WithField("cluster", route.Cluster).Info("Refused a hop to a leaf cluster's OpenSSH node.")
 		return nil, err
+	}
+	if err := h.checkRouteSessionMFA(ctx, id, route, target, via); err != nil {
+		conn.Close()
+		return nil, trace.Wrap(err)
 	}
 	if route.Leaf {
 		// The root's record of the hop; the leaf audits the session.
