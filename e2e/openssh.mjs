@@ -21,12 +21,15 @@ import { createServer, connect } from 'node:net';
 import { tmpdir, userInfo } from 'node:os';
 import { join, dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { sleep, waitFor, servingAddr, Steps } from './harness.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const buildDir = resolve(here, '..', process.env.POSTERN_BUILD_DIR || 'build');
 const chromiumPath = process.env.CHROMIUM || '/usr/bin/chromium';
 const sshdPath = '/usr/sbin/sshd';
 const artifacts = join(here, 'artifacts');
+const steps = new Steps(artifacts, 'openssh-');
+const step = (page, name, fn) => steps.step(page, name, fn);
 // The login is the user running the test (root in CI): sshd lets a
 // certificate log in as root (PermitRootLogin prohibit-password), and
 // without PAM it refuses a locked account, which root's is not for keys.
@@ -35,51 +38,6 @@ const user = 'ossh-alice';
 const password = 'openssh e2e password 1';
 const nodeName = 'legacy';
 
-let passed = 0;
-let failed = 0;
-let broken = null;
-
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
-async function waitFor(what, fn, timeoutMs = 30000, everyMs = 200) {
-  const end = Date.now() + timeoutMs;
-  let last;
-  while (Date.now() < end) {
-    try { const v = await fn(); if (v) return v; } catch (err) { last = err; }
-    await sleep(everyMs);
-  }
-  throw new Error(`timed out waiting for ${what}${last ? `: ${last.message}` : ''}`);
-}
-
-async function step(page, name, fn) {
-  if (broken) { failed++; console.log(`FAIL ${name}: skipped after "${broken}" failed`); return; }
-  const start = Date.now();
-  try {
-    await fn();
-    passed++;
-    console.log(`ok   ${name} (${Date.now() - start} ms)`);
-  } catch (err) {
-    failed++;
-    broken = name;
-    console.log(`FAIL ${name}: ${err.message}`);
-  }
-  try { await page.screenshot({ path: join(artifacts, `openssh-${passed + failed}-${name.replace(/[^a-z0-9]+/gi, '-').toLowerCase()}.png`) }); } catch { /* gone */ }
-}
-
-function servingAddr(child, msg) {
-  const re = new RegExp(`msg="${msg.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}"[^\n]*? addr="?([0-9a-f.:\\[\\]]+)"?`);
-  return new Promise((res, rej) => {
-    let buf = '';
-    const on = (d) => {
-      buf += d.toString();
-      const m = buf.match(re);
-      if (m) { child.stdout.off('data', on); child.stderr.off('data', on); res(m[1]); }
-    };
-    child.stdout.on('data', on);
-    child.stderr.on('data', on);
-    child.once('exit', () => rej(new Error(`postern exited before logging "${msg}"`)));
-  });
-}
 
 // freePort asks the kernel for a free loopback port.
 function freePort() {
@@ -322,7 +280,7 @@ async function main() {
       await waitFor('pctl nodes ls: online', async () => new RegExp(`^${nodeName} .* openssh +online$`, 'm').test(pctl(['nodes', 'ls'])), 60000, 500);
     });
   } catch (err) {
-    failed++;
+    steps.failed++;
     console.log(`FAIL setup: ${err.message}`);
   } finally {
     if (browser) await browser.close();
@@ -334,8 +292,7 @@ async function main() {
       rmSync(sshdDir, { recursive: true, force: true });
     }
   }
-  console.log(`${passed} passed, ${failed} failed`);
-  process.exit(failed ? 1 : 0);
+  process.exit(steps.summary());
 }
 
 main();

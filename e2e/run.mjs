@@ -14,12 +14,15 @@ import { mkdtempSync, mkdirSync, rmSync, createWriteStream, readFileSync, readdi
 import { tmpdir, userInfo, hostname } from 'node:os';
 import { join, dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { sleep, waitFor, servingAddr, Steps } from './harness.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const root = resolve(here, '..');
 const buildDir = resolve(root, process.env.POSTERN_BUILD_DIR || 'build');
 const chromiumPath = process.env.CHROMIUM || '/usr/bin/chromium';
 const artifacts = join(here, 'artifacts');
+const steps = new Steps(artifacts, '');
+const step = (page, name, fn) => steps.step(page, name, fn);
 const user = 'e2e';
 const password = 'correct horse battery staple e2e';
 const login = userInfo().username;
@@ -43,70 +46,6 @@ const ssoUser = 'alice';
 const ssoPassword = 'verysecure';
 const ssoEmail = 'alice@example.com';
 
-let passed = 0;
-let failed = 0;
-let stepNo = 0;
-let broken = null; // first failure: later steps depend on earlier ones
-
-// servingAddr resolves to the address a `postern start` child logs for
-// one of its listeners ("Web server is serving." addr=...). Every
-// listener binds port 0: a port picked here and released could be taken
-// meanwhile (by any process's outgoing connection, too) before the
-// daemon binds it.
-function servingAddr(child, msg) {
-  const re = new RegExp(`msg="${msg.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}"[^\n]*? addr="?([0-9a-f.:\\[\\]]+)"?`);
-  return new Promise((res, rej) => {
-    let buf = '';
-    const on = (d) => {
-      buf += d.toString();
-      const m = buf.match(re);
-      if (m) {
-        child.stdout.off('data', on);
-        child.stderr.off('data', on);
-        res(m[1]);
-      } else if (buf.length > 1 << 20) buf = buf.slice(-65536);
-    };
-    child.stdout.on('data', on);
-    child.stderr.on('data', on);
-    child.once('exit', () => rej(new Error(`postern exited before logging "${msg}"`)));
-  });
-}
-
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
-async function waitFor(what, fn, timeoutMs = 30000, everyMs = 200) {
-  const end = Date.now() + timeoutMs;
-  let last;
-  while (Date.now() < end) {
-    try {
-      const v = await fn();
-      if (v) return v;
-    } catch (err) { last = err; }
-    await sleep(everyMs);
-  }
-  throw new Error(`timed out waiting for ${what}${last ? `: ${last.message}` : ''}`);
-}
-
-async function step(page, name, fn) {
-  stepNo++;
-  const shot = join(artifacts, `${String(stepNo).padStart(2, '0')}-${name.replace(/[^a-z0-9]+/gi, '-').toLowerCase()}.png`);
-  if (broken) {
-    failed++;
-    console.log(`FAIL ${name}: skipped after "${broken}" failed`);
-    return;
-  }
-  const start = Date.now();
-  try {
-    await fn();
-    passed++;
-    console.log(`ok   ${name} (${Date.now() - start} ms)`);
-  } catch (err) {
-    failed++;
-    broken = name;
-    console.log(`FAIL ${name}: ${err.message}`);
-  }
-  try { await page.screenshot({ path: shot }); } catch { /* browser gone */ }
-}
 
 // firstLine resolves to the first line a child prints on stdout.
 function firstLine(child, what) {
@@ -1152,7 +1091,7 @@ async function main() {
       if (real.length) throw new Error(real.join('\n'));
     });
   } catch (err) {
-    failed++;
+    steps.failed++;
     console.log(`FAIL setup: ${err.message}`);
   } finally {
     if (context) await context.close().catch(() => {});
@@ -1176,8 +1115,7 @@ async function main() {
     await waitFor('postern to exit', () => daemonExited, 15000).catch(() => daemon.kill('SIGKILL'));
     if (!process.env.E2E_KEEP) rmSync(dataDir, { recursive: true, force: true });
   }
-  console.log(`${passed} passed, ${failed} failed`);
-  process.exit(failed ? 1 : 0);
+  process.exit(steps.summary());
 }
 
 main();
