@@ -61,7 +61,7 @@ func TestWebAssumeAccessRequest(t *testing.T) {
 		resp, body := e.do(t, http.MethodPost, "/webapi/requests/"+id+"/assume", "", ws, nil)
 		return resp.StatusCode, string(body)
 	}
-	request := func() string {
+	request := func(ttl time.Duration) string {
 		// Requests are made with psh; here straight through auth, with a
 		// certificate of rita's.
 		pub, _, err := ed25519.GenerateKey(rand.Reader)
@@ -70,7 +70,7 @@ func TestWebAssumeAccessRequest(t *testing.T) {
 		require.NoError(t, err)
 		cert, err := e.auth.GenerateUserCert(ctx, authapi.UserCertRequest{User: "rita", PublicKey: ssh.MarshalAuthorizedKey(sp), TTL: time.Hour})
 		require.NoError(t, err)
-		r, err := e.auth.UserAccessRequests().CreateAccessRequest(ctx, authapi.AccessRequestCreate{UserCert: cert, Roles: []string{"dba"}})
+		r, err := e.auth.UserAccessRequests().CreateAccessRequest(ctx, authapi.AccessRequestCreate{UserCert: cert, Roles: []string{"dba"}, TTL: services.Duration(ttl)})
 		require.NoError(t, err)
 		return r.ID
 	}
@@ -80,7 +80,7 @@ func TestWebAssumeAccessRequest(t *testing.T) {
 	}
 
 	require.Empty(t, nodes(rita), "without the request rita reaches nothing")
-	id := request()
+	id := request(0)
 
 	// Pending: nothing to assume.
 	code, body := assume(rita, id)
@@ -133,13 +133,36 @@ func TestWebAssumeAccessRequest(t *testing.T) {
 	require.Equal(t, http.StatusForbidden, code, body)
 
 	// Drop: back to the own roles at once.
-	id2 := request()
+	id2 := request(0)
 	reviewAs(rev, id2, services.RequestApproved)
 	code, body = assume(rita, id2)
 	require.Equal(t, http.StatusOK, code, body)
 	require.Equal(t, []string{"node1"}, nodes(rita))
 	resp, data := e.do(t, http.MethodDelete, "/webapi/requests/assumed", "", rita, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode, string(data))
+	require.Empty(t, assumed(rita).RequestID)
+	require.Empty(t, nodes(rita))
+
+	// The request's expiry (auth's sweep locks its id) ends the grant as
+	// a deny does.
+	id3 := request(time.Minute)
+	reviewAs(rev, id3, services.RequestApproved)
+	code, body = assume(rita, id3)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, []string{"node1"}, nodes(rita))
+	c = e.dialTerminal(t, tctx, rita, params)
+	openTerminal(t, tctx, c, rita.token)
+	readUntil(t, tctx, c, FrameData, "prompt$ ")
+	e.clock.Advance(time.Minute)
+	changed = locks.Changes()
+	require.NoError(t, e.auth.ExpireAccessRequests(ctx))
+	select {
+	case <-changed:
+	case <-time.After(testTimeout):
+		t.Fatal("the expiry's lock never arrived")
+	}
+	f = readUntil(t, tctx, c, FrameError, "")
+	require.Contains(t, string(f.Payload), "expired")
 	require.Empty(t, assumed(rita).RequestID)
 	require.Empty(t, nodes(rita))
 
