@@ -247,12 +247,16 @@ async function main() {
       await waitFor('approved', async () => (await rev.textContent('#request-status')).includes('approved'));
     });
 
-    await step(rita, 'the requester assumes it in the browser and opens a terminal to the node', async () => {
+    await step(rita, 'the requester assumes it on the Requests page', async () => {
       await rita.click('#nav-requests');
       await rita.waitForSelector('#view-requests:not([hidden])');
       if (await rita.locator(`#requests tbody tr[data-id="${id}"] button.assume`).count()) throw new Error('a denied request offers Assume');
       await rita.click(`#requests tbody tr[data-id="${id2}"] button.assume`);
       await waitFor('the assumed notice', async () => (await rita.textContent('#requests-assumed-text')).includes(id2));
+      if (await rita.locator(`#requests tbody tr[data-id="${id2}"] button.assume`).count()) throw new Error('the assumed request still offers Assume');
+    });
+
+    await step(rita, 'the node is listed now, and a terminal reaches it', async () => {
       await rita.click('#nav-nodes');
       const row = rita.locator(`tr[data-hostname="${nodename}"]`);
       await row.waitFor({ timeout: 15000 });
