@@ -5,7 +5,9 @@
 // requests a role with psh; a reviewer approves it on the Requests page;
 // the requester then reaches the node. The requester's own browser cannot
 // approve the request (no self-approval), and a deny in the UI ends the
-// grant. Screenshots land in e2e/artifacts/requests-*.png; the last line
+// grant. Then the requester assumes a second approved request in the
+// browser, opens a terminal to the node it could not reach, and a deny
+// ends that terminal while the session goes on. Screenshots land in e2e/artifacts/requests-*.png; the last line
 // is `N passed, N failed`; the exit status is non-zero when anything
 // failed.
 //
@@ -98,6 +100,21 @@ async function browserLogin(page, base, name) {
   await page.fill('#login-password', users[name]);
   await page.click('#login-submit');
   await waitFor(`logged in as ${name}`, async () => (await page.textContent('#whoami')) === name);
+}
+
+// rowsText is the terminal's visible text, read from xterm's buffer.
+async function rowsText(page) {
+  return page.evaluate(() => {
+    const t = window.posternTerminal;
+    if (!t) return '';
+    const b = t.buffer.active;
+    const out = [];
+    for (let y = b.viewportY; y < b.viewportY + t.rows; y++) {
+      const l = b.getLine(y);
+      out.push(l ? l.translateToString(true) : '');
+    }
+    return out.join('\n');
+  });
 }
 
 async function openRequest(page, id) {
@@ -205,6 +222,65 @@ async function main() {
       await rev.click('#request-deny');
       await waitFor('denied', async () => (await rev.textContent('#request-status')).includes('denied'));
       await waitFor('the node refuses the certificate', async () => psh(['ssh', nodename, 'echo reached']).code !== 0, 15000);
+    });
+
+    let id2;
+    await step(rita, 'the requester asks again, and the browser lists no node yet', async () => {
+      // The denied request's certificate speaks for nobody: log in again.
+      const l = psh(['login', '--proxy', webAddr, '--user', 'rita', '--cacert', join(dataDir, 'web', 'web.crt')], `${users.rita}\n`);
+      if (l.code !== 0) throw new Error(`psh login: ${l.err}`);
+      const c = psh(['request', 'create', '--roles', 'e2e-access', '--reason', 'e2e web']);
+      if (c.code !== 0) throw new Error(`psh request create: ${c.err}`);
+      id2 = c.out.trim();
+      await rita.click('#nav-nodes');
+      await rita.locator('#view-nodes').waitFor({ state: 'visible' });
+      await rita.reload();
+      await rita.locator('#view-nodes').waitFor({ state: 'visible' });
+      await rita.locator('#nodes-empty').waitFor({ state: 'visible' });
+      if (await rita.locator(`tr[data-hostname="${nodename}"]`).count()) throw new Error('the node is listed before any grant');
+    });
+
+    await step(rev, 'the reviewer approves the second request', async () => {
+      await rev.reload();
+      await openRequest(rev, id2);
+      await rev.click('#request-approve');
+      await waitFor('approved', async () => (await rev.textContent('#request-status')).includes('approved'));
+    });
+
+    await step(rita, 'the requester assumes it on the Requests page', async () => {
+      await rita.click('#nav-requests');
+      await rita.waitForSelector('#view-requests:not([hidden])');
+      if (await rita.locator(`#requests tbody tr[data-id="${id}"] button.assume`).count()) throw new Error('a denied request offers Assume');
+      await rita.click(`#requests tbody tr[data-id="${id2}"] button.assume`);
+      await waitFor('the assumed notice', async () => (await rita.textContent('#requests-assumed-text')).includes(id2));
+      if (await rita.locator(`#requests tbody tr[data-id="${id2}"] button.assume`).count()) throw new Error('the assumed request still offers Assume');
+    });
+
+    await step(rita, 'the node is listed now, and a terminal reaches it', async () => {
+      await rita.click('#nav-nodes');
+      const row = rita.locator(`tr[data-hostname="${nodename}"]`);
+      await row.waitFor({ timeout: 15000 });
+      await row.locator('a.connect').click();
+      await rita.locator('#term-status[data-status="connected"]').waitFor({ timeout: 30000 });
+      await waitFor('a shell prompt', async () => (await rowsText(rita)).trim().length > 0, 30000);
+      await rita.locator('.xterm-helper-textarea').focus();
+      await rita.keyboard.type('echo "assumed-$((6*7))"\n');
+      await waitFor('the output', async () => (await rowsText(rita)).includes('assumed-42'), 30000);
+    });
+
+    await step(rev, 'a deny ends the terminal opened with the assumed request', async () => {
+      await openRequest(rev, id2);
+      await rev.click('#request-deny');
+      await waitFor('denied', async () => (await rev.textContent('#request-status')).includes('denied'));
+      await rita.locator('#term-status[data-status="disconnected"]').waitFor({ timeout: 15000 });
+    });
+
+    await step(rita, 'the session goes on with the requester\'s own roles', async () => {
+      await rita.click('#nav-requests');
+      await rita.waitForSelector('#view-requests:not([hidden])');
+      await waitFor('no assumed request', async () => rita.locator('#requests-assumed').isHidden());
+      await rita.click('#nav-nodes');
+      await rita.locator('#nodes-empty').waitFor({ state: 'visible' });
     });
   } catch (err) {
     failed++;

@@ -25,18 +25,29 @@ var _ LockChecker = (*services.LockWatcher)(nil)
 
 // checkLocks is the lock check of one session: its user and, when the
 // session's certificate carries an access request's roles, the request.
-func (s *Server) checkLocks(live *liveSession) error {
+// It returns the session to serve: one that assumed a request whose grant
+// has ended (a lock on its id: denied, expired) goes on with its own
+// roles, its terminals opened with the grant ended; a locked user ends it.
+func (s *Server) checkLocks(live *liveSession) (*liveSession, error) {
 	locks := s.cfg.WebSessions.Locks
 	if locks == nil {
-		return nil
+		return live, nil
 	}
-	targets := []services.LockTarget{{User: live.user}}
-	if live.cert != nil {
-		if id := live.cert.Permissions.Extensions[services.CertExtensionRequestID]; id != "" {
-			targets = append(targets, services.LockTarget{AccessRequest: id})
-		}
+	if err := locks.Check(services.LockTarget{User: live.user}); err != nil {
+		return live, err
 	}
-	return locks.Check(targets...)
+	if live.cert == nil {
+		return live, nil
+	}
+	id := live.cert.Permissions.Extensions[services.CertExtensionRequestID]
+	if id == "" {
+		return live, nil
+	}
+	err := locks.Check(services.LockTarget{AccessRequest: id})
+	if services.IsLocked(err) && live.assumed != nil {
+		return s.dropAssumed(live, err), nil
+	}
+	return live, err
 }
 
 // enforceLocks ends locked users' sessions at start and at every change
@@ -46,7 +57,7 @@ func (w *webState) enforceLocks(s *Server, locks LockChecker) {
 	for {
 		changed := locks.Changes()
 		for _, live := range w.sessions.all() {
-			if err := s.checkLocks(live); services.IsLocked(err) {
+			if _, err := s.checkLocks(live); services.IsLocked(err) {
 				s.cfg.Logger.WithField("user", live.user).WithField("reason", err.Error()).Warn("Ending a locked user's web session.")
 				s.endSessionCause(w.ctx, live.ref, err)
 			}

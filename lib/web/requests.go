@@ -26,6 +26,9 @@ type AccessRequestAPI interface {
 	ListAccessRequests(ctx context.Context, userCert []byte) ([]services.AccessRequest, error)
 	GetAccessRequest(ctx context.Context, userCert []byte, id string) (*services.AccessRequest, error)
 	ReviewAccessRequest(ctx context.Context, req authapi.AccessRequestReview) (*services.AccessRequest, error)
+	// AccessRequestCert certifies the key of UserCert with an approved
+	// request's roles (assuming a request, requestassume.go).
+	AccessRequestCert(ctx context.Context, req authapi.AccessRequestCert) ([]byte, error)
 }
 
 // maxReviewBody bounds a review's body: a verdict and one line of reason.
@@ -47,6 +50,7 @@ func (s *Server) registerRequestRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /webapi/requests", s.requireSession(s.listAccessRequests))
 	mux.HandleFunc("GET /webapi/requests/{id}", s.requireSession(s.getAccessRequest))
 	mux.HandleFunc("POST /webapi/requests/{id}/review", s.requireSession(s.reviewAccessRequest))
+	s.registerAssumeRoutes(mux)
 }
 
 // requestAPI answers 501 when this proxy has no access request API.

@@ -197,7 +197,7 @@ func (s *Server) checkSession(ctx context.Context, sid, token string) (*liveSess
 			return nil, errNoSession
 		}
 	}
-	if err := s.checkLocks(live); err != nil {
+	if live, err = s.checkLocks(live); err != nil {
 		if services.IsLocked(err) {
 			s.endSessionCause(ctx, ref, err)
 		}

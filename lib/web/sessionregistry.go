@@ -51,6 +51,9 @@ type liveSession struct {
 	// opened with the session run under it.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	// assumed is set when the session serves an access request it
+	// assumed (requestassume.go): the session's own half to fall back to.
+	assumed *assumption
 }
 
 // sessionRegistry holds the live halves of this proxy's web sessions.

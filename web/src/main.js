@@ -1246,7 +1246,7 @@ $('nav-recordings').addEventListener('click', () => navigate('/web/recordings'))
 
 // ---- start ---------------------------------------------------------------
 
-requests.init({ api, show, navigate, showLogin });
+requests.init({ api, show, navigate, showLogin, user: () => sessionStorage.getItem(USER_KEY) || '' });
 
 // adoptBrowserSession gives a tab without a token (a new tab, a deep
 // link opened in one) the browser's web session: the server derives its

@@ -2,7 +2,9 @@
 // and those their roles' review_requests covers), one request's reviews,
 // and approve/deny with a reason. The auth server decides everything
 // (who may review, no self-approval, thresholds); this page only shows
-// its answers. The page builds its own DOM (a nav button and a section),
+// its answers. A requester assumes their own approved request here (as
+// `psh login --request-id` does): the session then serves with its roles
+// until it is dropped, denied or expires. The page builds its own DOM (a nav button and a section),
 // so index.html and main.js stay as they are but for the route.
 
 let deps = null; // {api, show, navigate, showLogin}
@@ -24,6 +26,9 @@ export function init(d) {
   const section = el('section', { id: 'view-requests', hidden: true },
     el('div', { className: 'toolbar' }, el('h1', { textContent: 'Access requests' })),
     el('p', { id: 'requests-error', className: 'error', role: 'alert' }),
+    el('p', { id: 'requests-assumed', className: 'notice', role: 'status', hidden: true },
+      el('span', { id: 'requests-assumed-text' }), ' ',
+      el('button', { id: 'request-drop', type: 'button', textContent: 'Drop' })),
     el('table', { id: 'requests' },
       el('thead', {}, el('tr', {}, ...['ID', 'User', 'Roles', 'State', 'Approvals', 'Expires', 'Reason', ''].map((h) => el('th', { textContent: h })))),
       el('tbody')),
@@ -41,6 +46,7 @@ export function init(d) {
   document.querySelector('main').append(section);
   document.getElementById('request-approve').addEventListener('click', () => review('approved'));
   document.getElementById('request-deny').addEventListener('click', () => review('denied'));
+  document.getElementById('request-drop').addEventListener('click', () => drop());
 }
 
 // setNavHidden follows the other nav buttons (hidden on the login view).
@@ -69,8 +75,9 @@ export async function showList(id) {
   deps.show('requests');
   errorText('');
   let items = [];
+  let assumed = {};
   try {
-    items = await deps.api('GET', '/webapi/requests');
+    [items, assumed] = await Promise.all([deps.api('GET', '/webapi/requests'), deps.api('GET', '/webapi/requests/assumed')]);
   } catch (err) {
     if (err.status === 401) return deps.showLogin('Your session ended; log in again.');
     errorText(err.message);
@@ -80,13 +87,21 @@ export async function showList(id) {
   for (const r of items) {
     const open = el('button', { type: 'button', className: 'open', textContent: 'Show' });
     open.addEventListener('click', () => deps.navigate(`/web/requests/${encodeURIComponent(r.id)}`));
+    const actions = el('td', {}, open);
+    // One's own approved request can be assumed (auth refuses any other).
+    if (r.user === deps.user() && stateAt(r) === 'approved' && r.id !== assumed.request_id) {
+      const take = el('button', { type: 'button', className: 'assume', textContent: 'Assume' });
+      take.addEventListener('click', () => assume(r.id));
+      actions.append(' ', take);
+    }
     const tr = el('tr', {}, ...[r.id, r.user, (r.roles || []).join(', '), stateAt(r), approvals(r),
-      new Date(r.expires).toLocaleString(), r.reason || ''].map((t) => el('td', { textContent: t })), el('td', {}, open));
+      new Date(r.expires).toLocaleString(), r.reason || ''].map((t) => el('td', { textContent: t })), actions);
     tr.dataset.id = r.id;
     tr.querySelectorAll('td')[3].className = 'state';
     body.append(tr);
   }
   document.getElementById('requests-empty').hidden = items.length > 0;
+  showAssumed(assumed);
   document.getElementById('request-detail').hidden = true;
   if (id) await showDetail(id);
 }
@@ -128,6 +143,39 @@ async function review(state) {
     document.getElementById('request-reason').value = '';
     await showList(id);
     document.getElementById('request-status').textContent = `Request ${r.id} is ${r.state}.`;
+  } catch (err) {
+    if (err.status === 401) return deps.showLogin('Your session ended; log in again.');
+    errorText(err.message);
+  }
+}
+
+// showAssumed says which request the session serves with, if any.
+function showAssumed(a) {
+  const bar = document.getElementById('requests-assumed');
+  bar.hidden = !a || !a.request_id;
+  if (bar.hidden) return;
+  document.getElementById('requests-assumed-text').textContent =
+    `Assumed request ${a.request_id} (roles ${(a.roles || []).join(', ')}) until ${new Date(a.expires).toLocaleString()}.`;
+}
+
+// assume makes the session serve with request id's roles.
+async function assume(id) {
+  errorText('');
+  try {
+    await deps.api('POST', `/webapi/requests/${encodeURIComponent(id)}/assume`);
+    await showList();
+  } catch (err) {
+    if (err.status === 401) return deps.showLogin('Your session ended; log in again.');
+    errorText(err.message);
+  }
+}
+
+// drop goes back to the session's own roles.
+async function drop() {
+  errorText('');
+  try {
+    await deps.api('DELETE', '/webapi/requests/assumed');
+    await showList();
   } catch (err) {
     if (err.status === 401) return deps.showLogin('Your session ended; log in again.');
     errorText(err.message);
