@@ -18,11 +18,14 @@ import { mkdtempSync, mkdirSync, rmSync, createWriteStream, writeFileSync } from
 import { tmpdir, userInfo } from 'node:os';
 import { join, dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { sleep, waitFor, servingAddr, Steps } from './harness.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const buildDir = resolve(here, '..', process.env.POSTERN_BUILD_DIR || 'build');
 const chromiumPath = process.env.CHROMIUM || '/usr/bin/chromium';
 const artifacts = join(here, 'artifacts');
+const steps = new Steps(artifacts, 'requests-');
+const step = (page, name, fn) => steps.step(page, name, fn);
 const login = userInfo().username;
 const nodename = 'req-node';
 const users = { rita: 'rita request password 1', rev: 'rev review password 1' };
@@ -48,51 +51,6 @@ spec:
   review_requests: {roles: [e2e-access]}
 `;
 
-let passed = 0;
-let failed = 0;
-let broken = null;
-
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
-async function waitFor(what, fn, timeoutMs = 30000) {
-  const end = Date.now() + timeoutMs;
-  let last;
-  while (Date.now() < end) {
-    try { const v = await fn(); if (v) return v; } catch (err) { last = err; }
-    await sleep(200);
-  }
-  throw new Error(`timed out waiting for ${what}${last ? `: ${last.message}` : ''}`);
-}
-
-async function step(page, name, fn) {
-  if (broken) { failed++; console.log(`FAIL ${name}: skipped after "${broken}" failed`); return; }
-  const start = Date.now();
-  try {
-    await fn();
-    passed++;
-    console.log(`ok   ${name} (${Date.now() - start} ms)`);
-  } catch (err) {
-    failed++;
-    broken = name;
-    console.log(`FAIL ${name}: ${err.message}`);
-  }
-  try { await page.screenshot({ path: join(artifacts, `requests-${passed + failed}-${name.replace(/[^a-z0-9]+/gi, '-').toLowerCase()}.png`) }); } catch { /* gone */ }
-}
-
-function servingAddr(child, msg) {
-  const re = new RegExp(`msg="${msg.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}"[^\n]*? addr="?([0-9a-f.:\\[\\]]+)"?`);
-  return new Promise((res, rej) => {
-    let buf = '';
-    const on = (d) => {
-      buf += d.toString();
-      const m = buf.match(re);
-      if (m) { child.stdout.off('data', on); child.stderr.off('data', on); res(m[1]); }
-    };
-    child.stdout.on('data', on);
-    child.stderr.on('data', on);
-    child.once('exit', () => rej(new Error(`postern exited before logging "${msg}"`)));
-  });
-}
 
 async function browserLogin(page, base, name) {
   await page.goto(base);
@@ -283,7 +241,7 @@ async function main() {
       await rita.locator('#nodes-empty').waitFor({ state: 'visible' });
     });
   } catch (err) {
-    failed++;
+    steps.failed++;
     console.log(`FAIL setup: ${err.message}`);
   } finally {
     if (browser) await browser.close();
@@ -291,8 +249,7 @@ async function main() {
     await new Promise((r) => (daemonExited ? r() : daemon.once('exit', r)));
     if (!process.env.E2E_KEEP) rmSync(dataDir, { recursive: true, force: true });
   }
-  console.log(`${passed} passed, ${failed} failed`);
-  process.exit(failed ? 1 : 0);
+  process.exit(steps.summary());
 }
 
 main();
