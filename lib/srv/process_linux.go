@@ -121,6 +121,7 @@ func (s *session) startProcess(spec procSpec) (*process, error) {
 		if s.rec != nil {
 			out, in = s.outputRecorder(out, s.rec, s.ptyOutputRecorder(s.rec, ptmx, s.c.cfg.Clock)), s.outputRecorder(in, s.rec, s.rec.Input)
 		}
+		out, in = s.openRoom(out, in, spec.pty)
 		outputs.Add(1)
 		s.goCopy(func() {
 			defer outputs.Done()

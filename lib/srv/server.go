@@ -11,6 +11,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/srv/party"
 	"github.com/postern-dev/postern/lib/utils"
 )
 
@@ -41,6 +42,9 @@ type Server struct {
 	// trustDone is closed when enforceTrust returns (nil when the
 	// AccessPoint announces no trust changes).
 	trustDone chan struct{}
+	// parties are the node's live pty sessions by id, as others may join
+	// them (room.go); nil on the proxy, where nothing runs.
+	parties *party.Registry
 }
 
 // New creates a server; call Serve to accept connections.
@@ -56,6 +60,9 @@ func New(cfg Config) (*Server, error) {
 		cancel:    cancel,
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[*conn]struct{}{},
+	}
+	if cfg.Proxy == nil {
+		s.parties = party.NewRegistry()
 	}
 	s.sshCfg = &ssh.ServerConfig{
 		PublicKeyCallback: s.authenticate,

@@ -16,6 +16,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/recording"
+	"github.com/postern-dev/postern/lib/srv/party"
 )
 
 // defaultPath is the PATH sessions start with: what Debian's login gives,
@@ -78,6 +79,9 @@ type session struct {
 	recRequiredBy string
 	// recEndedSession says that the failed recording ended the session.
 	recEndedSession bool
+	// room is the session as others may join it (room.go); nil for a
+	// session without a pty.
+	room *party.Session
 }
 
 func (c *conn) handleSession(nch ssh.NewChannel) {
@@ -340,6 +344,7 @@ func (s *session) run(req *ssh.Request, spec procSpec) {
 // finish ends the channel the way OpenSSH does: output already drained,
 // then EOF, exit-status (or exit-signal), close.
 func (s *session) finish(st exitResult) {
+	s.closeRoom()
 	s.tellRecordingEnded()
 	_ = s.ch.CloseWrite()
 	if st.signal != "" {
@@ -430,6 +435,7 @@ func (s *session) resize(w *windowChange) error {
 		err = setWinsize(s.proc.ptmx, w.Columns, w.Rows, w.WidthPx, w.HeightPx)
 	}
 	s.mu.Unlock()
+	s.resizeRoom(w.Columns, w.Rows)
 	if rec != nil {
 		s.recordSize(rec, w.Columns, w.Rows)
 	}

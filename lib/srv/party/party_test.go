@@ -1,0 +1,277 @@
+package party
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// readAll drains s until io.EOF.
+func readAll(t *testing.T, s *Subscriber) []byte {
+	t.Helper()
+	var out []byte
+	for {
+		p, err := s.Next(context.Background())
+		if err == io.EOF {
+			return out
+		}
+		require.NoError(t, err)
+		out = append(out, p...)
+	}
+}
+
+// TestSlowSubscriberNeverBlocks: a subscriber that never reads does not
+// hold the writer nor another subscriber; it is caught up with the
+// current screen, after a notice, when it reads at last.
+func TestSlowSubscriberNeverBlocks(t *testing.T) {
+	var primary bytes.Buffer
+	b := NewBroadcaster(Config{Primary: &primary, Cols: 40, Rows: 5, QueueBytes: 4 << 10})
+	slow, err := b.Subscribe()
+	require.NoError(t, err)
+	fast, err := b.Subscribe()
+	require.NoError(t, err)
+	got := make(chan []byte)
+	go func() {
+		var out []byte
+		for {
+			p, err := fast.Next(context.Background())
+			if err != nil {
+				got <- out
+				return
+			}
+			out = append(out, p...)
+			// The fast one drops nothing: it reads as fast as it can, and
+			// the writer waits for it below.
+		}
+	}()
+	var want bytes.Buffer
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 2000; i++ {
+			line := fmt.Sprintf("line %04d\r\n", i)
+			want.WriteString(line)
+			_, err := b.Write([]byte(line))
+			require.NoError(t, err)
+			if i%50 == 0 {
+				// Let the fast reader keep up (it has a 4 KiB queue).
+				waitFor(t, func() bool { return fast.queued() == 0 })
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the writer was blocked by a subscriber that does not read")
+	}
+	require.Equal(t, want.String(), primary.String())
+	p, err := slow.Next(context.Background())
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(string(p), LaggedNotice), "%q", p)
+	require.Contains(t, string(p), "line 1999")
+	require.NotContains(t, string(p), "line 0000")
+	require.Positive(t, slow.Lags())
+	b.Close()
+	out := <-got
+	require.Equal(t, 0, fast.Lags())
+	require.True(t, bytes.HasSuffix(out, want.Bytes()[want.Len()-4000:]))
+	// Every line reached the fast one, in order, after its first screen.
+	require.Contains(t, string(out), "line 0001\r\nline 0002\r\n")
+	require.Contains(t, string(out), "line 1998\r\nline 1999\r\n")
+	slow.Close()
+}
+
+func (s *Subscriber) queued() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.queue)
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	require.Eventually(t, cond, 10*time.Second, time.Millisecond)
+}
+
+// TestManySubscribers: each of many concurrent readers gets the whole
+// stream, in order, after the screen at its join.
+func TestManySubscribers(t *testing.T) {
+	b := NewBroadcaster(Config{QueueBytes: 1 << 20})
+	const n = 50
+	var wg sync.WaitGroup
+	outs := make([][]byte, n)
+	for i := 0; i < n; i++ {
+		s, err := b.Subscribe()
+		require.NoError(t, err)
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			outs[i] = readAll(t, s)
+		}(i)
+	}
+	var want bytes.Buffer
+	for i := 0; i < 500; i++ {
+		line := fmt.Sprintf("%d\r\n", i)
+		want.WriteString(line)
+		_, _ = b.Write([]byte(line))
+	}
+	b.Close()
+	wg.Wait()
+	for i, out := range outs {
+		require.True(t, bytes.HasSuffix(out, want.Bytes()), "subscriber %d", i)
+	}
+}
+
+// TestJoinCatchUp: a subscriber that joins mid-session reads the screen
+// as it is (not the history scrolled away), then what follows, once.
+func TestJoinCatchUp(t *testing.T) {
+	b := NewBroadcaster(Config{Cols: 20, Rows: 3})
+	defer b.Close()
+	for i := 0; i < 10; i++ {
+		_, _ = b.Write([]byte(fmt.Sprintf("old %d\r\n", i)))
+	}
+	_, _ = b.Write([]byte("$ "))
+	s, err := b.Subscribe()
+	require.NoError(t, err)
+	defer s.Close()
+	_, _ = b.Write([]byte("after"))
+	p, err := s.Next(context.Background())
+	require.NoError(t, err)
+	scr := string(p)
+	require.Contains(t, scr, "old 9")
+	require.NotContains(t, scr, "old 1\x1b", "scrolled away")
+	require.True(t, strings.HasSuffix(scr, "after"), "%q", scr)
+	require.Equal(t, 1, strings.Count(scr, "after"))
+	b.Notice("bob joined\r\n")
+	p, err = s.Next(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, "bob joined\r\n", string(p))
+}
+
+// TestSubscribeAfterClose: an ended session cannot be joined.
+func TestSubscribeAfterClose(t *testing.T) {
+	b := NewBroadcaster(Config{})
+	b.Close()
+	_, err := b.Subscribe()
+	require.Error(t, err)
+	_, err = b.Write([]byte("x"))
+	require.NoError(t, err)
+}
+
+// TestNextHonoursContext: a reader waiting for output leaves when its
+// context ends.
+func TestNextHonoursContext(t *testing.T) {
+	b := NewBroadcaster(Config{})
+	defer b.Close()
+	s, err := b.Subscribe()
+	require.NoError(t, err)
+	_, err = s.Next(context.Background()) // the (empty) first screen
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = s.Next(ctx)
+	require.ErrorIs(t, err, context.Canceled)
+}
+
+type lockedBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestGate: input reaches the program only while the gate is open;
+// what is typed while it is held or paused is dropped, not replayed.
+func TestGate(t *testing.T) {
+	var dst lockedBuf
+	g := NewGate(&dst, Held)
+	select {
+	case <-g.Opened():
+		t.Fatal("a held gate is not open")
+	default:
+	}
+	_, _ = g.Write([]byte("rm -rf /\r"))
+	g.Set(Open)
+	<-g.Opened()
+	_, _ = g.Write([]byte("ls\r"))
+	g.Set(Paused)
+	_, _ = g.Write([]byte("typed while paused"))
+	g.Set(Open)
+	_, _ = g.Write([]byte("pwd\r"))
+	require.Equal(t, "ls\rpwd\r", dst.String())
+	require.Equal(t, "open", g.State().String())
+}
+
+func TestParseSessionID(t *testing.T) {
+	id, err := ParseSessionID("0B9E4F1C-3A5D-4E2B-9C1F-2D3E4F5A6B7C")
+	require.NoError(t, err)
+	require.Equal(t, "0b9e4f1c-3a5d-4e2b-9c1f-2d3e4f5a6b7c", id)
+	for _, bad := range []string{"", "x", "../../etc/passwd", "{0b9e4f1c-3a5d-4e2b-9c1f-2d3e4f5a6b7c}", "urn:uuid:0b9e4f1c-3a5d-4e2b-9c1f-2d3e4f5a6b", "0b9e4f1c3a5d4e2b9c1f2d3e4f5a6b7c"} {
+		_, err := ParseSessionID(bad)
+		require.ErrorContains(t, err, "malformed session id", bad)
+	}
+	_, err = ParseMode("admin")
+	require.ErrorContains(t, err, `unknown session join mode "admin"`)
+}
+
+// FuzzParseSessionID: whatever a client sends as a session id is either
+// refused or a canonical UUID that parses to itself.
+func FuzzParseSessionID(f *testing.F) {
+	f.Add("0b9e4f1c-3a5d-4e2b-9c1f-2d3e4f5a6b7c")
+	f.Add("")
+	f.Fuzz(func(t *testing.T, s string) {
+		id, err := ParseSessionID(s)
+		if err != nil {
+			return
+		}
+		again, err := ParseSessionID(id)
+		if err != nil || again != id || len(id) != 36 {
+			t.Fatalf("%q -> %q -> %q, %v", s, id, again, err)
+		}
+	})
+}
+
+// TestRegistry: sessions are found by id, an unknown id is not found,
+// and the listing names the parties.
+func TestRegistry(t *testing.T) {
+	r := NewRegistry()
+	now := time.Now()
+	s := &Session{ID: "a", User: "alice", Started: now}
+	require.NoError(t, r.Add(s))
+	require.Error(t, r.Add(&Session{ID: "a"}))
+	require.NoError(t, r.Add(&Session{ID: "b", Started: now.Add(-time.Hour)}))
+	got, err := r.Get("a")
+	require.NoError(t, err)
+	require.Same(t, s, got)
+	_, err = r.Get("c")
+	require.ErrorContains(t, err, "not found")
+	require.Equal(t, "b", r.List()[0].ID)
+	p := &Party{User: "bob", Mode: Moderator, Joined: now}
+	s.AddParty(p)
+	s.AddParty(&Party{User: "carol", Mode: Observer, Joined: now.Add(time.Second)})
+	require.Equal(t, []string{"alice", "bob (moderator)", "carol (observer)"}, s.Info().Participants)
+	require.Equal(t, 1, s.Count(Moderator))
+	require.Equal(t, 0, s.RemoveParty(p))
+	r.Remove("a")
+	_, err = r.Get("a")
+	require.Error(t, err)
+}

@@ -1,0 +1,63 @@
+package srv
+
+import (
+	"io"
+
+	"github.com/postern-dev/postern/lib/srv/party"
+)
+
+// openRoom makes a pty session joinable: its output (out: the owner's
+// channel, with the recording teed in) becomes a broadcast whose
+// subscribers are the joined parties, and its input (in: the pty, with
+// the recording teed in) a gate that the owner and every peer type
+// through. The room is in the node's registry, by the session id the
+// owner reads in SSH_SESSION_ID, until closeRoom.
+//
+// Only pty sessions are rooms: an exec or a file transfer has no screen
+// to share, and its bytes are not a terminal's.
+func (s *session) openRoom(out, in io.Writer, pty *ptyRequest) (io.Writer, io.Writer) {
+	reg := s.c.srv.parties
+	if reg == nil || pty == nil {
+		return out, in
+	}
+	bc := party.NewBroadcaster(party.Config{Primary: out, Cols: int(pty.Columns), Rows: int(pty.Rows)})
+	room := &party.Session{
+		ID: s.id, User: s.c.auth.id.User, Login: s.c.auth.id.Login, Roles: append([]string(nil), s.c.auth.id.Roles...),
+		Node: s.c.auth.node.Hostname, Started: s.c.cfg.Clock.Now().UTC(),
+		Out: bc, In: party.NewGate(in, party.Open),
+	}
+	if err := reg.Add(room); err != nil {
+		// A session id is a fresh UUID: a clash is a bug, and the session
+		// runs as before, unjoinable, rather than fail.
+		s.log.WithError(err).Warn("Session could not be made joinable.")
+		return out, in
+	}
+	s.mu.Lock()
+	s.room = room
+	s.mu.Unlock()
+	return bc, room.In
+}
+
+// closeRoom takes the session out of the registry and ends every joined
+// party's view (they read what is queued, then the end).
+func (s *session) closeRoom() {
+	s.mu.Lock()
+	room := s.room
+	s.mu.Unlock()
+	if room == nil {
+		return
+	}
+	s.c.srv.parties.Remove(room.ID)
+	room.Out.Close()
+}
+
+// resizeRoom tells the room the terminal's new size (for the screens it
+// rebuilds for joiners).
+func (s *session) resizeRoom(cols, rows uint32) {
+	s.mu.Lock()
+	room := s.room
+	s.mu.Unlock()
+	if room != nil {
+		room.Out.Resize(int(cols), int(rows))
+	}
+}
