@@ -181,6 +181,11 @@ type RoleSpec struct {
 	// them unrecorded unless another of the user's roles requires it.
 	// Empty follows the cluster setting.
 	SessionRecording string `json:"session_recording,omitempty"`
+	// JoinSessions lets the holder join other users' live sessions
+	// (sessionjoin.go); RequireSessionJoin holds the holder's own
+	// sessions until enough moderators joined.
+	JoinSessions       []SessionJoinRule    `json:"join_sessions,omitempty"`
+	RequireSessionJoin []SessionRequireRule `json:"require_session_join,omitempty"`
 }
 
 // Role session_recording options. require beats exempt: a role that

@@ -449,7 +449,7 @@ func (r *Role) CheckAndSetDefaults() error {
 		return trace.BadParameter("role %q: spec.session_recording: unknown value %q, want %q or %q (or leave it out to follow the cluster's session_recording)",
 			r.Metadata.Name, r.Spec.SessionRecording, RecordingRequire, RecordingExempt)
 	}
-	return nil
+	return checkSessionJoin(r)
 }
 
 // CheckAndSetDefaults validates a certificate authority: a known type, a
