@@ -2,6 +2,7 @@ package srv
 
 import (
 	"io"
+	"sync"
 
 	"github.com/postern-dev/postern/lib/srv/party"
 )
@@ -26,6 +27,26 @@ func (s *session) openRoom(out, in io.Writer, pty *ptyRequest) (io.Writer, io.Wr
 		Node: s.c.auth.node.Hostname, Started: s.c.cfg.Clock.Now().UTC(),
 		Out: bc, In: party.NewGate(in, party.Open),
 	}
+	// Notices reach the owner's channel only until finish half-closes it
+	// (x/crypto's channel does not order a Write against CloseWrite).
+	room.Notify = func(msg string) { _, _ = s.notices.WriteString(msg) }
+	s.notices.w = s.ch
+	room.Mark = func(m string) {
+		s.mu.Lock()
+		rec := s.rec
+		s.mu.Unlock()
+		if rec != nil {
+			rec.Marker(m)
+		}
+	}
+	room.End = func() {
+		s.mu.Lock()
+		proc := s.proc
+		s.mu.Unlock()
+		if proc != nil {
+			proc.hangUp(s.c.cfg.Clock)
+		}
+	}
 	if err := reg.Add(room); err != nil {
 		// A session id is a fresh UUID: a clash is a bug, and the session
 		// runs as before, unjoinable, rather than fail.
@@ -49,6 +70,33 @@ func (s *session) closeRoom() {
 	}
 	s.c.srv.parties.Remove(room.ID)
 	room.Out.Close()
+	s.notices.Close()
+}
+
+// closableWriter writes to w until Close, never at the same time as it:
+// a line written from another goroutine than the channel's owner (a
+// notice, a refusal) cannot race the channel's half-close.
+type closableWriter struct {
+	mu     sync.Mutex
+	w      io.Writer
+	closed bool
+}
+
+func (c *closableWriter) WriteString(msg string) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.w == nil {
+		return 0, io.ErrClosedPipe
+	}
+	return io.WriteString(c.w, msg)
+}
+
+// Close stops the writes; what the caller does next (a half-close) no
+// longer meets one.
+func (c *closableWriter) Close() {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
 }
 
 // resizeRoom tells the room the terminal's new size (for the screens it

@@ -82,6 +82,11 @@ type session struct {
 	// room is the session as others may join it (room.go); nil for a
 	// session without a pty.
 	room *party.Session
+	// join is set when this channel joined another session (join.go).
+	join *joined
+	// notices writes lines to the channel from other goroutines than
+	// its copies until the channel is half-closed (room.go).
+	notices closableWriter
 }
 
 func (c *conn) handleSession(nch ssh.NewChannel) {
@@ -223,6 +228,10 @@ func (s *session) handleWindowChange(req *ssh.Request) {
 
 func (s *session) handleSignal(req *ssh.Request) {
 	sig, err := parseSignal(req.Payload)
+	if j := s.joinedSession(); j != nil && err == nil {
+		s.signalJoined(req, j, sig)
+		return
+	}
 	if err == nil {
 		err = s.signal(sig)
 	}

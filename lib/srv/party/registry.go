@@ -68,6 +68,12 @@ type Session struct {
 	// Out is the session's output; In is the gate to its program.
 	Out *Broadcaster
 	In  *Gate
+	// Notify prints a line in the owner's terminal (outside the session's
+	// output and recording); Mark puts a marker in the recording; End
+	// ends the session for everyone. Each may be nil.
+	Notify func(msg string)
+	Mark   func(marker string)
+	End    func()
 
 	mu      sync.Mutex
 	parties map[*Party]struct{}
@@ -76,6 +82,7 @@ type Session struct {
 // Party is one joined participant.
 type Party struct {
 	User   string
+	Roles  []string
 	Mode   Mode
 	Joined time.Time
 }
@@ -88,6 +95,14 @@ type Info struct {
 	Node         string    `json:"node"`
 	Started      time.Time `json:"started"`
 	Participants []string  `json:"participants"`
+}
+
+// Announce prints msg in every participant's terminal, the owner's too.
+func (s *Session) Announce(msg string) {
+	s.Out.Notice(msg)
+	if s.Notify != nil {
+		s.Notify(msg)
+	}
 }
 
 // AddParty adds p to the session.
@@ -192,3 +207,35 @@ func (r *Registry) List() []*Session {
 	sort.Slice(out, func(i, j int) bool { return out[i].Started.Before(out[j].Started) })
 	return out
 }
+
+// JoinPrefix starts the subsystem name that joins a session:
+// "join@SESSION_ID", or "join@SESSION_ID/MODE" (observer when left out).
+const JoinPrefix = "join@"
+
+// JoinSubsystem is the subsystem name that joins session id in mode.
+func JoinSubsystem(id string, mode Mode) string { return JoinPrefix + id + "/" + string(mode) }
+
+// ParseJoinRequest reads a join subsystem name from a client. Anything
+// but a well-formed UUID and a known mode is refused, with what was
+// wrong named, before anything is looked up.
+func ParseJoinRequest(name string) (id string, mode Mode, err error) {
+	rest, ok := strings.CutPrefix(name, JoinPrefix)
+	if !ok {
+		return "", "", trace.BadParameter("not a join request: %q", truncate(name))
+	}
+	rawID, rawMode, hasMode := strings.Cut(rest, "/")
+	if id, err = ParseSessionID(rawID); err != nil {
+		return "", "", err
+	}
+	mode = Observer
+	if hasMode {
+		if mode, err = ParseMode(rawMode); err != nil {
+			return "", "", err
+		}
+	}
+	return id, mode, nil
+}
+
+// ListSubsystem is the node subsystem that lists the live sessions the
+// caller may join (a JSON array of Info).
+const ListSubsystem = "sessions"
