@@ -148,6 +148,7 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 	c.addScp(app, add)
 	c.addBench(app, add)
 	c.addRecordings(app, add)
+	c.addSessions(app, add)
 	add(app.Command("logout", "Remove the stored key, certificate and profile."), c.doLogout)
 
 	if versionAsked(args) {
