@@ -4,6 +4,8 @@ import (
 	"io"
 	"sync"
 
+	"github.com/gravitational/trace"
+
 	"github.com/postern-dev/postern/lib/srv/party"
 )
 
@@ -16,16 +18,44 @@ import (
 //
 // Only pty sessions are rooms: an exec or a file transfer has no screen
 // to share, and its bytes are not a terminal's.
-func (s *session) openRoom(out, in io.Writer, pty *ptyRequest) (io.Writer, io.Writer) {
-	reg := s.c.srv.parties
-	if reg == nil || pty == nil {
-		return out, in
+//
+// A session held for its moderators already has its room (and the copy
+// of the owner's input into its gate, copyIn false): the program's output
+// and terminal take the places of the owner's channel and nothing.
+func (s *session) openRoom(out, in io.Writer, pty *ptyRequest) (_, _ io.Writer, copyIn bool) {
+	s.mu.Lock()
+	held := s.room
+	s.mu.Unlock()
+	if held != nil {
+		held.Out.SetPrimary(out)
+		held.In.SetDst(in)
+		return held.Out, held.In, false
 	}
-	bc := party.NewBroadcaster(party.Config{Primary: out, Cols: int(pty.Columns), Rows: int(pty.Rows)})
+	if s.c.srv.parties == nil || pty == nil {
+		return out, in, true
+	}
+	room, err := s.newRoom(out, in, pty, party.Open, nil)
+	if err != nil {
+		// A session id is a fresh UUID: a clash is a bug, and the session
+		// runs as before, unjoinable, rather than fail.
+		s.log.WithError(err).Warn("Session could not be made joinable.")
+		return out, in, true
+	}
+	return room.Out, room.In, true
+}
+
+// newRoom registers the session as a room whose output goes first to
+// primary and whose open gate leads to dst.
+func (s *session) newRoom(primary, dst io.Writer, pty *ptyRequest, st party.GateState, rules []party.Requirement) (*party.Session, error) {
+	reg := s.c.srv.parties
+	if reg == nil {
+		return nil, trace.NotImplemented("this server holds no joinable sessions")
+	}
+	bc := party.NewBroadcaster(party.Config{Primary: primary, Cols: int(pty.Columns), Rows: int(pty.Rows)})
 	room := &party.Session{
 		ID: s.id, User: s.c.auth.id.User, Login: s.c.auth.id.Login, Roles: append([]string(nil), s.c.auth.id.Roles...),
 		Node: s.c.auth.node.Hostname, Started: s.c.cfg.Clock.Now().UTC(),
-		Out: bc, In: party.NewGate(in, party.Open),
+		Out: bc, In: party.NewGate(dst, st), Require: rules,
 	}
 	// Notices reach the owner's channel only until finish half-closes it
 	// (x/crypto's channel does not order a Write against CloseWrite).
@@ -48,15 +78,12 @@ func (s *session) openRoom(out, in io.Writer, pty *ptyRequest) (io.Writer, io.Wr
 		}
 	}
 	if err := reg.Add(room); err != nil {
-		// A session id is a fresh UUID: a clash is a bug, and the session
-		// runs as before, unjoinable, rather than fail.
-		s.log.WithError(err).Warn("Session could not be made joinable.")
-		return out, in
+		return nil, trace.Wrap(err)
 	}
 	s.mu.Lock()
 	s.room = room
 	s.mu.Unlock()
-	return bc, room.In
+	return room, nil
 }
 
 // closeRoom takes the session out of the registry and ends every joined

@@ -317,10 +317,25 @@ func (s *session) startCommand(req *ssh.Request, command string, isExec bool) {
 
 // run starts spec, answers req, and sends the exit status when it ends.
 func (s *session) run(req *ssh.Request, spec procSpec) {
+	if rules, err := s.moderationRules(spec); err != nil || len(rules) > 0 {
+		if err != nil {
+			s.refuse(req, err)
+			return
+		}
+		s.runModerated(req, spec, rules)
+		return
+	}
+	if err := s.launch(spec, func() { reply(req, true) }); err != nil {
+		s.refuse(req, err)
+	}
+}
+
+// launch starts spec with its recording; started is called once the
+// process runs, before the goroutines that watch it start.
+func (s *session) launch(spec procSpec, started func()) error {
 	rec, err := s.startRecording(spec)
 	if err != nil {
-		s.refuse(req, err)
-		return
+		return err
 	}
 	s.mu.Lock()
 	s.rec = rec
@@ -330,15 +345,14 @@ func (s *session) run(req *ssh.Request, spec procSpec) {
 		if rec != nil {
 			_, _ = rec.Close("start failed: " + trace.UserMessage(err))
 		}
-		s.refuse(req, trace.Wrap(err, "starting %s", spec.path))
-		return
+		return trace.Wrap(err, "starting %s", spec.path)
 	}
 	s.mu.Lock()
 	s.proc = proc
 	s.mu.Unlock()
 	s.log.WithFields(logrus.Fields{"pty": spec.pty != nil, "pid": proc.cmd.Process.Pid}).Info("Session started.")
 	s.emitStart(spec.pty != nil)
-	reply(req, true)
+	started()
 	if rec != nil {
 		s.goCopy(func() { s.watchRecording(proc.exited, func() { proc.hangUp(s.c.cfg.Clock) }) })
 	}
@@ -348,6 +362,7 @@ func (s *session) run(req *ssh.Request, spec procSpec) {
 		st := proc.wait(s.ctx, s.c.cfg.Clock)
 		s.finish(st)
 	}()
+	return nil
 }
 
 // finish ends the channel the way OpenSSH does: output already drained,

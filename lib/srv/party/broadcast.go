@@ -12,6 +12,7 @@ import (
 	"context"
 	"io"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gravitational/trace"
 
@@ -52,6 +53,9 @@ type Config struct {
 // without ever blocking, to each subscriber's bounded queue.
 type Broadcaster struct {
 	cfg Config
+	// primary is cfg.Primary, replaceable (SetPrimary) while a held
+	// session waits for its program.
+	primary atomic.Pointer[io.Writer]
 	// mu guards the fields below; held only for memory copies, never
 	// while writing to the network or running the emulator.
 	mu         sync.Mutex
@@ -72,19 +76,27 @@ func NewBroadcaster(cfg Config) *Broadcaster {
 	if cfg.Cols <= 0 || cfg.Rows <= 0 {
 		cfg.Cols, cfg.Rows = 80, 24
 	}
-	return &Broadcaster{
+	b := &Broadcaster{
 		cfg: cfg, ring: termscreen.ReplayBuffer{Limit: cfg.RingBytes},
 		cols: cfg.Cols, rows: cfg.Rows, subs: map[*Subscriber]struct{}{},
 	}
+	if cfg.Primary != nil {
+		b.primary.Store(&cfg.Primary)
+	}
+	return b
 }
+
+// SetPrimary replaces Primary: a session held for its moderators has
+// only its owner's channel until its program (and recording) starts.
+func (b *Broadcaster) SetPrimary(w io.Writer) { b.primary.Store(&w) }
 
 // Write is the session's output: Primary's write, then what Primary took
 // goes to the catch-up ring and every subscriber.
 func (b *Broadcaster) Write(p []byte) (int, error) {
 	n := len(p)
 	var err error
-	if b.cfg.Primary != nil {
-		n, err = b.cfg.Primary.Write(p)
+	if w := b.primary.Load(); w != nil && *w != nil {
+		n, err = (*w).Write(p)
 	}
 	if n > 0 {
 		b.fanOut(p[:n], true)

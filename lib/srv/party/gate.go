@@ -98,3 +98,11 @@ func (g *Gate) Write(p []byte) (int, error) {
 	defer g.wmu.Unlock()
 	return g.dst.Write(p)
 }
+
+// SetDst replaces where open input goes: the program's terminal, once a
+// held session's program started.
+func (g *Gate) SetDst(w io.Writer) {
+	g.wmu.Lock()
+	defer g.wmu.Unlock()
+	g.dst = w
+}

@@ -246,3 +246,29 @@ func TestRegistry(t *testing.T) {
 	_, err = r.Get("a")
 	require.Error(t, err)
 }
+
+// TestModeration: observers never count; a rule that terminates wins
+// over one that pauses; Changed wakes at a join and a leave.
+func TestModeration(t *testing.T) {
+	isAuditor := func(roles []string, _ Mode) bool { return len(roles) > 0 && roles[0] == "auditor" }
+	s := &Session{Require: []Requirement{{Count: 1, Counts: isAuditor}, {Count: 2, Terminate: true, Counts: isAuditor}}}
+	require.Equal(t, Terminate, s.Moderation())
+	ch := s.Changed()
+	obs := &Party{User: "o", Roles: []string{"auditor"}, Mode: Observer}
+	s.AddParty(obs)
+	<-ch
+	require.Equal(t, Terminate, s.Moderation(), "an observer does not count")
+	m1 := &Party{User: "m1", Roles: []string{"auditor"}, Mode: Moderator}
+	s.AddParty(m1)
+	require.Equal(t, Terminate, s.Moderation())
+	s.AddParty(&Party{User: "m2", Roles: []string{"auditor"}, Mode: Moderator})
+	require.Equal(t, Met, s.Moderation())
+	ch = s.Changed()
+	s.RemoveParty(m1)
+	<-ch
+	require.Equal(t, Terminate, s.Moderation())
+	p := &Session{Require: []Requirement{{Count: 1, Counts: isAuditor}}}
+	require.Equal(t, Pause, p.Moderation())
+	p.AddParty(&Party{User: "x", Roles: []string{"dev"}, Mode: Moderator})
+	require.Equal(t, Pause, p.Moderation(), "the wrong role does not count")
+}

@@ -26,8 +26,13 @@ type Session struct {
 	Mark   func(marker string)
 	End    func()
 
+	// Require are the moderation rules (none: not moderated); set
+	// before the session is registered.
+	Require []Requirement
+
 	mu      sync.Mutex
 	parties map[*Party]struct{}
+	changed chan struct{}
 }
 
 // Party is one joined participant.
@@ -54,6 +59,7 @@ func (s *Session) AddParty(p *Party) {
 		s.parties = map[*Party]struct{}{}
 	}
 	s.parties[p] = struct{}{}
+	s.changedLocked()
 }
 
 // RemoveParty removes p and returns how many moderators are left.
@@ -61,6 +67,7 @@ func (s *Session) RemoveParty(p *Party) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.parties, p)
+	s.changedLocked()
 	return s.countLocked(Moderator)
 }
 
