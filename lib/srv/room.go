@@ -51,7 +51,7 @@ func (s *session) newRoom(primary, dst io.Writer, pty *ptyRequest, st party.Gate
 	if reg == nil {
 		return nil, trace.NotImplemented("this server holds no joinable sessions")
 	}
-	bc := party.NewBroadcaster(party.Config{Primary: primary, Cols: int(pty.Columns), Rows: int(pty.Rows)})
+	bc := party.NewBroadcaster(party.Config{Primary: primary, Cols: int(pty.Columns), Rows: int(pty.Rows), Clock: s.c.cfg.Clock})
 	room := &party.Session{
 		ID: s.id, User: s.c.auth.id.User, Login: s.c.auth.id.Login, Roles: append([]string(nil), s.c.auth.id.Roles...),
 		Node: s.c.auth.node.Hostname, Started: s.c.cfg.Clock.Now().UTC(),

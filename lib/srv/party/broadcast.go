@@ -13,16 +13,39 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/gravitational/trace"
+	"github.com/jonboulle/clockwork"
 
 	"github.com/postern-dev/postern/lib/termscreen"
 )
 
-// DefaultQueueBytes bounds the output queued for one subscriber. A
-// party this far behind is not watching live any more: its queue is
-// dropped and it is caught up with the current screen instead.
-const DefaultQueueBytes = 256 << 10
+// DefaultQueueBytes bounds the output queued for one subscriber: several
+// full-screen redraws, so that interactive output never lags, while a
+// flood (a `cat` of a big file) does. A party this far behind is not
+// watching live any more: its queue is dropped, it misses the output of
+// DefaultLagPause, then reads the last TailBytes of output and goes on
+// from there. Its cost to the node is so bounded (a flood reaches each
+// lagging observer at about (DefaultQueueBytes+TailBytes)/DefaultLagPause)
+// whatever the session prints, and never on the owner's path.
+const DefaultQueueBytes = 32 << 10
+
+// DefaultLagPause is how long a lagging subscriber skips output before
+// it is caught up.
+const DefaultLagPause = 250 * time.Millisecond
+
+// DefaultFrame is the least time between two reads of a subscriber
+// that has output: a person watching needs no more than 50 screens a
+// second, and a subscriber that wakes once a frame instead of once a
+// write costs a flooding session's CPUs little (output that comes faster
+// than a frame's queue holds makes it lag and skip, see
+// DefaultQueueBytes).
+const DefaultFrame = 20 * time.Millisecond
+
+// TailBytes is the output a lagging subscriber is caught up with: about
+// a screenful, which its own terminal redraws.
+const TailBytes = 4 << 10
 
 // DefaultRingBytes is the output kept to rebuild the screen for a party
 // that joins or lags: a screenful of a full-screen program is a few KiB,
@@ -33,7 +56,7 @@ const DefaultRingBytes = 256 << 10
 
 // LaggedNotice is what a subscriber reads before its catch-up screen
 // when it fell behind and its queued output was dropped.
-const LaggedNotice = "\r\n[postern: you fell behind; output skipped to the current screen]\r\n"
+const LaggedNotice = "\r\n[postern: output too fast to follow; skipped ahead]\r\n"
 
 // Config configures a Broadcaster.
 type Config struct {
@@ -47,6 +70,12 @@ type Config struct {
 	QueueBytes int
 	// RingBytes is the output kept for catch-up (DefaultRingBytes).
 	RingBytes int
+	// LagPause is DefaultLagPause unless set.
+	LagPause time.Duration
+	// Frame is DefaultFrame unless set; negative: none.
+	Frame time.Duration
+	// Clock times the lag pauses; nil means the real clock.
+	Clock clockwork.Clock
 }
 
 // Broadcaster fans a session's output out: first to Primary, then,
@@ -72,6 +101,15 @@ func NewBroadcaster(cfg Config) *Broadcaster {
 	}
 	if cfg.RingBytes <= 0 {
 		cfg.RingBytes = DefaultRingBytes
+	}
+	if cfg.Frame == 0 {
+		cfg.Frame = DefaultFrame
+	}
+	if cfg.LagPause <= 0 {
+		cfg.LagPause = DefaultLagPause
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clockwork.NewRealClock()
 	}
 	if cfg.Cols <= 0 || cfg.Rows <= 0 {
 		cfg.Cols, cfg.Rows = 80, 24
@@ -120,8 +158,15 @@ func (b *Broadcaster) fanOut(p []byte, output bool) {
 	if output {
 		b.ring.Write(p)
 	}
+	if len(b.subs) == 0 {
+		return
+	}
+	// One copy for all: the subscribers queue the same immutable chunk,
+	// so the owner's path pays one copy, not one per party.
+	chunk := append([]byte(nil), p...)
+	now := b.cfg.Clock.Now()
 	for s := range b.subs {
-		s.push(p)
+		s.push(chunk, now)
 	}
 }
 
@@ -153,9 +198,19 @@ func (b *Broadcaster) Subscribe() (*Subscriber, error) {
 		return nil, trace.NotFound("the session has ended")
 	}
 	s := &Subscriber{b: b, limit: b.cfg.QueueBytes, wake: make(chan struct{}, 1), done: make(chan struct{})}
-	s.catchUpLocked(false)
+	// The joiner's first screen: the emulator's, run in its reader.
+	s.snap = append([]byte(nil), b.tailLocked(b.cfg.RingBytes)...)
+	s.snapCols, s.snapRows, s.first = b.cols, b.rows, true
+	s.signal()
 	b.subs[s] = struct{}{}
 	return s, nil
+}
+
+// tailLocked is the last n bytes of output held. Called with b.mu held.
+func (b *Broadcaster) tailLocked(n int) []byte {
+	end := b.ring.End()
+	d, _ := b.ring.Since(end - min(end, uint64(n)))
+	return d
 }
 
 // Subscribers is how many subscribers there are.
@@ -191,49 +246,42 @@ type Subscriber struct {
 	done chan struct{}
 
 	// mu guards the fields below (taken under b.mu by push).
-	mu    sync.Mutex
-	queue []byte
-	// snap is the output to rebuild the screen from, with its size,
-	// waiting for the reader to run it through the emulator; lagged says
-	// the notice goes first.
-	snap       []byte
-	snapCols   int
-	snapRows   int
-	pending    bool
-	lagged     bool
-	ended      bool
-	laggedSeen int
-}
-
-// catchUpLocked replaces what is queued by a catch-up from the ring.
-// Called with b.mu held.
-func (s *Subscriber) catchUpLocked(lagged bool) {
-	snap, _ := s.b.ring.Since(s.b.ring.End() - min(s.b.ring.End(), uint64(s.b.cfg.RingBytes)))
-	s.mu.Lock()
-	s.snap = append(s.snap[:0], snap...)
-	s.snapCols, s.snapRows = s.b.cols, s.b.rows
-	s.pending, s.lagged = true, lagged
-	if lagged {
-		s.laggedSeen++
-	}
-	s.queue = s.queue[:0]
-	s.mu.Unlock()
-	s.signal()
+	mu sync.Mutex
+	// queue holds shared chunks (never written to), queued bytes in all.
+	queue  [][]byte
+	queued int
+	// first says the first screen is due: rebuilt from snap, the output
+	// held at the join, at snapCols x snapRows (the reader runs the
+	// emulator).
+	first              bool
+	snap               []byte
+	snapCols, snapRows int
+	// skipUntil is set while the subscriber skips output after a lag;
+	// the reader then catches up from the ring.
+	skipUntil time.Time
+	// nextRead is when the reader may take output again (a frame after
+	// the last it took).
+	nextRead time.Time
+	lags     int
+	ended    bool
 }
 
 // push queues p, or, when the queue would outgrow its bound, drops the
-// queue and schedules a catch-up. Called with b.mu held; never blocks.
-func (s *Subscriber) push(p []byte) {
+// queue and starts a lag pause. Called with b.mu held; never blocks.
+func (s *Subscriber) push(p []byte, now time.Time) {
 	s.mu.Lock()
-	over := len(s.queue)+len(p) > s.limit
-	if !over {
-		s.queue = append(s.queue, p...)
+	switch {
+	case !s.skipUntil.IsZero():
+		// Skipping: the catch-up will show the tail.
+	case s.queued+len(p) > s.limit:
+		s.queue, s.queued = nil, 0
+		s.skipUntil = now.Add(s.b.cfg.LagPause)
+		s.lags++
+	default:
+		s.queue = append(s.queue, p)
+		s.queued += len(p)
 	}
 	s.mu.Unlock()
-	if over {
-		s.catchUpLocked(true)
-		return
-	}
 	s.signal()
 }
 
@@ -254,50 +302,119 @@ func (s *Subscriber) endLocked() {
 	s.mu.Unlock()
 }
 
-// Lags is how many times the subscriber fell behind and was caught up.
+// Lags is how many times the subscriber fell behind.
 func (s *Subscriber) Lags() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.laggedSeen
+	return s.lags
 }
 
-// Next waits for output and returns all of it: a catch-up screen first
-// when one is due, then what is queued. It returns io.EOF once the
-// subscription ended and nothing is left, ctx's error when ctx ends.
+// Next waits for output and returns all of it: the first screen first,
+// then what is queued; after a lag, once its pause is over, a notice and
+// the tail of the output. It returns io.EOF once the subscription ended
+// and nothing is left, ctx's error when ctx ends.
 func (s *Subscriber) Next(ctx context.Context) ([]byte, error) {
+	if err := s.waitFrame(ctx); err != nil {
+		return nil, err
+	}
 	for {
 		s.mu.Lock()
-		var out []byte
-		if s.pending {
-			snap, cols, rows, lagged := s.snap, s.snapCols, s.snapRows, s.lagged
-			s.snap, s.pending = nil, false
-			queued := append([]byte(nil), s.queue...)
-			s.queue = s.queue[:0]
+		if s.first {
+			snap, cols, rows := s.snap, s.snapCols, s.snapRows
+			s.snap, s.first = nil, false
+			queued := s.takeLocked()
 			s.mu.Unlock()
-			if lagged {
-				out = append(out, LaggedNotice...)
-			}
-			out = append(out, repaint(snap, cols, rows)...)
-			return append(out, queued...), nil
+			return append(repaint(snap, cols, rows), queued...), nil
 		}
-		if len(s.queue) > 0 {
-			out = append(out, s.queue...)
-			s.queue = s.queue[:0]
+		if s.queued > 0 {
+			out := s.takeLocked()
 			s.mu.Unlock()
 			return out, nil
 		}
-		ended := s.ended
+		skipUntil, ended := s.skipUntil, s.ended
 		s.mu.Unlock()
 		if ended {
 			return nil, io.EOF
 		}
+		var timer clockwork.Timer
+		var fire <-chan time.Time
+		if !skipUntil.IsZero() {
+			wait := skipUntil.Sub(s.b.cfg.Clock.Now())
+			if wait <= 0 {
+				if out, ok := s.catchUp(); ok {
+					return out, nil
+				}
+				continue
+			}
+			timer = s.b.cfg.Clock.NewTimer(wait)
+			fire = timer.Chan()
+		}
 		select {
 		case <-s.wake:
+		case <-fire:
 		case <-s.done:
 		case <-ctx.Done():
+			if timer != nil {
+				timer.Stop()
+			}
 			return nil, trace.Wrap(ctx.Err())
 		}
+		if timer != nil {
+			timer.Stop()
+		}
 	}
+}
+
+// waitFrame waits until a frame has passed since the last read (or the
+// subscription ended).
+func (s *Subscriber) waitFrame(ctx context.Context) error {
+	if s.b.cfg.Frame <= 0 {
+		return nil
+	}
+	s.mu.Lock()
+	next := s.nextRead
+	s.mu.Unlock()
+	wait := next.Sub(s.b.cfg.Clock.Now())
+	if next.IsZero() || wait <= 0 {
+		return nil
+	}
+	timer := s.b.cfg.Clock.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-timer.Chan():
+	case <-s.done:
+	case <-ctx.Done():
+		return trace.Wrap(ctx.Err())
+	}
+	return nil
+}
+
+// catchUp ends a lag pause: the notice and the tail of the output, and
+// from then on the output as it comes (both under b.mu, so that they
+// join without a gap).
+func (s *Subscriber) catchUp() ([]byte, bool) {
+	s.b.mu.Lock()
+	defer s.b.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.skipUntil.IsZero() {
+		return nil, false
+	}
+	s.skipUntil = time.Time{}
+	s.queue, s.queued = nil, 0
+	out := append([]byte(LaggedNotice), s.b.tailLocked(TailBytes)...)
+	return out, true
+}
+
+// takeLocked empties the queue into one buffer. Called with s.mu held.
+func (s *Subscriber) takeLocked() []byte {
+	s.nextRead = s.b.cfg.Clock.Now().Add(s.b.cfg.Frame)
+	out := make([]byte, 0, s.queued)
+	for _, c := range s.queue {
+		out = append(out, c...)
+	}
+	s.queue, s.queued = nil, 0
+	return out
 }
 
 // Close ends the subscription; Next returns io.EOF once the queue is read.

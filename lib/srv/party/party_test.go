@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
@@ -35,7 +36,8 @@ func readAll(t *testing.T, s *Subscriber) []byte {
 // current screen, after a notice, when it reads at last.
 func TestSlowSubscriberNeverBlocks(t *testing.T) {
 	var primary bytes.Buffer
-	b := NewBroadcaster(Config{Primary: &primary, Cols: 40, Rows: 5, QueueBytes: 4 << 10})
+	clock := clockwork.NewFakeClock()
+	b := NewBroadcaster(Config{Primary: &primary, Cols: 40, Rows: 5, QueueBytes: 4 << 10, Clock: clock, Frame: -1})
 	slow, err := b.Subscribe()
 	require.NoError(t, err)
 	fast, err := b.Subscribe()
@@ -65,7 +67,7 @@ func TestSlowSubscriberNeverBlocks(t *testing.T) {
 			require.NoError(t, err)
 			if i%50 == 0 {
 				// Let the fast reader keep up (it has a 4 KiB queue).
-				waitFor(t, func() bool { return fast.queued() == 0 })
+				waitFor(t, func() bool { return fast.queuedBytes() == 0 })
 			}
 		}
 	}()
@@ -75,11 +77,27 @@ func TestSlowSubscriberNeverBlocks(t *testing.T) {
 		t.Fatal("the writer was blocked by a subscriber that does not read")
 	}
 	require.Equal(t, want.String(), primary.String())
-	p, err := slow.Next(context.Background())
+	_, err = slow.Next(context.Background()) // its first screen
 	require.NoError(t, err)
+	got2 := make(chan []byte, 1)
+	go func() {
+		p, err := slow.Next(context.Background())
+		require.NoError(t, err)
+		got2 <- p
+	}()
+	// The catch-up waits for the lag pause to end.
+	clock.BlockUntil(1)
+	select {
+	case p := <-got2:
+		t.Fatalf("caught up before the pause ended: %q", p)
+	default:
+	}
+	clock.Advance(DefaultLagPause)
+	p := <-got2
 	require.True(t, strings.HasPrefix(string(p), LaggedNotice), "%q", p)
-	require.Contains(t, string(p), "line 1999")
+	require.True(t, strings.HasSuffix(string(p), "line 1999\r\n"), "the tail of the output")
 	require.NotContains(t, string(p), "line 0000")
+	require.LessOrEqual(t, len(p), len(LaggedNotice)+TailBytes)
 	require.Positive(t, slow.Lags())
 	b.Close()
 	out := <-got
@@ -91,10 +109,10 @@ func TestSlowSubscriberNeverBlocks(t *testing.T) {
 	slow.Close()
 }
 
-func (s *Subscriber) queued() int {
+func (s *Subscriber) queuedBytes() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.queue)
+	return s.queued
 }
 
 func waitFor(t *testing.T, cond func() bool) {
