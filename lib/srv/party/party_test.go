@@ -86,7 +86,7 @@ func TestSlowSubscriberNeverBlocks(t *testing.T) {
 		got2 <- p
 	}()
 	// The catch-up waits for the lag pause to end.
-	clock.BlockUntil(1)
+	require.NoError(t, clock.BlockUntilContext(context.Background(), 1))
 	select {
 	case p := <-got2:
 		t.Fatalf("caught up before the pause ended: %q", p)
