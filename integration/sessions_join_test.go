@@ -3,6 +3,7 @@ package integration
 import (
 	"encoding/json"
 	"io"
+	"net/http"
 	"os"
 	"regexp"
 	"strings"
@@ -132,4 +133,41 @@ func TestPshJoinSession(t *testing.T) {
 			t.Fatalf("the moderator's psh did not end: %q", modOut())
 		}
 	})
+}
+
+// TestWebActiveSessions: GET /webapi/sessions/active lists alice's live
+// session to a browser user whose role may join it, and nothing to one
+// whose role may not.
+func TestWebActiveSessions(t *testing.T) {
+	c := newAllInOne(t)
+	createRole(t, c.dataDir, "kind: role\nmetadata: {name: auditor}\nspec:\n  join_sessions: [{roles: [access], modes: [observer]}]\n")
+	mustPctl(t, c.dataDir, "password-olga\n", "users", "add", "olga", "--logins", c.login, "--roles", "access,auditor")
+	mustPctl(t, c.dataDir, "password-carl\n", "users", "add", "carl", "--logins", c.login, "--roles", "access")
+	alice := newPshEnv(t, c)
+	alice.login(t, "alice", alicePassword+"\n")
+	ownerPty, ownerOut, _ := alice.onPty(t, "ssh", "node-1")
+	_, err := io.WriteString(ownerPty, "echo id$((1+1))=$SSH_SESSION_ID.\r")
+	require.NoError(t, err)
+	idRE := regexp.MustCompile(`id2=([0-9a-f-]{36})\.`)
+	require.Eventually(t, func() bool { return idRE.MatchString(ownerOut()) }, 30*time.Second, 20*time.Millisecond)
+	id := idRE.FindStringSubmatch(ownerOut())[1]
+
+	base := webTermLogin(t, c)
+	as := func(user, password string) []map[string]any {
+		cookie, token := webLogin(t, base.hc, base.addr, user, password)
+		code, body := webGet(t, &webTermClient{addr: base.addr, hc: base.hc, cookie: cookie, token: token}, "/webapi/sessions/active")
+		require.Equal(t, http.StatusOK, code, string(body))
+		var resp struct {
+			Items []map[string]any `json:"items"`
+		}
+		require.NoError(t, json.Unmarshal(body, &resp), string(body))
+		return resp.Items
+	}
+	items := as("olga", "password-olga")
+	require.Len(t, items, 1)
+	require.Equal(t, id, items[0]["id"])
+	require.Equal(t, "alice", items[0]["user"])
+	require.Equal(t, "node-1", items[0]["node"])
+	require.Equal(t, c.p.HostUUID(), items[0]["node_uuid"])
+	require.Empty(t, as("carl", "password-carl"), "a user who may not join sees nothing")
 }
