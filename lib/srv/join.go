@@ -89,9 +89,6 @@ func (s *session) startJoin(req *ssh.Request, name string) {
 	s.mu.Lock()
 	s.join = &joined{room: room, party: p, leave: leave}
 	s.mu.Unlock()
-	s.notices.mu.Lock()
-	s.notices.w = s.ch
-	s.notices.mu.Unlock()
 	reply(req, true)
 	s.c.emit(events.SessionJoin, fields())
 	room.Mark(fmt.Sprintf("session.join: %s (%s)", user, mode))
@@ -107,11 +104,11 @@ func (s *session) startJoin(req *ssh.Request, name string) {
 			if err != nil {
 				break
 			}
-			if _, err := s.ch.Write(b); err != nil {
+			if _, err := s.chOut.Write(b); err != nil {
 				return
 			}
 		}
-		s.notices.Close()
+		s.chOut.Close()
 		if s.ctx.Err() != nil {
 			return
 		}
@@ -125,7 +122,7 @@ func (s *session) startJoin(req *ssh.Request, name string) {
 		defer leave()
 		var dst io.Writer = room.In
 		if mode == party.Observer {
-			dst = &observerInput{w: &s.notices}
+			dst = &observerInput{w: &s.chOut}
 		}
 		_, _ = io.Copy(dst, s.ch)
 	})

@@ -41,7 +41,7 @@ func (s *session) moderationRules(spec procSpec) ([]party.Requirement, error) {
 // queued), and the program starts only when the rules are met. Then
 // watchModeration applies on_leave for as long as it runs.
 func (s *session) runModerated(req *ssh.Request, spec procSpec, rules []party.Requirement) {
-	room, err := s.newRoom(s.ch, io.Discard, spec.pty, party.Held, rules)
+	room, err := s.newRoom(&s.chOut, io.Discard, spec.pty, party.Held, rules)
 	if err != nil {
 		s.refuse(req, err)
 		return
@@ -49,7 +49,7 @@ func (s *session) runModerated(req *ssh.Request, spec procSpec, rules []party.Re
 	reply(req, true)
 	s.goCopy(func() { _, _ = io.Copy(room.In, s.ch) })
 	s.moderationEvent(room, "waiting", "require_session_join")
-	_, _ = s.notices.WriteString("postern: waiting for a moderator to join this session (psh join --mode moderator " + s.id + ")\r\n")
+	_, _ = s.chOut.WriteString("postern: waiting for a moderator to join this session (psh join --mode moderator " + s.id + ")\r\n")
 	s.goCopy(func() {
 		if !s.awaitModerators(room) {
 			s.closeRoom()
@@ -57,7 +57,7 @@ func (s *session) runModerated(req *ssh.Request, spec procSpec, rules []party.Re
 		}
 		if err := s.launch(spec, func() {}); err != nil {
 			s.log.WithError(err).Warn("Moderated session could not start.")
-			_, _ = s.notices.WriteString(fmt.Sprintf("postern: %v\r\n", trace.UserMessage(err)))
+			_, _ = s.chOut.WriteString(fmt.Sprintf("postern: %v\r\n", trace.UserMessage(err)))
 			s.closeRoom()
 			_ = s.ch.CloseWrite()
 			_, _ = s.ch.SendRequest("exit-status", false, ssh.Marshal(exitStatus{Status: exitNotStarted}))

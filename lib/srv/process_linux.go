@@ -117,7 +117,7 @@ func (s *session) startProcess(spec procSpec) (*process, error) {
 			return nil, trace.Wrap(err)
 		}
 		tty.Close()
-		out, in := io.Writer(s.ch), io.Writer(ptmx)
+		out, in := io.Writer(&s.chOut), io.Writer(ptmx)
 		if s.rec != nil {
 			out, in = s.outputRecorder(out, s.rec, s.ptyOutputRecorder(s.rec, ptmx, s.c.cfg.Clock)), s.outputRecorder(in, s.rec, s.rec.Input)
 		}

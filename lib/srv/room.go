@@ -59,8 +59,7 @@ func (s *session) newRoom(primary, dst io.Writer, pty *ptyRequest, st party.Gate
 	}
 	// Notices reach the owner's channel only until finish half-closes it
 	// (x/crypto's channel does not order a Write against CloseWrite).
-	room.Notify = func(msg string) { _, _ = s.notices.WriteString(msg) }
-	s.notices.w = s.ch
+	room.Notify = func(msg string) { _, _ = s.chOut.WriteString(msg) }
 	room.Mark = func(m string) {
 		s.mu.Lock()
 		rec := s.rec
@@ -97,7 +96,7 @@ func (s *session) closeRoom() {
 	}
 	s.c.srv.parties.Remove(room.ID)
 	room.Out.Close()
-	s.notices.Close()
+	s.chOut.Close()
 }
 
 // closableWriter writes to w until Close, never at the same time as it:
@@ -110,12 +109,16 @@ type closableWriter struct {
 }
 
 func (c *closableWriter) WriteString(msg string) (int, error) {
+	return c.Write([]byte(msg))
+}
+
+func (c *closableWriter) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed || c.w == nil {
 		return 0, io.ErrClosedPipe
 	}
-	return io.WriteString(c.w, msg)
+	return c.w.Write(p)
 }
 
 // Close stops the writes; what the caller does next (a half-close) no

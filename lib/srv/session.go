@@ -84,9 +84,12 @@ type session struct {
 	room *party.Session
 	// join is set when this channel joined another session (join.go).
 	join *joined
-	// notices writes lines to the channel from other goroutines than
-	// its copies until the channel is half-closed (room.go).
-	notices closableWriter
+	// chOut is the one way into the channel's data stream of a pty
+	// session or a join: x/crypto's channel shares one packet buffer
+	// between its writers, so the output copy and the notices (who
+	// joined, who left) must never write at the same time. Closed before
+	// the channel is half-closed (room.go).
+	chOut closableWriter
 }
 
 func (c *conn) handleSession(nch ssh.NewChannel) {
@@ -102,6 +105,7 @@ func (c *conn) handleSession(nch ssh.NewChannel) {
 		return
 	}
 	s := &session{c: c, id: uuid.NewString(), ch: trackedChannel{Channel: ch, c: c, counts: &byteCounts{}}, recFailed: make(chan struct{})}
+	s.chOut.w = s.ch
 	s.log = c.log.WithField("session_id", s.id)
 	s.ctx, s.cancel = context.WithCancel(c.ctx)
 	c.addSession(s)
