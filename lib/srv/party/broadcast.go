@@ -88,7 +88,7 @@ type Broadcaster struct {
 	// mu guards the fields below; held only for memory copies, never
 	// while writing to the network or running the emulator.
 	mu         sync.Mutex
-	ring       termscreen.ReplayBuffer
+	ring       tailRing
 	cols, rows int
 	subs       map[*Subscriber]struct{}
 	closed     bool
@@ -115,7 +115,7 @@ func NewBroadcaster(cfg Config) *Broadcaster {
 		cfg.Cols, cfg.Rows = 80, 24
 	}
 	b := &Broadcaster{
-		cfg: cfg, ring: termscreen.ReplayBuffer{Limit: cfg.RingBytes},
+		cfg: cfg, ring: tailRing{limit: cfg.RingBytes},
 		cols: cfg.Cols, rows: cfg.Rows, subs: map[*Subscriber]struct{}{},
 	}
 	if cfg.Primary != nil {
@@ -208,9 +208,7 @@ func (b *Broadcaster) Subscribe() (*Subscriber, error) {
 
 // tailLocked is the last n bytes of output held. Called with b.mu held.
 func (b *Broadcaster) tailLocked(n int) []byte {
-	end := b.ring.End()
-	d, _ := b.ring.Since(end - min(end, uint64(n)))
-	return d
+	return b.ring.tail(n)
 }
 
 // Subscribers is how many subscribers there are.
@@ -272,14 +270,24 @@ func (s *Subscriber) push(p []byte, now time.Time) {
 	s.mu.Lock()
 	switch {
 	case !s.skipUntil.IsZero():
-		// Skipping: the catch-up will show the tail.
+		// Skipping: the catch-up will show the tail. The reader is
+		// not woken: it waits for the pause's end on its own timer.
+		s.mu.Unlock()
+		return
 	case s.queued+len(p) > s.limit:
 		s.queue, s.queued = nil, 0
 		s.skipUntil = now.Add(s.b.cfg.LagPause)
 		s.lags++
 	default:
+		wasEmpty := s.queued == 0
 		s.queue = append(s.queue, p)
 		s.queued += len(p)
+		if !wasEmpty {
+			// The reader was woken by the first chunk already: one
+			// wake-up per read, not per write.
+			s.mu.Unlock()
+			return
+		}
 	}
 	s.mu.Unlock()
 	s.signal()
@@ -432,4 +440,25 @@ func repaint(out []byte, cols, rows int) []byte {
 	defer scr.Close()
 	scr.Write(out)
 	return scr.Repaint()
+}
+
+// tailRing keeps at least the last limit bytes of the output, compacting
+// only when it holds twice that: a copy of limit bytes every limit bytes
+// written, not one per write.
+type tailRing struct {
+	limit int
+	data  []byte
+}
+
+func (r *tailRing) Write(p []byte) {
+	r.data = append(r.data, p...)
+	if len(r.data) > 2*r.limit {
+		n := copy(r.data, r.data[len(r.data)-r.limit:])
+		r.data = r.data[:n]
+	}
+}
+
+// tail is the last n bytes held (fewer when fewer were written).
+func (r *tailRing) tail(n int) []byte {
+	return r.data[len(r.data)-min(n, len(r.data), r.limit):]
 }
