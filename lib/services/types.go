@@ -191,6 +191,11 @@ type RoleSpec struct {
 	// needs a fresh second factor, proven for that session alone (a
 	// per-session certificate, lib/auth/sessionmfa.go).
 	RequireSessionMFA bool `json:"require_session_mfa,omitempty"`
+	// JoinSessions lets the holder join other users' live sessions
+	// (sessionjoin.go); RequireSessionJoin holds the holder's own
+	// sessions until enough moderators joined.
+	JoinSessions       []SessionJoinRule    `json:"join_sessions,omitempty"`
+	RequireSessionJoin []SessionRequireRule `json:"require_session_join,omitempty"`
 }
 
 // Role session_recording options. require beats exempt: a role that

@@ -449,7 +449,10 @@ func (r *Role) CheckAndSetDefaults() error {
 		return trace.BadParameter("role %q: spec.session_recording: unknown value %q, want %q or %q (or leave it out to follow the cluster's session_recording)",
 			r.Metadata.Name, r.Spec.SessionRecording, RecordingRequire, RecordingExempt)
 	}
-	return trace.Wrap(r.checkRequestOptions())
+	if err := r.checkRequestOptions(); err != nil {
+		return trace.Wrap(err)
+	}
+	return trace.Wrap(checkSessionJoin(r))
 }
 
 // CheckAndSetDefaults validates a certificate authority: a known type, a

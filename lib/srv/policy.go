@@ -79,7 +79,7 @@ func nodePolicy() *policy {
 			"exec":             (*session).handleExec,
 			reqAgentForwarding: func(s *session, req *ssh.Request) { reply(req, s.c.requestAgentForwarding(s.log)) },
 		}),
-		subsystem: (*session).startNodeSubsystem,
+		subsystem: (*session).startNodeSubsystemOrJoin,
 	}
 }
 

@@ -117,17 +117,20 @@ func (s *session) startProcess(spec procSpec) (*process, error) {
 			return nil, trace.Wrap(err)
 		}
 		tty.Close()
-		out, in := io.Writer(s.ch), io.Writer(ptmx)
+		out, in := io.Writer(&s.chOut), io.Writer(ptmx)
 		if s.rec != nil {
 			out, in = s.outputRecorder(out, s.rec, s.ptyOutputRecorder(s.rec, ptmx, s.c.cfg.Clock)), s.outputRecorder(in, s.rec, s.rec.Input)
 		}
+		out, in, copyIn := s.openRoom(out, in, spec.pty)
 		outputs.Add(1)
 		s.goCopy(func() {
 			defer outputs.Done()
 			// Ends with EIO when the last holder of the tty closes it.
 			_, _ = io.Copy(out, ptmx)
 		})
-		s.goCopy(func() { _, _ = io.Copy(in, s.ch) })
+		if copyIn {
+			s.goCopy(func() { _, _ = io.Copy(in, s.ch) })
+		}
 	} else {
 		stdinR, stdinW, err := os.Pipe()
 		if err != nil {

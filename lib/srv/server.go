@@ -14,6 +14,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
+	"github.com/postern-dev/postern/lib/srv/party"
 	"github.com/postern-dev/postern/lib/utils"
 )
 
@@ -44,6 +45,9 @@ type Server struct {
 	// trustDone is closed when enforceTrust returns (nil when the
 	// AccessPoint announces no trust changes).
 	trustDone chan struct{}
+	// parties are the node's live pty sessions by id, as others may join
+	// them (room.go); nil on the proxy, where nothing runs.
+	parties *party.Registry
 }
 
 // New creates a server; call Serve to accept connections.
@@ -59,6 +63,9 @@ func New(cfg Config) (*Server, error) {
 		cancel:    cancel,
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[*conn]struct{}{},
+	}
+	if cfg.Proxy == nil {
+		s.parties = party.NewRegistry()
 	}
 	s.sshCfg = &ssh.ServerConfig{
 		PublicKeyCallback: s.authenticate,

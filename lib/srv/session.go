@@ -17,6 +17,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/recording"
+	"github.com/postern-dev/postern/lib/srv/party"
 )
 
 // defaultPath is the PATH sessions start with: what Debian's login gives,
@@ -79,6 +80,17 @@ type session struct {
 	recRequiredBy string
 	// recEndedSession says that the failed recording ended the session.
 	recEndedSession bool
+	// room is the session as others may join it (room.go); nil for a
+	// session without a pty.
+	room *party.Session
+	// join is set when this channel joined another session (join.go).
+	join *joined
+	// chOut is the one way into the channel's data stream of a pty
+	// session or a join: x/crypto's channel shares one packet buffer
+	// between its writers, so the output copy and the notices (who
+	// joined, who left) must never write at the same time. Closed before
+	// the channel is half-closed (room.go).
+	chOut closableWriter
 }
 
 func (c *conn) handleSession(nch ssh.NewChannel) {
@@ -94,6 +106,7 @@ func (c *conn) handleSession(nch ssh.NewChannel) {
 		return
 	}
 	s := &session{c: c, id: uuid.NewString(), ch: trackedChannel{Channel: ch, c: c, counts: &byteCounts{}}, recFailed: make(chan struct{})}
+	s.chOut.w = s.ch
 	s.log = c.log.WithField("session_id", s.id)
 	ctx, span := c.cfg.Tracer.Start(c.ctx, "ssh.session")
 	if span.IsRecording() {
@@ -225,6 +238,10 @@ func (s *session) handleWindowChange(req *ssh.Request) {
 
 func (s *session) handleSignal(req *ssh.Request) {
 	sig, err := parseSignal(req.Payload)
+	if j := s.joinedSession(); j != nil && err == nil {
+		s.signalJoined(req, j, sig)
+		return
+	}
 	if err == nil {
 		err = s.signal(sig)
 	}
@@ -310,10 +327,25 @@ func (s *session) startCommand(req *ssh.Request, command string, isExec bool) {
 
 // run starts spec, answers req, and sends the exit status when it ends.
 func (s *session) run(req *ssh.Request, spec procSpec) {
+	if rules, err := s.moderationRules(spec); err != nil || len(rules) > 0 {
+		if err != nil {
+			s.refuse(req, err)
+			return
+		}
+		s.runModerated(req, spec, rules)
+		return
+	}
+	if err := s.launch(spec, func() { reply(req, true) }); err != nil {
+		s.refuse(req, err)
+	}
+}
+
+// launch starts spec with its recording; started is called once the
+// process runs, before the goroutines that watch it start.
+func (s *session) launch(spec procSpec, started func()) error {
 	rec, err := s.startRecording(spec)
 	if err != nil {
-		s.refuse(req, err)
-		return
+		return err
 	}
 	s.mu.Lock()
 	s.rec = rec
@@ -323,15 +355,14 @@ func (s *session) run(req *ssh.Request, spec procSpec) {
 		if rec != nil {
 			_, _ = rec.Close("start failed: " + trace.UserMessage(err))
 		}
-		s.refuse(req, trace.Wrap(err, "starting %s", spec.path))
-		return
+		return trace.Wrap(err, "starting %s", spec.path)
 	}
 	s.mu.Lock()
 	s.proc = proc
 	s.mu.Unlock()
 	s.log.WithFields(logrus.Fields{"pty": spec.pty != nil, "pid": proc.cmd.Process.Pid}).Info("Session started.")
 	s.emitStart(spec.pty != nil)
-	reply(req, true)
+	started()
 	if rec != nil {
 		s.goCopy(func() { s.watchRecording(proc.exited, func() { proc.hangUp(s.c.cfg.Clock) }) })
 	}
@@ -341,11 +372,13 @@ func (s *session) run(req *ssh.Request, spec procSpec) {
 		st := proc.wait(s.ctx, s.c.cfg.Clock)
 		s.finish(st)
 	}()
+	return nil
 }
 
 // finish ends the channel the way OpenSSH does: output already drained,
 // then EOF, exit-status (or exit-signal), close.
 func (s *session) finish(st exitResult) {
+	s.closeRoom()
 	s.tellRecordingEnded()
 	_ = s.ch.CloseWrite()
 	if st.signal != "" {
@@ -436,6 +469,7 @@ func (s *session) resize(w *windowChange) error {
 		err = setWinsize(s.proc.ptmx, w.Columns, w.Rows, w.WidthPx, w.HeightPx)
 	}
 	s.mu.Unlock()
+	s.resizeRoom(w.Columns, w.Rows)
 	if rec != nil {
 		s.recordSize(rec, w.Columns, w.Rows)
 	}

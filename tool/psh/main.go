@@ -151,6 +151,7 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 	c.addBench(app, add)
 	c.addRecordings(app, add)
 	c.addRequests(app, add, login, c.doLogin)
+	c.addSessions(app, add)
 	add(app.Command("logout", "Remove the stored key, certificate and profile."), c.doLogout)
 
 	if versionAsked(args) {

@@ -1,4 +1,4 @@
-package web
+package termscreen
 
 import (
 	"bytes"
@@ -15,13 +15,13 @@ import (
 // as it comes.
 func TestHistoryLazyEmulatorMatchesEager(t *testing.T) {
 	const limit = 16 << 10
-	h := newHistory(80, 24, limit)
-	defer h.close()
-	eager := newScreen(80, 24)
-	defer eager.close()
+	h := NewHistory(80, 24, limit)
+	defer h.Close()
+	eager := NewScreen(80, 24)
+	defer eager.Close()
 	write := func(p []byte) {
-		h.write(p)
-		eager.write(p)
+		h.Write(p)
+		eager.Write(p)
 	}
 	// 91 columns: wrapped at 80, not at 100, so a resize applied at the
 	// wrong offset shows on the screen.
@@ -31,35 +31,35 @@ func TestHistoryLazyEmulatorMatchesEager(t *testing.T) {
 	for i := 0; i < 1000; i++ {
 		write([]byte(fmt.Sprintf("%05d %s\r\n", i, line)))
 		if i == 990 {
-			h.resize(100, 30)
-			eager.resize(100, 30)
+			h.Resize(100, 30)
+			eager.Resize(100, 30)
 		}
 	}
-	require.Greater(t, h.end(), uint64(4*limit))
+	require.Greater(t, h.End(), uint64(4*limit))
 	write([]byte("\x1b[?1049h\x1b[?2004h\x1b[H\x1b[2JTOP LINE\x1b[10;20Hmiddle"))
-	st, end := h.screen()
-	require.Equal(t, h.end(), end)
-	require.Equal(t, string(eager.repaint()), string(st.repaint))
-	require.True(t, strings.HasPrefix(string(st.repaint), "\x1b[?1049h"))
-	require.Contains(t, string(st.repaint), "\x1b[?2004h")
-	require.Contains(t, st.text, "TOP LINE")
+	st, end := h.Screen()
+	require.Equal(t, h.End(), end)
+	require.Equal(t, string(eager.Repaint()), string(st.Repaint))
+	require.True(t, strings.HasPrefix(string(st.Repaint), "\x1b[?1049h"))
+	require.Contains(t, string(st.Repaint), "\x1b[?2004h")
+	require.Contains(t, st.Text, "TOP LINE")
 
 	// And on: the emulator is at the end; more output keeps it exact.
 	write([]byte("\x1b[?1049lback on the main screen\r\n"))
-	st, _ = h.screen()
-	require.Equal(t, string(eager.repaint()), string(st.repaint))
-	require.Contains(t, st.text, "00999 yyy")
+	st, _ = h.Screen()
+	require.Equal(t, string(eager.Repaint()), string(st.Repaint))
+	require.Contains(t, st.Text, "00999 yyy")
 }
 
 // BenchmarkTerminalOutput: the output path's cost per byte with the
 // emulator behind it (a flood: every byte leaves the replay buffer).
 func BenchmarkTerminalOutput(b *testing.B) {
-	h := newHistory(120, 40, replayBufferSize)
-	defer h.close()
+	h := NewHistory(120, 40, ReplayBufferSize)
+	defer h.Close()
 	chunk := bytes.Repeat(append(bytes.Repeat([]byte("x"), 100), '\r', '\n'), 300)
 	b.SetBytes(int64(len(chunk)))
 	for i := 0; i < b.N; i++ {
-		h.write(chunk)
+		h.Write(chunk)
 	}
 }
 
@@ -69,10 +69,10 @@ func BenchmarkTerminalOutput(b *testing.B) {
 // line the shell prints over that row later keeps them after its end.
 // A blank with a background colour is drawn, so it stays.
 func TestRepaintWritesNoTrailingBlanks(t *testing.T) {
-	s := newScreen(40, 5)
-	defer s.close()
-	s.write([]byte("$ echo hi\r\nhi\r\n\x1b[41m  \x1b[0m\r\n$ "))
-	r := string(s.repaint())
+	s := NewScreen(40, 5)
+	defer s.Close()
+	s.Write([]byte("$ echo hi\r\nhi\r\n\x1b[41m  \x1b[0m\r\n$ "))
+	r := string(s.Repaint())
 	for _, row := range []string{"\x1b[1;1H$ echo hi\x1b[0m", "\x1b[2;1Hhi\x1b[0m", "\x1b[4;1H$\x1b[0m", "\x1b[5;1H\x1b[0m"} {
 		require.Contains(t, r, row)
 	}
