@@ -20,9 +20,9 @@ import (
 // TestLeafSessionMFA: a leaf role with require_session_mfa, to which the
 // root's role access is mapped. No cluster can issue a root user a
 // per-session certificate for a leaf's node, so every way a root user
-// reaches that node is refused, saying why: ssh -J through the root
-// proxy, the root's web terminal, the leaf's own proxy and the node's
-// port. A root user whose mapped role does not require it (bob) gets in.
+// reaches that node is refused, saying why: ssh -J and psh ssh through
+// the root proxy, the root's web terminal, the leaf's own proxy and the
+// node's port. A root user whose mapped role does not require it (bob) gets in.
 func TestLeafSessionMFA(t *testing.T) {
 	requireOpenSSH(t, "ssh")
 	root := newNamedCluster(t, "root")
@@ -54,6 +54,16 @@ func TestLeafSessionMFA(t *testing.T) {
 		out, err = sshOut(t, bob, "node-1.leaf", "echo $SSH_POSTERN_USER $SSH_POSTERN_CLUSTER_NAME")
 		require.NoError(t, err, out)
 		require.Equal(t, "bob leaf\n", out)
+	})
+
+	t.Run("psh ssh through the root proxy", func(t *testing.T) {
+		e := newPshEnv(t, root)
+		e.login(t, "alice", alicePassword+"\n")
+		// Refused outright: no code is asked for, none could help.
+		_, errOut, rc := e.run(t, "", "ssh", "node-1.leaf", "echo", "must-not-run")
+		require.NotEqual(t, 0, rc)
+		require.Contains(t, errOut, why)
+		require.NotContains(t, errOut, "OTP code")
 	})
 
 	t.Run("the leaf's own proxy and the node's port", func(t *testing.T) {
