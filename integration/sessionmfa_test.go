@@ -27,7 +27,12 @@ import (
 // the time step step steps from now.
 func newSessionMFAEnv(t *testing.T) (*allInOne, func(step int) string) {
 	t.Helper()
-	c := newAllInOne(t)
+	return sessionMFAOn(t, newAllInOne(t))
+}
+
+// sessionMFAOn is newSessionMFAEnv on cluster c.
+func sessionMFAOn(t *testing.T, c *allInOne) (*allInOne, func(step int) string) {
+	t.Helper()
 	role := filepath.Join(t.TempDir(), "role.yaml")
 	require.NoError(t, os.WriteFile(role, []byte(fmt.Sprintf(`kind: role
 version: v1

@@ -26,7 +26,7 @@ func (id *Identity) CheckSessionMFA(node *services.Node, cluster string) error {
 		return nil
 	}
 	if id.Checker != nil && id.Checker.SessionMFARequired(node) {
-		return trace.AccessDenied("%s: connect with psh ssh, which asks for it (ssh -J cannot)", proxyapi.MsgSessionMFARequired)
+		return trace.AccessDenied("%s: connect with psh ssh, or ssh with the config of psh config, which ask for it (a bare ssh -J cannot)", proxyapi.MsgSessionMFARequired)
 	}
 	return nil
 }

@@ -108,6 +108,15 @@ func SessionMFABrowserCredentials(ctx context.Context, creds *Credentials, targe
 // askSessionCert runs the session-mfa-cert subsystem: with otp, the
 // certificate; with browser, the page's path.
 func askSessionCert(ctx context.Context, creds *Credentials, target proxy.Target, login, otp string, browser *proxyapi.SessionMFABrowserLogin) (*proxyapi.SessionMFACertResponse, error) {
+	return sessionCertExchange(ctx, creds, proxyapi.SessionMFACertRequest{
+		Target: proxy.Target{Host: target.Host, Port: target.Port}.String(), Cluster: target.Cluster, Login: login, OTP: otp, Browser: browser,
+		PublicKey: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(creds.Cert.Key))),
+	})
+}
+
+// sessionCertExchange sends req to the session-mfa-cert subsystem and
+// reads the answer.
+func sessionCertExchange(ctx context.Context, creds *Credentials, sreq proxyapi.SessionMFACertRequest) (*proxyapi.SessionMFACertResponse, error) {
 	pc, err := DialProxy(ctx, creds)
 	if err != nil {
 		return nil, trace.Wrap(err)
@@ -120,10 +129,7 @@ func askSessionCert(ctx context.Context, creds *Credentials, target proxy.Target
 	defer ch.closeWith(pc)
 	stop := context.AfterFunc(ctx, func() { ch.Close() })
 	defer stop()
-	req, err := json.Marshal(proxyapi.SessionMFACertRequest{
-		Target: proxy.Target{Host: target.Host, Port: target.Port}.String(), Cluster: target.Cluster, Login: login, OTP: otp, Browser: browser,
-		PublicKey: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(creds.Cert.Key))),
-	})
+	req, err := json.Marshal(sreq)
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -138,7 +144,7 @@ func askSessionCert(ctx context.Context, creds *Credentials, target proxy.Target
 		return nil, trace.ConnectionProblem(err, "reading the per-session certificate: %v", err)
 	}
 	var resp proxyapi.SessionMFACertResponse
-	if err := json.Unmarshal(data, &resp); err != nil || (resp.Cert == "" && resp.Path == "") {
+	if err := json.Unmarshal(data, &resp); err != nil || (resp.Cert == "" && resp.Path == "" && resp.Required == nil) {
 		if msg := ch.Explain(); msg != "" {
 			return nil, trace.AccessDenied("no per-session certificate: %s", msg)
 		}

@@ -191,6 +191,12 @@ func (h *LeafTransport) Serve(ctx context.Context, nc net.Conn) {
 		return
 	}
 	defer conn.Close()
+	if err := leafSessionMFARefusal(id, &route.Node, h.cfg.Router.ClusterName()); err != nil {
+		log.WithError(err).Info("Refused a root user's session without its fresh second factor.")
+		h.emitDenied(rctx, cert, req, err.Error())
+		h.reply(nc, proxyapi.LeafReply{Error: trace.UserMessage(err)})
+		return
+	}
 	var reply proxyapi.LeafReply
 	if route.Node.IsOpenSSH() {
 		// Nothing on a stock sshd records; the root proxy, if it is the

@@ -162,14 +162,14 @@ func (s *Server) authenticate(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Pe
 			_, _ = deny(err.Error())
 			return nil, &ssh.BannerError{Err: errDenied, Message: loginRefusal(cert, id.Login) + "\r\n"}
 		}
-		if trusted == nil {
-			// require_session_mfa holds here too, not only at the
-			// proxy: a user who reaches this port directly needs the
-			// per-session certificate of this node as well.
-			if err := id.CheckSessionMFA(&res.node, s.cfg.ClusterName); err != nil {
-				_, _ = deny(err.Error())
-				return nil, &ssh.BannerError{Err: errDenied, Message: trace.UserMessage(err) + "\r\n"}
-			}
+		// require_session_mfa holds here too, not only at the proxy: a
+		// user who reaches this port directly needs the per-session
+		// certificate of this node as well. A root cluster's user
+		// (trusted) never has one of this cluster's, so where the
+		// mapped roles require it the session is refused.
+		if err := id.CheckSessionMFA(&res.node, s.cfg.ClusterName); err != nil {
+			_, _ = deny(err.Error())
+			return nil, &ssh.BannerError{Err: errDenied, Message: trace.UserMessage(err) + "\r\n"}
 		}
 		res.permits = permitsFor(perms.Extensions, id.Checker, &res.node)
 	}

@@ -143,7 +143,7 @@ func splitLogin(s string) (login, rest string) {
 }
 
 func (c *cli) doProxySSH(ctx context.Context) error {
-	_, creds, err := c.credentials()
+	st, creds, err := c.credentials()
 	if err != nil {
 		return trace.Wrap(err)
 	}
@@ -154,7 +154,14 @@ func (c *cli) doProxySSH(ctx context.Context) error {
 	}
 	target.Cluster = c.proxySSH.cluster
 	target = client.ClusterTarget(target)
-	return trace.Wrap(client.ProxyStdio(ctx, creds, target.SubsystemString(), c.stdin, os.Stdout, c.stderr))
+	if c.proxySSH.sessionMFA {
+		return trace.Wrap(c.prepareSessionMFA(ctx, st, creds, target))
+	}
+	creds, stdin, err := c.proxySSHSessionCert(st, creds)
+	if err != nil {
+		return trace.Wrap(err)
+	}
+	return trace.Wrap(client.ProxyStdio(ctx, creds, target.SubsystemString(), stdin, os.Stdout, c.stderr))
 }
 
 func (c *cli) doConfig(context.Context) error {

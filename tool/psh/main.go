@@ -65,10 +65,13 @@ type cli struct {
 		command                             []string
 	}
 	scp      scpFlags
-	proxySSH struct{ cluster, target string }
-	status   struct{ format string }
-	bench    benchFlags
-	req      requestFlags
+	proxySSH struct {
+		cluster, target string
+		sessionMFA      bool
+	}
+	status struct{ format string }
+	bench  benchFlags
+	req    requestFlags
 }
 
 // loginTimeout bounds a whole login, prompts included: a person typing a
@@ -140,6 +143,7 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 	proxyCmd := app.Command("proxy", "Tunnels for other SSH clients.")
 	proxySSH := proxyCmd.Command("ssh", "Stdio tunnel to a node's SSH port, for OpenSSH ProxyCommand.")
 	proxySSH.Flag("cluster", "Cluster of the node (default: the proxy's).").StringVar(&c.proxySSH.cluster)
+	proxySSH.Flag("session-mfa", "For OpenSSH Match exec (psh config): if the node needs a fresh second factor for this session, ask for it on the terminal and write the per-session certificate; exit 0 if one was written, 1 if none is needed.").BoolVar(&c.proxySSH.sessionMFA)
 	proxySSH.Arg("target", "[LOGIN@]HOST[:PORT]").Required().StringVar(&c.proxySSH.target)
 	add(proxySSH, c.doProxySSH)
 

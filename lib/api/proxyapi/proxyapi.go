@@ -289,6 +289,10 @@ type SessionMFACertRequest struct {
 	// PublicKey is psh's key (authorized_keys form), the one its
 	// certificate certifies.
 	PublicKey string `json:"public_key"`
+	// Check asks only whether the session needs a fresh factor (no OTP,
+	// no Browser): psh's OpenSSH `Match exec` asks it before every ssh,
+	// and prompts only when the answer is yes.
+	Check bool `json:"check,omitempty"`
 }
 
 // SessionMFABrowserLogin is where the browser confirmation's result goes:
@@ -305,6 +309,8 @@ type SessionMFABrowserLogin struct {
 type SessionMFACertResponse struct {
 	Cert string `json:"cert,omitempty"`
 	Path string `json:"path,omitempty"`
+	// Required answers a Check.
+	Required *bool `json:"required,omitempty"`
 }
 
 // MsgSessionMFARequired starts the proxy's refusal of a normal

@@ -100,6 +100,15 @@ func (h *Handler) sessionMFACertSubsystem(id *authz.Identity) (srv.SubsystemFunc
 		if err := id.CheckLogin(&route.Node, req.Login); err != nil {
 			return trace.Wrap(err)
 		}
+		if req.Check {
+			required := id.CheckSessionMFA(&route.Node, h.cfg.Router.ClusterName()) != nil
+			out, err := json.Marshal(proxyapi.SessionMFACertResponse{Required: &required})
+			if err != nil {
+				return trace.Wrap(err)
+			}
+			_, err = ch.Write(out)
+			return trace.Wrap(err)
+		}
 		if b := req.Browser; b != nil {
 			started, err := h.cfg.SessionCerts.CreateSessionMFALogin(ctx, authapi.SessionMFALoginRequest{
 				SessionMFAIdentity: authapi.SessionMFAIdentity{UserCert: ssh.MarshalAuthorizedKey(id.Cert)},
@@ -154,6 +163,12 @@ func DecodeSessionMFACertRequest(data []byte) (*proxyapi.SessionMFACertRequest, 
 	}
 	if _, _, _, _, err := ssh.ParseAuthorizedKey([]byte(req.PublicKey)); err != nil {
 		return nil, trace.BadParameter("invalid per-session certificate request: public_key is not an SSH public key")
+	}
+	if req.Check {
+		if req.OTP != "" || req.Browser != nil {
+			return nil, trace.BadParameter("invalid per-session certificate request: a check carries no otp and no browser hand-off")
+		}
+		return &req, nil
 	}
 	if (req.OTP == "") == (req.Browser == nil) {
 		return nil, trace.BadParameter("invalid per-session certificate request: give an otp or a browser hand-off, exactly one")

@@ -9,9 +9,10 @@ import (
 // FuzzDecodeSessionMFACertRequest: psh's per-session certificate request
 // comes from any holder of a user certificate; whatever the decoder
 // accepts names a target and a login and carries exactly one of a code
-// and a loopback hand-off with a 32-byte seal key.
+// and a loopback hand-off with a 32-byte seal key, or neither for a check.
 func FuzzDecodeSessionMFACertRequest(f *testing.F) {
 	f.Add([]byte(`{"target":"db","login":"root","otp":"123456","public_key":"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFZ3oHBJZHprEDR6+ggYBVWS1ZCmbQjSpbpm0JrRMDIi"}`))
+	f.Add([]byte(`{"target":"db","login":"root","check":true,"otp":"1","public_key":"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFZ3oHBJZHprEDR6+ggYBVWS1ZCmbQjSpbpm0JrRMDIi"}`))
 	f.Add([]byte(`{"target":"db","login":"root","browser":{"redirect_url":"http://evil.example/","seal_key":"AA=="}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		req, err := DecodeSessionMFACertRequest(data)
@@ -21,7 +22,10 @@ func FuzzDecodeSessionMFACertRequest(f *testing.F) {
 			}
 			return
 		}
-		if req.Target == "" || req.Login == "" || (req.OTP == "") == (req.Browser == nil) {
+		if req.Check && (req.OTP != "" || req.Browser != nil) {
+			t.Fatalf("accepted a check with a factor: %+v", req)
+		}
+		if req.Target == "" || req.Login == "" || (!req.Check && (req.OTP == "") == (req.Browser == nil)) {
 			t.Fatalf("accepted an invalid request: %+v", req)
 		}
 		if b := req.Browser; b != nil {
