@@ -91,6 +91,10 @@ func TestPeerDialOldPeer(t *testing.T) {
 		}
 		served <- writeFrame(st, DialResponse{})
 		_, _ = st.Write([]byte("SSH-2.0-old\r\n"))
+		// Hold the session until the client is done: closing it right
+		// after the write can reset the stream before the client has
+		// read the answer.
+		_, _ = io.Copy(io.Discard, st)
 	}()
 	defer ln.Close()
 
