@@ -356,6 +356,8 @@ func (t *termSocket) readLoop(ctx context.Context, term *term) error {
 			// The client read FrameSession: the token this socket
 			// resumed with may go (termRegistry).
 			term.confirmToken(t)
+		case webterm.FrameEndSession:
+			term.endForAll(t)
 		case FramePing:
 			t.write(FramePong, f.Payload)
 		case FrameClose:
