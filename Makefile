@@ -155,4 +155,5 @@ e2e: build e2e/node_modules/.package-lock.json
 	POSTERN_BUILD_DIR=$(BUILD_DIR) node e2e/run.mjs
 	POSTERN_BUILD_DIR=$(BUILD_DIR) node e2e/passkeys.mjs
 	POSTERN_BUILD_DIR=$(BUILD_DIR) node e2e/requests.mjs
+	POSTERN_BUILD_DIR=$(BUILD_DIR) node e2e/sessions.mjs
 	POSTERN_BUILD_DIR=$(BUILD_DIR) node e2e/openssh.mjs

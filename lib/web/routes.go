@@ -242,6 +242,7 @@ func (s *Server) registerWebRoutes(mux *http.ServeMux) error {
 	mux.HandleFunc("GET /webapi/nodes", s.requireSession(s.listNodes))
 	mux.HandleFunc("GET /webapi/clusters", s.requireSession(s.listClusters))
 	mux.HandleFunc("GET /webapi/sessions/active", s.requireSession(s.listActiveSessions))
+	mux.HandleFunc("GET /webapi/sessions/{id}/join", s.joinSession)
 	mux.HandleFunc("GET /webapi/terminal", s.terminal)
 	mux.HandleFunc("GET /webapi/terminals", s.requireSession(s.listTerminals))
 	mux.HandleFunc("DELETE /webapi/terminals/{id}", s.requireSession(s.endTerminal))

@@ -35,6 +35,8 @@ type ActiveSessionsResponse struct {
 type ActiveSession struct {
 	sessionapi.Info
 	NodeUUID string `json:"node_uuid"`
+	// node is the entry it was listed from, to join it through.
+	node proxyapi.NodeEntry
 }
 
 // listActiveSessions serves GET /webapi/sessions/active: the live pty
@@ -51,12 +53,69 @@ func (s *Server) listActiveSessions(w http.ResponseWriter, r *http.Request, live
 		internalError(w, log, "Could not resolve a web session's roles.", err)
 		return
 	}
-	nodes, err := authz.ListNodes(r.Context(), s.cfg.WebSessions.Nodes, id, "")
+	out, err := s.activeSessions(r.Context(), live, id)
 	if err != nil {
 		internalError(w, log, "Could not list nodes.", err)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), activeSessionsTimeout)
+	writeJSON(w, http.StatusOK, ActiveSessionsResponse{Items: out})
+}
+
+// dialNodeAsUser opens an SSH connection to node n through the Router,
+// as the web session's user with its first login there and the user's
+// certificate, for the node's shared-session subsystems (listing and
+// joining: the node decides from the user's roles). A nil client and
+// no error: an OpenSSH node, where no Postern process holds sessions.
+func (s *Server) dialNodeAsUser(ctx context.Context, live *liveSession, id *authz.Identity, n proxyapi.NodeEntry) (*ssh.Client, error) {
+	if len(n.Logins) == 0 {
+		return nil, trace.NotFound("no login on node %q", n.Hostname)
+	}
+	login := n.Logins[0]
+	conn, route, err := s.cfg.WebSessions.Router.DialHost(ctx, proxy.RouteRequest{
+		Target: proxy.Target{Host: n.UUID},
+		Access: id.CanReach,
+		Authorize: func(node services.Node) error {
+			return id.CheckLogin(&node, login)
+		},
+		Cert: live.cert,
+	})
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	if route.Node.IsOpenSSH() {
+		conn.Close()
+		return nil, nil
+	}
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	_, port, _ := net.SplitHostPort(route.Node.Addr)
+	sconn, chans, reqs, err := ssh.NewClientConn(conn, net.JoinHostPort(route.Node.UUID, port), s.cfg.SSHAlgorithms.ClientConfig(&ssh.ClientConfig{
+		User:            login,
+		Auth:            []ssh.AuthMethod{ssh.PublicKeys(live.signer)},
+		HostKeyCallback: authz.ScopedHostKeyCallback(live.hostCAs, s.cfg.Clock),
+	}))
+	if !stop() {
+		if err == nil {
+			sconn.Close()
+		}
+		return nil, trace.ConnectionProblem(ctx.Err(), "SSH connection to node %q: %v", n.Hostname, ctx.Err())
+	}
+	if err != nil {
+		conn.Close()
+		return nil, trace.ConnectionProblem(err, "SSH connection to node %q: %v", n.Hostname, err)
+	}
+	return ssh.NewClient(sconn, chans, reqs), nil
+}
+
+// activeSessions asks every node of the local cluster the user may
+// reach for the live sessions the user may join, oldest first. A node
+// that does not answer is left out (and logged).
+func (s *Server) activeSessions(ctx context.Context, live *liveSession, id *authz.Identity) ([]ActiveSession, error) {
+	log := s.cfg.Logger.WithField("user", live.user)
+	nodes, err := authz.ListNodes(ctx, s.cfg.WebSessions.Nodes, id, "")
+	if err != nil {
+		return nil, trace.Wrap(err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, activeSessionsTimeout)
 	defer cancel()
 	var (
 		mu  sync.Mutex
@@ -85,40 +144,17 @@ func (s *Server) listActiveSessions(w http.ResponseWriter, r *http.Request, live
 	}
 	wg.Wait()
 	sort.Slice(out, func(i, j int) bool { return out[i].Started.Before(out[j].Started) })
-	writeJSON(w, http.StatusOK, ActiveSessionsResponse{Items: out})
+	return out, nil
 }
 
 // nodeActiveSessions asks one node's `sessions` subsystem as the user.
 func (s *Server) nodeActiveSessions(ctx context.Context, live *liveSession, id *authz.Identity, n proxyapi.NodeEntry) ([]ActiveSession, error) {
-	login := n.Logins[0]
-	conn, route, err := s.cfg.WebSessions.Router.DialHost(ctx, proxy.RouteRequest{
-		Target: proxy.Target{Host: n.UUID},
-		Access: id.CanReach,
-		Authorize: func(node services.Node) error {
-			return id.CheckLogin(&node, login)
-		},
-		Cert: live.cert,
-	})
-	if err != nil {
+	client, err := s.dialNodeAsUser(ctx, live, id, n)
+	if err != nil || client == nil {
 		return nil, trace.Wrap(err)
 	}
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	stop := context.AfterFunc(ctx, func() { client.Close() })
 	defer stop()
-	defer conn.Close()
-	if route.Node.IsOpenSSH() {
-		// No Postern node process there: nothing is joinable.
-		return nil, nil
-	}
-	_, port, _ := net.SplitHostPort(route.Node.Addr)
-	sconn, chans, reqs, err := ssh.NewClientConn(conn, net.JoinHostPort(route.Node.UUID, port), s.cfg.SSHAlgorithms.ClientConfig(&ssh.ClientConfig{
-		User:            login,
-		Auth:            []ssh.AuthMethod{ssh.PublicKeys(live.signer)},
-		HostKeyCallback: authz.ScopedHostKeyCallback(live.hostCAs, s.cfg.Clock),
-	}))
-	if err != nil {
-		return nil, trace.Wrap(err)
-	}
-	client := ssh.NewClient(sconn, chans, reqs)
 	defer client.Close()
 	sess, err := client.NewSession()
 	if err != nil {
@@ -142,7 +178,7 @@ func (s *Server) nodeActiveSessions(ctx context.Context, live *liveSession, id *
 	}
 	items := make([]ActiveSession, 0, len(infos))
 	for _, i := range infos {
-		items = append(items, ActiveSession{Info: i, NodeUUID: n.UUID})
+		items = append(items, ActiveSession{Info: i, NodeUUID: n.UUID, node: n})
 	}
 	return items, nil
 }

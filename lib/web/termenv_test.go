@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -23,6 +24,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/api/sessionapi"
 	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/auth"
 	"github.com/postern-dev/postern/lib/backend/memory"
@@ -48,6 +50,12 @@ type testNode struct {
 	conns    map[ssh.Conn]struct{}
 	wg       sync.WaitGroup
 	accepted int // connections accepted; guarded by mu
+	// room is a live session the node offers to join (sessions_join_test.go):
+	// its id and the modes a join may ask for; guarded by mu.
+	room      string
+	roomModes []sessionapi.Mode
+	// joinInput gets what a joined party's channel sent to the node.
+	joinInput chan string
 }
 
 func newTestNode(t *testing.T, as *auth.Server, uuid, hostname string) *testNode {
@@ -83,7 +91,7 @@ func newTestNode(t *testing.T, as *auth.Server, uuid, hostname string) *testNode
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	n := &testNode{ln: ln, started: make(chan struct{}, 16), signals: make(chan string, 16), envs: make(chan string, 16), ended: make(chan struct{}, 16), conns: map[ssh.Conn]struct{}{}}
+	n := &testNode{ln: ln, started: make(chan struct{}, 16), signals: make(chan string, 16), envs: make(chan string, 16), ended: make(chan struct{}, 16), conns: map[ssh.Conn]struct{}{}, joinInput: make(chan string, 64)}
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
@@ -185,6 +193,12 @@ func (n *testNode) session(ch ssh.Channel, reqs <-chan *ssh.Request) {
 				Msg, Lang  string
 			}{Signal: sig.Name}))
 			ch.Close()
+		case "subsystem":
+			var sub struct{ Name string }
+			_ = ssh.Unmarshal(req.Payload, &sub)
+			if !n.subsystem(ch, req, sub.Name, &wg) {
+				req.Reply(false, nil)
+			}
 		case "shell":
 			req.Reply(true, nil)
 			n.started <- struct{}{}
@@ -220,6 +234,56 @@ func (n *testNode) session(ch ssh.Channel, reqs <-chan *ssh.Request) {
 			req.Reply(false, nil)
 		}
 	}
+}
+
+// subsystem serves the node's shared-session subsystems for the room:
+// "sessions" lists it, "join@ID/MODE" joins it when ID is the room and
+// MODE one of roomModes (anything else is refused, as a node refuses a
+// session the user may not join): the joined party sees the room's
+// screen, then what it sends echoed as "got:...", recorded in joinInput.
+func (n *testNode) subsystem(ch ssh.Channel, req *ssh.Request, name string, wg *sync.WaitGroup) bool {
+	n.mu.Lock()
+	room, modes := n.room, n.roomModes
+	n.mu.Unlock()
+	if name == sessionapi.ListSubsystem {
+		req.Reply(true, nil)
+		infos := []sessionapi.Info{}
+		if room != "" {
+			infos = append(infos, sessionapi.Info{ID: room, User: "bob", Login: "bob", Node: "node1", Participants: []string{"bob"}})
+		}
+		b, _ := json.Marshal(infos)
+		ch.Write(b)
+		ch.SendRequest("exit-status", false, ssh.Marshal(struct{ Status uint32 }{0}))
+		ch.Close()
+		return true
+	}
+	id, mode, err := sessionapi.ParseJoinRequest(name)
+	if err != nil || room == "" || id != room || !slices.Contains(modes, mode) {
+		return false
+	}
+	req.Reply(true, nil)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		fmt.Fprintf(ch, "ROOM SCREEN\r\n[postern: alice joined as %s]\r\n", mode)
+		buf := make([]byte, 4096)
+		for {
+			k, err := ch.Read(buf)
+			if err != nil {
+				return
+			}
+			n.joinInput <- string(buf[:k])
+			fmt.Fprintf(ch, "got:%s", buf[:k])
+		}
+	}()
+	return true
+}
+
+// setRoom makes the node offer session id to joins in modes.
+func (n *testNode) setRoom(id string, modes ...sessionapi.Mode) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.room, n.roomModes = id, modes
 }
 
 // termEnv is a whole web side: auth on a memory backend, a NodeWatcher, a
@@ -356,6 +420,13 @@ func (e *termEnv) dialTerminal(t *testing.T, ctx context.Context, ws webSession,
 	t.Helper()
 	p, err := json.Marshal(params)
 	require.NoError(t, err)
+	return e.dialSocket(t, ctx, ws, "/webapi/terminal?params="+url.QueryEscape(string(p)))
+}
+
+// dialSocket opens a terminal-protocol websocket at path (the terminal,
+// a joined session) with the session's cookie (when set).
+func (e *termEnv) dialSocket(t *testing.T, ctx context.Context, ws webSession, path string) *websocket.Conn {
+	t.Helper()
 	hdr := http.Header{}
 	if ws.cookie != nil {
 		hdr.Set("Cookie", SessionCookieName+"="+ws.cookie.Value)
@@ -370,7 +441,7 @@ func (e *termEnv) dialTerminal(t *testing.T, ctx context.Context, ws webSession,
 		return c, err
 	}}
 	t.Cleanup(tr.CloseIdleConnections)
-	c, _, err := websocket.Dial(ctx, "wss://"+e.host+"/webapi/terminal?params="+url.QueryEscape(string(p)), &websocket.DialOptions{
+	c, _, err := websocket.Dial(ctx, "wss://"+e.host+path, &websocket.DialOptions{
 		HTTPClient: &http.Client{Transport: tr}, HTTPHeader: hdr, Subprotocols: []string{TerminalSubprotocol},
 	})
 	require.NoError(t, err)

@@ -18,6 +18,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/lib/api/sessionapi"
 	"github.com/postern-dev/postern/lib/api/webterm"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -78,29 +79,11 @@ func (s *Server) terminal(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer s.web.terminals.Done()
-	// Accept refuses (403) an Origin whose host differs from the request's
-	// Host: another site's page cannot open a terminal with the user's
-	// cookie (cross-site websocket hijacking).
-	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{TerminalSubprotocol}})
-	if err != nil {
-		s.cfg.Logger.WithError(err).Debug("Terminal websocket refused.")
+	c, live, msg, log, ok := s.acceptTermSocket(w, r)
+	if !ok {
 		return
 	}
 	defer c.CloseNow()
-	c.SetReadLimit(MaxFrameSize)
-	log := s.cfg.Logger.WithField("remote_addr", remoteHost(r.RemoteAddr))
-	if c.Subprotocol() != TerminalSubprotocol {
-		c.Close(websocket.StatusPolicyViolation, "subprotocol "+TerminalSubprotocol+" required")
-		return
-	}
-	live, msg, err := s.authenticateSocket(c, r)
-	if err != nil {
-		log.WithError(err).Info("Terminal authentication failed.")
-		s.emitTerminalAuthFailed(r, err)
-		c.Close(websocket.StatusPolicyViolation, truncateReason(trace.UserMessage(err)))
-		return
-	}
-	log = log.WithField("user", live.user)
 	sock := &termSocket{srv: s, c: c, live: live, log: log, remoteAddr: r.RemoteAddr, sequenced: msg.Ack != nil, mfaToken: msg.MFAToken}
 	if msg.Resume != "" {
 		t, err := s.web.terms.claim(live, msg.Resume)
@@ -190,6 +173,17 @@ func (s *Server) startTerm(live *liveSession, rawParams string, sock *termSocket
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
+	return s.launchTerm(live, params, sock, "", sock.connect)
+}
+
+// termConnect opens a terminal's SSH session on its node: a shell of
+// its own (termSocket.connect) or a joined session (connectJoin).
+type termConnect func(ctx context.Context, p *TerminalParams, out *term) (*ssh.Client, *ssh.Session, io.WriteCloser, error)
+
+// launchTerm makes a terminal, connects it and starts its goroutine.
+// joinMode is empty for a shell of the user's own, else the mode in
+// which the terminal joined someone else's session.
+func (s *Server) launchTerm(live *liveSession, params *TerminalParams, sock *termSocket, joinMode sessionapi.Mode, connect termConnect) (*term, error) {
 	id, err := randomHex()
 	if err != nil {
 		return nil, trace.Wrap(err)
@@ -198,7 +192,9 @@ func (s *Server) startTerm(live *liveSession, rawParams string, sock *termSocket
 	clock := s.cfg.Clock
 	t := &term{
 		srv: s, id: id, live: live, params: params, started: clock.Now(), remoteAddr: sock.remoteAddr,
-		resumable: sock.sequenced && s.cfg.WebSessions.TerminalGrace > 0,
+		// A joined session is not resumed: rejoining shows its screen.
+		resumable: sock.sequenced && s.cfg.WebSessions.TerminalGrace > 0 && joinMode == "",
+		joinMode:  joinMode,
 		log:       sock.log.WithFields(logrus.Fields{"target": params.Host, "login": params.Login, "terminal_id": id}),
 		done:      make(chan struct{}),
 		hist:      newHistory(params.Cols, params.Rows, replayBufferSize),
@@ -207,7 +203,7 @@ func (s *Server) startTerm(live *liveSession, rawParams string, sock *termSocket
 	// The web session's absolute expiry ends its terminals, detached or not.
 	expiry := clock.AfterFunc(live.expires.Sub(clock.Now()), func() { t.cancel(errSessionExpired) })
 	sock.term = t
-	client, sess, stdin, err := sock.connect(t.ctx, params, t)
+	client, sess, stdin, err := connect(t.ctx, params, t)
 	if err != nil {
 		expiry.Stop()
 		t.cancel(nil)
@@ -215,6 +211,9 @@ func (s *Server) startTerm(live *liveSession, rawParams string, sock *termSocket
 		return nil, trace.Wrap(err)
 	}
 	t.client, t.sess, t.stdin = client, sess, stdin
+	if t.wait == nil {
+		t.wait = sess.Wait
+	}
 	if !s.web.track() {
 		expiry.Stop()
 		client.Close()
@@ -268,6 +267,10 @@ type term struct {
 	client *ssh.Client
 	sess   *ssh.Session
 	stdin  io.WriteCloser
+	// wait returns when the remote side ended: sess.Wait, or for a
+	// joined session (a subsystem, which x/crypto's Wait does not
+	// follow) the end of its output (set by connect, then read-only).
+	wait func() error
 
 	// tokenHash is the hash of the resume token issued last; prevHash
 	// that of the token the attached socket resumed with, which stays
@@ -295,6 +298,9 @@ type term struct {
 	// attached: a socket was attached before, so the next attach is a
 	// resume and its replay is marked (webterm.Session.Replay).
 	attached bool
+	// joinMode is the mode of a terminal that joined another user's
+	// session (sessions_join.go), empty for a shell of its own.
+	joinMode sessionapi.Mode
 	// rec is the proxy's recording of a terminal to an OpenSSH node (set
 	// by connect, then read-only; the writer has its own lock).
 	rec termRecording
@@ -348,7 +354,7 @@ func (t *term) run() {
 	// The shell's exit (or the node dropping the connection).
 	exited := make(chan *sessionEnd, 1)
 	go func() {
-		err := t.sess.Wait()
+		err := t.wait()
 		end := &sessionEnd{code: -1, reason: "session ended"}
 		var exitErr *ssh.ExitError
 		switch {
@@ -401,7 +407,11 @@ func (t *term) run() {
 		t.grace.Stop()
 	}
 	t.mu.Unlock()
-	t.emitEnd(end)
+	if t.joinMode == "" {
+		// The node audits a joiner's leave (session.leave); the
+		// session's end is its owner's.
+		t.emitEnd(end)
+	}
 	t.log.WithField("reason", end.reason).Info("Web terminal ended.")
 }
 
@@ -548,7 +558,9 @@ func (t *term) writeInput(sock *termSocket, p []byte) error {
 	t.mu.Lock()
 	attached := t.att == sock
 	t.mu.Unlock()
-	if !attached {
+	if !attached || t.joinMode == sessionapi.Observer {
+		// An observer's keystrokes are never sent (the node would drop
+		// them too, and tell the observer so in the output).
 		return nil
 	}
 	if _, err := t.stdin.Write(p); err != nil {
@@ -568,6 +580,11 @@ func (t *term) resize(sock *termSocket, size TermSize) error {
 		return nil
 	}
 	t.hist.resize(size.Cols, size.Rows)
+	if t.joinMode != "" {
+		// The window is the owner's: a joiner's browser size only
+		// changes how the proxy's copy of the screen wraps.
+		return nil
+	}
 	t.recordResize(uint32(size.Cols), uint32(size.Rows))
 	return t.sess.WindowChange(size.Rows, size.Cols)
 }

@@ -152,7 +152,9 @@ func (r *termRegistry) list(live *liveSession) []*term {
 	defer r.mu.Unlock()
 	var out []*term
 	for _, t := range r.byID {
-		if t.live.key == live.key {
+		// A joined session is someone else's shell: not this session's
+		// terminal to list, resume or end.
+		if t.live.key == live.key && t.joinMode == "" {
 			out = append(out, t)
 		}
 	}
@@ -166,7 +168,7 @@ func (r *termRegistry) get(live *liveSession, id string) (*term, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	t := r.byID[id]
-	if t == nil || t.live.key != live.key {
+	if t == nil || t.live.key != live.key || t.joinMode != "" {
 		return nil, trace.NotFound("terminal %q not found", id)
 	}
 	return t, nil

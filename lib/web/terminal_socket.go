@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"sync"
 
 	"github.com/coder/websocket"
@@ -39,6 +40,34 @@ type termSocket struct {
 	// mfaToken is the first message's per-session MFA token (a new
 	// terminal to a node that needs one; sessionmfa.go).
 	mfaToken string
+}
+
+// acceptTermSocket upgrades a terminal websocket (the terminal's and a
+// joined session's) and authenticates its first message; false when it
+// failed, the socket then closed with the reason.
+func (s *Server) acceptTermSocket(w http.ResponseWriter, r *http.Request) (*websocket.Conn, *liveSession, *webterm.AuthMessage, logrus.FieldLogger, bool) {
+	// Accept refuses (403) an Origin whose host differs from the request's
+	// Host: another site's page cannot open a terminal with the user's
+	// cookie (cross-site websocket hijacking).
+	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{TerminalSubprotocol}})
+	if err != nil {
+		s.cfg.Logger.WithError(err).Debug("Terminal websocket refused.")
+		return nil, nil, nil, nil, false
+	}
+	c.SetReadLimit(MaxFrameSize)
+	log := s.cfg.Logger.WithField("remote_addr", remoteHost(r.RemoteAddr))
+	if c.Subprotocol() != TerminalSubprotocol {
+		c.Close(websocket.StatusPolicyViolation, "subprotocol "+TerminalSubprotocol+" required")
+		return nil, nil, nil, nil, false
+	}
+	live, msg, err := s.authenticateSocket(c, r)
+	if err != nil {
+		log.WithError(err).Info("Terminal authentication failed.")
+		s.emitTerminalAuthFailed(r, err)
+		c.Close(websocket.StatusPolicyViolation, truncateReason(trace.UserMessage(err)))
+		return nil, nil, nil, nil, false
+	}
+	return c, live, msg, log.WithField("user", live.user), true
 }
 
 // serve attaches the socket and carries frames until the socket or the
@@ -356,6 +385,8 @@ func (t *termSocket) readLoop(ctx context.Context, term *term) error {
 			// The client read FrameSession: the token this socket
 			// resumed with may go (termRegistry).
 			term.confirmToken(t)
+		case webterm.FrameEndSession:
+			term.endForAll(t)
 		case FramePing:
 			t.write(FramePong, f.Payload)
 		case FrameClose:

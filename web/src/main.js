@@ -13,6 +13,7 @@ import { WebglAddon } from '@xterm/addon-webgl';
 import { create as createPlayer } from 'asciinema-player';
 import * as passkeys from './passkeys.js';
 import * as requests from './requests.js';
+import * as sessions from './sessions.js';
 
 const $ = (id) => document.getElementById(id);
 const TOKEN_KEY = 'postern.token';
@@ -73,7 +74,8 @@ let playerGen = 0; // counts player openings: an older openPlayer's awaits stop
 
 function show(view) {
   if (view !== 'player') { playerGen++; closePlayer(); }
-  for (const v of ['login', 'nodes', 'terminal', 'sessions', 'recordings', 'player', 'account', 'requests', 'cli', 'notfound']) $(`view-${v}`).hidden = v !== view;
+  if (view !== 'join') sessions.close();
+  for (const v of ['login', 'nodes', 'terminal', 'sessions', 'join', 'recordings', 'player', 'account', 'requests', 'cli', 'notfound']) $(`view-${v}`).hidden = v !== view;
   const user = sessionStorage.getItem(USER_KEY);
   const limited = view === 'login' || registerOnly();
   $('logout').hidden = view === 'login';
@@ -1016,6 +1018,7 @@ async function showSessions() {
     body.append(tr);
   }
   $('sessions-empty').hidden = items.length > 0;
+  await sessions.showActive();
 }
 
 $('nav-sessions').addEventListener('click', () => navigate('/web/sessions'));
@@ -1247,6 +1250,7 @@ $('nav-recordings').addEventListener('click', () => navigate('/web/recordings'))
 // ---- start ---------------------------------------------------------------
 
 requests.init({ api, show, navigate, showLogin, user: () => sessionStorage.getItem(USER_KEY) || '' });
+sessions.init({ api, show, navigate, token: () => token });
 
 // adoptBrowserSession gives a tab without a token (a new tab, a deep
 // link opened in one) the browser's web session: the server derives its

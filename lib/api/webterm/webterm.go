@@ -100,6 +100,10 @@ const (
 	// (not in it: it would corrupt a full-screen program), server to
 	// browser.
 	FrameNotice byte = 'n'
+	// FrameEndSession, empty, browser to server: a moderator of a joined
+	// session (GET /webapi/sessions/{id}/join) ends it for everyone, as
+	// psh join's `Ctrl-] t` does; from anyone else it is refused.
+	FrameEndSession byte = 't'
 )
 
 // seqLen is the size of a sequence number or offset on the wire.
