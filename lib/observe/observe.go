@@ -39,6 +39,7 @@ const (
 	ComponentNode         = "node"
 	ComponentWeb          = "web"
 	ComponentAuthAPI      = "auth:api"
+	ComponentTracing      = "tracing"
 )
 
 // Deps are the cross-cutting dependencies of a component. Embed it in a
