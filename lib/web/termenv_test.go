@@ -20,6 +20,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
+	oteltrace "go.opentelemetry.io/otel/trace"
 	"golang.org/x/crypto/bcrypt"
 	"golang.org/x/crypto/ssh"
 
@@ -247,6 +248,13 @@ const (
 
 func newTermEnv(t *testing.T, opts ...func(*WebSessionsConfig)) *termEnv {
 	t.Helper()
+	return newTracedTermEnv(t, nil, opts...)
+}
+
+// newTracedTermEnv is newTermEnv whose web server and Router start their
+// spans with tracer (nil: tracing off).
+func newTracedTermEnv(t *testing.T, tracer oteltrace.Tracer, opts ...func(*WebSessionsConfig)) *termEnv {
+	t.Helper()
 	ctx := context.Background()
 	clock := clockwork.NewFakeClockAt(time.Now().Truncate(time.Second))
 	bk, err := memory.New(memory.Config{Clock: clock})
@@ -267,7 +275,7 @@ func newTermEnv(t *testing.T, opts ...func(*WebSessionsConfig)) *termEnv {
 	nw, err := services.NewNodeWatcher(services.NodeWatcherConfig{Events: store.NodeEvents(), Clock: clock, Logger: quietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { nw.Close() })
-	router, err := proxy.NewRouter(proxy.RouterConfig{ClusterName: "c1", NodeWatcher: nw, Networking: store, Deps: observe.Deps{Clock: clock, Logger: quietLogger()}})
+	router, err := proxy.NewRouter(proxy.RouterConfig{ClusterName: "c1", NodeWatcher: nw, Networking: store, Deps: observe.Deps{Clock: clock, Logger: quietLogger(), Tracer: tracer}})
 	require.NoError(t, err)
 
 	pair, err := LoadOrCreateTLS(t.TempDir(), "", "", nil, time.Now())
@@ -279,7 +287,7 @@ func newTermEnv(t *testing.T, opts ...func(*WebSessionsConfig)) *termEnv {
 	s, err := NewServer(Config{
 		ClusterName: "c1", ProxySSHAddr: "127.0.0.1:3023", Certificate: pair, Auth: as,
 		WebSessions: wsc,
-		Deps:        observe.Deps{Clock: clock, Logger: quietLogger()},
+		Deps:        observe.Deps{Clock: clock, Logger: quietLogger(), Tracer: tracer},
 	})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -16,6 +16,7 @@ import (
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
 	"github.com/sirupsen/logrus"
+	oteltrace "go.opentelemetry.io/otel/trace"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/api/webterm"
@@ -123,7 +124,7 @@ func (s *Server) terminal(w http.ResponseWriter, r *http.Request) {
 	if err := writeOK(s.web.ctx, c); err != nil {
 		return
 	}
-	t, err := s.startTerm(live, r.URL.Query().Get("params"), sock)
+	t, err := s.startTerm(r.Context(), live, r.URL.Query().Get("params"), sock)
 	if err != nil {
 		sock.fail(err)
 		return
@@ -184,8 +185,11 @@ var errBrowserGone = errors.New("browser disconnected")
 // errGraceExpired ends a detached terminal nobody resumed.
 var errGraceExpired = errors.New("detached and not resumed within the grace period")
 
-// startTerm connects a new terminal and starts its goroutine.
-func (s *Server) startTerm(live *liveSession, rawParams string, sock *termSocket) (*term, error) {
+// startTerm connects a new terminal and starts its goroutine. reqCtx is
+// the upgrade request's context: the route and dial spans join its trace.
+// It does not bound the terminal, which lives on the web session's
+// context (a resumable terminal outlives its request).
+func (s *Server) startTerm(reqCtx context.Context, live *liveSession, rawParams string, sock *termSocket) (*term, error) {
 	params, err := DecodeTerminalParams(rawParams)
 	if err != nil {
 		return nil, trace.Wrap(err)
@@ -207,7 +211,8 @@ func (s *Server) startTerm(live *liveSession, rawParams string, sock *termSocket
 	// The web session's absolute expiry ends its terminals, detached or not.
 	expiry := clock.AfterFunc(live.expires.Sub(clock.Now()), func() { t.cancel(errSessionExpired) })
 	sock.term = t
-	client, sess, stdin, err := sock.connect(t.ctx, params, t)
+	dctx := oteltrace.ContextWithSpan(t.ctx, oteltrace.SpanFromContext(reqCtx))
+	client, sess, stdin, err := sock.connect(dctx, params, t)
 	if err != nil {
 		expiry.Stop()
 		t.cancel(nil)
