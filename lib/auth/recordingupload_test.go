@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/recording"
 )
 
@@ -34,7 +35,7 @@ func secondAuth(t *testing.T, env *testEnv, rec recording.Storage) *testEnv {
 	t.Helper()
 	srv, err := NewServer(ServerConfig{
 		Store: env.store, ClusterName: testCluster, BcryptCost: bcrypt.MinCost,
-		Clock: env.clock, Logger: testLogger(), Recordings: rec,
+		Deps: observe.Deps{Clock: env.clock, Logger: testLogger()}, Recordings: rec,
 	})
 	require.NoError(t, err)
 	second := &testEnv{clock: env.clock, store: env.store, auth: srv, adminDir: env.adminDir}
@@ -279,7 +280,7 @@ func TestRecordingUploadResumesAfterFailover(t *testing.T) {
 	spoolChunks(t, spool, session, chunks)
 	env1.api.Close()
 
-	clt, err := NewClient(ClientConfig{Addr: addr1 + "," + env2.addr, Identity: node, Clock: env1.clock, Timeout: 10 * time.Second})
+	clt, err := NewClient(ClientConfig{Addr: addr1 + "," + env2.addr, Identity: node, Deps: observe.Deps{Clock: env1.clock}, Timeout: 10 * time.Second})
 	require.NoError(t, err)
 	defer clt.Close()
 	up := newNodeUpload(clt)

@@ -40,6 +40,17 @@ const (
 	ComponentWeb          = "web"
 	ComponentAuthAPI      = "auth:api"
 	ComponentTracing      = "tracing"
+	ComponentAuth         = "auth"
+	ComponentAuthClient   = "auth:client"
+	ComponentHeartbeat    = "heartbeat"
+	ComponentRecording    = "recording"
+	ComponentRetention    = "recording:retention"
+	ComponentRecordingS3  = "recording:s3"
+	ComponentUploader     = "recording:upload"
+	ComponentListener     = "listener"
+	ComponentKeepAlive    = "sshkeepalive"
+	ComponentClient       = "client"
+	ComponentBench        = "bench"
 )
 
 // Deps are the cross-cutting dependencies of a component. Embed it in a

@@ -22,6 +22,7 @@ import (
 	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/events/export"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/srv"
 	"github.com/postern-dev/postern/lib/utils"
@@ -76,10 +77,8 @@ func (p *Process) startAuth(ctx context.Context) error {
 		PublicAddrs:      cfg.PublicAddrs,
 		HostUUID:         p.hostUUID,
 		BcryptCost:       p.opts.BcryptCost,
-		Audit:            p.audit,
+		Deps:             p.deps(observe.ComponentAuth, p.audit),
 		AuditLog:         p.audit,
-		Clock:            p.clock,
-		Logger:           p.log.WithField("component", "auth"),
 		Recordings:       recordings,
 		IdentifyRootUser: func(ctx context.Context, store *services.Store, clusterName string, clock clockwork.Clock, cert *ssh.Certificate) (*authz.Identity, error) {
 			return srv.IdentifyRootUser(ctx, store, clusterName, clock, cert)

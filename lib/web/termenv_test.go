@@ -262,8 +262,8 @@ func newTracedTermEnv(t *testing.T, tracer oteltrace.Tracer, opts ...func(*WebSe
 	t.Cleanup(func() { bk.Close() })
 	store := services.NewStore(bk)
 	as, err := auth.NewServer(auth.ServerConfig{
-		Store: store, ClusterName: "c1", BcryptCost: bcrypt.MinCost, Clock: clock,
-		Limits: auth.LoginLimits{MaxFailures: 3, Window: time.Minute}, Logger: quietLogger(),
+		Store: store, ClusterName: "c1", BcryptCost: bcrypt.MinCost, Deps: observe.Deps{Clock: clock, Logger: quietLogger()},
+		Limits: auth.LoginLimits{MaxFailures: 3, Window: time.Minute},
 	})
 	require.NoError(t, err)
 	_, err = as.CreateUser(ctx, testUser, []byte(testPassword), []string{"alice", "deploy"}, nil, false)
