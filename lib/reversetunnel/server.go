@@ -233,7 +233,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		dataWaiters: map[string]dataWaiter{},
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.denials, err = limiter.NewDenials(limiter.DenialsConfig{Report: s.auditDenial, Clock: cfg.Clock})
+	s.denials, err = limiter.NewDenials(limiter.DenialsConfig{Report: s.auditDenial, Deps: cfg.Deps})
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}

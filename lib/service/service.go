@@ -31,6 +31,7 @@ import (
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/limiter"
 	"github.com/postern-dev/postern/lib/memtrim"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/observe/provider"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/proxy/health"
@@ -295,7 +296,9 @@ func (p *Process) listen(name, addr string) (net.Listener, error) {
 	// Out of descriptors, Accept backs off and keeps the listener instead
 	// of ending the server (seed 004); /readyz reports the streak. The
 	// real clock on purpose: a test's fake clock must not stall it.
-	ln := utils.NewRetryingListener(raw, utils.RetryConfig{Name: name, Logger: p.log.WithField("listener", name)})
+	deps := p.depsWith(observe.ComponentListener, nil, logrus.Fields{"listener": name})
+	deps.Clock = nil
+	ln := utils.NewRetryingListener(raw, utils.RetryConfig{Name: name, Deps: deps})
 	p.mu.Lock()
 	p.listeners[name] = ln
 	p.mu.Unlock()
