@@ -51,6 +51,8 @@ const (
 	ComponentKeepAlive    = "sshkeepalive"
 	ComponentClient       = "client"
 	ComponentBench        = "bench"
+	ComponentAudit        = "audit"
+	ComponentAccessReqs   = "access-requests"
 )
 
 // Deps are the cross-cutting dependencies of a component. Embed it in a

@@ -252,7 +252,10 @@ func (p *Process) requestNotifier() (events.Exporter, error) {
 	if xcfg.Webhook == "" {
 		return nil, nil
 	}
-	xcfg.Clock, xcfg.Logger = p.clock, p.log.WithField("component", "access-requests")
+	xcfg.Deps = p.deps(observe.ComponentAccessReqs, nil)
+	// A private registry: the audit exporters register the same
+	// counters in the process's.
+	xcfg.Metrics = nil
 	w, err := export.NewWebhook(xcfg)
 	if err != nil {
 		return nil, trace.Wrap(err)
