@@ -102,6 +102,7 @@ func NewHeartbeat(cfg HeartbeatConfig) (*Heartbeat, error) {
 	if err := cfg.CheckAndSetDefaults(); err != nil {
 		return nil, trace.Wrap(err)
 	}
+	// The heartbeat owns its loop (Close ends it): no caller's context.
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Heartbeat{
 		cfg:       cfg,

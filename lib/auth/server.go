@@ -185,6 +185,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		}, cfg.Clock),
 	}
 	s.local = localConnector{s: s}
+	// Construction, before any request: the CA and role bootstrap.
 	ctx := context.Background()
 	if err := s.initCAs(ctx); err != nil {
 		return nil, trace.Wrap(err)

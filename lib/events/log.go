@@ -261,6 +261,7 @@ func newLog(cfg Config) (*Log, error) {
 		return nil, trace.Wrap(err)
 	}
 	l := &Log{cfg: cfg, log: cfg.Logger, metrics: m, fileDone: make(chan struct{})}
+	// The log owns its sinks' lifetime (Close ends it): events outlive the requests that emit them.
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	if cfg.Dir != "" {
 		if err := l.openFile(); err != nil {

@@ -72,6 +72,7 @@ func NewRetention(cfg RetentionConfig) (*Retention, error) {
 		return nil, trace.Wrap(err)
 	}
 	r := &Retention{cfg: cfg, done: make(chan struct{})}
+	// Retention owns its passes (Close ends them): no caller's context.
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	go r.run()
 	return r, nil

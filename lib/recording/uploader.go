@@ -156,6 +156,7 @@ func NewUploader(cfg UploaderConfig) (*Uploader, error) {
 	}
 	u := &Uploader{cfg: cfg, metrics: m, kick: make(chan struct{}, 1), ready: make(chan struct{}, 1),
 		sessions: map[string]*sessionState{}}
+	// The uploader owns its uploads (Close ends them): no caller's context.
 	u.ctx, u.cancel = context.WithCancel(context.Background())
 	u.wg.Add(1 + cfg.Concurrency)
 	go u.run()

@@ -232,6 +232,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 
 		dataWaiters: map[string]dataWaiter{},
 	}
+	// The server owns its tunnels' lifetime (Close ends it): no caller's context.
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.denials, err = limiter.NewDenials(limiter.DenialsConfig{Report: s.auditDenial, Deps: cfg.Deps})
 	if err != nil {
@@ -274,6 +275,7 @@ func (s *Server) refreshAnnouncement() {
 	prev := s.announcement
 	s.mu.Unlock()
 	if s.cfg.Proxies != nil {
+		// The announcement loop's own pass, no request's: bounded by its interval.
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.AnnounceInterval)
 		list, err := s.cfg.Proxies(ctx)
 		cancel()

@@ -65,6 +65,7 @@ func (p *Process) auditRefusal(r limiter.Refusal) {
 	if r.Addr != nil {
 		addr = r.Addr.String()
 	}
+	// A refusal before any handshake: no connection context exists yet.
 	p.audit.Emit(context.Background(), events.Event{Type: events.ConnRefused, Fields: events.Fields{
 		events.FieldListener:   r.Listener,
 		events.FieldCap:        r.Cap,

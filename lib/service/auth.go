@@ -232,6 +232,7 @@ func openEtcd(ctx context.Context, p *Process) (backend.Backend, error) {
 // runAccessRequestExpiry sweeps expired access requests until shutdown
 // (auth ends the grants of those that expire).
 func (p *Process) runAccessRequestExpiry() {
+	// The sweep runs until shutdown (the closer cancels it).
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {

@@ -233,6 +233,7 @@ func (p *Process) startLeafAgents(id *auth.Identity) error {
 	if err != nil {
 		return trace.Wrap(err)
 	}
+	// The leaf agents own their tunnels until shutdown: no caller's context.
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &leafAgents{
 		p: p, api: api, log: p.log.WithField("component", "leaf"), transport: transport,

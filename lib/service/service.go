@@ -192,11 +192,13 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	if err != nil {
 		return trace.Wrap(err)
 	}
+	// The trimmer runs for the process's life, past ctx (ended by the defer).
 	trimCtx, stopTrim := context.WithCancel(context.Background())
 	trimDone := make(chan struct{})
 	go func() { defer close(trimDone); trimmer.Run(trimCtx) }()
 	defer func() { stopTrim(); <-trimDone }()
 	if err := p.Start(ctx); err != nil {
+		// ctx may be done already: shutdown gets a grace of its own.
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
 		defer cancel()
 		p.Shutdown(shutdownCtx)
@@ -210,6 +212,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	case runErr = <-p.errCh:
 		p.log.WithError(runErr).Error("A server failed; shutting down.")
 	}
+	// ctx is done here: shutdown gets a grace of its own.
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
 	defer cancel()
 	if err := p.Shutdown(shutdownCtx); err != nil {

@@ -156,6 +156,7 @@ func New(cfg Config) ([]events.Exporter, error) {
 }
 
 func closeNow(x events.Exporter) {
+	// An already-ended context: close at once, nothing to wait for.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	x.Close(ctx)
@@ -227,6 +228,7 @@ func newQueue(cfg *Config, name string, deliver func(context.Context, [][]byte) 
 		name: name, log: cfg.Logger.WithField("sink", name), m: m, size: cfg.BatchSize,
 		ch: make(chan item, cfg.QueueSize), deliver: deliver, done: make(chan struct{}),
 	}
+	// The queue owns its deliveries (Close ends them), past the events' emitters.
 	q.ctx, q.cancel = context.WithCancel(context.Background())
 	return q, nil
 }

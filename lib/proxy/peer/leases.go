@@ -82,6 +82,7 @@ func NewLeaseKeeper(cfg LeaseKeeperConfig) (*LeaseKeeper, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = logrus.WithField("component", "proxy:leases")
 	}
+	// The leases loop runs until Close: no caller's context.
 	ctx, cancel := context.WithCancel(context.Background())
 	k := &LeaseKeeper{cfg: cfg, cancel: cancel, done: make(chan struct{}), held: map[string]struct{}{}}
 	go k.run(ctx)
