@@ -524,13 +524,20 @@ func (s *Server) handleConn(nc net.Conn) {
 		return
 	}
 	nc = &prefixConn{Conn: nc, prefix: head[:n]}
+	// The connection's context: the server's lifetime, ended when this
+	// connection is done. The handshake's checks (a leaf's CA, maybe an
+	// auth call) are bounded like the handshake itself.
+	connCtx, endConn := context.WithCancel(s.ctx)
+	defer endConn()
+	hctx, endHandshake := context.WithTimeout(connCtx, s.cfg.HandshakeTimeout)
+	defer endHandshake()
 	// Per connection, so that exactly one refusal is audited whether the
 	// peer failed at the key (the callback knows why) or before it.
 	cfg := *s.sshCfg
 	var refused bool
 	cfg.PublicKeyCallback = func(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permissions, error) {
 		if s.cfg.Leaves != nil && isLeafCert(key) {
-			cluster, err := s.cfg.Leaves.checkLeafCert(s.ctx, key)
+			cluster, err := s.cfg.Leaves.checkLeafCert(hctx, key)
 			if err != nil {
 				refused = true
 				s.deny(meta.RemoteAddr(), trace.UserMessage(err))
@@ -557,6 +564,7 @@ func (s *Server) handleConn(nc net.Conn) {
 		return
 	}
 	_ = nc.SetDeadline(time.Time{})
+	endHandshake()
 	limiter.HandshakeDone(accepted)
 	if cluster := sconn.Permissions.Extensions[permLeaf]; cluster != "" {
 		cert, _ := sconn.Permissions.ExtraData[permLeaf].(*ssh.Certificate)
@@ -570,7 +578,7 @@ func (s *Server) handleConn(nc net.Conn) {
 	defer close(t.done)
 	log := s.cfg.Logger.WithFields(logrus.Fields{"uuid": t.uuid, "remote_addr": nc.RemoteAddr().String()})
 	// The only channel a node may open is one to the auth API.
-	tunnelCtx, endTunnel := context.WithCancel(s.ctx)
+	tunnelCtx, endTunnel := context.WithCancel(connCtx)
 	var chWG sync.WaitGroup
 	defer chWG.Wait()
 	defer endTunnel()
