@@ -48,7 +48,6 @@ const (
 	ComponentRecordingS3  = "recording:s3"
 	ComponentUploader     = "recording:upload"
 	ComponentListener     = "listener"
-	ComponentKeepAlive    = "sshkeepalive"
 	ComponentClient       = "client"
 	ComponentBench        = "bench"
 	ComponentAudit        = "audit"
