@@ -31,6 +31,7 @@ const (
 	ComponentProxySSH     = "proxy:ssh"
 	ComponentPeerServer   = "proxy:peer:server"
 	ComponentPeerClient   = "proxy:peer:client"
+	ComponentPeerLeases   = "proxy:leases"
 	ComponentTunnelServer = "reversetunnel:server"
 	ComponentTunnelAgent  = "reversetunnel:agent"
 	ComponentTunnelLeaves = "reversetunnel:leaves"

@@ -89,8 +89,7 @@ func (p *Process) startPeering(id *auth.Identity, ts *reversetunnel.Server) (*pe
 		Tunnels:  ts,
 		Writer:   p.authClient,
 		PeerAddr: addr,
-		Clock:    p.clock,
-		Logger:   p.log.WithField("component", "proxy:leases"),
+		Deps:     p.deps(observe.ComponentPeerLeases, nil),
 	}
 	if p.leaves != nil {
 		kcfg.Leaves = p.leaves
