@@ -53,6 +53,18 @@ const (
 	ComponentBench        = "bench"
 	ComponentAudit        = "audit"
 	ComponentAccessReqs   = "access-requests"
+	ComponentService      = "service"
+	ComponentBackend      = "backend"
+	ComponentLeafAgents   = "leaf"
+	ComponentMemTrim      = "memtrim"
+	// The watchers of lib/services default these names themselves
+	// (services may not import this package: see NodeWatcherConfig);
+	// the process passes them from here.
+	ComponentNodeWatcher   = "nodewatcher"
+	ComponentLockWatcher   = "watcher:locks"
+	ComponentAccessWatcher = "watcher:access"
+	ComponentNetWatcher    = "netwatcher"
+	ComponentTunnelLocator = "tunnellocator"
 )
 
 // Deps are the cross-cutting dependencies of a component. Embed it in a

@@ -41,7 +41,7 @@ func (p *Process) startAuth(ctx context.Context) error {
 		return trace.Wrap(err)
 	}
 	// Refuse a backend of a newer Postern, migrate an older one.
-	if err := schema.Migrate(ctx, raw, p.log.WithField("component", "backend")); err != nil {
+	if err := schema.Migrate(ctx, raw, p.log.WithField("component", observe.ComponentBackend)); err != nil {
 		raw.Close()
 		return trace.Wrap(err)
 	}
@@ -116,7 +116,7 @@ func (p *Process) openBackend(ctx context.Context) (backend.Backend, error) {
 		b, err := sqlite.New(ctx, sqlite.Config{
 			Path:   p.cfg.BackendPath(),
 			Clock:  p.clock,
-			Logger: p.log.WithField("component", "backend"),
+			Logger: p.log.WithField("component", observe.ComponentBackend),
 		})
 		return b, trace.Wrap(err)
 	}
@@ -216,7 +216,7 @@ func openEtcd(ctx context.Context, p *Process) (backend.Backend, error) {
 		Endpoints: p.cfg.Backend.EtcdEndpoints,
 		Prefix:    p.cfg.Backend.EtcdPrefix,
 		Clock:     p.clock,
-		Logger:    p.log.WithField("component", "backend"),
+		Logger:    p.log.WithField("component", observe.ComponentBackend),
 	}
 	if t := p.cfg.Backend.EtcdTLS; t != nil {
 		tlsCfg, err := etcdbk.LoadTLS(t.CAFile, t.CertFile, t.KeyFile)

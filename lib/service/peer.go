@@ -38,7 +38,7 @@ func (p *Process) startPeering(id *auth.Identity, ts *reversetunnel.Server) (*pe
 	loc, err := services.NewTunnelLocator(services.TunnelLocatorConfig{
 		Events: p.authClient.TunnelConnectionEvents(),
 		Clock:  p.clock,
-		Logger: p.log.WithField("component", "tunnellocator"),
+		Logger: p.log.WithField("component", observe.ComponentTunnelLocator),
 	})
 	if err != nil {
 		return nil, "", trace.Wrap(err)

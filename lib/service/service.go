@@ -166,7 +166,7 @@ func New(cfg *config.Config, opts Options) (*Process, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return &Process{
 		cfg:       cfg,
-		log:       opts.Logger.WithField("component", "service"),
+		log:       opts.Logger.WithField("component", observe.ComponentService),
 		clock:     opts.Clock,
 		opts:      opts,
 		registry:  reg,
@@ -188,7 +188,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	// The idle-memory trimmer is the other half of gc_percent 400 (see
 	// lib/memtrim): a daemon concern, like the GC target, so Run starts it
 	// and Start (tests, embedding) does not.
-	trimmer, err := memtrim.New(memtrim.Config{Log: p.log.WithField("component", "memtrim"), Registerer: p.registry})
+	trimmer, err := memtrim.New(memtrim.Config{Log: p.log.WithField("component", observe.ComponentMemTrim), Registerer: p.registry})
 	if err != nil {
 		return trace.Wrap(err)
 	}
