@@ -22,6 +22,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jonboulle/clockwork"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/recording"
 )
 
@@ -48,7 +49,7 @@ func run(dir, user, node string, minutes, mb int) error {
 	w, err := recording.New(recording.Config{
 		Header: recording.Header{SessionID: id, Width: 80, Height: 24, User: user, Login: user, Node: node, NodeHostname: "genrec", Cluster: "e2e", Command: "genrec"},
 		Sink:   &recording.DirSink{Storage: recording.DirStorage{Dir: dir}, Session: id},
-		Clock:  clock,
+		Deps:   observe.Deps{Clock: clock},
 		// Far above the size: the cap is not what this tests.
 		MaxBytes: int64(mb)<<20*2 + 64<<20,
 	})

@@ -18,6 +18,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/backend"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -441,7 +442,7 @@ func TestClientConfig(t *testing.T) {
 	require.NoError(t, err)
 	addr := l.Addr().String()
 	l.Close()
-	clt, err := NewClient(ClientConfig{Addr: addr, Identity: env.identity(t, "n", RoleNode), Clock: clockwork.NewFakeClock()})
+	clt, err := NewClient(ClientConfig{Addr: addr, Identity: env.identity(t, "n", RoleNode), Deps: observe.Deps{Clock: clockwork.NewFakeClock()}})
 	require.NoError(t, err)
 	defer clt.Close()
 	_, err = clt.Ping(context.Background())

@@ -137,6 +137,7 @@ func NewAPIServer(cfg APIConfig) (*APIServer, error) {
 		closing: make(chan struct{}),
 	}
 	dnsNames, ips := serverSANs(cfg.Listener.Addr(), cfg.Auth.cfg.PublicAddrs)
+	// Construction, before any request: the API server's own identity.
 	id, err := cfg.Auth.issueIdentity(context.Background(), IdentityRequest{
 		ID: AuthIdentityID, Role: RoleAuth, Hostname: AuthServerName,
 	}, dnsNames, ips)

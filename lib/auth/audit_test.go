@@ -15,6 +15,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -27,7 +28,7 @@ func newAuditedAPI(t *testing.T) (*testEnv, *events.Recorder) {
 	rec := events.NewRecorder()
 	srv, err := NewServer(ServerConfig{
 		Store: store, ClusterName: testCluster, AdminIdentityDir: adminDir,
-		BcryptCost: bcrypt.MinCost, Clock: clock, Logger: testLogger(), Audit: rec,
+		BcryptCost: bcrypt.MinCost, Deps: observe.Deps{Clock: clock, Logger: testLogger(), Audit: rec},
 	})
 	require.NoError(t, err)
 	env := &testEnv{clock: clock, store: store, auth: srv, adminDir: adminDir}

@@ -16,6 +16,7 @@ import (
 	"github.com/postern-dev/postern/lib/backend/memory"
 	backendtest "github.com/postern-dev/postern/lib/backend/test"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 )
 
 func metricValue(t *testing.T, reg *prometheus.Registry, name, sink string) float64 {
@@ -88,7 +89,7 @@ func TestShippedEventsAckedOnlyWhenStored(t *testing.T) {
 	adminDir := filepath.Join(t.TempDir(), "admin")
 	srv, err := NewServer(ServerConfig{
 		Store: store, ClusterName: testCluster, AdminIdentityDir: adminDir,
-		BcryptCost: bcrypt.MinCost, Clock: clock, Logger: testLogger(), Audit: authLog, AuditLog: authLog,
+		BcryptCost: bcrypt.MinCost, Deps: observe.Deps{Clock: clock, Logger: testLogger(), Audit: authLog}, AuditLog: authLog,
 	})
 	require.NoError(t, err)
 	env := &testEnv{clock: clock, store: store, auth: srv, adminDir: adminDir}

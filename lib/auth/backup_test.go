@@ -17,6 +17,7 @@ import (
 	"github.com/postern-dev/postern/lib/backend/memory"
 	backendtest "github.com/postern-dev/postern/lib/backend/test"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -69,7 +70,7 @@ func TestBackupFailureIsNeverAFile(t *testing.T) {
 	adminDir := filepath.Join(t.TempDir(), "admin")
 	srv, err := NewServer(ServerConfig{
 		Store: store, ClusterName: testCluster, AdminIdentityDir: adminDir,
-		BcryptCost: bcrypt.MinCost, Clock: clock, Logger: testLogger(), Audit: rec,
+		BcryptCost: bcrypt.MinCost, Deps: observe.Deps{Clock: clock, Logger: testLogger(), Audit: rec},
 	})
 	require.NoError(t, err)
 	env := &testEnv{clock: clock, store: store, auth: srv, adminDir: adminDir}

@@ -11,11 +11,10 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
-	"github.com/jonboulle/clockwork"
-	"github.com/sirupsen/logrus"
 
 	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -34,9 +33,8 @@ type ClientConfig struct {
 	// TLS is used instead of Identity's config when set. Its ServerName
 	// defaults to AuthServerName.
 	TLS *tls.Config
-	// Clock is the time used to verify the server certificate; default
-	// the real clock.
-	Clock clockwork.Clock
+	// Deps: Clock is the time used to verify the server certificate.
+	observe.Deps
 	// Timeout bounds each call (watches excepted); zero means
 	// DefaultClientTimeout.
 	Timeout time.Duration
@@ -50,8 +48,6 @@ type ClientConfig struct {
 	// handshake (failover.go); zero means Timeout with one address, and
 	// the lesser of Timeout and 5s with several.
 	DialTimeout time.Duration
-	// Logger defaults to component=auth:client.
-	Logger logrus.FieldLogger
 }
 
 // CheckAndSetDefaults validates the config.
@@ -62,9 +58,7 @@ func (c *ClientConfig) CheckAndSetDefaults() error {
 	if c.Identity == nil && c.TLS == nil {
 		return trace.BadParameter("auth client: missing Identity or TLS config")
 	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
+	c.Deps.SetDefaults(observe.ComponentAuthClient)
 	if c.Timeout <= 0 {
 		c.Timeout = DefaultClientTimeout
 	}
@@ -73,9 +67,6 @@ func (c *ClientConfig) CheckAndSetDefaults() error {
 		if len(SplitAuthAddrs(c.Addr)) > 1 && c.DialTimeout > maxFailoverDialTimeout {
 			c.DialTimeout = maxFailoverDialTimeout
 		}
-	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "auth:client")
 	}
 	return nil
 }

@@ -194,7 +194,7 @@ func TestClientFailoverFrozenAtDial(t *testing.T) {
 	require.NoError(t, err)
 	const dialTimeout = 300 * time.Millisecond
 	clt, err := NewClient(ClientConfig{
-		Addr: frozen.Addr().String() + "," + live, Identity: id, Clock: env.clock,
+		Addr: frozen.Addr().String() + "," + live, Identity: id, Deps: observe.Deps{Clock: env.clock},
 		DialTimeout: dialTimeout, // the call timeout stays DefaultClientTimeout
 	})
 	require.NoError(t, err)
@@ -245,7 +245,7 @@ func TestClientFailoverFrozenMidCall(t *testing.T) {
 	node := env.newHostNode(t, "node1", RoleNode)
 	const callTimeout = time.Second
 	clt, err := NewClient(ClientConfig{
-		Addr: f.addr() + "," + other, Identity: node.id, Clock: env.clock,
+		Addr: f.addr() + "," + other, Identity: node.id, Deps: observe.Deps{Clock: env.clock},
 		Timeout: callTimeout, DialTimeout: 200 * time.Millisecond,
 	})
 	require.NoError(t, err)
@@ -307,7 +307,7 @@ func TestClientFailoverNotRepeated(t *testing.T) {
 	id, err := ReadIdentity(env.adminDir)
 	require.NoError(t, err)
 	clt, err := NewClient(ClientConfig{
-		Addr: f.addr() + "," + env.addr, Identity: id, Clock: env.clock,
+		Addr: f.addr() + "," + env.addr, Identity: id, Deps: observe.Deps{Clock: env.clock},
 		Timeout: 500 * time.Millisecond, DialTimeout: 200 * time.Millisecond,
 	})
 	require.NoError(t, err)
@@ -339,7 +339,7 @@ func TestClientFailoverCallerDeadline(t *testing.T) {
 	f := newFreezer(t, env.addr)
 	startAPI(t, env)
 	node := env.newHostNode(t, "node1", RoleNode)
-	clt, err := NewClient(ClientConfig{Addr: f.addr() + "," + env.addr, Identity: node.id, Clock: env.clock})
+	clt, err := NewClient(ClientConfig{Addr: f.addr() + "," + env.addr, Identity: node.id, Deps: observe.Deps{Clock: env.clock}})
 	require.NoError(t, err)
 	defer clt.Close()
 	const interval = time.Second
@@ -375,7 +375,7 @@ func TestClientFailoverCallerDeadline(t *testing.T) {
 	awaitFailback(t, clt)
 	admin, err := ReadIdentity(env.adminDir)
 	require.NoError(t, err)
-	aclt, err := NewClient(ClientConfig{Addr: f.addr() + "," + env.addr, Identity: admin, Clock: env.clock})
+	aclt, err := NewClient(ClientConfig{Addr: f.addr() + "," + env.addr, Identity: admin, Deps: observe.Deps{Clock: env.clock}})
 	require.NoError(t, err)
 	defer aclt.Close()
 	_, err = aclt.GetTokens(context.Background())
@@ -406,7 +406,7 @@ func TestAPIShutdownLosesNoCalls(t *testing.T) {
 	admin, err := ReadIdentity(env.adminDir)
 	require.NoError(t, err)
 	newClient := func(id *Identity) *Client {
-		clt, err := NewClient(ClientConfig{Addr: addr1 + "," + addr2, Identity: id, Clock: env.clock, Timeout: 10 * time.Second})
+		clt, err := NewClient(ClientConfig{Addr: addr1 + "," + addr2, Identity: id, Deps: observe.Deps{Clock: env.clock}, Timeout: 10 * time.Second})
 		require.NoError(t, err)
 		t.Cleanup(func() { clt.Close() })
 		return clt
@@ -476,7 +476,7 @@ func TestDialRelaySkipsAFrozenServer(t *testing.T) {
 	id, err := ReadIdentity(env.adminDir)
 	require.NoError(t, err)
 	const dialTimeout = 300 * time.Millisecond
-	clt, err := NewClient(ClientConfig{Addr: frozen.Addr().String() + "," + env.addr, Identity: id, Clock: env.clock, DialTimeout: dialTimeout})
+	clt, err := NewClient(ClientConfig{Addr: frozen.Addr().String() + "," + env.addr, Identity: id, Deps: observe.Deps{Clock: env.clock}, DialTimeout: dialTimeout})
 	require.NoError(t, err)
 	defer clt.Close()
 	require.Equal(t, 0, clt.servers.current())
@@ -491,7 +491,7 @@ func TestDialRelaySkipsAFrozenServer(t *testing.T) {
 
 	// A host behind the relay speaks its own TLS on the connection.
 	relayed, err := NewClient(ClientConfig{
-		Addr: env.addr, Identity: id, Clock: env.clock,
+		Addr: env.addr, Identity: id, Deps: observe.Deps{Clock: env.clock},
 		Dial: func(context.Context, string, string) (net.Conn, error) {
 			if c := conn; c != nil {
 				conn = nil

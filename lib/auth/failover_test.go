@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/gravitational/trace"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/stretchr/testify/require"
 )
 
@@ -27,7 +28,7 @@ func TestClientFailover(t *testing.T) {
 
 	id, err := ReadIdentity(env.adminDir)
 	require.NoError(t, err)
-	clt, err := NewClient(ClientConfig{Addr: strings.Join([]string{dead, addr1, addr2}, ","), Identity: id, Clock: env.clock})
+	clt, err := NewClient(ClientConfig{Addr: strings.Join([]string{dead, addr1, addr2}, ","), Identity: id, Deps: observe.Deps{Clock: env.clock}})
 	require.NoError(t, err)
 	defer clt.Close()
 	ctx := context.Background()

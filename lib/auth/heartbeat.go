@@ -6,9 +6,8 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
-	"github.com/jonboulle/clockwork"
-	"github.com/sirupsen/logrus"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -51,10 +50,8 @@ type HeartbeatConfig struct {
 	// Through the auth API this is only a request: the auth server dates
 	// the record itself and caps the TTL at MaxHeartbeatTTL.
 	TTL time.Duration
-	// Clock drives the ticker; default real.
-	Clock clockwork.Clock
-	// Logger defaults to component=heartbeat.
-	Logger logrus.FieldLogger
+	// Deps: Clock drives the ticker.
+	observe.Deps
 }
 
 // CheckAndSetDefaults validates the config.
@@ -82,12 +79,7 @@ func (c *HeartbeatConfig) CheckAndSetDefaults() error {
 	if c.TTL <= c.Interval {
 		return trace.BadParameter("heartbeat: TTL %v must be longer than the interval %v, or the node would flicker out of routing between beats", c.TTL, c.Interval)
 	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "heartbeat")
-	}
+	c.Deps.SetDefaults(observe.ComponentHeartbeat)
 	return nil
 }
 
@@ -110,6 +102,7 @@ func NewHeartbeat(cfg HeartbeatConfig) (*Heartbeat, error) {
 	if err := cfg.CheckAndSetDefaults(); err != nil {
 		return nil, trace.Wrap(err)
 	}
+	// The heartbeat owns its loop (Close ends it): no caller's context.
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Heartbeat{
 		cfg:       cfg,

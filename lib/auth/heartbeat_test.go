@@ -10,6 +10,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -45,8 +46,7 @@ func TestHeartbeat(t *testing.T) {
 	hb, err := NewHeartbeat(HeartbeatConfig{
 		Announcer: ann,
 		GetNode:   func() services.Node { return services.Node{UUID: "n1", Hostname: "web"} },
-		Clock:     clock,
-		Logger:    testLogger(),
+		Deps:      observe.Deps{Clock: clock, Logger: testLogger()},
 	})
 	require.NoError(t, err)
 	go hb.Run()
@@ -131,8 +131,7 @@ func TestHeartbeatThroughAPI(t *testing.T) {
 		GetNode: func() services.Node {
 			return services.Node{UUID: "hb-node", Hostname: "hb", Addr: hn.addr}
 		},
-		Clock:  env.clock,
-		Logger: testLogger(),
+		Deps: observe.Deps{Clock: env.clock, Logger: testLogger()},
 	})
 	require.NoError(t, err)
 	go hb.Run()

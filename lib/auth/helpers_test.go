@@ -65,8 +65,7 @@ func newTestAuth(t testing.TB) *testEnv {
 		ClusterName:      testCluster,
 		AdminIdentityDir: adminDir,
 		BcryptCost:       bcrypt.MinCost,
-		Clock:            clock,
-		Logger:           testLogger(),
+		Deps:             observe.Deps{Clock: clock, Logger: testLogger()},
 		Recordings:       recording.DirStorage{Dir: t.TempDir()},
 	})
 	require.NoError(t, err)
@@ -105,7 +104,7 @@ func startAPI(t testing.TB, env *testEnv) *APIServer {
 // client returns an API client for id, closed at the end of the test.
 func (e *testEnv) client(t testing.TB, id *Identity) *Client {
 	t.Helper()
-	c, err := NewClient(ClientConfig{Addr: e.addr, Identity: id, Clock: e.clock, Timeout: 10 * time.Second})
+	c, err := NewClient(ClientConfig{Addr: e.addr, Identity: id, Deps: observe.Deps{Clock: e.clock}, Timeout: 10 * time.Second})
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c

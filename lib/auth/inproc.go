@@ -6,6 +6,7 @@ import (
 
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/sirupsen/logrus"
 )
 
@@ -66,8 +67,7 @@ func (a *APIServer) NewInProcessClient(id *Identity, clock clockwork.Clock, log 
 		// Names the API in messages and URLs; nothing dials it.
 		Addr:     a.Addr().String(),
 		Identity: id,
-		Clock:    clock,
-		Logger:   log,
+		Deps:     observe.Deps{Clock: clock, Logger: log},
 		Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return a.DialInProcess(ctx)
 		},

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/postern-dev/postern/lib/api/authapi"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -111,7 +112,7 @@ func TestJoinPrincipals(t *testing.T) {
 	clock := clockwork.NewFakeClockAt(time.Now().Truncate(time.Second))
 	store := newTestStore(t, clock)
 	srv, err := NewServer(ServerConfig{
-		Store: store, ClusterName: testCluster, BcryptCost: bcrypt.MinCost, Clock: clock, Logger: testLogger(),
+		Store: store, ClusterName: testCluster, BcryptCost: bcrypt.MinCost, Deps: observe.Deps{Clock: clock, Logger: testLogger()},
 		PublicAddrs: []string{"proxy.example.com:3080"},
 	})
 	require.NoError(t, err)

@@ -80,12 +80,8 @@ func (l *relayListener) Close() error {
 
 func (l *relayListener) Addr() net.Addr { return l.addr }
 
-// push hands c to Accept; false (and c closed) once closed.
-func (l *relayListener) push(c net.Conn) bool {
-	return l.pushContext(context.Background(), c)
-}
-
-// pushContext is push that also gives up (closing c) when ctx ends.
+// pushContext hands c to Accept; false (and c closed) once closed or
+// when ctx ends first.
 func (l *relayListener) pushContext(ctx context.Context, c net.Conn) bool {
 	select {
 	case l.conns <- c:
@@ -130,7 +126,9 @@ func (a *APIServer) joinRelay(w http.ResponseWriter, r *http.Request, p *peer) {
 	}
 	_ = nc.SetDeadline(time.Time{})
 	a.log.WithFields(map[string]any{"proxy": p.ID, "client": remote.String()}).Debug("Relaying a join.")
-	a.relayLn.push(&relayedConn{Conn: nc, remote: remote})
+	// The request's context: the hijacked handler waits here until
+	// Accept takes the connection.
+	a.relayLn.pushContext(r.Context(), &relayedConn{Conn: nc, remote: remote})
 }
 
 // DialJoinRelay opens the auth side of a relayed join for the proxy

@@ -14,6 +14,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/backend"
+	"github.com/postern-dev/postern/lib/observe"
 )
 
 func login(env *testEnv, user, password, addr string) error {
@@ -203,7 +204,7 @@ func TestTOTPReplayAcrossAuthServers(t *testing.T) {
 	secret := totpUser(t, env, "gail")
 	second, err := NewServer(ServerConfig{
 		Store: env.store, ClusterName: testCluster, BcryptCost: bcrypt.MinCost,
-		Clock: env.clock, Logger: testLogger(),
+		Deps: observe.Deps{Clock: env.clock, Logger: testLogger()},
 	})
 	require.NoError(t, err)
 

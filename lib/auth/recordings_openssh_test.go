@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postern-dev/postern/lib/api/authapi"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/recording"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -19,7 +20,7 @@ func recordFor(t *testing.T, session, node, cluster string) []recording.Chunk {
 	sink := &chunkSink{}
 	w, err := recording.New(recording.Config{
 		Header: recording.Header{SessionID: session, User: "alice", Login: "root", Node: node, Cluster: cluster, Width: 80, Height: 24},
-		Sink:   sink, Clock: clockwork.NewFakeClock(), ChunkBytes: 64,
+		Sink:   sink, Deps: observe.Deps{Clock: clockwork.NewFakeClock()}, ChunkBytes: 64,
 	})
 	require.NoError(t, err)
 	w.Output([]byte("output of a session ..........................................\r\n"))

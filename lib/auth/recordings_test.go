@@ -10,6 +10,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/recording"
 )
 
@@ -27,7 +28,7 @@ func recordSession(t *testing.T, node string) ([]recording.Chunk, string) {
 	sink := &chunkSink{}
 	w, err := recording.New(recording.Config{
 		Header: recording.Header{SessionID: recSession, User: "alice", Login: "root", Node: node, Cluster: testCluster, Width: 80, Height: 24},
-		Sink:   sink, Clock: clockwork.NewFakeClock(), ChunkBytes: 64,
+		Sink:   sink, Deps: observe.Deps{Clock: clockwork.NewFakeClock()}, ChunkBytes: 64,
 	})
 	require.NoError(t, err)
 	for i := 0; i < 3; i++ {

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/recording"
 )
 
@@ -34,7 +35,7 @@ func secondAuth(t *testing.T, env *testEnv, rec recording.Storage) *testEnv {
 	t.Helper()
 	srv, err := NewServer(ServerConfig{
 		Store: env.store, ClusterName: testCluster, BcryptCost: bcrypt.MinCost,
-		Clock: env.clock, Logger: testLogger(), Recordings: rec,
+		Deps: observe.Deps{Clock: env.clock, Logger: testLogger()}, Recordings: rec,
 	})
 	require.NoError(t, err)
 	second := &testEnv{clock: env.clock, store: env.store, auth: srv, adminDir: env.adminDir}
@@ -53,7 +54,7 @@ func recordChunks(t *testing.T, session, node string, outputs int) ([]recording.
 	sink := &chunkSink{}
 	w, err := recording.New(recording.Config{
 		Header: recording.Header{SessionID: session, User: "alice", Login: "root", Node: node, Cluster: testCluster, Width: 80, Height: 24},
-		Sink:   sink, Clock: clockwork.NewFakeClock(), ChunkBytes: 64,
+		Sink:   sink, Deps: observe.Deps{Clock: clockwork.NewFakeClock()}, ChunkBytes: 64,
 	})
 	require.NoError(t, err)
 	for i := 0; i < outputs; i++ {
@@ -211,8 +212,7 @@ func TestRecordingUploadHeldSessionDoesNotDelayOthers(t *testing.T) {
 	logger, hook := logtest.NewNullLogger()
 	clock := clockwork.NewFakeClock()
 	u, err := recording.NewUploader(recording.UploaderConfig{
-		Spool: spool, Upload: up, Clock: clock, Concurrency: 1, Metrics: reg,
-		Logger: logger.WithField("component", "recording:upload"),
+		Spool: spool, Upload: up, Deps: observe.Deps{Clock: clock, Metrics: reg, Logger: logger.WithField("component", "recording:upload")}, Concurrency: 1,
 	})
 	require.NoError(t, err)
 	defer u.Close()
@@ -279,11 +279,11 @@ func TestRecordingUploadResumesAfterFailover(t *testing.T) {
 	spoolChunks(t, spool, session, chunks)
 	env1.api.Close()
 
-	clt, err := NewClient(ClientConfig{Addr: addr1 + "," + env2.addr, Identity: node, Clock: env1.clock, Timeout: 10 * time.Second})
+	clt, err := NewClient(ClientConfig{Addr: addr1 + "," + env2.addr, Identity: node, Deps: observe.Deps{Clock: env1.clock}, Timeout: 10 * time.Second})
 	require.NoError(t, err)
 	defer clt.Close()
 	up := newNodeUpload(clt)
-	u, err := recording.NewUploader(recording.UploaderConfig{Spool: spool, Upload: up, Clock: clockwork.NewFakeClock()})
+	u, err := recording.NewUploader(recording.UploaderConfig{Spool: spool, Upload: up, Deps: observe.Deps{Clock: clockwork.NewFakeClock()}})
 	require.NoError(t, err)
 	defer u.Close()
 	require.Eventually(t, func() bool { return len(spooled(t, spool)) == 0 }, waitFor, 10*time.Millisecond)
@@ -310,13 +310,13 @@ func TestRecordingUploadRewindsForANewStore(t *testing.T) {
 	const session = "00000000-0000-4000-8000-000000000008"
 
 	up := newNodeUpload(env1.client(t, node))
-	u, err := recording.NewUploader(recording.UploaderConfig{Spool: spool, Upload: up, Clock: clockwork.NewFakeClock()})
+	u, err := recording.NewUploader(recording.UploaderConfig{Spool: spool, Upload: up, Deps: observe.Deps{Clock: clockwork.NewFakeClock()}})
 	require.NoError(t, err)
 	defer u.Close()
 	w, err := recording.New(recording.Config{
 		Header: recording.Header{SessionID: session, User: "alice", Login: "root", Node: "node-1", Cluster: testCluster, Width: 80, Height: 24},
 		Sink:   &recording.SpoolSink{Storage: spool, Session: session, Notify: u.Notify, Clock: clockwork.NewFakeClock()},
-		Clock:  clockwork.NewFakeClock(), ChunkBytes: 64,
+		Deps:   observe.Deps{Clock: clockwork.NewFakeClock()}, ChunkBytes: 64,
 	})
 	require.NoError(t, err)
 	for i := 0; i < 3; i++ {
@@ -362,8 +362,7 @@ func TestRecordingUploadPermanentRefusalStaysSpooled(t *testing.T) {
 	logger, hook := logtest.NewNullLogger()
 	clock := clockwork.NewFakeClock()
 	u, err := recording.NewUploader(recording.UploaderConfig{
-		Spool: spool, Upload: up, Clock: clock, Concurrency: 1, Metrics: reg,
-		Logger: logger.WithField("component", "recording:upload"),
+		Spool: spool, Upload: up, Deps: observe.Deps{Clock: clock, Metrics: reg, Logger: logger.WithField("component", "recording:upload")}, Concurrency: 1,
 	})
 	require.NoError(t, err)
 	defer u.Close()

@@ -26,6 +26,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/recording"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -83,18 +84,14 @@ type ServerConfig struct {
 	// throwaway demo clusters. Existing hashes keep the cost they were
 	// made with.
 	BcryptCost int
-	// Audit receives auth.login and auth.failed; nil means events.Discard.
-	Audit events.Emitter
+	// Deps: Audit receives auth.login and auth.failed; Clock drives
+	// certificate times, token expiry, TOTP and the login limiter.
+	observe.Deps
 	// AuditLog answers GET /v1/events (`pctl events ls`); nil means the
 	// API says the audit log is not searchable here.
 	AuditLog EventSearcher
 	// Limits bounds failed logins; zero fields get defaults.
 	Limits LoginLimits
-	// Clock drives certificate times, token expiry, TOTP and the login
-	// limiter; default the real clock.
-	Clock clockwork.Clock
-	// Logger defaults to logrus with component=auth.
-	Logger logrus.FieldLogger
 	// Recordings stores session recordings uploaded by nodes (the service
 	// gives a recording.DirStorage under the data dir). Nil means the
 	// recording endpoints answer NotImplemented.
@@ -111,20 +108,12 @@ type ServerConfig struct {
 
 // CheckAndSetDefaults validates the config and fills defaults.
 func (c *ServerConfig) CheckAndSetDefaults() error {
-	if c.Audit == nil {
-		c.Audit = events.Discard
-	}
+	c.Deps.SetDefaults(observe.ComponentAuth)
 	if c.Store == nil {
 		return trace.BadParameter("auth: missing Store")
 	}
 	if err := services.CheckClusterName(c.ClusterName); err != nil {
 		return trace.Wrap(err)
-	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "auth")
 	}
 	if c.BcryptCost == 0 {
 		c.BcryptCost = bcrypt.DefaultCost
@@ -196,6 +185,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		}, cfg.Clock),
 	}
 	s.local = localConnector{s: s}
+	// Construction, before any request: the CA and role bootstrap.
 	ctx := context.Background()
 	if err := s.initCAs(ctx); err != nil {
 		return nil, trace.Wrap(err)

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/api/authapi"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -56,7 +57,7 @@ func TestFirstStartCreatesCAsAndRolesAndRestartReuses(t *testing.T) {
 
 	again, err := NewServer(ServerConfig{
 		Store: env.store, ClusterName: testCluster, AdminIdentityDir: env.adminDir,
-		BcryptCost: bcrypt.MinCost, Clock: env.clock, Logger: testLogger(),
+		BcryptCost: bcrypt.MinCost, Deps: observe.Deps{Clock: env.clock, Logger: testLogger()},
 	})
 	require.NoError(t, err)
 	require.Equal(t, env.auth.UserCAKeys(), again.UserCAKeys())
@@ -82,7 +83,7 @@ func TestConcurrentFirstStartsAgreeOnOneCA(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			servers[i], errs[i] = NewServer(ServerConfig{Store: store, ClusterName: testCluster, BcryptCost: bcrypt.MinCost, Clock: clock, Logger: testLogger()})
+			servers[i], errs[i] = NewServer(ServerConfig{Store: store, ClusterName: testCluster, BcryptCost: bcrypt.MinCost, Deps: observe.Deps{Clock: clock, Logger: testLogger()}})
 		}()
 	}
 	wg.Wait()

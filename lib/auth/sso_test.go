@@ -23,6 +23,7 @@ import (
 	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/backend"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/recording"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/ssotest"
@@ -82,7 +83,7 @@ func newSSOAuth(t *testing.T, clock *clockwork.FakeClock, store *services.Store)
 	adminDir := filepath.Join(t.TempDir(), "admin")
 	srv, err := NewServer(ServerConfig{
 		Store: store, ClusterName: testCluster, AdminIdentityDir: adminDir, BcryptCost: bcrypt.MinCost,
-		Clock: clock, Logger: testLogger(), Recordings: recording.DirStorage{Dir: t.TempDir()}, Audit: audit,
+		Deps: observe.Deps{Clock: clock, Logger: testLogger(), Audit: audit}, Recordings: recording.DirStorage{Dir: t.TempDir()},
 	})
 	require.NoError(t, err)
 	env := &ssoEnv{testEnv: &testEnv{clock: clock, store: store, auth: srv, adminDir: adminDir}, audit: audit}

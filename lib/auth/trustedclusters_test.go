@@ -19,6 +19,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/recording"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
@@ -69,10 +70,8 @@ func newClusterEnv(t *testing.T, name string) *clusterEnv {
 		ClusterName:      name,
 		AdminIdentityDir: adminDir,
 		BcryptCost:       bcrypt.MinCost,
-		Clock:            clock,
-		Logger:           testLogger(),
+		Deps:             observe.Deps{Clock: clock, Logger: testLogger(), Audit: audit},
 		Recordings:       recording.DirStorage{Dir: t.TempDir()},
-		Audit:            audit,
 		DialProxy: func(ctx context.Context, addr string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 		},

@@ -16,6 +16,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/api/authapi"
 	"github.com/postern-dev/postern/lib/backend/sqlite"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/utils"
 )
@@ -34,7 +35,7 @@ func TestBackendDownIs503(t *testing.T) {
 	adminDir := filepath.Join(t.TempDir(), "admin")
 	srv, err := NewServer(ServerConfig{
 		Store: services.NewStore(bk), ClusterName: testCluster, AdminIdentityDir: adminDir,
-		BcryptCost: bcrypt.MinCost, Clock: clock, Logger: testLogger(),
+		BcryptCost: bcrypt.MinCost, Deps: observe.Deps{Clock: clock, Logger: testLogger()},
 	})
 	require.NoError(t, err)
 	env := &testEnv{clock: clock, store: services.NewStore(bk), auth: srv, adminDir: adminDir}

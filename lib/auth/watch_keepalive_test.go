@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postern-dev/postern/lib/backend"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -31,7 +32,7 @@ func TestWatchLeavesAFrozenServer(t *testing.T) {
 	other := env.addr
 
 	node := env.newHostNode(t, "node1", RoleProxy)
-	clt, err := NewClient(ClientConfig{Addr: f.addr() + "," + other, Identity: node.id, Clock: env.clock, DialTimeout: 200 * time.Millisecond})
+	clt, err := NewClient(ClientConfig{Addr: f.addr() + "," + other, Identity: node.id, Deps: observe.Deps{Clock: env.clock}, DialTimeout: 200 * time.Millisecond})
 	require.NoError(t, err)
 	defer clt.Close()
 	const silence = 600 * time.Millisecond
@@ -94,7 +95,7 @@ func TestWatchOpenOnAFrozenServer(t *testing.T) {
 	other := env.addr
 
 	node := env.newHostNode(t, "node1", RoleProxy)
-	clt, err := NewClient(ClientConfig{Addr: f.addr() + "," + other, Identity: node.id, Clock: env.clock, DialTimeout: 200 * time.Millisecond})
+	clt, err := NewClient(ClientConfig{Addr: f.addr() + "," + other, Identity: node.id, Deps: observe.Deps{Clock: env.clock}, DialTimeout: 200 * time.Millisecond})
 	require.NoError(t, err)
 	defer clt.Close()
 	const silence = 600 * time.Millisecond

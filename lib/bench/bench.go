@@ -28,6 +28,7 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
+	"github.com/postern-dev/postern/lib/observe"
 )
 
 // Histogram bounds, in microseconds: 1 µs to 10 minutes, 3 significant
@@ -66,8 +67,8 @@ type Config struct {
 	// Progress, when set, receives a one-line progress report about once
 	// a second ("\r"-terminated, for a terminal's stderr).
 	Progress io.Writer
-	// Clock schedules sessions and times them. Nil means the real clock.
-	Clock clockwork.Clock
+	// Deps: Clock schedules sessions and times them.
+	observe.Deps
 }
 
 // DefaultConcurrency bounds in-flight sessions: each costs a few
@@ -98,9 +99,7 @@ func (c *Config) CheckAndSetDefaults() error {
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
 	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
+	c.Deps.SetDefaults(observe.ComponentBench)
 	return nil
 }
 

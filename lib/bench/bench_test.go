@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/postern-dev/postern/lib/client"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/proxy"
 )
 
@@ -40,7 +41,7 @@ func TestOpenLoopCountsFromSchedule(t *testing.T) {
 	}
 	done := make(chan *Result)
 	go func() {
-		res, err := Run(context.Background(), Config{Rate: 10, Duration: 500 * time.Millisecond, Concurrency: 1, Session: session, Clock: clock})
+		res, err := Run(context.Background(), Config{Rate: 10, Duration: 500 * time.Millisecond, Concurrency: 1, Session: session, Deps: observe.Deps{Clock: clock}})
 		require.NoError(t, err)
 		done <- res
 	}()

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/authz"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/sshalgo"
 	"github.com/postern-dev/postern/lib/utils"
@@ -162,9 +163,8 @@ type SubsystemConfig struct {
 	Name string
 	// Tee, when set, also receives the proxy's stderr as it arrives.
 	Tee io.Writer
-	// Clock times the short waits of Explain and ExitStatus; nil means
-	// the real clock.
-	Clock clockwork.Clock
+	// Deps: Clock times the short waits of Explain and ExitStatus.
+	observe.Deps
 }
 
 // CheckAndSetDefaults checks the name and fills in the clock.
@@ -172,9 +172,7 @@ func (c *SubsystemConfig) CheckAndSetDefaults() error {
 	if c.Name == "" {
 		return trace.BadParameter("missing subsystem name")
 	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
+	c.Deps.SetDefaults(observe.ComponentClient)
 	return nil
 }
 
@@ -423,7 +421,7 @@ func DialNode(ctx context.Context, creds *Credentials, target proxy.Target, logi
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	ch, err := OpenSubsystem(ctx, pc, SubsystemConfig{Name: target.SubsystemString(), Clock: ka.Clock})
+	ch, err := OpenSubsystem(ctx, pc, SubsystemConfig{Name: target.SubsystemString(), Deps: observe.Deps{Clock: ka.Clock}})
 	if err != nil {
 		pc.Close()
 		return nil, trace.Wrap(err)

@@ -97,6 +97,7 @@ func (f *Forwarder) serveConn(ln net.Listener, dial func(in net.Conn) (net.Conn,
 					return
 				}
 				defer f.untrack(out)
+				// The forwarder owns the splice (Close ends it through track), not the accept.
 				if _, _, err := utils.Splice(context.Background(), in, out); err != nil && f.OnError != nil {
 					f.OnError(err)
 				}

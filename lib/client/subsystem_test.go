@@ -12,6 +12,7 @@ import (
 
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 )
@@ -175,7 +176,7 @@ func TestSubsystemWaitsUseTheClock(t *testing.T) {
 		tee := &signalWriter{want: "not found", seen: make(chan struct{})}
 		errc := make(chan error, 1)
 		go func() {
-			_, err := OpenSubsystem(context.Background(), clt, SubsystemConfig{Name: "proxy:web:22", Clock: clock, Tee: tee})
+			_, err := OpenSubsystem(context.Background(), clt, SubsystemConfig{Name: "proxy:web:22", Deps: observe.Deps{Clock: clock}, Tee: tee})
 			errc <- err
 		}()
 		<-tee.seen
@@ -218,7 +219,7 @@ func TestSubsystemWaitsUseTheClock(t *testing.T) {
 		})
 		clock := clockwork.NewFakeClock()
 		tee := &signalWriter{want: "still here", seen: make(chan struct{})}
-		sub, err := OpenSubsystem(context.Background(), clt, SubsystemConfig{Name: "nodes", Clock: clock, Tee: tee})
+		sub, err := OpenSubsystem(context.Background(), clt, SubsystemConfig{Name: "nodes", Deps: observe.Deps{Clock: clock}, Tee: tee})
 		require.NoError(t, err)
 		defer sub.Close()
 		<-tee.seen // captured: Explain's wait is only for the end of the stream

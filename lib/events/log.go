@@ -119,6 +119,13 @@ type Config struct {
 	// CloseGrace; zero means DefaultCloseGrace.
 	CloseGrace time.Duration
 	// Clock stamps events and times Close's grace; nil means the real clock.
+	//
+	// Clock, Logger and Metrics are not observe.Deps: observe imports
+	// events (Deps.Audit is an Emitter), and events is one of the few
+	// packages lib/api may import (TestLeaf in lib/api), so events
+	// importing observe would pull the OpenTelemetry API into every
+	// client of the wire types. Moving Emitter to a package of its own
+	// breaks the cycle but not the leaf rule.
 	Clock clockwork.Clock
 	// Logger; nil means logrus.WithField("component", "audit").
 	Logger logrus.FieldLogger
@@ -254,6 +261,7 @@ func newLog(cfg Config) (*Log, error) {
 		return nil, trace.Wrap(err)
 	}
 	l := &Log{cfg: cfg, log: cfg.Logger, metrics: m, fileDone: make(chan struct{})}
+	// The log owns its sinks' lifetime (Close ends it): events outlive the requests that emit them.
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	if cfg.Dir != "" {
 		if err := l.openFile(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 )
@@ -64,7 +65,7 @@ func TestWrapListenerHandshakes(t *testing.T) {
 	raw, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	lim, reg := newTestLimiter(t, Config{Name: "tunnel", MaxConnectionsPerIP: -1, MaxHandshakesPerIP: 3})
-	rl, err := NewRateLimiter(RateConfig{Rate: 1, Burst: 4, Clock: clockwork.NewFakeClock()})
+	rl, err := NewRateLimiter(RateConfig{Rate: 1, Burst: 4, Deps: observe.Deps{Clock: clockwork.NewFakeClock()}})
 	require.NoError(t, err)
 	refusals := make(chan Refusal, 8)
 	ln := WrapListener(raw, lim, ListenerOptions{Rate: rl, Handshakes: true, OnRefuse: func(r Refusal) { refusals <- r }})

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
+	"github.com/postern-dev/postern/lib/observe"
 )
 
 // Denials bounds the audit events of refusals that happen after accept:
@@ -60,8 +61,9 @@ type DenialsConfig struct {
 	// MaxKeys bounds the kinds and sources tracked at once; zero means
 	// DefaultMaxDenialKeys.
 	MaxKeys int
-	// Clock times the windows; nil means the real clock.
-	Clock clockwork.Clock
+	// Deps: Clock times the windows (the only one used: Report is
+	// where the denials go).
+	observe.Deps
 }
 
 // DefaultMaxDenialKeys: room for every refusal a handful of misconfigured
@@ -87,9 +89,7 @@ func (c *DenialsConfig) CheckAndSetDefaults() error {
 	if c.MaxKeys == 0 {
 		c.MaxKeys = DefaultMaxDenialKeys
 	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
+	c.Deps.SetDefaults(observe.ComponentLimiter)
 	return nil
 }
 

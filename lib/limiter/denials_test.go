@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/stretchr/testify/require"
 )
 
@@ -58,7 +59,7 @@ func newTestDenials(t *testing.T, maxKeys int) (*Denials, *denialLog, *clockwork
 	t.Helper()
 	clock := clockwork.NewFakeClock()
 	log := newDenialLog()
-	d, err := NewDenials(DenialsConfig{Report: log.report, Window: time.Minute, MaxKeys: maxKeys, Clock: clock})
+	d, err := NewDenials(DenialsConfig{Report: log.report, Window: time.Minute, MaxKeys: maxKeys, Deps: observe.Deps{Clock: clock}})
 	require.NoError(t, err)
 	t.Cleanup(d.Close)
 	return d, log, clock

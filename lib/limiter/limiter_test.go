@@ -288,7 +288,7 @@ func TestConcurrentNeverExceeds(t *testing.T) {
 func TestRateLimiter(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	reg := prometheus.NewRegistry()
-	rl, err := NewRateLimiter(RateConfig{Name: "proxy_ssh", Rate: 2, Burst: 3, Clock: clock, Metrics: reg})
+	rl, err := NewRateLimiter(RateConfig{Name: "proxy_ssh", Rate: 2, Burst: 3, Deps: observe.Deps{Clock: clock, Metrics: reg}})
 	require.NoError(t, err)
 	for i := 0; i < 3; i++ {
 		require.NoError(t, rl.Allow("192.0.2.1"))
@@ -314,7 +314,7 @@ func TestRateLimiter(t *testing.T) {
 
 func TestRateLimiterBoundedKeys(t *testing.T) {
 	clock := clockwork.NewFakeClock()
-	rl, err := NewRateLimiter(RateConfig{Rate: 1, Burst: 1, MaxKeys: 10, Clock: clock})
+	rl, err := NewRateLimiter(RateConfig{Rate: 1, Burst: 1, MaxKeys: 10, Deps: observe.Deps{Clock: clock}})
 	require.NoError(t, err)
 	for i := 0; i < 10; i++ {
 		require.NoError(t, rl.Allow(fmt.Sprint(i)))

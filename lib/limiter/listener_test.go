@@ -138,7 +138,7 @@ func TestWrapListenerRate(t *testing.T) {
 	require.NoError(t, err)
 	lim, _ := newTestLimiter(t, Config{})
 	clock := clockwork.NewFakeClock()
-	rl, err := NewRateLimiter(RateConfig{Rate: 1, Burst: 1, Clock: clock})
+	rl, err := NewRateLimiter(RateConfig{Rate: 1, Burst: 1, Deps: observe.Deps{Clock: clock}})
 	require.NoError(t, err)
 	// No Refusal: closed without a word (what a TLS port wants).
 	ln := WrapListener(raw, lim, ListenerOptions{Rate: rl})

@@ -7,8 +7,7 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
-	"github.com/jonboulle/clockwork"
-	"github.com/prometheus/client_golang/prometheus"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/sirupsen/logrus"
 )
 
@@ -53,12 +52,8 @@ type RateConfig struct {
 	// MaxKeys bounds the number of tracked keys; zero means
 	// DefaultMaxRateKeys.
 	MaxKeys int
-	// Clock refills the buckets; nil means the real clock.
-	Clock clockwork.Clock
-	// Logger; nil means logrus.WithField("component", "limiter").
-	Logger logrus.FieldLogger
-	// Metrics: see Config.Metrics.
-	Metrics prometheus.Registerer
+	// Deps: Clock refills the buckets; Metrics as in Config.
+	observe.Deps
 }
 
 // CheckAndSetDefaults validates and fills in defaults.
@@ -81,15 +76,7 @@ func (c *RateConfig) CheckAndSetDefaults() error {
 	if c.MaxKeys <= 0 {
 		c.MaxKeys = DefaultMaxRateKeys
 	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "limiter")
-	}
-	if c.Metrics == nil {
-		c.Metrics = prometheus.NewRegistry()
-	}
+	c.Deps.SetDefaults(observe.ComponentLimiter)
 	return nil
 }
 

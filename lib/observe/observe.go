@@ -31,6 +31,7 @@ const (
 	ComponentProxySSH     = "proxy:ssh"
 	ComponentPeerServer   = "proxy:peer:server"
 	ComponentPeerClient   = "proxy:peer:client"
+	ComponentPeerLeases   = "proxy:leases"
 	ComponentTunnelServer = "reversetunnel:server"
 	ComponentTunnelAgent  = "reversetunnel:agent"
 	ComponentTunnelLeaves = "reversetunnel:leaves"
@@ -39,6 +40,31 @@ const (
 	ComponentNode         = "node"
 	ComponentWeb          = "web"
 	ComponentAuthAPI      = "auth:api"
+	ComponentTracing      = "tracing"
+	ComponentAuth         = "auth"
+	ComponentAuthClient   = "auth:client"
+	ComponentHeartbeat    = "heartbeat"
+	ComponentRecording    = "recording"
+	ComponentRetention    = "recording:retention"
+	ComponentRecordingS3  = "recording:s3"
+	ComponentUploader     = "recording:upload"
+	ComponentListener     = "listener"
+	ComponentClient       = "client"
+	ComponentBench        = "bench"
+	ComponentAudit        = "audit"
+	ComponentAccessReqs   = "access-requests"
+	ComponentService      = "service"
+	ComponentBackend      = "backend"
+	ComponentLeafAgents   = "leaf"
+	ComponentMemTrim      = "memtrim"
+	// The watchers of lib/services default these names themselves
+	// (services may not import this package: see NodeWatcherConfig);
+	// the process passes them from here.
+	ComponentNodeWatcher   = "nodewatcher"
+	ComponentLockWatcher   = "watcher:locks"
+	ComponentAccessWatcher = "watcher:access"
+	ComponentNetWatcher    = "netwatcher"
+	ComponentTunnelLocator = "tunnellocator"
 )
 
 // Deps are the cross-cutting dependencies of a component. Embed it in a

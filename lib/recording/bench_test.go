@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/stretchr/testify/require"
 )
 
@@ -22,7 +23,7 @@ func BenchmarkWriter(b *testing.B) {
 	w, err := New(Config{
 		Header:   Header{SessionID: testSession, Width: 200, Height: 50},
 		Sink:     &SpoolSink{Storage: DirStorage{Dir: b.TempDir()}, Session: testSession},
-		Clock:    clockwork.NewFakeClock(),
+		Deps:     observe.Deps{Clock: clockwork.NewFakeClock()},
 		MaxBytes: 1 << 40,
 	})
 	require.NoError(b, err)

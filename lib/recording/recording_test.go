@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
@@ -45,7 +46,7 @@ func (m *memSink) all() []Chunk {
 func newTestWriter(t *testing.T, clock clockwork.Clock, sink Sink, mod func(*Config)) *Writer {
 	cfg := Config{
 		Header: Header{SessionID: testSession, Width: 80, Height: 24, User: "alice", Login: "root", Node: "n1", Cluster: "c"},
-		Sink:   sink, Clock: clock,
+		Sink:   sink, Deps: observe.Deps{Clock: clock},
 	}
 	if mod != nil {
 		mod(&cfg)
@@ -239,7 +240,7 @@ func TestDirStorageAndUploader(t *testing.T) {
 
 	dst := DirStorage{Dir: t.TempDir()}
 	up := uploadTo{dst}
-	u, err := NewUploader(UploaderConfig{Spool: spool, Upload: up, Clock: clockwork.NewFakeClock()})
+	u, err := NewUploader(UploaderConfig{Spool: spool, Upload: up, Deps: observe.Deps{Clock: clockwork.NewFakeClock()}})
 	require.NoError(t, err)
 	require.NoError(t, u.Flush(context.Background()))
 	require.NoError(t, u.Close())

@@ -6,8 +6,7 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
-	"github.com/jonboulle/clockwork"
-	"github.com/sirupsen/logrus"
+	"github.com/postern-dev/postern/lib/observe"
 )
 
 // DefaultRetentionInterval is how often retention looks for recordings
@@ -35,10 +34,8 @@ type RetentionConfig struct {
 	// Deleted is told the ids a pass deleted (the auth service audits
 	// them); nil means nobody.
 	Deleted func(ctx context.Context, sessions []string)
-	// Clock drives the passes and the age; nil means the real clock.
-	Clock clockwork.Clock
-	// Logger: nil means component=recording:retention.
-	Logger logrus.FieldLogger
+	// Deps: Clock drives the passes and the age.
+	observe.Deps
 }
 
 // CheckAndSetDefaults validates the config.
@@ -52,12 +49,7 @@ func (c *RetentionConfig) CheckAndSetDefaults() error {
 	if c.Interval <= 0 {
 		c.Interval = DefaultRetentionInterval
 	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "recording:retention")
-	}
+	c.Deps.SetDefaults(observe.ComponentRetention)
 	return nil
 }
 
@@ -80,6 +72,7 @@ func NewRetention(cfg RetentionConfig) (*Retention, error) {
 		return nil, trace.Wrap(err)
 	}
 	r := &Retention{cfg: cfg, done: make(chan struct{})}
+	// Retention owns its passes (Close ends them): no caller's context.
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	go r.run()
 	return r, nil

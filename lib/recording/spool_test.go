@@ -11,6 +11,7 @@ import (
 
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/stretchr/testify/require"
 )
 
@@ -74,7 +75,7 @@ func TestSpoolSinkSegmentsAndUploader(t *testing.T) {
 	require.Error(t, err)
 
 	dst := DirStorage{Dir: t.TempDir()}
-	u, err := NewUploader(UploaderConfig{Spool: spool, Upload: uploadTo{dst}, Clock: clockwork.NewFakeClock()})
+	u, err := NewUploader(UploaderConfig{Spool: spool, Upload: uploadTo{dst}, Deps: observe.Deps{Clock: clockwork.NewFakeClock()}})
 	require.NoError(t, err)
 	defer u.Close()
 	require.NoError(t, u.Flush(ctx))
@@ -141,7 +142,7 @@ func TestUploaderShipsWhatAKilledNodeSpooled(t *testing.T) {
 	for _, c := range chunks[:5] {
 		require.NoError(t, dst.PutChunk(ctx, testSession, c))
 	}
-	u, err := NewUploader(UploaderConfig{Spool: spool, Upload: uploadTo{dst}, Clock: clockwork.NewFakeClock()})
+	u, err := NewUploader(UploaderConfig{Spool: spool, Upload: uploadTo{dst}, Deps: observe.Deps{Clock: clockwork.NewFakeClock()}})
 	require.NoError(t, err)
 	defer u.Close()
 	require.NoError(t, u.Flush(ctx))
@@ -199,7 +200,7 @@ func TestUploaderKeepsAFinalChunkWrittenDuringAScan(t *testing.T) {
 		final, err = w.Close("exit-status 0")
 		require.NoError(t, err)
 	}}
-	u, err := NewUploader(UploaderConfig{Spool: spool, Upload: up, Clock: clockwork.NewFakeClock()})
+	u, err := NewUploader(UploaderConfig{Spool: spool, Upload: up, Deps: observe.Deps{Clock: clockwork.NewFakeClock()}})
 	require.NoError(t, err)
 	defer u.Close()
 	require.NoError(t, u.Flush(ctx))
@@ -274,7 +275,7 @@ func TestUploaderBacksOffPerSession(t *testing.T) {
 	dst := DirStorage{Dir: t.TempDir()}
 	up := &flakyUpload{uploadTo: uploadTo{dst}, down: failing}
 	clock := clockwork.NewFakeClock()
-	u, err := NewUploader(UploaderConfig{Spool: spool, Upload: up, Clock: clock, Concurrency: 1})
+	u, err := NewUploader(UploaderConfig{Spool: spool, Upload: up, Deps: observe.Deps{Clock: clock}, Concurrency: 1})
 	require.NoError(t, err)
 	defer u.Close()
 

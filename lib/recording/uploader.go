@@ -9,11 +9,10 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
-	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/sirupsen/logrus"
 
 	"github.com/postern-dev/postern/lib/backoff"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/promreg"
 )
 
@@ -50,8 +49,9 @@ type UploaderConfig struct {
 	Spool DirStorage
 	// Upload sends chunks to auth. Required.
 	Upload ChunkUploader
-	// Clock drives rescans and backoff; nil means the real clock.
-	Clock clockwork.Clock
+	// Deps: Clock drives rescans and backoff; Metrics gets the upload
+	// counters.
+	observe.Deps
 	// RetryInterval: zero means DefaultRetryInterval.
 	RetryInterval time.Duration
 	// MaxRetryInterval: zero means DefaultMaxRetryInterval.
@@ -59,10 +59,6 @@ type UploaderConfig struct {
 	// Concurrency is how many sessions upload at once; zero means
 	// DefaultUploadConcurrency.
 	Concurrency int
-	// Logger: nil means component=recording:upload.
-	Logger logrus.FieldLogger
-	// Metrics registry; nil means a private one.
-	Metrics prometheus.Registerer
 }
 
 // Refusal reasons (the reason label of postern_recording_upload_refusals_total).
@@ -138,9 +134,7 @@ func NewUploader(cfg UploaderConfig) (*Uploader, error) {
 	if cfg.Upload == nil {
 		return nil, trace.BadParameter("recording uploader: missing Upload")
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = clockwork.NewRealClock()
-	}
+	cfg.Deps.SetDefaults(observe.ComponentUploader)
 	if cfg.RetryInterval <= 0 {
 		cfg.RetryInterval = DefaultRetryInterval
 	}
@@ -153,12 +147,6 @@ func NewUploader(cfg UploaderConfig) (*Uploader, error) {
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = DefaultUploadConcurrency
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = logrus.WithField("component", "recording:upload")
-	}
-	if cfg.Metrics == nil {
-		cfg.Metrics = prometheus.NewRegistry()
-	}
 	m, err := newUploaderMetrics(cfg.Metrics)
 	if err != nil {
 		return nil, trace.Wrap(err)
@@ -168,6 +156,7 @@ func NewUploader(cfg UploaderConfig) (*Uploader, error) {
 	}
 	u := &Uploader{cfg: cfg, metrics: m, kick: make(chan struct{}, 1), ready: make(chan struct{}, 1),
 		sessions: map[string]*sessionState{}}
+	// The uploader owns its uploads (Close ends them): no caller's context.
 	u.ctx, u.cancel = context.WithCancel(context.Background())
 	u.wg.Add(1 + cfg.Concurrency)
 	go u.run()

@@ -15,7 +15,7 @@ import (
 
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
-	"github.com/sirupsen/logrus"
+	"github.com/postern-dev/postern/lib/observe"
 )
 
 // Defaults; see Config for what zero means.
@@ -67,8 +67,8 @@ type Config struct {
 	Header Header
 	// Sink receives each chunk as it closes. Required.
 	Sink Sink
-	// Clock times events and the flush interval. Nil means the real clock.
-	Clock clockwork.Clock
+	// Deps: Clock times events and the flush interval.
+	observe.Deps
 	// ChunkBytes: zero means DefaultChunkBytes.
 	ChunkBytes int
 	// FlushInterval: zero means DefaultFlushInterval.
@@ -88,8 +88,6 @@ type Config struct {
 	// middle would read as tampered with. Nil means nothing is called;
 	// Close reports the error either way.
 	OnFail func(err error)
-	// Logger: nil means component=recording.
-	Logger logrus.FieldLogger
 }
 
 // CheckAndSetDefaults validates c.
@@ -100,9 +98,7 @@ func (c *Config) CheckAndSetDefaults() error {
 	if c.Sink == nil {
 		return trace.BadParameter("recording: missing Sink")
 	}
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
+	c.Deps.SetDefaults(observe.ComponentRecording)
 	if c.ChunkBytes <= 0 {
 		c.ChunkBytes = DefaultChunkBytes
 	}
@@ -111,9 +107,6 @@ func (c *Config) CheckAndSetDefaults() error {
 	}
 	if c.MaxBytes <= 0 {
 		c.MaxBytes = DefaultMaxBytes
-	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "recording")
 	}
 	if c.Header.Width == 0 || c.Header.Height == 0 {
 		// A client may ask for a terminal without a size (OpenSSH's

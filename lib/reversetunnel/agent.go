@@ -153,6 +153,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
+	// The agent owns its tunnels' lifetime (Close ends it): no caller's context.
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Agent{cfg: cfg, reconnects: c, ctx: ctx, cancel: cancel, done: make(chan struct{}), up: make(chan struct{})}, nil
 }

@@ -232,8 +232,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 
 		dataWaiters: map[string]dataWaiter{},
 	}
+	// The server owns its tunnels' lifetime (Close ends it): no caller's context.
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.denials, err = limiter.NewDenials(limiter.DenialsConfig{Report: s.auditDenial, Clock: cfg.Clock})
+	s.denials, err = limiter.NewDenials(limiter.DenialsConfig{Report: s.auditDenial, Deps: cfg.Deps})
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -274,6 +275,7 @@ func (s *Server) refreshAnnouncement() {
 	prev := s.announcement
 	s.mu.Unlock()
 	if s.cfg.Proxies != nil {
+		// The announcement loop's own pass, no request's: bounded by its interval.
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.AnnounceInterval)
 		list, err := s.cfg.Proxies(ctx)
 		cancel()
@@ -522,13 +524,20 @@ func (s *Server) handleConn(nc net.Conn) {
 		return
 	}
 	nc = &prefixConn{Conn: nc, prefix: head[:n]}
+	// The connection's context: the server's lifetime, ended when this
+	// connection is done. The handshake's checks (a leaf's CA, maybe an
+	// auth call) are bounded like the handshake itself.
+	connCtx, endConn := context.WithCancel(s.ctx)
+	defer endConn()
+	hctx, endHandshake := context.WithTimeout(connCtx, s.cfg.HandshakeTimeout)
+	defer endHandshake()
 	// Per connection, so that exactly one refusal is audited whether the
 	// peer failed at the key (the callback knows why) or before it.
 	cfg := *s.sshCfg
 	var refused bool
 	cfg.PublicKeyCallback = func(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permissions, error) {
 		if s.cfg.Leaves != nil && isLeafCert(key) {
-			cluster, err := s.cfg.Leaves.checkLeafCert(s.ctx, key)
+			cluster, err := s.cfg.Leaves.checkLeafCert(hctx, key)
 			if err != nil {
 				refused = true
 				s.deny(meta.RemoteAddr(), trace.UserMessage(err))
@@ -555,6 +564,7 @@ func (s *Server) handleConn(nc net.Conn) {
 		return
 	}
 	_ = nc.SetDeadline(time.Time{})
+	endHandshake()
 	limiter.HandshakeDone(accepted)
 	if cluster := sconn.Permissions.Extensions[permLeaf]; cluster != "" {
 		cert, _ := sconn.Permissions.ExtraData[permLeaf].(*ssh.Certificate)
@@ -568,7 +578,7 @@ func (s *Server) handleConn(nc net.Conn) {
 	defer close(t.done)
 	log := s.cfg.Logger.WithFields(logrus.Fields{"uuid": t.uuid, "remote_addr": nc.RemoteAddr().String()})
 	// The only channel a node may open is one to the auth API.
-	tunnelCtx, endTunnel := context.WithCancel(s.ctx)
+	tunnelCtx, endTunnel := context.WithCancel(connCtx)
 	var chWG sync.WaitGroup
 	defer chWG.Wait()
 	defer endTunnel()

@@ -8,6 +8,7 @@ import (
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/events/export"
 	"github.com/postern-dev/postern/lib/limiter"
+	"github.com/postern-dev/postern/lib/observe"
 )
 
 // openAudit starts the audit log: DATA_DIR/log/events.log always, plus the
@@ -28,7 +29,7 @@ func (p *Process) openAudit() error {
 		Backend:     p.backend, // nil without the auth role
 		ClusterName: p.clusterName,
 		Clock:       p.clock,
-		Logger:      p.log.WithField("component", "audit"),
+		Logger:      p.log.WithField("component", observe.ComponentAudit),
 		Metrics:     p.registry,
 		BatchWait:   events.DefaultBatchWait,
 	}
@@ -37,7 +38,7 @@ func (p *Process) openAudit() error {
 	}
 	// audit: in postern.yaml: a copy of what this process emits (lib/events/export).
 	xcfg := p.cfg.Audit.ExportConfig()
-	xcfg.Clock, xcfg.Logger, xcfg.Metrics = p.clock, cfg.Logger, p.registry
+	xcfg.Deps = p.deps(observe.ComponentAudit, nil)
 	exporters, err := export.New(xcfg)
 	if err != nil {
 		return trace.Wrap(err)
@@ -64,6 +65,7 @@ func (p *Process) auditRefusal(r limiter.Refusal) {
 	if r.Addr != nil {
 		addr = r.Addr.String()
 	}
+	// A refusal before any handshake: no connection context exists yet.
 	p.audit.Emit(context.Background(), events.Event{Type: events.ConnRefused, Fields: events.Fields{
 		events.FieldListener:   r.Listener,
 		events.FieldCap:        r.Cap,

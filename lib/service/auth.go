@@ -22,6 +22,7 @@ import (
 	"github.com/postern-dev/postern/lib/config"
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/events/export"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/srv"
 	"github.com/postern-dev/postern/lib/utils"
@@ -40,7 +41,7 @@ func (p *Process) startAuth(ctx context.Context) error {
 		return trace.Wrap(err)
 	}
 	// Refuse a backend of a newer Postern, migrate an older one.
-	if err := schema.Migrate(ctx, raw, p.log.WithField("component", "backend")); err != nil {
+	if err := schema.Migrate(ctx, raw, p.log.WithField("component", observe.ComponentBackend)); err != nil {
 		raw.Close()
 		return trace.Wrap(err)
 	}
@@ -76,10 +77,8 @@ func (p *Process) startAuth(ctx context.Context) error {
 		PublicAddrs:      cfg.PublicAddrs,
 		HostUUID:         p.hostUUID,
 		BcryptCost:       p.opts.BcryptCost,
-		Audit:            p.audit,
+		Deps:             p.deps(observe.ComponentAuth, p.audit),
 		AuditLog:         p.audit,
-		Clock:            p.clock,
-		Logger:           p.log.WithField("component", "auth"),
 		Recordings:       recordings,
 		IdentifyRootUser: func(ctx context.Context, store *services.Store, clusterName string, clock clockwork.Clock, cert *ssh.Certificate) (*authz.Identity, error) {
 			return srv.IdentifyRootUser(ctx, store, clusterName, clock, cert)
@@ -117,7 +116,7 @@ func (p *Process) openBackend(ctx context.Context) (backend.Backend, error) {
 		b, err := sqlite.New(ctx, sqlite.Config{
 			Path:   p.cfg.BackendPath(),
 			Clock:  p.clock,
-			Logger: p.log.WithField("component", "backend"),
+			Logger: p.log.WithField("component", observe.ComponentBackend),
 		})
 		return b, trace.Wrap(err)
 	}
@@ -217,7 +216,7 @@ func openEtcd(ctx context.Context, p *Process) (backend.Backend, error) {
 		Endpoints: p.cfg.Backend.EtcdEndpoints,
 		Prefix:    p.cfg.Backend.EtcdPrefix,
 		Clock:     p.clock,
-		Logger:    p.log.WithField("component", "backend"),
+		Logger:    p.log.WithField("component", observe.ComponentBackend),
 	}
 	if t := p.cfg.Backend.EtcdTLS; t != nil {
 		tlsCfg, err := etcdbk.LoadTLS(t.CAFile, t.CertFile, t.KeyFile)
@@ -233,6 +232,7 @@ func openEtcd(ctx context.Context, p *Process) (backend.Backend, error) {
 // runAccessRequestExpiry sweeps expired access requests until shutdown
 // (auth ends the grants of those that expire).
 func (p *Process) runAccessRequestExpiry() {
+	// The sweep runs until shutdown (the closer cancels it).
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -253,7 +253,10 @@ func (p *Process) requestNotifier() (events.Exporter, error) {
 	if xcfg.Webhook == "" {
 		return nil, nil
 	}
-	xcfg.Clock, xcfg.Logger = p.clock, p.log.WithField("component", "access-requests")
+	xcfg.Deps = p.deps(observe.ComponentAccessReqs, nil)
+	// A private registry: the audit exporters register the same
+	// counters in the process's.
+	xcfg.Metrics = nil
 	w, err := export.NewWebhook(xcfg)
 	if err != nil {
 		return nil, trace.Wrap(err)

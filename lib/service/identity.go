@@ -6,8 +6,10 @@ import (
 	"slices"
 
 	"github.com/gravitational/trace"
+	"github.com/sirupsen/logrus"
 
 	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/web"
 )
 
@@ -116,13 +118,14 @@ func (p *Process) authClientFor(id *auth.Identity) (*auth.Client, error) {
 	if clt, ok := p.authClients[id.Role]; ok {
 		return clt, nil
 	}
-	log := p.log.WithField("component", "auth:client:"+id.Role)
+	deps := p.depsWith(observe.ComponentAuthClient, nil, logrus.Fields{"role": id.Role})
+	log := deps.Logger
 	var clt *auth.Client
 	var err error
 	if p.authAPI != nil {
 		clt, err = p.authAPI.NewInProcessClient(id, p.clock, log)
 	} else {
-		cc := auth.ClientConfig{Addr: p.cfg.AuthServer, Identity: id, Clock: p.clock, Logger: log}
+		cc := auth.ClientConfig{Addr: p.cfg.AuthServer, Identity: id, Deps: deps}
 		if p.tunnelAgent != nil {
 			// Every auth call of a node behind NAT rides its tunnel; the
 			// address only names the API in messages and the URL.

@@ -233,9 +233,10 @@ func (p *Process) startLeafAgents(id *auth.Identity) error {
 	if err != nil {
 		return trace.Wrap(err)
 	}
+	// The leaf agents own their tunnels until shutdown: no caller's context.
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &leafAgents{
-		p: p, api: api, log: p.log.WithField("component", "leaf"), transport: transport,
+		p: p, api: api, log: p.log.WithField("component", observe.ComponentLeafAgents), transport: transport,
 		ctx: ctx, cancel: cancel, done: make(chan struct{}), agents: map[string]*leafAgent{},
 	}
 	go l.run()

@@ -91,7 +91,9 @@ func (p *Process) capListener(name string, ln net.Listener, caps listenerCaps) (
 	if caps.withRate {
 		// The real clock: refilling buckets on a test's fake clock would
 		// starve every client after the first burst.
-		rate, err := limiter.NewRateLimiter(limiter.RateConfig{Name: name, Logger: p.log.WithField("component", "limiter"), Metrics: p.registry})
+		deps := p.deps(observe.ComponentLimiter, nil)
+		deps.Clock = nil
+		rate, err := limiter.NewRateLimiter(limiter.RateConfig{Name: name, Deps: deps})
 		if err != nil {
 			return nil, nil, trace.Wrap(err)
 		}

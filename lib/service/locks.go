@@ -7,6 +7,7 @@ import (
 	"github.com/gravitational/trace"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -24,7 +25,7 @@ func (p *Process) startLocks(ctx context.Context) error {
 	w, err := services.NewLockWatcher(services.LockWatcherConfig{
 		Events: p.authClient.LockEvents(),
 		Clock:  p.clock,
-		Logger: p.log.WithField("component", "watcher:locks"),
+		Logger: p.log.WithField("component", observe.ComponentLockWatcher),
 		// The same bound as roles and CAs: the last known locks keep
 		// denying, and past it a lock set that cannot be vouched for
 		// refuses everyone, as one never loaded does.
@@ -76,7 +77,7 @@ func (p *Process) startAccessCache(ctx context.Context) error {
 	c, err := services.NewAccessCache(services.AccessCacheConfig{
 		Events:     p.authClient.AccessEvents(),
 		Clock:      p.clock,
-		Logger:     p.log.WithField("component", "watcher:access"),
+		Logger:     p.log.WithField("component", observe.ComponentAccessWatcher),
 		StaleGrace: accessMaxStale,
 	})
 	if err != nil {

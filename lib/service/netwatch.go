@@ -4,8 +4,10 @@ import (
 	"context"
 
 	"github.com/gravitational/trace"
+	"github.com/sirupsen/logrus"
 
 	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -23,7 +25,7 @@ func (p *Process) nodeNetworking(clt *auth.Client) (func(context.Context) (*serv
 	w, err := services.NewNetworkingWatcher(services.NetworkingWatcherConfig{
 		Events: clt.NetworkingEvents(),
 		Clock:  p.clock,
-		Logger: p.log.WithField("component", "netwatcher:node"),
+		Logger: p.log.WithFields(logrus.Fields{"component": observe.ComponentNetWatcher, "role": "node"}),
 	})
 	if err != nil {
 		return nil, trace.Wrap(err)

@@ -15,7 +15,7 @@ import (
 // section (a no-op one when it is unset) and flushes it last on shutdown:
 // closers run in reverse, so the spans the other closers end still go out.
 func (p *Process) startTracing() error {
-	tp, err := provider.New(p.cfg.Tracing, p.cfg.NodeName)
+	tp, err := provider.New(p.cfg.Tracing, p.cfg.NodeName, p.log.WithField("component", observe.ComponentTracing))
 	if err != nil {
 		return trace.Wrap(err)
 	}

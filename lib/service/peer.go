@@ -38,7 +38,7 @@ func (p *Process) startPeering(id *auth.Identity, ts *reversetunnel.Server) (*pe
 	loc, err := services.NewTunnelLocator(services.TunnelLocatorConfig{
 		Events: p.authClient.TunnelConnectionEvents(),
 		Clock:  p.clock,
-		Logger: p.log.WithField("component", "tunnellocator"),
+		Logger: p.log.WithField("component", observe.ComponentTunnelLocator),
 	})
 	if err != nil {
 		return nil, "", trace.Wrap(err)
@@ -89,8 +89,7 @@ func (p *Process) startPeering(id *auth.Identity, ts *reversetunnel.Server) (*pe
 		Tunnels:  ts,
 		Writer:   p.authClient,
 		PeerAddr: addr,
-		Clock:    p.clock,
-		Logger:   p.log.WithField("component", "proxy:leases"),
+		Deps:     p.deps(observe.ComponentPeerLeases, nil),
 	}
 	if p.leaves != nil {
 		kcfg.Leaves = p.leaves

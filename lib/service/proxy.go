@@ -27,7 +27,7 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	nw, err := services.NewNodeWatcher(services.NodeWatcherConfig{
 		Events: clt,
 		Clock:  p.clock,
-		Logger: p.log.WithField("component", "nodewatcher"),
+		Logger: p.log.WithField("component", observe.ComponentNodeWatcher),
 	})
 	if err != nil {
 		return trace.Wrap(err)
@@ -55,7 +55,7 @@ func (p *Process) startProxy(ctx context.Context, ln net.Listener, lim *limiter.
 	networking, err := services.NewNetworkingWatcher(services.NetworkingWatcherConfig{
 		Events: clt.NetworkingEvents(),
 		Clock:  p.clock,
-		Logger: p.log.WithField("component", "netwatcher"),
+		Logger: p.log.WithField("component", observe.ComponentNetWatcher),
 	})
 	if err != nil {
 		return trace.Wrap(err)

@@ -5,8 +5,10 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
+	"github.com/sirupsen/logrus"
 
 	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/version"
 )
@@ -54,8 +56,7 @@ func (p *Process) startProxyHeartbeat(tunnelAddr string) error {
 			}
 			return trace.Wrap(p.authClient.UpsertProxy(ctx, r), "proxy %q", r.UUID)
 		},
-		Clock:  p.clock,
-		Logger: p.log.WithField("component", "heartbeat:proxy"),
+		Deps: p.depsWith(observe.ComponentHeartbeat, nil, logrus.Fields{"role": "proxy"}),
 	})
 	if err != nil {
 		return trace.Wrap(err)

@@ -4,8 +4,10 @@ import (
 	"context"
 
 	"github.com/gravitational/trace"
+	"github.com/sirupsen/logrus"
 
 	"github.com/postern-dev/postern/lib/auth"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/recording"
 	"github.com/postern-dev/postern/lib/services"
 	"github.com/postern-dev/postern/lib/srv"
@@ -18,7 +20,7 @@ import (
 // auth accepts a session's chunks only from the node that ran it.
 func (p *Process) startRecordingUploads(clt *auth.Client) (*srv.Recorder, error) {
 	spool := recording.DirStorage{Dir: p.cfg.RecordingSpoolDir()}
-	u, err := p.startUploader(spool, clt, "recording:upload")
+	u, err := p.startUploader(spool, clt, "node")
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -37,13 +39,12 @@ func (p *Process) startRecordingUploads(clt *auth.Client) (*srv.Recorder, error)
 
 // startUploader ships spool's recordings to auth through clt (which first
 // ships whatever an earlier run left there), and flushes it at shutdown.
-func (p *Process) startUploader(spool recording.DirStorage, clt *auth.Client, component string) (*recording.Uploader, error) {
+// role (node or proxy) tells the two spools' logs apart.
+func (p *Process) startUploader(spool recording.DirStorage, clt *auth.Client, role string) (*recording.Uploader, error) {
 	u, err := recording.NewUploader(recording.UploaderConfig{
-		Spool:   spool,
-		Upload:  clt,
-		Clock:   p.clock,
-		Logger:  p.log.WithField("component", component),
-		Metrics: p.registry,
+		Spool:  spool,
+		Upload: clt,
+		Deps:   p.depsWith(observe.ComponentUploader, nil, logrus.Fields{"role": role}),
 	})
 	if err != nil {
 		return nil, trace.Wrap(err)
@@ -63,7 +64,7 @@ func (p *Process) startUploader(spool recording.DirStorage, clt *auth.Client, co
 // accepts a proxy's chunks only for sessions on OpenSSH nodes.
 func (p *Process) startProxyRecorder(clt *auth.Client, networking *services.NetworkingWatcher) (*web.TerminalRecorder, error) {
 	spool := recording.DirStorage{Dir: p.cfg.ProxyRecordingSpoolDir()}
-	u, err := p.startUploader(spool, clt, "recording:upload:proxy")
+	u, err := p.startUploader(spool, clt, "proxy")
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/gravitational/trace"
 
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/recording"
 	"github.com/postern-dev/postern/lib/recording/s3store"
 )
@@ -49,7 +50,7 @@ func (p *Process) openRecordings(ctx context.Context) (recording.Storage, error)
 			Endpoint: s.Endpoint, Bucket: s.Bucket, Region: s.Region,
 			AccessKey: access, SecretKey: secret, RootCAs: roots,
 			PathStyle: s.PathStyle, Prefix: s.Prefix,
-			Logger: p.log.WithField("component", "recording:s3"),
+			Deps: p.deps(observe.ComponentRecordingS3, nil),
 		})
 		if err != nil {
 			return nil, trace.Wrap(err)
@@ -64,8 +65,7 @@ func (p *Process) openRecordings(ctx context.Context) (recording.Storage, error)
 		ret, err := recording.NewRetention(recording.RetentionConfig{
 			Store:  store,
 			MaxAge: time.Duration(rc.Retention),
-			Clock:  p.clock,
-			Logger: p.log.WithField("component", "recording:retention"),
+			Deps:   p.deps(observe.ComponentRetention, nil),
 			Deleted: func(ctx context.Context, sessions []string) {
 				// What was deleted, and why, stays in the record after
 				// the recordings are gone.

@@ -213,8 +213,7 @@ func (p *Process) startNode(ctx context.Context, ln net.Listener, lim *limiter.C
 	hb, err := auth.NewHeartbeat(auth.HeartbeatConfig{
 		Announcer: clt,
 		GetNode:   rec.get,
-		Clock:     p.clock,
-		Logger:    p.log.WithField("component", "heartbeat"),
+		Deps:      p.deps(observe.ComponentHeartbeat, nil),
 	})
 	if err != nil {
 		return trace.Wrap(err)

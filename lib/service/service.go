@@ -31,6 +31,7 @@ import (
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/limiter"
 	"github.com/postern-dev/postern/lib/memtrim"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/observe/provider"
 	"github.com/postern-dev/postern/lib/proxy"
 	"github.com/postern-dev/postern/lib/proxy/health"
@@ -165,7 +166,7 @@ func New(cfg *config.Config, opts Options) (*Process, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return &Process{
 		cfg:       cfg,
-		log:       opts.Logger.WithField("component", "service"),
+		log:       opts.Logger.WithField("component", observe.ComponentService),
 		clock:     opts.Clock,
 		opts:      opts,
 		registry:  reg,
@@ -187,15 +188,17 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	// The idle-memory trimmer is the other half of gc_percent 400 (see
 	// lib/memtrim): a daemon concern, like the GC target, so Run starts it
 	// and Start (tests, embedding) does not.
-	trimmer, err := memtrim.New(memtrim.Config{Log: p.log.WithField("component", "memtrim"), Registerer: p.registry})
+	trimmer, err := memtrim.New(memtrim.Config{Log: p.log.WithField("component", observe.ComponentMemTrim), Registerer: p.registry})
 	if err != nil {
 		return trace.Wrap(err)
 	}
+	// The trimmer runs for the process's life, past ctx (ended by the defer).
 	trimCtx, stopTrim := context.WithCancel(context.Background())
 	trimDone := make(chan struct{})
 	go func() { defer close(trimDone); trimmer.Run(trimCtx) }()
 	defer func() { stopTrim(); <-trimDone }()
 	if err := p.Start(ctx); err != nil {
+		// ctx may be done already: shutdown gets a grace of its own.
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
 		defer cancel()
 		p.Shutdown(shutdownCtx)
@@ -209,6 +212,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	case runErr = <-p.errCh:
 		p.log.WithError(runErr).Error("A server failed; shutting down.")
 	}
+	// ctx is done here: shutdown gets a grace of its own.
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
 	defer cancel()
 	if err := p.Shutdown(shutdownCtx); err != nil {
@@ -295,7 +299,9 @@ func (p *Process) listen(name, addr string) (net.Listener, error) {
 	// Out of descriptors, Accept backs off and keeps the listener instead
 	// of ending the server (seed 004); /readyz reports the streak. The
 	// real clock on purpose: a test's fake clock must not stall it.
-	ln := utils.NewRetryingListener(raw, utils.RetryConfig{Name: name, Logger: p.log.WithField("listener", name)})
+	deps := p.depsWith(observe.ComponentListener, nil, logrus.Fields{"listener": name})
+	deps.Clock = nil
+	ln := utils.NewRetryingListener(raw, utils.RetryConfig{Name: name, Deps: deps})
 	p.mu.Lock()
 	p.listeners[name] = ln
 	p.mu.Unlock()

@@ -103,6 +103,7 @@ func (p *Process) startTunnelServer(id *auth.Identity, networking proxy.Networki
 // tunnels on both ends from their next probe.
 func tunnelKeepAlive(networking proxy.NetworkingGetter) func() (time.Duration, int) {
 	return func() (time.Duration, int) {
+		// Called from a keep-alive loop between probes, no request's context to take.
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()
 		c, err := networking.GetClusterNetworkingConfig(ctx)

@@ -53,6 +53,11 @@ type NodeWatcherConfig struct {
 	// real clock.
 	Clock clockwork.Clock
 	// Logger; nil means logrus with component "nodewatcher".
+	//
+	// Clock and Logger are not observe.Deps: services is one of the few
+	// packages lib/api may import (TestLeaf in lib/api), and observe
+	// would bring the OpenTelemetry API and the audit package's
+	// dependants into every client of the wire types.
 	Logger logrus.FieldLogger
 	// PruneInterval is how often expired nodes are dropped from memory.
 	// Lookups never return an expired node regardless (they filter with

@@ -141,6 +141,7 @@ func NewResourceWatcher[T any](cfg ResourceWatcherConfig[T]) (*ResourceWatcher[T
 	if err := cfg.CheckAndSetDefaults(); err != nil {
 		return nil, trace.Wrap(err)
 	}
+	// The watcher owns its loop (Close ends it): no caller's context.
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &ResourceWatcher[T]{
 		cfg:    cfg,

@@ -13,6 +13,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/recording"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -205,10 +206,9 @@ func (s *session) startRecordingKind(pty *ptyRequest, kind recordKind, startMark
 	w, err := recording.New(recording.Config{
 		Header:      h,
 		Sink:        &recording.SpoolSink{Storage: r.cfg.Spool, Session: s.id, Notify: r.cfg.Notify, Clock: r.cfg.Clock},
-		Clock:       r.cfg.Clock,
+		Deps:        observe.Deps{Clock: r.cfg.Clock, Logger: s.log},
 		MaxBytes:    set.Spec.MaxRecordingBytes,
 		RecordInput: set.Spec.RecordInput && kind == recordTerminal,
-		Logger:      s.log,
 		OnCap: func() {
 			s.log.WithField("max_recording_bytes", set.Spec.MaxRecordingBytes).Warn("Recording reached its cap and stopped; the session goes on.")
 			s.c.emit(events.RecordingCapped, events.Fields{events.FieldSessionID: s.id, "max_recording_bytes": set.Spec.MaxRecordingBytes})

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
-	"github.com/jonboulle/clockwork"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/sirupsen/logrus"
 )
 
@@ -28,10 +28,8 @@ type RetryConfig struct {
 	// Name is the listener's name in logs and in Healthy's error
 	// ("proxy_ssh"). Empty means the listener's address.
 	Name string
-	// Clock times the back-off; nil means the real clock.
-	Clock clockwork.Clock
-	// Logger; nil means logrus.WithField("component", "listener").
-	Logger logrus.FieldLogger
+	// Deps: Clock times the back-off.
+	observe.Deps
 	// OnStreak, when set, is called with active=true and the error when a
 	// streak of descriptor shortages starts, and with active=false and nil
 	// when an Accept succeeds again (e.g. to flip a gauge). It runs on the
@@ -41,12 +39,7 @@ type RetryConfig struct {
 
 // CheckAndSetDefaults fills in defaults.
 func (c *RetryConfig) CheckAndSetDefaults() error {
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "listener")
-	}
+	c.Deps.SetDefaults(observe.ComponentListener)
 	return nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/sirupsen/logrus"
 	"github.com/sirupsen/logrus/hooks/test"
 	"github.com/stretchr/testify/require"
@@ -96,8 +97,7 @@ func newTestRetrying(t *testing.T, ln net.Listener, clock clockwork.Clock) (*Ret
 	streaks := make(chan streakEvent, 8)
 	rl := NewRetryingListener(ln, RetryConfig{
 		Name:     "test",
-		Clock:    clock,
-		Logger:   logger,
+		Deps:     observe.Deps{Clock: clock, Logger: logger},
 		OnStreak: func(active bool, err error) { streaks <- streakEvent{active, err} },
 	})
 	return rl, hook, streaks

@@ -33,7 +33,10 @@ type SSHKeepAliveConfig struct {
 	// CountMax is how many intervals a probe may stay unanswered before
 	// the connection is given up; zero means DefaultSSHKeepAliveCountMax.
 	CountMax int
-	// Clock times the probes; nil means the real clock.
+	// Clock times the probes; nil means the real clock. A clock alone,
+	// not observe.Deps: there is one keep-alive per SSH connection, and
+	// Deps' defaults (a logger entry, a private metrics registry) would
+	// be allocations on every connection for fields it never uses.
 	Clock clockwork.Clock
 	// Params, when set, is read each time the next probe is scheduled and
 	// overrides Interval and CountMax (a value <= 0 keeps the static

@@ -54,6 +54,7 @@ type joinRelay struct {
 }
 
 func newJoinRelay(dial func(ctx context.Context, clientAddr string) (net.Conn, error)) *joinRelay {
+	// The relay owns the spliced connections past the requests that hijacked them; Shutdown ends them.
 	ctx, stop := context.WithCancel(context.Background())
 	return &joinRelay{dial: dial, ctx: ctx, stop: stop}
 }

@@ -53,8 +53,8 @@ func newLoginEnv(t *testing.T) *loginEnv {
 	t.Cleanup(func() { bk.Close() })
 	store := services.NewStore(bk)
 	as, err := auth.NewServer(auth.ServerConfig{
-		Store: store, ClusterName: "c1", BcryptCost: bcrypt.MinCost, Clock: clock,
-		Limits: auth.LoginLimits{MaxFailures: 3, MaxAddrFailures: 5, Window: time.Minute}, Logger: quietLogger(),
+		Store: store, ClusterName: "c1", BcryptCost: bcrypt.MinCost, Deps: observe.Deps{Clock: clock, Logger: quietLogger()},
+		Limits: auth.LoginLimits{MaxFailures: 3, MaxAddrFailures: 5, Window: time.Minute},
 	})
 	require.NoError(t, err)
 

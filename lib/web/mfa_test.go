@@ -56,8 +56,8 @@ func newMFAEnv(t *testing.T) *mfaEnv {
 	store := services.NewStore(bk)
 	audit := events.NewRecorder()
 	as, err := auth.NewServer(auth.ServerConfig{
-		Store: store, ClusterName: "c1", BcryptCost: bcrypt.MinCost, Clock: clock, Audit: audit,
-		Limits: auth.LoginLimits{MaxFailures: 50, MaxAddrFailures: 50, Window: time.Minute}, Logger: quietLogger(),
+		Store: store, ClusterName: "c1", BcryptCost: bcrypt.MinCost, Deps: observe.Deps{Clock: clock, Audit: audit, Logger: quietLogger()},
+		Limits: auth.LoginLimits{MaxFailures: 50, MaxAddrFailures: 50, Window: time.Minute},
 	})
 	require.NoError(t, err)
 	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
@@ -68,7 +68,7 @@ func newMFAEnv(t *testing.T) *mfaEnv {
 	go func() { served <- api.Serve() }()
 	id, err := as.IssueIdentity(context.Background(), auth.IdentityRequest{ID: "proxy-1", Role: auth.RoleProxy, Hostname: "proxy-1"})
 	require.NoError(t, err)
-	clt, err := auth.NewClient(auth.ClientConfig{Addr: apiLn.Addr().String(), Identity: id, Clock: clock, Timeout: 10 * time.Second})
+	clt, err := auth.NewClient(auth.ClientConfig{Addr: apiLn.Addr().String(), Identity: id, Deps: observe.Deps{Clock: clock}, Timeout: 10 * time.Second})
 	require.NoError(t, err)
 
 	pair, err := LoadOrCreateTLS(t.TempDir(), "", "", nil, time.Now())

@@ -18,6 +18,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/api/webapi"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/recording"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -64,7 +65,7 @@ func writeRecording(t *testing.T, st recording.DirStorage, user string, n, resiz
 	clock := clockwork.NewFakeClock()
 	w, err := recording.New(recording.Config{
 		Header: recording.Header{SessionID: id, Width: 80, Height: 24, User: user, Login: user, Node: testNodeUUID, Cluster: "c1"},
-		Sink:   &recording.DirSink{Storage: st, Session: id}, Clock: clock, ChunkBytes: 2048,
+		Sink:   &recording.DirSink{Storage: st, Session: id}, Deps: observe.Deps{Clock: clock}, ChunkBytes: 2048,
 	})
 	require.NoError(t, err)
 	w.Marker("exec: counter")

@@ -214,6 +214,7 @@ func (s *Server) registerWebRoutes(mux *http.ServeMux) error {
 	if err := s.cfg.WebSessions.checkAndSetDefaults(s.cfg.Clock.Now); err != nil {
 		return trace.Wrap(err)
 	}
+	// The web state outlives every request (resumable terminals, sweeps); Shutdown cancels it.
 	ctx, cancel := context.WithCancel(context.Background())
 	s.web = &webState{ctx: ctx, cancel: cancel}
 	if locks := s.cfg.WebSessions.Locks; locks != nil {

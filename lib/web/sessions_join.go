@@ -80,7 +80,7 @@ func (s *Server) joinSession(w http.ResponseWriter, r *http.Request) {
 	}
 	// Host names the session until the node is found (logs, keep-alive).
 	params := &TerminalParams{Host: sid, Cols: size.Cols, Rows: size.Rows}
-	t, err := s.launchTerm(live, params, sock, mode, func(ctx context.Context, p *TerminalParams, out *term) (*ssh.Client, *ssh.Session, io.WriteCloser, error) {
+	t, err := s.launchTerm(r.Context(), live, params, sock, mode, func(ctx context.Context, p *TerminalParams, out *term) (*ssh.Client, *ssh.Session, io.WriteCloser, error) {
 		return sock.connectJoin(ctx, sid, mode, out)
 	})
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
+	oteltrace "go.opentelemetry.io/otel/trace"
 	"golang.org/x/crypto/bcrypt"
 	"golang.org/x/crypto/ssh"
 
@@ -311,6 +312,13 @@ const (
 
 func newTermEnv(t *testing.T, opts ...func(*WebSessionsConfig)) *termEnv {
 	t.Helper()
+	return newTracedTermEnv(t, nil, opts...)
+}
+
+// newTracedTermEnv is newTermEnv whose web server and Router start their
+// spans with tracer (nil: tracing off).
+func newTracedTermEnv(t *testing.T, tracer oteltrace.Tracer, opts ...func(*WebSessionsConfig)) *termEnv {
+	t.Helper()
 	ctx := context.Background()
 	clock := clockwork.NewFakeClockAt(time.Now().Truncate(time.Second))
 	bk, err := memory.New(memory.Config{Clock: clock})
@@ -318,8 +326,8 @@ func newTermEnv(t *testing.T, opts ...func(*WebSessionsConfig)) *termEnv {
 	t.Cleanup(func() { bk.Close() })
 	store := services.NewStore(bk)
 	as, err := auth.NewServer(auth.ServerConfig{
-		Store: store, ClusterName: "c1", BcryptCost: bcrypt.MinCost, Clock: clock,
-		Limits: auth.LoginLimits{MaxFailures: 3, Window: time.Minute}, Logger: quietLogger(),
+		Store: store, ClusterName: "c1", BcryptCost: bcrypt.MinCost, Deps: observe.Deps{Clock: clock, Logger: quietLogger()},
+		Limits: auth.LoginLimits{MaxFailures: 3, Window: time.Minute},
 	})
 	require.NoError(t, err)
 	_, err = as.CreateUser(ctx, testUser, []byte(testPassword), []string{"alice", "deploy"}, nil, false)
@@ -331,7 +339,7 @@ func newTermEnv(t *testing.T, opts ...func(*WebSessionsConfig)) *termEnv {
 	nw, err := services.NewNodeWatcher(services.NodeWatcherConfig{Events: store.NodeEvents(), Clock: clock, Logger: quietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { nw.Close() })
-	router, err := proxy.NewRouter(proxy.RouterConfig{ClusterName: "c1", NodeWatcher: nw, Networking: store, Deps: observe.Deps{Clock: clock, Logger: quietLogger()}})
+	router, err := proxy.NewRouter(proxy.RouterConfig{ClusterName: "c1", NodeWatcher: nw, Networking: store, Deps: observe.Deps{Clock: clock, Logger: quietLogger(), Tracer: tracer}})
 	require.NoError(t, err)
 
 	pair, err := LoadOrCreateTLS(t.TempDir(), "", "", nil, time.Now())
@@ -343,7 +351,7 @@ func newTermEnv(t *testing.T, opts ...func(*WebSessionsConfig)) *termEnv {
 	s, err := NewServer(Config{
 		ClusterName: "c1", ProxySSHAddr: "127.0.0.1:3023", Certificate: pair, Auth: as,
 		WebSessions: wsc,
-		Deps:        observe.Deps{Clock: clock, Logger: quietLogger()},
+		Deps:        observe.Deps{Clock: clock, Logger: quietLogger(), Tracer: tracer},
 	})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

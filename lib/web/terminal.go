@@ -16,6 +16,7 @@ import (
 	"github.com/gravitational/trace"
 	"github.com/jonboulle/clockwork"
 	"github.com/sirupsen/logrus"
+	oteltrace "go.opentelemetry.io/otel/trace"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/lib/api/sessionapi"
@@ -106,7 +107,7 @@ func (s *Server) terminal(w http.ResponseWriter, r *http.Request) {
 	if err := writeOK(s.web.ctx, c); err != nil {
 		return
 	}
-	t, err := s.startTerm(live, r.URL.Query().Get("params"), sock)
+	t, err := s.startTerm(r.Context(), live, r.URL.Query().Get("params"), sock)
 	if err != nil {
 		sock.fail(err)
 		return
@@ -167,13 +168,16 @@ var errBrowserGone = errors.New("browser disconnected")
 // errGraceExpired ends a detached terminal nobody resumed.
 var errGraceExpired = errors.New("detached and not resumed within the grace period")
 
-// startTerm connects a new terminal and starts its goroutine.
-func (s *Server) startTerm(live *liveSession, rawParams string, sock *termSocket) (*term, error) {
+// startTerm connects a new terminal and starts its goroutine. reqCtx is
+// the upgrade request's context: the route and dial spans join its trace.
+// It does not bound the terminal, which lives on the web session's
+// context (a resumable terminal outlives its request).
+func (s *Server) startTerm(reqCtx context.Context, live *liveSession, rawParams string, sock *termSocket) (*term, error) {
 	params, err := DecodeTerminalParams(rawParams)
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}
-	return s.launchTerm(live, params, sock, "", sock.connect)
+	return s.launchTerm(reqCtx, live, params, sock, "", sock.connect)
 }
 
 // termConnect opens a terminal's SSH session on its node: a shell of
@@ -183,7 +187,7 @@ type termConnect func(ctx context.Context, p *TerminalParams, out *term) (*ssh.C
 // launchTerm makes a terminal, connects it and starts its goroutine.
 // joinMode is empty for a shell of the user's own, else the mode in
 // which the terminal joined someone else's session.
-func (s *Server) launchTerm(live *liveSession, params *TerminalParams, sock *termSocket, joinMode sessionapi.Mode, connect termConnect) (*term, error) {
+func (s *Server) launchTerm(reqCtx context.Context, live *liveSession, params *TerminalParams, sock *termSocket, joinMode sessionapi.Mode, connect termConnect) (*term, error) {
 	id, err := randomHex()
 	if err != nil {
 		return nil, trace.Wrap(err)
@@ -203,7 +207,10 @@ func (s *Server) launchTerm(live *liveSession, params *TerminalParams, sock *ter
 	// The web session's absolute expiry ends its terminals, detached or not.
 	expiry := clock.AfterFunc(live.expires.Sub(clock.Now()), func() { t.cancel(errSessionExpired) })
 	sock.term = t
-	client, sess, stdin, err := connect(t.ctx, params, t)
+	// The dial carries the upgrade request's span (its trace) but the
+	// terminal's lifetime: a resumable terminal outlives its request.
+	dctx := oteltrace.ContextWithSpan(t.ctx, oteltrace.SpanFromContext(reqCtx))
+	client, sess, stdin, err := connect(dctx, params, t)
 	if err != nil {
 		expiry.Stop()
 		t.cancel(nil)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/authz"
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/recording"
 	"github.com/postern-dev/postern/lib/services"
 )
@@ -146,10 +147,9 @@ func (t *term) startRecording(ctx context.Context, id *authz.Identity, node serv
 			Node: node.UUID, NodeHostname: node.Hostname, Cluster: cluster,
 		},
 		Sink:        &recording.SpoolSink{Storage: r.Spool, Session: t.id, Notify: r.Notify, Clock: clock},
-		Clock:       clock,
+		Deps:        observe.Deps{Clock: clock, Logger: t.log},
 		MaxBytes:    set.Spec.MaxRecordingBytes,
 		RecordInput: set.Spec.RecordInput,
-		Logger:      t.log,
 		OnCap: func() {
 			t.log.WithField("max_recording_bytes", set.Spec.MaxRecordingBytes).Warn("Recording reached its cap and stopped; the session goes on.")
 			t.srv.cfg.WebSessions.Audit.Emit(context.WithoutCancel(ctx), events.Event{Type: events.RecordingCapped, User: t.live.user, Fields: events.Fields{

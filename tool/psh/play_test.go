@@ -15,6 +15,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/recording"
 )
 
@@ -38,7 +39,7 @@ func storedRecording(t *testing.T) recording.DirStorage {
 	clock := clockwork.NewFakeClock()
 	w, err := recording.New(recording.Config{
 		Header: recording.Header{SessionID: playSession, Width: 80, Height: 24, User: "alice", Login: "root", Node: "n1", Cluster: "c"},
-		Sink:   dirSink{t: t, st: st}, Clock: clock, ChunkBytes: 64,
+		Sink:   dirSink{t: t, st: st}, Deps: observe.Deps{Clock: clock}, ChunkBytes: 64,
 	})
 	require.NoError(t, err)
 	for i := 0; i < 5; i++ {

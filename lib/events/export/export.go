@@ -25,11 +25,11 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
-	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/promreg"
 )
 
@@ -89,12 +89,9 @@ type Config struct {
 	// RetryMin and RetryMax bound the webhook's backoff; zero means the
 	// defaults.
 	RetryMin, RetryMax time.Duration
-	// Clock times retries and requests; nil means the real clock.
-	Clock clockwork.Clock
-	// Logger; nil means logrus.WithField("component", "audit").
-	Logger logrus.FieldLogger
-	// Metrics registry; nil means a private one.
-	Metrics prometheus.Registerer
+	// Deps: Clock times retries and requests; Metrics gets the export
+	// counters. Audit is not used (an exporter is where audit goes).
+	observe.Deps
 }
 
 // CheckAndSetDefaults validates and fills in defaults.
@@ -124,15 +121,7 @@ func (c *Config) CheckAndSetDefaults() error {
 		c.RetryMax = DefaultRetryMax
 	}
 	c.RetryMax = max(c.RetryMax, c.RetryMin)
-	if c.Clock == nil {
-		c.Clock = clockwork.NewRealClock()
-	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "audit")
-	}
-	if c.Metrics == nil {
-		c.Metrics = prometheus.NewRegistry()
-	}
+	c.Deps.SetDefaults(observe.ComponentAudit)
 	return nil
 }
 
@@ -167,6 +156,7 @@ func New(cfg Config) ([]events.Exporter, error) {
 }
 
 func closeNow(x events.Exporter) {
+	// An already-ended context: close at once, nothing to wait for.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	x.Close(ctx)
@@ -238,6 +228,7 @@ func newQueue(cfg *Config, name string, deliver func(context.Context, [][]byte) 
 		name: name, log: cfg.Logger.WithField("sink", name), m: m, size: cfg.BatchSize,
 		ch: make(chan item, cfg.QueueSize), deliver: deliver, done: make(chan struct{}),
 	}
+	// The queue owns its deliveries (Close ends them), past the events' emitters.
 	q.ctx, q.cancel = context.WithCancel(context.Background())
 	return q, nil
 }

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -21,7 +22,7 @@ func readLines(t *testing.T, path string) []string {
 }
 
 func testFile(t *testing.T, path string) (*File, chan struct{}) {
-	x, err := newFile(Config{File: path, Metrics: prometheus.NewRegistry()})
+	x, err := newFile(Config{File: path, Deps: observe.Deps{Metrics: prometheus.NewRegistry()}})
 	require.NoError(t, err)
 	reopened := make(chan struct{}, 10)
 	x.onReopen = func() { reopened <- struct{}{} }
@@ -105,7 +106,7 @@ func TestFileRotationBySize(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "audit.jsonl")
 	line := lines(0, 1)[0]
 	// Two lines reach the size: each flushed pair of lines rotates.
-	x, err := newFile(Config{File: path, MaxSizeBytes: int64(2 * (len(line) + 1)), MaxFiles: 2, Metrics: prometheus.NewRegistry()})
+	x, err := newFile(Config{File: path, MaxSizeBytes: int64(2 * (len(line) + 1)), MaxFiles: 2, Deps: observe.Deps{Metrics: prometheus.NewRegistry()}})
 	require.NoError(t, err)
 	x.start()
 	defer func() { require.NoError(t, x.Close(context.Background())) }()

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postern-dev/postern/lib/events"
+	"github.com/postern-dev/postern/lib/observe"
 )
 
 // TestLogWithHangingWebhook: as the service wires it (exporters made
@@ -24,7 +25,7 @@ func TestLogWithHangingWebhook(t *testing.T) {
 	c := newCollector(t)
 	c.setHang(true)
 	reg := prometheus.NewRegistry()
-	xs, err := New(Config{Webhook: c.URL, QueueSize: 4, BatchSize: 1, Metrics: reg, Clock: clockwork.NewFakeClock()})
+	xs, err := New(Config{Webhook: c.URL, QueueSize: 4, BatchSize: 1, Deps: observe.Deps{Metrics: reg, Clock: clockwork.NewFakeClock()}})
 	require.NoError(t, err)
 	clock := clockwork.NewFakeClock()
 	dir := t.TempDir()

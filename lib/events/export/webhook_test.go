@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -81,7 +82,7 @@ func testWebhook(t *testing.T, url string, queue, batch int) (*Webhook, *clockwo
 	clock := clockwork.NewFakeClock()
 	reg := prometheus.NewRegistry()
 	w, err := newWebhook(Config{
-		Webhook: url, QueueSize: queue, BatchSize: batch, Clock: clock, Metrics: reg,
+		Webhook: url, QueueSize: queue, BatchSize: batch, Deps: observe.Deps{Clock: clock, Metrics: reg},
 		Timeout: 10 * time.Second, RetryMin: time.Second, RetryMax: 4 * time.Second,
 	})
 	require.NoError(t, err)
@@ -194,7 +195,7 @@ func TestWebhookRefuses(t *testing.T) {
 // returns.
 func TestWebhookClose(t *testing.T) {
 	c := newCollector(t)
-	w, err := NewWebhook(Config{Webhook: c.URL, Metrics: prometheus.NewRegistry()})
+	w, err := NewWebhook(Config{Webhook: c.URL, Deps: observe.Deps{Metrics: prometheus.NewRegistry()}})
 	require.NoError(t, err)
 	for _, l := range lines(0, 3) {
 		w.Export([]byte(l))
@@ -206,7 +207,7 @@ func TestWebhookClose(t *testing.T) {
 
 	h := newCollector(t)
 	h.setHang(true)
-	w, err = NewWebhook(Config{Webhook: h.URL, Metrics: prometheus.NewRegistry()})
+	w, err = NewWebhook(Config{Webhook: h.URL, Deps: observe.Deps{Metrics: prometheus.NewRegistry()}})
 	require.NoError(t, err)
 	for _, l := range lines(0, 3) {
 		w.Export([]byte(l))
@@ -247,7 +248,7 @@ func TestWebhookCAFile(t *testing.T) {
 	caFile := filepath.Join(dir, "ca.pem")
 	require.NoError(t, os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate().Raw}), 0o600))
 
-	w, err := NewWebhook(Config{Webhook: c.URL, CAFile: caFile, Metrics: prometheus.NewRegistry()})
+	w, err := NewWebhook(Config{Webhook: c.URL, CAFile: caFile, Deps: observe.Deps{Metrics: prometheus.NewRegistry()}})
 	require.NoError(t, err)
 	w.Export([]byte(lines(0, 1)[0]))
 	require.NoError(t, w.Close(context.Background()))

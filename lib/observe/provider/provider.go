@@ -7,8 +7,12 @@ package provider
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 
 	"github.com/gravitational/trace"
+	"github.com/sirupsen/logrus"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -30,8 +34,9 @@ type Provider struct {
 // when tracing is off (no goroutine, nothing exported), else spans batched
 // to the OTLP/HTTP collector. instance names this process in the spans'
 // resource (service.instance.id), so that a trace shows which proxy or
-// node each hop ran on.
-func New(c observe.TracingConfig, instance string) (*Provider, error) {
+// node each hop ran on. log is the tracing component's logger: the SDK's
+// own errors (a collector down, a batch refused) go to it.
+func New(c observe.TracingConfig, instance string, log logrus.FieldLogger) (*Provider, error) {
 	if err := c.Check(); err != nil {
 		return nil, trace.Wrap(err)
 	}
@@ -43,8 +48,9 @@ func New(c observe.TracingConfig, instance string) (*Provider, error) {
 	if !tls {
 		opts = append(opts, otlptracehttp.WithInsecure())
 	}
+	setErrorHandler(log)
 	// New does not connect: a collector that is down costs dropped
-	// batches (logged by the SDK), never a start or a dial.
+	// batches (logged through log), never a start or a dial.
 	exp, err := otlptracehttp.New(context.Background(), opts...)
 	if err != nil {
 		return nil, trace.Wrap(err, "tracing.endpoint %q", c.Endpoint)
@@ -72,4 +78,34 @@ func (p *Provider) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	return trace.Wrap(p.sdk.Shutdown(ctx))
+}
+
+// errorHandler sends the OpenTelemetry SDK's errors to logrus. The SDK
+// reports them through one process-wide handler whose default is Go's std
+// log: unstructured lines on stderr, without the component field, that no
+// log pipeline of Postern's parses.
+type errorHandler struct {
+	log atomic.Pointer[logrus.FieldLogger]
+}
+
+func (h *errorHandler) Handle(err error) {
+	if l := h.log.Load(); l != nil {
+		(*l).WithError(err).Warn("Tracing export failed.")
+	}
+}
+
+var (
+	sdkErrors     errorHandler
+	sdkErrorsOnce sync.Once
+)
+
+// setErrorHandler installs the handler once (the SDK's global is set-once
+// in effect: its delegation is not meant to be swapped) and points it at
+// log, the logger of the provider started last.
+func setErrorHandler(log logrus.FieldLogger) {
+	if log == nil {
+		log = logrus.WithField("component", observe.ComponentTracing)
+	}
+	sdkErrors.log.Store(&log)
+	sdkErrorsOnce.Do(func() { otel.SetErrorHandler(&sdkErrors) })
 }

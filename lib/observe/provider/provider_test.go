@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
 	"github.com/stretchr/testify/require"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"go.uber.org/goleak"
@@ -41,7 +43,7 @@ func TestProviderExportsOTLP(t *testing.T) {
 	}))
 	defer srv.Close()
 
-	off, err := New(observe.TracingConfig{}, "p1")
+	off, err := New(observe.TracingConfig{}, "p1", nil)
 	require.NoError(t, err)
 	_, span := off.Tracer("x").Start(context.Background(), "nothing")
 	require.False(t, span.SpanContext().IsValid())
@@ -49,7 +51,7 @@ func TestProviderExportsOTLP(t *testing.T) {
 	require.NoError(t, off.Shutdown(context.Background()))
 
 	rate := 1.0
-	on, err := New(observe.TracingConfig{Exporter: observe.ExporterOTLP, Endpoint: strings.TrimPrefix(srv.URL, "http://"), SamplingRate: &rate}, "proxy-1")
+	on, err := New(observe.TracingConfig{Exporter: observe.ExporterOTLP, Endpoint: strings.TrimPrefix(srv.URL, "http://"), SamplingRate: &rate}, "proxy-1", nil)
 	require.NoError(t, err)
 	_, span = on.Tracer(observe.ComponentRouter).Start(context.Background(), "route")
 	span.End()
@@ -69,6 +71,35 @@ func TestProviderExportsOTLP(t *testing.T) {
 	require.Equal(t, observe.ComponentRouter, rs.ScopeSpans[0].Scope.Name)
 	require.Equal(t, "route", rs.ScopeSpans[0].Spans[0].Name)
 
-	_, err = New(observe.TracingConfig{Exporter: "zipkin", Endpoint: "c:1"}, "x")
+	_, err = New(observe.TracingConfig{Exporter: "zipkin", Endpoint: "c:1"}, "x", nil)
 	require.ErrorContains(t, err, `tracing.exporter "zipkin"`)
+}
+
+// TestSDKErrorsGoToLogrus: a collector that refuses a batch is reported
+// through the tracing component's logger, with the component field, not
+// through Go's std log.
+func TestSDKErrorsGoToLogrus(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "collector says no", http.StatusBadRequest)
+	}))
+	defer srv.Close()
+
+	logger, hook := logtest.NewNullLogger()
+	rate := 1.0
+	tp, err := New(observe.TracingConfig{Exporter: observe.ExporterOTLP, Endpoint: strings.TrimPrefix(srv.URL, "http://"), SamplingRate: &rate},
+		"proxy-1", logger.WithField("component", observe.ComponentTracing))
+	require.NoError(t, err)
+	_, span := tp.Tracer(observe.ComponentRouter).Start(context.Background(), "route")
+	span.End()
+	// Shutdown exports the last batch; its error goes to the handler.
+	require.NoError(t, tp.Shutdown(context.Background()))
+
+	var found bool
+	for _, e := range hook.AllEntries() {
+		if e.Message == "Tracing export failed." && e.Data["component"] == observe.ComponentTracing {
+			require.ErrorContains(t, e.Data[logrus.ErrorKey].(error), "400")
+			found = true
+		}
+	}
+	require.True(t, found, "entries: %v", hook.AllEntries())
 }

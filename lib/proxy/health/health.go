@@ -187,6 +187,7 @@ func New(cfg Config) (*Checker, error) {
 	if err := cfg.CheckAndSetDefaults(); err != nil {
 		return nil, trace.Wrap(err)
 	}
+	// The checker owns its probes (Close ends them): no caller's context.
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Checker{
 		cfg:     cfg,

@@ -6,10 +6,9 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
-	"github.com/jonboulle/clockwork"
-	"github.com/sirupsen/logrus"
 
 	"github.com/postern-dev/postern/lib/api/authapi"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -43,10 +42,8 @@ type LeaseKeeperConfig struct {
 	PeerAddr string
 	// RenewInterval: zero means services.TunnelConnectionRenewInterval.
 	RenewInterval time.Duration
-	// Clock drives renewals; nil: the real clock.
-	Clock clockwork.Clock
-	// Logger; nil: component "proxy:leases".
-	Logger logrus.FieldLogger
+	// Deps: Clock drives renewals.
+	observe.Deps
 }
 
 // LeaseKeeper keeps a tunnel_connection lease for every tunnel on this
@@ -76,12 +73,8 @@ func NewLeaseKeeper(cfg LeaseKeeperConfig) (*LeaseKeeper, error) {
 	if cfg.RenewInterval <= 0 {
 		cfg.RenewInterval = services.TunnelConnectionRenewInterval
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = clockwork.NewRealClock()
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = logrus.WithField("component", "proxy:leases")
-	}
+	cfg.Deps.SetDefaults(observe.ComponentPeerLeases)
+	// The leases loop runs until Close: no caller's context.
 	ctx, cancel := context.WithCancel(context.Background())
 	k := &LeaseKeeper{cfg: cfg, cancel: cancel, done: make(chan struct{}), held: map[string]struct{}{}}
 	go k.run(ctx)

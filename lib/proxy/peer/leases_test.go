@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postern-dev/postern/lib/api/authapi"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -93,7 +94,7 @@ func TestLeaseKeeper(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	ts := &fakeTunnelSet{uuids: map[string]bool{}}
 	w := &recordingWriter{calls: make(chan leaseCall, 16)}
-	k, err := NewLeaseKeeper(LeaseKeeperConfig{Tunnels: ts, Writer: w, PeerAddr: "10.0.0.1:3021", Clock: clock})
+	k, err := NewLeaseKeeper(LeaseKeeperConfig{Tunnels: ts, Writer: w, PeerAddr: "10.0.0.1:3021", Deps: observe.Deps{Clock: clock}})
 	require.NoError(t, err)
 
 	ts.set("n1", true)
@@ -126,7 +127,7 @@ func TestLeaseKeeperLeaves(t *testing.T) {
 	ts := &fakeTunnelSet{uuids: map[string]bool{}}
 	leaves := &fakeTunnelSet{uuids: map[string]bool{}}
 	w := &recordingWriter{calls: make(chan leaseCall, 16)}
-	k, err := NewLeaseKeeper(LeaseKeeperConfig{Tunnels: ts, Leaves: leaves, Writer: w, PeerAddr: "10.0.0.1:3021", Clock: clock})
+	k, err := NewLeaseKeeper(LeaseKeeperConfig{Tunnels: ts, Leaves: leaves, Writer: w, PeerAddr: "10.0.0.1:3021", Deps: observe.Deps{Clock: clock}})
 	require.NoError(t, err)
 
 	leaves.set(services.LeafTunnelID("Leaf"), true)

@@ -101,7 +101,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	// stream, so this one is the root, ended by Close.
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	var err error
-	s.denials, err = limiter.NewDenials(limiter.DenialsConfig{Report: s.auditDenial, Clock: cfg.Clock})
+	s.denials, err = limiter.NewDenials(limiter.DenialsConfig{Report: s.auditDenial, Deps: cfg.Deps})
 	if err != nil {
 		return nil, trace.Wrap(err)
 	}

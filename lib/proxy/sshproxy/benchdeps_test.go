@@ -24,7 +24,7 @@ type tracerProvider = oteltrace.TracerProvider
 
 func benchArms(b *testing.B, collector string) []benchTracer {
 	rate := 1.0
-	tp, err := provider.New(observe.TracingConfig{Exporter: observe.ExporterOTLP, Endpoint: collector, SamplingRate: &rate}, "bench")
+	tp, err := provider.New(observe.TracingConfig{Exporter: observe.ExporterOTLP, Endpoint: collector, SamplingRate: &rate}, "bench", nil)
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	return []benchTracer{{name: "tracing=off"}, {name: "tracing=sampled", tp: tp}}

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/recording"
 	"github.com/postern-dev/postern/lib/recording/s3test"
 )
@@ -85,7 +86,7 @@ func record(t testing.TB, session, user string, started int64, lines int) []reco
 	clock := clockwork.NewFakeClockAt(timeAt(started))
 	w, err := recording.New(recording.Config{
 		Header: recording.Header{SessionID: session, User: user, Login: "root", Node: "node-1", Cluster: "c", Width: 80, Height: 24},
-		Sink:   sink, Clock: clock, ChunkBytes: 64,
+		Sink:   sink, Deps: observe.Deps{Clock: clock}, ChunkBytes: 64,
 	})
 	require.NoError(t, err)
 	for i := 0; i < lines; i++ {

@@ -8,6 +8,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/recording"
 )
 
@@ -31,7 +32,7 @@ func TestRetention(t *testing.T) {
 			}
 			deleted := make(chan []string, 4)
 			r, err := recording.NewRetention(recording.RetentionConfig{
-				Store: st, MaxAge: 90 * day, Interval: time.Hour, Clock: clock,
+				Store: st, MaxAge: 90 * day, Interval: time.Hour, Deps: observe.Deps{Clock: clock},
 				Deleted: func(_ context.Context, ids []string) { deleted <- ids },
 			})
 			require.NoError(t, err)

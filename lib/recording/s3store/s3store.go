@@ -41,8 +41,8 @@ import (
 	"github.com/gravitational/trace"
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
-	"github.com/sirupsen/logrus"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/recording"
 )
 
@@ -86,8 +86,8 @@ type Config struct {
 	PathStyle bool
 	// Prefix goes before every key; empty means DefaultPrefix.
 	Prefix string
-	// Logger: nil means component=recording:s3.
-	Logger logrus.FieldLogger
+	// Deps: only Logger is used.
+	observe.Deps
 }
 
 // CheckAndSetDefaults validates the config.
@@ -107,9 +107,7 @@ func (c *Config) CheckAndSetDefaults() error {
 	if !strings.HasSuffix(c.Prefix, "/") {
 		c.Prefix += "/"
 	}
-	if c.Logger == nil {
-		c.Logger = logrus.WithField("component", "recording:s3")
-	}
+	c.Deps.SetDefaults(observe.ComponentRecordingS3)
 	return nil
 }
 
