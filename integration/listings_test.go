@@ -88,15 +88,24 @@ func formatsOf(t *testing.T, env []string, binary string, cmd []string) []string
 	return []string{"text", "json", "yaml"}
 }
 
-// requireEscaped checks one listing's output: the hostile text is shown
-// (so the field was listed) and only ever escaped.
-func requireEscaped(t *testing.T, what, out string) {
+// requireNoRawControls checks that out holds no raw control character.
+func requireNoRawControls(t *testing.T, what, out string) {
 	t.Helper()
 	for _, b := range []byte(out) {
 		if (b < 0x20 && b != '\n') || b == 0x7f {
 			t.Errorf("%s prints the raw control character %q:\n%s", what, b, out)
 			return
 		}
+	}
+}
+
+// requireEscaped checks one listing's output: the hostile text is shown
+// (so the field was listed) and only ever escaped.
+func requireEscaped(t *testing.T, what, out string) {
+	t.Helper()
+	requireNoRawControls(t, what, out)
+	if t.Failed() {
+		return
 	}
 	require.NotRegexp(t, forgedLine, out, "%s lets a value start a line of its own", what)
 	require.Regexp(t, hostileEscaped, out, "%s shows none of the hostile text planted for it: plant some in TestListingsEscapeHostileText", what)
@@ -179,6 +188,14 @@ func TestListingsEscapeHostileText(t *testing.T) {
 	require.NotEmpty(t, tokens)
 	rewrite(tokens[0].Key, func(m map[string]any) { m["type"] = hostile })
 
+	// An access request of alice's, whose reason and roles carry it
+	// (psh request ls shows her own, pctl requests ls every one).
+	reqID := uuid.NewString()
+	putJSON(services.AccessRequestKey(reqID), services.AccessRequest{
+		ID: reqID, User: "alice", Roles: []string{"dba" + hostile}, Reason: hostile, State: "pending",
+		Thresholds: 1, Created: time.Now(), Expires: soon,
+	}, soon)
+
 	// The attack itself: alice runs a command that is the payload (the
 	// session's events and its recording carry it), and someone tries
 	// to log in to the proxy as the payload (auth.failed carries it).
@@ -257,6 +274,14 @@ func TestListingsEscapeHostileText(t *testing.T) {
 						// This root trusts nobody: nothing to show,
 						// nothing to escape (JSON: an empty array).
 						require.Contains(t, []string{"", "[]"}, strings.TrimSpace(out), what)
+						continue
+					}
+					if binary == "psh" && v[0] == "sessions" {
+						// Nobody shares a live session with alice here:
+						// an empty list has nothing to escape. (Its rows
+						// go through the same escaping table and JSON
+						// writer as every listing.)
+						requireNoRawControls(t, what, out)
 						continue
 					}
 					requireEscaped(t, what, out)
