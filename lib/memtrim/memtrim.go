@@ -28,10 +28,10 @@ import (
 	"time"
 
 	"github.com/gravitational/trace"
-	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/promreg"
 )
 
@@ -59,7 +59,9 @@ type Stats struct {
 
 // Config configures a Trimmer; zero fields take the defaults.
 type Config struct {
-	Clock      clockwork.Clock
+	// Deps: Clock runs the ticker, Logger reports trims, Metrics gets
+	// postern_memory_trims_total (component memtrim).
+	observe.Deps
 	Interval   time.Duration
 	QuietRate  uint64 // bytes per second
 	MinReclaim uint64
@@ -67,9 +69,6 @@ type Config struct {
 	// and releases (debug.FreeOSMemory). Tests of the policy set both.
 	ReadStats func() Stats
 	Release   func()
-	Log       logrus.FieldLogger
-	// Registerer, when set, gets postern_memory_trims_total.
-	Registerer prometheus.Registerer
 }
 
 // Trimmer runs the policy; see the package comment.
@@ -80,9 +79,7 @@ type Trimmer struct {
 
 // New checks cfg and fills in the defaults.
 func New(cfg Config) (*Trimmer, error) {
-	if cfg.Clock == nil {
-		cfg.Clock = clockwork.NewRealClock()
-	}
+	cfg.Deps.SetDefaults(observe.ComponentMemTrim)
 	if cfg.Interval == 0 {
 		cfg.Interval = DefaultInterval
 	}
@@ -101,20 +98,15 @@ func New(cfg Config) (*Trimmer, error) {
 	if cfg.Release == nil {
 		cfg.Release = debug.FreeOSMemory
 	}
-	if cfg.Log == nil {
-		cfg.Log = logrus.StandardLogger()
-	}
 	t := &Trimmer{cfg: cfg, trims: prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "postern_memory_trims_total",
 		Help: "Times the process was quiet after a busy period and returned its idle heap to the system (a forced collection and release).",
 	})}
-	if cfg.Registerer != nil {
-		c, err := promreg.Register(cfg.Registerer, t.trims)
-		if err != nil {
-			return nil, trace.Wrap(err)
-		}
-		t.trims = c
+	c, err := promreg.Register(cfg.Metrics, t.trims)
+	if err != nil {
+		return nil, trace.Wrap(err)
 	}
+	t.trims = c
 	return t, nil
 }
 
@@ -147,7 +139,7 @@ func (t *Trimmer) check(lastAllocated uint64) uint64 {
 	start := t.cfg.Clock.Now()
 	t.cfg.Release()
 	t.trims.Inc()
-	t.cfg.Log.WithFields(logrus.Fields{
+	t.cfg.Logger.WithFields(logrus.Fields{
 		"reclaimable_mib": s.Reclaimable >> 20,
 		"live_mib":        s.Live >> 20,
 		"took":            t.cfg.Clock.Since(start).String(),

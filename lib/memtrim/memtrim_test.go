@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/postern-dev/postern/lib/observe"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -54,11 +55,10 @@ func (f *fakeRuntime) count() int {
 
 func newTrimmer(t *testing.T, f *fakeRuntime, reg prometheus.Registerer) *Trimmer {
 	tr, err := New(Config{
-		Clock:      clockwork.NewFakeClock(),
-		Interval:   10 * time.Second,
-		ReadStats:  f.read,
-		Release:    f.release,
-		Registerer: reg,
+		Deps:      observe.Deps{Clock: clockwork.NewFakeClock(), Metrics: reg},
+		Interval:  10 * time.Second,
+		ReadStats: f.read,
+		Release:   f.release,
 	})
 	require.NoError(t, err)
 	return tr
@@ -117,7 +117,7 @@ func TestRunTicksAndStops(t *testing.T) {
 	f := &fakeRuntime{s: Stats{Live: 10 << 20, Reclaimable: 64 << 20}}
 	clock := clockwork.NewFakeClock()
 	released := make(chan struct{}, 1)
-	tr, err := New(Config{Clock: clock, Interval: time.Second, ReadStats: f.read,
+	tr, err := New(Config{Deps: observe.Deps{Clock: clock}, Interval: time.Second, ReadStats: f.read,
 		Release: func() { f.release(); released <- struct{}{} }})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -154,7 +154,7 @@ func TestReleasesRealGarbage(t *testing.T) {
 	sink = nil
 	before := ReadRuntimeStats()
 	require.GreaterOrEqual(t, before.Reclaimable, base.Reclaimable+60<<20, "64 MiB of garbage is reclaimable")
-	tr, err := New(Config{Clock: clockwork.NewFakeClock()})
+	tr, err := New(Config{Deps: observe.Deps{Clock: clockwork.NewFakeClock()}})
 	require.NoError(t, err)
 	tr.check(before.Allocated) // nothing allocated since: quiet
 	after := ReadRuntimeStats()

@@ -188,7 +188,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	// The idle-memory trimmer is the other half of gc_percent 400 (see
 	// lib/memtrim): a daemon concern, like the GC target, so Run starts it
 	// and Start (tests, embedding) does not.
-	trimmer, err := memtrim.New(memtrim.Config{Log: p.log.WithField("component", observe.ComponentMemTrim), Registerer: p.registry})
+	trimmer, err := memtrim.New(memtrim.Config{Deps: p.deps(observe.ComponentMemTrim, nil)})
 	if err != nil {
 		return trace.Wrap(err)
 	}
