@@ -51,8 +51,18 @@ func (s *session) runModerated(req *ssh.Request, spec procSpec, rules []party.Re
 	s.moderationEvent(room, "waiting", "require_session_join")
 	_, _ = s.chOut.WriteString("postern: waiting for a moderator to join this session (psh join --mode moderator " + s.id + ")\r\n")
 	s.goCopy(func() {
-		if !s.awaitModerators(room) {
+		switch s.awaitModerators(room) {
+		case heldOwnerGone:
 			s.closeRoom()
+			return
+		case heldEnded:
+			// A moderator ended the session before its program ran: the
+			// owner reads why and gets the end of a session that never
+			// started.
+			s.closeRoom()
+			_ = s.ch.CloseWrite()
+			_, _ = s.ch.SendRequest("exit-status", false, ssh.Marshal(exitStatus{Status: exitNotStarted}))
+			_ = s.ch.Close()
 			return
 		}
 		if err := s.launch(spec, func() {}); err != nil {
@@ -76,22 +86,46 @@ func (s *session) runModerated(req *ssh.Request, spec procSpec, rules []party.Re
 			proc.hangUp(s.c.cfg.Clock)
 			return
 		}
+		select {
+		case <-s.ended:
+			// Ended by a moderator while the program started.
+			proc.hangUp(s.c.cfg.Clock)
+			return
+		default:
+		}
 		s.watchModeration(room, proc.exited)
 	})
 }
 
-// awaitModerators waits until the room's rules are met; false when the
-// owner went away first.
-func (s *session) awaitModerators(room *party.Session) bool {
+// heldOutcome is how a held session's wait for its moderators ended.
+type heldOutcome int
+
+const (
+	heldMet heldOutcome = iota
+	heldOwnerGone
+	heldEnded
+)
+
+// awaitModerators waits until the room's rules are met, the owner goes
+// away, or a moderator (who joined while others were still missing) ends
+// the session.
+func (s *session) awaitModerators(room *party.Session) heldOutcome {
 	for {
 		changed := room.Changed()
+		select {
+		case <-s.ended:
+			return heldEnded
+		default:
+		}
 		if room.Moderation() == party.Met {
-			return true
+			return heldMet
 		}
 		select {
 		case <-changed:
 		case <-s.ctx.Done():
-			return false
+			return heldOwnerGone
+		case <-s.ended:
+			return heldEnded
 		}
 	}
 }

@@ -141,3 +141,41 @@ func TestModeratedExecNeedsPTY(t *testing.T) {
 	require.Error(t, s.Start("echo unwatched"))
 	w.waitFor(t, "only interactive sessions with a terminal can be moderated")
 }
+
+// TestModeratorEndsHeldSession: a moderator who joined a session still
+// waiting for more moderators ends it with `Ctrl-] t` (a signal on the
+// join channel): the shell never runs, the owner's session ends, and the
+// end is audited.
+func TestModeratorEndsHeldSession(t *testing.T) {
+	e, rec := moderatedEnv(t, services.OnLeavePause)
+	e.ap.UpsertRole(&services.Role{Kind: services.KindRole, Metadata: services.Metadata{Name: "held"}, Spec: services.RoleSpec{
+		RequireSessionJoin: []services.SessionRequireRule{{Roles: []string{"auditor"}, Modes: []string{"moderator"}, Count: 2, OnLeave: services.OnLeavePause}},
+	}})
+	o := heldShell(t, e)
+	mod, err := join(t, e, "mona", []string{"access", "auditor"}, party.JoinSubsystem(o.id, party.Moderator))
+	require.NoError(t, err)
+	o.out.waitFor(t, "[postern: mona joined as moderator]")
+	require.NotContains(t, o.out.String(), "the session starts", "one of two moderators")
+
+	ok, err := mod.s.SendRequest("signal", true, ssh.Marshal(signalRequest{Signal: "HUP"}))
+	require.NoError(t, err)
+	require.True(t, ok, "a moderator ends a held session")
+	o.out.waitFor(t, "[postern: mona (moderator) ended the session]")
+	done := make(chan error, 1)
+	go func() { done <- o.s.Wait() }()
+	select {
+	case err := <-done:
+		var exit *ssh.ExitError
+		require.ErrorAs(t, err, &exit)
+		require.Equal(t, exitNotStarted, exit.ExitStatus())
+	case <-time.After(20 * time.Second):
+		t.Fatal("the held session did not end")
+	}
+	require.NotContains(t, o.out.String(), "the session starts")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = rec.Wait(ctx, events.SessionModeration, func(ev events.Event) bool {
+		return ev.Fields["state"] == "terminated" && ev.Fields[events.FieldSessionID] == o.id
+	})
+	require.NoError(t, err)
+}

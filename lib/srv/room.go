@@ -68,7 +68,12 @@ func (s *session) newRoom(primary, dst io.Writer, pty *ptyRequest, st party.Gate
 			rec.Marker(m)
 		}
 	}
+	// End is a moderator's end for everyone: it hangs the program up, or,
+	// for a session still held for its moderators (no program yet), ends
+	// the wait; closing ended first lets a program that starts meanwhile
+	// see it (runModerated) so that no end is lost between the two.
 	room.End = func() {
+		s.endOnce.Do(func() { close(s.ended) })
 		s.mu.Lock()
 		proc := s.proc
 		s.mu.Unlock()

@@ -85,6 +85,11 @@ type session struct {
 	room *party.Session
 	// join is set when this channel joined another session (join.go).
 	join *joined
+	// ended is closed when a moderator ends the session (endOnce): a
+	// session still held for its moderators has no process to hang up,
+	// so its wait watches this instead (moderation.go).
+	ended   chan struct{}
+	endOnce sync.Once
 	// chOut is the one way into the channel's data stream of a pty
 	// session or a join: x/crypto's channel shares one packet buffer
 	// between its writers, so the output copy and the notices (who
@@ -105,7 +110,7 @@ func (c *conn) handleSession(nch ssh.NewChannel) {
 		c.log.WithError(err).Debug("Accepting session channel failed.")
 		return
 	}
-	s := &session{c: c, id: uuid.NewString(), ch: trackedChannel{Channel: ch, c: c, counts: &byteCounts{}}, recFailed: make(chan struct{})}
+	s := &session{c: c, id: uuid.NewString(), ch: trackedChannel{Channel: ch, c: c, counts: &byteCounts{}}, recFailed: make(chan struct{}), ended: make(chan struct{})}
 	s.chOut.w = s.ch
 	s.log = c.log.WithField("session_id", s.id)
 	ctx, span := c.cfg.Tracer.Start(c.ctx, "ssh.session")

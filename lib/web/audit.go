@@ -2,9 +2,7 @@ package web
 
 import (
 	"context"
-	"errors"
 	"net/http"
-	"strconv"
 
 	"github.com/gravitational/trace"
 
@@ -31,56 +29,17 @@ func (s *Server) emitTerminalAuthFailed(r *http.Request, err error) {
 	}})
 }
 
-// auditRoute records a terminal refused by RBAC (access.denied, with the
-// node that was refused: the user is told "not found", the audit log
-// says why) or by an ambiguous target (route.ambiguous with every
-// candidate: the audit log is for admins, who see all nodes). Other
-// routing errors are not audited.
-func (t *termSocket) auditRoute(ctx context.Context, p *TerminalParams, route proxy.Route, err error) {
-	fields := events.Fields{
-		events.FieldMethod:     auditMethod,
-		events.FieldKind:       auditKind,
-		events.FieldTarget:     p.Host,
-		events.FieldLogin:      p.Login,
-		events.FieldRemoteAddr: t.remoteAddr,
+// auditRoute records a terminal's routing decision as every front door
+// does (proxy.RouteEvent: access.denied with the node that was refused,
+// while the user is told "not found"; route.ambiguous with every
+// candidate; route.leaf).
+func (t *termSocket) auditRoute(ctx context.Context, target proxy.Target, p *TerminalParams, route proxy.Route, err error) {
+	ev, ok := proxy.RouteEvent(proxy.RouteAudit{
+		Method: auditMethod, Kind: auditKind, User: t.live.user, Login: p.Login, RemoteAddr: t.remoteAddr,
+	}, target, route, err)
+	if ok {
+		t.srv.cfg.WebSessions.Audit.Emit(ctx, ev)
 	}
-	typ := events.AccessDenied
-	var ld *proxy.LeafDeniedError
-	switch {
-	case err == nil && route.Leaf:
-		// The root's record of a terminal routed to a leaf.
-		typ = events.RouteLeaf
-		fields[events.FieldRemoteCluster] = route.Cluster
-	case errors.As(err, &ld):
-		fields[events.FieldReason] = "leaf cluster " + strconv.Quote(ld.Cluster) + " refused the user (" + ld.Reason + ")"
-		fields[events.FieldRemoteCluster] = ld.Cluster
-	case err == nil:
-		return
-	case trace.IsAccessDenied(err):
-		fields[events.FieldReason] = err.Error()
-		if route.Node.UUID != "" {
-			fields[events.FieldServerID] = route.Node.UUID
-			fields[events.FieldServerHostname] = route.Node.Hostname
-		}
-	case trace.IsNotFound(err) && len(route.Hidden) > 0:
-		// The user is told "not found"; the audit log says that nodes
-		// matched but the user's roles may not reach them.
-		fields[events.FieldReason] = "the user's roles may not reach the matching nodes"
-		fields[events.FieldCandidates] = route.Hidden
-		if len(route.Hidden) == 1 {
-			fields[events.FieldServerID] = route.Hidden[0]
-		}
-	case proxy.IsAmbiguousHost(err):
-		typ = events.RouteAmbiguous
-		uuids := make([]string, 0, len(route.Candidates))
-		for _, n := range route.Candidates {
-			uuids = append(uuids, n.UUID)
-		}
-		fields[events.FieldCandidates] = uuids
-	default:
-		return
-	}
-	t.srv.cfg.WebSessions.Audit.Emit(ctx, events.Event{Type: typ, User: t.live.user, Fields: fields})
 }
 
 // emitResumeRefused records a refused resume: a token of another user or

@@ -159,7 +159,7 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) 
 		Cert: t.live.cert,
 	})
 	if err != nil {
-		t.auditRoute(ctx, p, route, err)
+		t.auditRoute(ctx, target, p, route, err)
 		// As on the SSH port: a denied node looks like a missing one.
 		visible, denied := proxy.HideDenied(target, route, err)
 		if denied {
@@ -168,7 +168,7 @@ func (t *termSocket) connect(ctx context.Context, p *TerminalParams, out *term) 
 		return nil, nil, nil, trace.Wrap(visible)
 	}
 	if route.Leaf {
-		t.auditRoute(ctx, p, route, nil)
+		t.auditRoute(ctx, target, p, route, nil)
 	}
 	node := route.Node
 	out.nodeHostname, out.nodeUUID, out.cluster = node.Hostname, node.UUID, route.Cluster

@@ -16,7 +16,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net"
 	"strconv"
 	"strings"
@@ -164,35 +163,20 @@ func (h *Handler) dial(ctx context.Context, id *authz.Identity, target proxy.Tar
 		Cert: id.Cert,
 	})
 	if err != nil {
+		h.auditRoute(ctx, id, target, via, route, err)
 		var ld *proxy.LeafDeniedError
 		if errors.As(err, &ld) {
 			// Told "cluster not found", like an unknown cluster; the
 			// leaf's audit log names the unmapped roles.
 			log.WithError(err).WithField("reason", ld.Reason).Warn("Access denied by a leaf cluster.")
-			h.emit(ctx, events.AccessDenied, id, target, via, events.Fields{
-				events.FieldReason: "leaf cluster " + strconv.Quote(ld.Cluster) + " refused the user (" + ld.Reason + ")", events.FieldRemoteCluster: ld.Cluster,
-			})
 			return nil, trace.Wrap(err)
 		}
+		// A node RBAC keeps from the user looks like one that does not
+		// exist; the audit log says which.
 		visible, denied := proxy.HideDenied(target, route, err)
 		if denied {
-			// The user is told "not found", as for a node that does not
-			// exist; the audit log says which nodes RBAC kept from them.
-			fields := events.Fields{events.FieldReason: err.Error(), events.FieldServerID: route.Node.UUID}
-			if trace.IsNotFound(err) {
-				fields[events.FieldReason] = fmt.Sprintf("user %q may not reach node %s with any of the logins %v", id.User, strings.Join(route.Hidden, ", "), id.Logins())
-				fields[events.FieldServerID] = route.Hidden[0]
-			}
 			log.WithError(err).WithField("hidden", route.Hidden).Warn("Access denied.")
-			h.emit(ctx, events.AccessDenied, id, target, via, fields)
 			return nil, trace.Wrap(visible)
-		}
-		if proxy.IsAmbiguousHost(err) {
-			uuids := make([]string, 0, len(route.Candidates))
-			for _, n := range route.Candidates {
-				uuids = append(uuids, n.UUID)
-			}
-			h.emit(ctx, events.RouteAmbiguous, id, target, via, events.Fields{events.FieldCandidates: uuids})
 		}
 		log.WithError(err).Info("Routing failed.")
 		return nil, trace.Wrap(err)
@@ -218,7 +202,7 @@ func (h *Handler) dial(ctx context.Context, id *authz.Identity, target proxy.Tar
 	}
 	if route.Leaf {
 		// The root's record of the hop; the leaf audits the session.
-		h.emit(ctx, events.RouteLeaf, id, target, via, events.Fields{events.FieldRemoteCluster: route.Cluster, "leaf_target": route.Target.String()})
+		h.auditRoute(ctx, id, target, via, route, nil)
 		log.WithFields(logrus.Fields{"cluster": route.Cluster, "reason": route.Reason}).Debug("Routed to a leaf cluster.")
 		return conn, nil
 	}
@@ -228,6 +212,19 @@ func (h *Handler) dial(ctx context.Context, id *authz.Identity, target proxy.Tar
 	}
 	return conn, nil
 }
+
+// auditRoute records a routing decision as every front door does
+// (proxy.RouteEvent).
+func (h *Handler) auditRoute(ctx context.Context, id *authz.Identity, target proxy.Target, via string, route proxy.Route, err error) {
+	ev, ok := proxy.RouteEvent(proxy.RouteAudit{Method: auditMethod, Kind: via, User: id.User, Login: id.Login, Logins: id.Logins()}, target, route, err)
+	if ok {
+		h.cfg.Audit.Emit(ctx, ev)
+	}
+}
+
+// auditMethod is the SSH port's door in the audit log (the web
+// terminal's is "web").
+const auditMethod = "ssh"
 
 // emit records an audit event about a routing decision.
 func (h *Handler) emit(ctx context.Context, typ string, id *authz.Identity, target proxy.Target, via string, fields events.Fields) {

@@ -161,12 +161,16 @@ func (b *Broadcaster) fanOut(p []byte, output bool) {
 	if len(b.subs) == 0 {
 		return
 	}
-	// One copy for all: the subscribers queue the same immutable chunk,
-	// so the owner's path pays one copy, not one per party.
-	chunk := append([]byte(nil), p...)
+	// One copy for all, and only when a party queues it: the
+	// subscribers queue the same immutable chunk, so the owner's path
+	// pays one copy, not one per party; and none while every party is
+	// skipping a flood (the usual state of observers of a `cat`), as
+	// the copy (its allocation and its collection) was most of the
+	// fan-out's cost there.
+	var chunk []byte
 	now := b.cfg.Clock.Now()
 	for s := range b.subs {
-		s.push(chunk, now)
+		chunk = s.push(p, chunk, now)
 	}
 }
 
@@ -265,32 +269,38 @@ type Subscriber struct {
 }
 
 // push queues p, or, when the queue would outgrow its bound, drops the
-// queue and starts a lag pause. Called with b.mu held; never blocks.
-func (s *Subscriber) push(p []byte, now time.Time) {
+// queue and starts a lag pause. chunk is p's shared copy when an earlier
+// subscriber made it, nil otherwise; push returns it (made when it
+// queues p). Called with b.mu held; never blocks.
+func (s *Subscriber) push(p, chunk []byte, now time.Time) []byte {
 	s.mu.Lock()
 	switch {
 	case !s.skipUntil.IsZero():
 		// Skipping: the catch-up will show the tail. The reader is
 		// not woken: it waits for the pause's end on its own timer.
 		s.mu.Unlock()
-		return
+		return chunk
 	case s.queued+len(p) > s.limit:
 		s.queue, s.queued = nil, 0
 		s.skipUntil = now.Add(s.b.cfg.LagPause)
 		s.lags++
 	default:
+		if chunk == nil {
+			chunk = append([]byte(nil), p...)
+		}
 		wasEmpty := s.queued == 0
-		s.queue = append(s.queue, p)
-		s.queued += len(p)
+		s.queue = append(s.queue, chunk)
+		s.queued += len(chunk)
 		if !wasEmpty {
 			// The reader was woken by the first chunk already: one
 			// wake-up per read, not per write.
 			s.mu.Unlock()
-			return
+			return chunk
 		}
 	}
 	s.mu.Unlock()
 	s.signal()
+	return chunk
 }
 
 func (s *Subscriber) signal() {
