@@ -58,8 +58,14 @@ func (s *session) newRoom(primary, dst io.Writer, pty *ptyRequest, st party.Gate
 		Out: bc, In: party.NewGate(dst, st), Require: rules,
 	}
 	// Notices reach the owner's channel only until finish half-closes it
-	// (x/crypto's channel does not order a Write against CloseWrite).
-	room.Notify = func(msg string) { _, _ = s.chOut.WriteString(msg) }
+	// (x/crypto's channel does not order a Write against CloseWrite),
+	// queued: announcing a join or a leave never waits for an owner who
+	// is not reading (see party.Notices).
+	notices := party.NewNotices(&s.chOut, 0)
+	room.Notify = notices.Send
+	s.mu.Lock()
+	s.notices = notices
+	s.mu.Unlock()
 	room.Mark = func(m string) {
 		s.mu.Lock()
 		rec := s.rec
@@ -94,13 +100,16 @@ func (s *session) newRoom(primary, dst io.Writer, pty *ptyRequest, st party.Gate
 // party's view (they read what is queued, then the end).
 func (s *session) closeRoom() {
 	s.mu.Lock()
-	room := s.room
+	room, notices := s.room, s.notices
 	s.mu.Unlock()
 	if room == nil {
 		return
 	}
 	s.c.srv.parties.Remove(room.ID)
 	room.Out.Close()
+	if notices != nil {
+		notices.Close(s.ctx.Done())
+	}
 	s.chOut.Close()
 }
 

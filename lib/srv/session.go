@@ -83,6 +83,8 @@ type session struct {
 	// room is the session as others may join it (room.go); nil for a
 	// session without a pty.
 	room *party.Session
+	// notices are the room's notices for the owner (room.go).
+	notices *party.Notices
 	// join is set when this channel joined another session (join.go).
 	join *joined
 	// ended is closed when a moderator ends the session (endOnce): a

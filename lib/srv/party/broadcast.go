@@ -85,6 +85,9 @@ type Broadcaster struct {
 	// primary is cfg.Primary, replaceable (SetPrimary) while a held
 	// session waits for its program.
 	primary atomic.Pointer[io.Writer]
+	// written is the output Primary took, in bytes: how far the session
+	// is (Written).
+	written atomic.Int64
 	// mu guards the fields below; held only for memory copies, never
 	// while writing to the network or running the emulator.
 	mu         sync.Mutex
@@ -137,6 +140,7 @@ func (b *Broadcaster) Write(p []byte) (int, error) {
 		n, err = (*w).Write(p)
 	}
 	if n > 0 {
+		b.written.Add(int64(n))
 		b.fanOut(p[:n], true)
 	}
 	return n, err
@@ -173,6 +177,10 @@ func (b *Broadcaster) fanOut(p []byte, output bool) {
 		chunk = s.push(p, chunk, now)
 	}
 }
+
+// Written is how many bytes of output the session wrote so far: a
+// session whose owner stops reading stops there (its flow control).
+func (b *Broadcaster) Written() int64 { return b.written.Load() }
 
 // Resize notes the terminal's size for the screens rebuilt from now on.
 func (b *Broadcaster) Resize(cols, rows int) {
