@@ -15,6 +15,7 @@ import (
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/recording"
+	"github.com/postern-dev/postern/lib/recording/recpolicy"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -133,61 +134,68 @@ func (s *session) startRecording(spec procSpec) (*recording.Writer, error) {
 	return s.startRecordingKind(spec.pty, kind, start)
 }
 
-// recordingPolicy is what the user's roles ask of recording.
-func (s *session) recordingPolicy() (mode, role string) {
-	if s.c.auth == nil || s.c.auth.id == nil || s.c.auth.id.Checker == nil {
-		return "", ""
+// recordingInput is what the node's decision depends on: its recorder
+// and the user's roles.
+func (s *session) recordingInput() recpolicy.Input {
+	in := recpolicy.Input{Recorder: recpolicy.Node}
+	if r := s.c.cfg.Recorder; r != nil {
+		in.Settings = r.cfg.Settings
 	}
-	return s.c.auth.id.Checker.RecordingPolicy()
+	if s.c.auth != nil && s.c.auth.id != nil && s.c.auth.id.Checker != nil {
+		in.Mode, in.Role = s.c.auth.id.Checker.RecordingPolicy()
+	}
+	return in
 }
 
-// notRecorded notes why the session is not recorded, for session.start.
-func (s *session) notRecorded(reason string) {
+// recordingSubject is the session as its recording events name it
+// (recpolicy.Subject: the same fields as the proxy's web terminals).
+func (s *session) recordingSubject() recpolicy.Subject {
+	sub := recpolicy.Subject{Method: auditMethodSSH, Kind: auditKindSession, SessionID: s.id, Target: s.getCommand()}
+	if s.c.auth != nil && s.c.auth.id != nil {
+		sub.Login = s.c.auth.id.Login
+		sub.ServerID, sub.ServerHostname = s.c.auth.node.UUID, s.c.auth.node.Hostname
+	}
+	if s.c.nc != nil {
+		sub.RemoteAddr = s.c.nc.RemoteAddr().String()
+	}
+	return sub
+}
+
+// The node's recording events carry method "ssh" and kind "session", as
+// the proxy's carry "web" and "terminal".
+const (
+	auditMethodSSH   = "ssh"
+	auditKindSession = "session"
+)
+
+// decided notes the recording decision, for session.start; a refused
+// session is audited like any other refusal (access.denied) and the user
+// reads why.
+func (s *session) decided(d recpolicy.Decision) error {
 	s.mu.Lock()
-	s.recDecided, s.recReason = true, reason
+	s.recDecided, s.recDecision = true, d
 	s.mu.Unlock()
+	if d.Refused {
+		s.c.emit(events.AccessDenied, recpolicy.RefusedFields(s.recordingSubject(), d))
+		return d.Err()
+	}
+	return nil
 }
 
-// requiredRecordingFailed is the refusal of a session whose recording a
-// role requires and that cannot be recorded; it is audited like any other
-// refusal (access.denied) and the user reads why.
-func (s *session) requiredRecordingFailed(role, why string) error {
-	reason := fmt.Sprintf("session recording is required by role %q and %s", role, why)
-	s.c.emitRefused("session", s.getCommand(), reason)
-	return trace.AccessDenied("%s; the session is refused", reason)
-}
-
+// startRecordingKind decides (recpolicy.Decide, as the proxy does for its
+// web terminals) and starts the recording.
 func (s *session) startRecordingKind(pty *ptyRequest, kind recordKind, startMarker string) (*recording.Writer, error) {
-	mode, role := s.recordingPolicy()
-	required := mode == services.RecordingRequire
+	d := recpolicy.Decide(s.ctx, s.recordingInput())
+	if d.SettingsErr != nil {
+		s.log.WithError(d.SettingsErr).Warn("Reading the recording settings failed.")
+	}
+	if !d.Record {
+		return nil, s.decided(d)
+	}
 	r := s.c.cfg.Recorder
-	if r == nil {
-		if required {
-			return nil, s.requiredRecordingFailed(role, "this node does not record sessions")
-		}
-		s.notRecorded("this node does not record sessions")
-		return nil, nil
-	}
-	set, err := r.cfg.Settings(s.ctx)
-	if err != nil {
-		if required {
-			s.log.WithError(err).Warn("Reading the recording settings failed; the session requires recording and is refused.")
-			return nil, s.requiredRecordingFailed(role, "the cluster's recording settings could not be read")
-		}
-		s.log.WithError(err).Warn("Reading the recording settings failed; this session is not recorded.")
-		s.notRecorded("the cluster's recording settings could not be read")
-		return nil, nil
-	}
-	switch {
-	case required:
-		// Recorded whatever the cluster says.
-	case mode == services.RecordingExempt:
-		s.notRecorded(fmt.Sprintf("exempt by role %q", role))
-		return nil, nil
-	case set.Spec.SessionRecording == services.RecordingOff:
-		s.notRecorded("cluster session_recording is off")
-		return nil, nil
-	}
+	// The subject, once: OnCap runs on the writer's side, where the
+	// session's lock is not ours to take.
+	sub := s.recordingSubject()
 	node := s.c.auth.node
 	h := recording.Header{
 		Width: noPtyCols, Height: noPtyRows, Command: s.getCommand(),
@@ -207,22 +215,17 @@ func (s *session) startRecordingKind(pty *ptyRequest, kind recordKind, startMark
 		Header:      h,
 		Sink:        &recording.SpoolSink{Storage: r.cfg.Spool, Session: s.id, Notify: r.cfg.Notify, Clock: r.cfg.Clock},
 		Deps:        observe.Deps{Clock: r.cfg.Clock, Logger: s.log},
-		MaxBytes:    set.Spec.MaxRecordingBytes,
-		RecordInput: set.Spec.RecordInput && kind == recordTerminal,
+		MaxBytes:    d.MaxBytes(),
+		RecordInput: d.RecordInput() && kind == recordTerminal,
 		OnCap: func() {
-			s.log.WithField("max_recording_bytes", set.Spec.MaxRecordingBytes).Warn("Recording reached its cap and stopped; the session goes on.")
-			s.c.emit(events.RecordingCapped, events.Fields{events.FieldSessionID: s.id, "max_recording_bytes": set.Spec.MaxRecordingBytes})
+			s.log.WithField("max_recording_bytes", d.MaxBytes()).Warn("Recording reached its cap and stopped; the session goes on.")
+			s.c.emit(events.RecordingCapped, recpolicy.CappedFields(sub, d.MaxBytes()))
 		},
 		OnFail: s.noteRecordingFailed,
 	})
 	if err != nil {
-		if required {
-			s.log.WithError(err).Warn("Starting the recording failed; the session requires recording and is refused.")
-			return nil, s.requiredRecordingFailed(role, "the recording could not be started")
-		}
-		s.log.WithError(err).Warn("Starting the recording failed; this session is not recorded.")
-		s.notRecorded("the recording could not be started")
-		return nil, nil
+		s.log.WithError(err).Warn("Starting the recording failed.")
+		return nil, s.decided(d.StartFailed(recpolicy.ReasonNotStarted))
 	}
 	if startMarker != "" {
 		w.Marker(startMarker)
@@ -238,20 +241,12 @@ func (s *session) startRecordingKind(pty *ptyRequest, kind recordKind, startMark
 		s.mu.Lock()
 		s.recErr, s.recFailed = nil, make(chan struct{})
 		s.mu.Unlock()
-		if required {
-			s.log.WithError(err).Warn("The recording spool cannot be written; the session requires recording and is refused.")
-			return nil, s.requiredRecordingFailed(role, errSpoolUnwritable)
-		}
-		s.log.WithError(err).Warn("The recording spool cannot be written; this session is not recorded.")
-		s.notRecorded(errSpoolUnwritable)
-		return nil, nil
+		s.log.WithError(err).Warn("The recording spool cannot be written.")
+		return nil, s.decided(d.StartFailed(recpolicy.ReasonSpoolUnwritable(recpolicy.Node)))
 	}
 	s.mu.Lock()
-	s.recRequiredBy = ""
-	if required {
-		s.recRequiredBy = role
-	}
-	s.recDecided, s.recReason = true, ""
+	s.recRequiredBy = d.RequiredBy
+	s.recDecided, s.recDecision = true, d
 	s.recKind = kind
 	s.recEnd = ""
 	if kind == recordMarkers {
@@ -341,13 +336,9 @@ func exitLabel(st exitResult) string {
 	return fmt.Sprintf("exit-status %d", st.code)
 }
 
-// errSpoolUnwritable is why a session is not recorded (or refused) when
-// its recording's first chunk cannot be stored; the log has the cause.
-const errSpoolUnwritable = "the node's recording spool cannot be written"
-
 // errRecordingFailed is the reason of a recording that failed after it
 // started.
-const errRecordingFailed = "the recording could not be stored on the node (its spool is full or cannot be written)"
+var errRecordingFailed = recpolicy.ReasonFailed(recpolicy.Node)
 
 // closeRecording ends the recording with the exit marker and notes in
 // fields (session.end's) whether it was stored: recorded true and the
@@ -397,11 +388,7 @@ func (s *session) auditRecordingFailed() {
 	if done {
 		return
 	}
-	fields := events.Fields{events.FieldSessionID: s.id, events.FieldReason: errRecordingFailed}
-	if role != "" {
-		fields["required_by"] = role
-	}
-	s.c.emit(events.RecordingFailed, fields)
+	s.c.emit(events.RecordingFailed, recpolicy.FailedFields(s.recordingSubject(), recpolicy.Node, role))
 }
 
 // watchRecording acts on a recording that fails while the session runs
@@ -444,10 +431,10 @@ func (s *session) watchRecording(stop <-chan struct{}, end func()) {
 // when watchRecording ended it.
 func (s *session) tellRecordingEnded() {
 	s.mu.Lock()
-	ended, role := s.recEndedSession, s.recRequiredBy
+	ended, d := s.recEndedSession, s.recDecision
 	s.mu.Unlock()
 	if ended {
-		_, _ = fmt.Fprintf(s.ch.Stderr(), "\r\npostern: session recording is required by role %q and %s; the session is ended\r\n", role, errRecordingFailed)
+		_, _ = fmt.Fprintf(s.ch.Stderr(), "\r\npostern: %s\r\n", d.EndedMessage())
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/recording"
+	"github.com/postern-dev/postern/lib/recording/recpolicy"
 	"github.com/postern-dev/postern/lib/srv/party"
 )
 
@@ -65,10 +66,10 @@ type session struct {
 	// recCols and recRows are the terminal size last recorded.
 	recCols, recRows uint32
 	// recDecided says whether recording was decided for this session (a
-	// proxy subsystem never is); recReason is why it is not recorded,
-	// both for session.start.
-	recDecided bool
-	recReason  string
+	// proxy subsystem never is); recDecision is the decision (why it is
+	// not recorded, who requires it), both for session.start.
+	recDecided  bool
+	recDecision recpolicy.Decision
 	// recErr is the recording's first storing error; recFailed is closed
 	// when it is set (the recording's OnFail), recFailAudited once the
 	// recording.failed event is out.
@@ -527,14 +528,13 @@ func (s *session) emitStart(pty bool) {
 	fields := events.Fields{events.FieldSessionID: s.id, events.FieldCommand: s.getCommand(), "pty": pty}
 	s.mu.Lock()
 	if s.recDecided {
-		fields[events.FieldRecorded] = s.rec != nil
-		if s.rec == nil {
-			fields[events.FieldRecordingReason] = s.recReason
-		} else {
-			// The cap in effect, as the writer has it: an auditor reads
-			// how much of the session the recording may hold.
-			fields["max_recording_bytes"] = s.rec.MaxBytes()
+		// The cap in effect, as the writer has it: an auditor reads how
+		// much of the session the recording may hold.
+		var maxBytes int64
+		if s.rec != nil {
+			maxBytes = s.rec.MaxBytes()
 		}
+		recpolicy.AddStartFields(fields, s.recDecision, maxBytes)
 	}
 	s.mu.Unlock()
 	s.c.emit(events.SessionStart, fields)

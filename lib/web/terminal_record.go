@@ -2,6 +2,7 @@ package web
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/postern-dev/postern/lib/events"
 	"github.com/postern-dev/postern/lib/observe"
 	"github.com/postern-dev/postern/lib/recording"
+	"github.com/postern-dev/postern/lib/recording/recpolicy"
 	"github.com/postern-dev/postern/lib/services"
 )
 
@@ -49,36 +51,32 @@ func (r *TerminalRecorder) check() error {
 // terminal is not one the proxy records).
 type termRecording struct {
 	// decided: the proxy decides the recording of this terminal (an
-	// OpenSSH node); reason is why it is not recorded.
+	// OpenSSH node); d is the decision (why it is not recorded, who
+	// requires it).
 	decided bool
-	reason  string
+	d       recpolicy.Decision
 	w       *recording.Writer
 	// requiredBy names the role that requires the recording: output the
 	// recording did not take is not shown, and the terminal ends.
 	requiredBy string
+	// subject is the terminal as its recording events name it.
+	subject recpolicy.Subject
 	// failOnce emits recording.failed once per terminal.
 	failOnce sync.Once
 }
 
 // auditFailed emits recording.failed once, as a node does for its
-// sessions.
+// sessions (the same fields: recpolicy.FailedFields).
 func (t *term) auditFailed(ctx context.Context, role string) {
 	t.rec.failOnce.Do(func() {
-		fields := events.Fields{events.FieldMethod: auditMethod, events.FieldKind: auditKind, events.FieldSessionID: t.id, events.FieldReason: errProxyRecordingFailed}
-		if role != "" {
-			fields["required_by"] = role
-		}
-		t.srv.cfg.WebSessions.Audit.Emit(context.WithoutCancel(ctx), events.Event{Type: events.RecordingFailed, User: t.live.user, Fields: fields})
+		t.srv.cfg.WebSessions.Audit.Emit(context.WithoutCancel(ctx), events.Event{Type: events.RecordingFailed, User: t.live.user, Fields: recpolicy.FailedFields(t.rec.subject, recpolicy.Proxy, role)})
 	})
 }
 
-// startRecording decides, as a node does for its sessions, whether the
-// terminal to OpenSSH node is recorded, and starts its recording. The
-// cluster's session_recording decides unless the user's roles require or
-// exempt it. Without require a recording that cannot start leaves the
-// terminal unrecorded (and says why in session.start); with require the
-// terminal is refused, naming the role. It runs before the shell starts,
-// so that nothing is typed that is not recorded.
+// startRecording decides, with the node's decision (recpolicy.Decide),
+// whether the terminal to OpenSSH node is recorded, and starts its
+// recording. It runs before the shell starts, so that nothing is typed
+// that is not recorded.
 //
 // cluster is the cluster that owns node: this one, or a leaf whose
 // OpenSSH node the terminal reached through it (leafRequiredBy then
@@ -95,49 +93,24 @@ func (t *term) auditFailed(ctx context.Context, role string) {
 func (t *term) startRecording(ctx context.Context, id *authz.Identity, node services.Node, cluster, leafRequiredBy string, cols, rows uint32) error {
 	rec := &t.rec
 	rec.decided = true
-	mode, role := "", ""
+	rec.subject = recpolicy.Subject{
+		Method: auditMethod, Kind: auditKind, SessionID: t.id, Target: t.params.Host,
+		Login: t.params.Login, RemoteAddr: t.remoteAddr, ServerID: node.UUID, ServerHostname: node.Hostname,
+	}
+	in := recpolicy.Input{Recorder: recpolicy.Proxy, LeafRequiredBy: leafRequiredBy, LeafCluster: cluster}
 	if id.Checker != nil {
-		mode, role = id.Checker.RecordingPolicy()
-	}
-	who := fmt.Sprintf("role %q", role)
-	required := mode == services.RecordingRequire
-	if !required && leafRequiredBy != "" {
-		required, role = true, leafRequiredBy
-		who = fmt.Sprintf("role %q of cluster %q", role, cluster)
-	}
-	refuse := func(why string) error {
-		reason := fmt.Sprintf("session recording is required by %s and %s", who, why)
-		t.srv.cfg.WebSessions.Audit.Emit(ctx, events.Event{Type: events.AccessDenied, User: t.live.user, Fields: events.Fields{
-			events.FieldMethod: auditMethod, events.FieldKind: auditKind, events.FieldTarget: t.params.Host,
-			events.FieldLogin: t.params.Login, events.FieldServerID: node.UUID, events.FieldReason: reason,
-		}})
-		return trace.AccessDenied("%s; the session is refused", reason)
+		in.Mode, in.Role = id.Checker.RecordingPolicy()
 	}
 	r := t.srv.cfg.WebSessions.Recorder
-	if r == nil {
-		if required {
-			return refuse("this proxy does not record sessions")
-		}
-		rec.reason = "this proxy does not record sessions"
-		return nil
+	if r != nil {
+		in.Settings = r.Settings
 	}
-	set, err := r.Settings(ctx)
-	if err != nil {
-		t.log.WithError(err).Warn("Reading the recording settings failed.")
-		if required {
-			return refuse("the cluster's recording settings could not be read")
-		}
-		rec.reason = "the cluster's recording settings could not be read"
-		return nil
+	d := recpolicy.Decide(ctx, in)
+	if d.SettingsErr != nil {
+		t.log.WithError(d.SettingsErr).Warn("Reading the recording settings failed.")
 	}
-	switch {
-	case required:
-	case mode == services.RecordingExempt:
-		rec.reason = fmt.Sprintf("exempt by role %q", role)
-		return nil
-	case set.Spec.SessionRecording == services.RecordingOff:
-		rec.reason = "cluster session_recording is off"
-		return nil
+	if !d.Record {
+		return t.decided(ctx, d)
 	}
 	clock := t.srv.cfg.Clock
 	w, err := recording.New(recording.Config{
@@ -148,42 +121,45 @@ func (t *term) startRecording(ctx context.Context, id *authz.Identity, node serv
 		},
 		Sink:        &recording.SpoolSink{Storage: r.Spool, Session: t.id, Notify: r.Notify, Clock: clock},
 		Deps:        observe.Deps{Clock: clock, Logger: t.log},
-		MaxBytes:    set.Spec.MaxRecordingBytes,
-		RecordInput: set.Spec.RecordInput,
+		MaxBytes:    d.MaxBytes(),
+		RecordInput: d.RecordInput(),
 		OnCap: func() {
-			t.log.WithField("max_recording_bytes", set.Spec.MaxRecordingBytes).Warn("Recording reached its cap and stopped; the session goes on.")
-			t.srv.cfg.WebSessions.Audit.Emit(context.WithoutCancel(ctx), events.Event{Type: events.RecordingCapped, User: t.live.user, Fields: events.Fields{
-				events.FieldSessionID: t.id, "max_recording_bytes": set.Spec.MaxRecordingBytes,
-			}})
+			t.log.WithField("max_recording_bytes", d.MaxBytes()).Warn("Recording reached its cap and stopped; the session goes on.")
+			t.srv.cfg.WebSessions.Audit.Emit(context.WithoutCancel(ctx), events.Event{Type: events.RecordingCapped, User: t.live.user, Fields: recpolicy.CappedFields(rec.subject, d.MaxBytes())})
 		},
 		OnFail: func(err error) {
 			t.log.WithError(err).Warn("Recording failed.")
-			t.auditFailed(ctx, role)
-			if required {
+			t.auditFailed(ctx, d.RequiredBy)
+			if d.RequiredBy != "" {
 				// As on a node: a required recording that fails ends the
 				// session.
-				t.cancel(&sessionEnd{code: -1, err: fmt.Errorf("session recording is required by %s and %s; the session is ended", who, errProxyRecordingFailed), reason: "session recording failed"})
+				t.cancel(&sessionEnd{code: -1, err: errors.New(d.EndedMessage()), reason: "session recording failed"})
 			}
 		},
 	})
-	if err == nil {
-		// The probe: the header is stored before the shell starts, so
-		// that "recorded" means the spool took the first chunk.
-		if err = w.Sync(); err != nil {
-			_, _ = w.Close("")
-		}
-	}
 	if err != nil {
 		t.log.WithError(err).Warn("Starting the recording failed.")
-		if required {
-			return refuse("the recording could not be started")
-		}
-		rec.reason = "the recording could not be started"
-		return nil
+		return t.decided(ctx, d.StartFailed(recpolicy.ReasonNotStarted))
 	}
-	rec.w = w
-	if required {
-		rec.requiredBy = role
+	// The probe: the header is stored before the shell starts, so that
+	// "recorded" means the spool took the first chunk.
+	if err := w.Sync(); err != nil {
+		_, _ = w.Close("")
+		t.log.WithError(err).Warn("The recording spool cannot be written.")
+		return t.decided(ctx, d.StartFailed(recpolicy.ReasonSpoolUnwritable(recpolicy.Proxy)))
+	}
+	rec.w, rec.d, rec.requiredBy = w, d, d.RequiredBy
+	return nil
+}
+
+// decided notes a terminal that is not recorded, and refuses it (audited
+// as access.denied, with the node's fields) when a role requires the
+// recording.
+func (t *term) decided(ctx context.Context, d recpolicy.Decision) error {
+	t.rec.d = d
+	if d.Refused {
+		t.srv.cfg.WebSessions.Audit.Emit(ctx, events.Event{Type: events.AccessDenied, User: t.live.user, Fields: recpolicy.RefusedFields(t.rec.subject, d)})
+		return d.Err()
 	}
 	return nil
 }
@@ -193,7 +169,7 @@ const termType = "xterm-256color"
 
 // errProxyRecordingFailed is the reason of a proxy recording that failed
 // after it started.
-const errProxyRecordingFailed = "the recording could not be stored on the proxy (its spool is full or cannot be written)"
+var errProxyRecordingFailed = recpolicy.ReasonFailed(recpolicy.Proxy)
 
 // newRecordingID is the id of a recorded terminal: a session id in the
 // recordings' form, which is what psh play and the audit trail name.
@@ -252,13 +228,12 @@ func (t *term) emitStart(ctx context.Context, node services.Node) {
 		events.FieldServerAddr:     node.Addr,
 		"node_kind":                services.NodeKindOpenSSH,
 		"pty":                      true,
-		events.FieldRecorded:       t.rec.w != nil,
 	}
-	if t.rec.w == nil {
-		fields[events.FieldRecordingReason] = t.rec.reason
-	} else {
-		fields["max_recording_bytes"] = t.rec.w.MaxBytes()
+	var maxBytes int64
+	if t.rec.w != nil {
+		maxBytes = t.rec.w.MaxBytes()
 	}
+	recpolicy.AddStartFields(fields, t.rec.d, maxBytes)
 	t.srv.cfg.WebSessions.Audit.Emit(ctx, events.Event{Type: events.SessionStart, User: t.live.user, Fields: fields})
 }
 
@@ -271,7 +246,7 @@ func (t *term) closeRecording(end *sessionEnd, fields events.Fields) {
 	w := t.rec.w
 	if w == nil {
 		fields[events.FieldRecorded] = false
-		fields[events.FieldRecordingReason] = t.rec.reason
+		fields[events.FieldRecordingReason] = t.rec.d.Reason
 		return
 	}
 	label := "exit-status -1"

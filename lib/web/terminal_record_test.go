@@ -168,7 +168,7 @@ func TestWebTerminalOpenSSHRecordingPolicy(t *testing.T) {
 	})
 	t.Run("require with a spool that cannot be written", func(t *testing.T) {
 		e, rec, _ := openSSHEnv(t, true, services.RecordingOff, blocked(t))
-		requireRefused(t, e, rec, "the recording could not be started")
+		requireRefused(t, e, rec, "the proxy's recording spool cannot be written")
 	})
 	t.Run("a spool that cannot be written, not required", func(t *testing.T) {
 		e, rec, _ := openSSHEnv(t, true, services.RecordingNode, blocked(t))
@@ -179,7 +179,7 @@ func TestWebTerminalOpenSSHRecordingPolicy(t *testing.T) {
 		readUntil(t, ctx, c, FrameData, "prompt$ ")
 		start := waitAudit(t, rec, events.SessionStart, func(events.Event) bool { return true })
 		require.Equal(t, false, start.Fields[events.FieldRecorded])
-		require.Equal(t, "the recording could not be started", start.Fields[events.FieldRecordingReason])
+		require.Equal(t, "the proxy's recording spool cannot be written", start.Fields[events.FieldRecordingReason])
 		require.NoError(t, c.Write(ctx, websocket.MessageBinary, EncodeFrame(FrameData, []byte("exit"))))
 		requireClosed(t, ctx, c, websocket.StatusNormalClosure, "")
 		end := waitAudit(t, rec, events.SessionEnd, func(events.Event) bool { return true })
