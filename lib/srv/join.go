@@ -112,7 +112,7 @@ func (s *session) startJoin(req *ssh.Request, name string) {
 		if s.ctx.Err() != nil {
 			return
 		}
-		_ = s.ch.CloseWrite()
+		s.closeWrite()
 		_, _ = s.ch.SendRequest("exit-status", false, ssh.Marshal(exitStatus{Status: 0}))
 		_ = s.ch.Close()
 	})
@@ -187,7 +187,7 @@ func (s *session) listRooms(req *ssh.Request) {
 	}
 	reply(req, true)
 	_, _ = s.ch.Write(append(b, '\n'))
-	_ = s.ch.CloseWrite()
+	s.closeWrite()
 	_, _ = s.ch.SendRequest("exit-status", false, ssh.Marshal(exitStatus{Status: 0}))
 	_ = s.ch.Close()
 }

@@ -1,7 +1,6 @@
 package srv
 
 import (
-	"fmt"
 	"sync"
 	"time"
 
@@ -154,7 +153,7 @@ func (c *conn) tell(msg string, grace time.Duration) {
 		go func() {
 			defer wg.Done()
 			// Ends at the latest when close below tears the channel down.
-			_, _ = fmt.Fprintf(s.ch.Stderr(), "\r\n%s\r\n", msg)
+			s.tellStderr("\r\n" + msg + "\r\n")
 		}()
 	}
 	go func() {

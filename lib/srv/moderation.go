@@ -60,7 +60,7 @@ func (s *session) runModerated(req *ssh.Request, spec procSpec, rules []party.Re
 			// owner reads why and gets the end of a session that never
 			// started.
 			s.closeRoom()
-			_ = s.ch.CloseWrite()
+			s.closeWrite()
 			_, _ = s.ch.SendRequest("exit-status", false, ssh.Marshal(exitStatus{Status: exitNotStarted}))
 			_ = s.ch.Close()
 			return
@@ -69,7 +69,7 @@ func (s *session) runModerated(req *ssh.Request, spec procSpec, rules []party.Re
 			s.log.WithError(err).Warn("Moderated session could not start.")
 			_, _ = s.chOut.WriteString(fmt.Sprintf("postern: %v\r\n", trace.UserMessage(err)))
 			s.closeRoom()
-			_ = s.ch.CloseWrite()
+			s.closeWrite()
 			_, _ = s.ch.SendRequest("exit-status", false, ssh.Marshal(exitStatus{Status: exitNotStarted}))
 			_ = s.ch.Close()
 			return

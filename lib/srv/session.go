@@ -3,6 +3,7 @@ package srv
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -99,6 +100,37 @@ type session struct {
 	// joined, who left) must never write at the same time. Closed before
 	// the channel is half-closed (room.go).
 	chOut closableWriter
+	// eofMu orders a lock's message (tellStderr, from another goroutine)
+	// against the half-close: x/crypto's channel sets and reads its
+	// sent-EOF flag without a lock, so a write racing CloseWrite is a
+	// data race inside the channel. Held across the write, which a lock
+	// bounds by closing the connection.
+	eofMu   sync.Mutex
+	eofSent bool
+}
+
+// closeWrite half-closes the channel (EOF) once, never while tellStderr
+// writes.
+func (s *session) closeWrite() {
+	s.eofMu.Lock()
+	defer s.eofMu.Unlock()
+	if s.eofSent {
+		return
+	}
+	s.eofSent = true
+	_ = s.ch.CloseWrite()
+}
+
+// tellStderr writes msg to the session's stderr from outside its own
+// goroutines (a lock ending the connection), unless the channel is
+// already half-closed.
+func (s *session) tellStderr(msg string) {
+	s.eofMu.Lock()
+	defer s.eofMu.Unlock()
+	if s.eofSent {
+		return
+	}
+	_, _ = io.WriteString(s.ch.Stderr(), msg)
 }
 
 func (c *conn) handleSession(nch ssh.NewChannel) {
@@ -297,7 +329,7 @@ func (s *session) failStart(req *ssh.Request, err error) {
 	s.log.WithError(err).Warn("Session command cannot start.")
 	reply(req, true)
 	_, _ = fmt.Fprintf(s.ch.Stderr(), "postern: %v\r\n", trace.UserMessage(err))
-	_ = s.ch.CloseWrite()
+	s.closeWrite()
 	_, _ = s.ch.SendRequest("exit-status", false, ssh.Marshal(exitStatus{Status: exitNotStarted}))
 	_ = s.ch.Close()
 }
@@ -388,7 +420,7 @@ func (s *session) launch(spec procSpec, started func()) error {
 func (s *session) finish(st exitResult) {
 	s.closeRoom()
 	s.tellRecordingEnded()
-	_ = s.ch.CloseWrite()
+	s.closeWrite()
 	if st.signal != "" {
 		_, _ = s.ch.SendRequest("exit-signal", false, ssh.Marshal(exitSignal{Signal: st.signal, CoreDumped: st.core}))
 	} else {
