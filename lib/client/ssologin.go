@@ -271,6 +271,10 @@ func (h *SSOHandoff) SealKey() []byte { return h.pub[:] }
 // machine talks to it, quickly.
 const handoffHeaderTimeout = 10 * time.Second
 
+// handoffShutdownGrace bounds how long stopping the listener waits for a
+// page being written to the browser.
+const handoffShutdownGrace = 2 * time.Second
+
 // Listen serves the hand-off on addr (127.0.0.1:0) and returns the
 // redirect URL to give the proxy and a stop function that closes the
 // listener and waits for its goroutine.
@@ -288,6 +292,11 @@ func (h *SSOHandoff) Listen(addr string) (redirect string, stop func(), err erro
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
+			// Let a handler that is answering finish its page; then
+			// close whatever is left.
+			ctx, cancel := context.WithTimeout(context.Background(), handoffShutdownGrace)
+			defer cancel()
+			_ = srv.Shutdown(ctx)
 			_ = srv.Close()
 			<-done
 		})
@@ -340,8 +349,15 @@ func (h *SSOHandoff) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.done = true
-	h.result <- &resp
+	// The page goes out before psh learns the result: psh stops this
+	// server as soon as it has it, and a browser whose answer was cut
+	// off shows an error (Chromium even retries, into a closed port)
+	// although the login worked.
 	_, _ = io.WriteString(w, handoffDonePage)
+	if f, ok := w.(http.Flusher); ok {
+		f.Flush()
+	}
+	h.result <- &resp
 }
 
 // Wait returns the one result that opened, or an error when ctx ends or
