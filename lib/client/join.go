@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"os"
 	"sort"
@@ -85,25 +84,9 @@ func nodeSessions(ctx context.Context, creds *Credentials, n proxyapi.NodeEntry)
 		return nil, trace.Wrap(err)
 	}
 	defer nc.Close()
-	sess, err := nc.Client.NewSession()
+	infos, err := sessionapi.List(nc.Client, n.Hostname)
 	if err != nil {
 		return nil, trace.Wrap(err)
-	}
-	defer sess.Close()
-	out, err := sess.StdoutPipe()
-	if err != nil {
-		return nil, trace.Wrap(err)
-	}
-	if err := sess.RequestSubsystem(sessionapi.ListSubsystem); err != nil {
-		return nil, trace.Wrap(err)
-	}
-	data, err := io.ReadAll(io.LimitReader(out, 4<<20))
-	if err != nil {
-		return nil, trace.Wrap(err)
-	}
-	var infos []sessionapi.Info
-	if err := json.Unmarshal(data, &infos); err != nil {
-		return nil, trace.BadParameter("node %s sent an invalid session list: %v", n.Hostname, err)
 	}
 	entries := make([]SessionEntry, 0, len(infos))
 	for _, i := range infos {

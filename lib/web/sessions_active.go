@@ -2,8 +2,6 @@ package web
 
 import (
 	"context"
-	"encoding/json"
-	"io"
 	"net"
 	"net/http"
 	"sort"
@@ -156,25 +154,9 @@ func (s *Server) nodeActiveSessions(ctx context.Context, live *liveSession, id *
 	stop := context.AfterFunc(ctx, func() { client.Close() })
 	defer stop()
 	defer client.Close()
-	sess, err := client.NewSession()
+	infos, err := sessionapi.List(client, n.Hostname)
 	if err != nil {
 		return nil, trace.Wrap(err)
-	}
-	defer sess.Close()
-	stdout, err := sess.StdoutPipe()
-	if err != nil {
-		return nil, trace.Wrap(err)
-	}
-	if err := sess.RequestSubsystem(sessionapi.ListSubsystem); err != nil {
-		return nil, trace.Wrap(err)
-	}
-	data, err := io.ReadAll(io.LimitReader(stdout, 4<<20))
-	if err != nil {
-		return nil, trace.Wrap(err)
-	}
-	var infos []sessionapi.Info
-	if err := json.Unmarshal(data, &infos); err != nil {
-		return nil, trace.BadParameter("node %s sent an invalid session list: %v", n.Hostname, err)
 	}
 	items := make([]ActiveSession, 0, len(infos))
 	for _, i := range infos {
